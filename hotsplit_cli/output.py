@@ -75,4 +75,10 @@ def pct(x: float | None, digits: int = 1) -> str:
 
 
 def gib(n_bytes: float | None, digits: int = 2) -> str:
-    return "-" if n_bytes is None else f"{n_bytes / (1 << 30):.{digits}f} GiB"
+    """Bytes in GiB, or in MiB / KiB when that is the more readable unit."""
+    if n_bytes is None:
+        return "-"
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if abs(n_bytes) >= (1 << shift) or unit == "KiB":
+            return f"{n_bytes / (1 << shift):.{digits}f} {unit}"
+    return f"{n_bytes} B"

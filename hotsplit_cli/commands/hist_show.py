@@ -1,0 +1,87 @@
+"""`hotsplit hist show FILE`: load balance, concentration and the GiB needed per coverage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..hist import load_hist
+from ..histstats import COVERAGE_TARGETS, HOT_FLAG_RATIO, TOP_FRACTIONS, HistReport, hist_report
+from ..options import JsonOpt, PlotOpt, RecipeOpt
+from ..output import Output, gib, pct
+
+
+def hist_show_cmd(
+    file: Annotated[Path, typer.Argument(help="Routing histogram (hotsplit.hist/1).")],
+    recipe: RecipeOpt = None,
+    plot: PlotOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Report what to check in a routing histogram before launch."""
+    out = Output(json)
+    hist = load_hist(file)
+    expert_bytes = None
+    if recipe is not None:
+        from ..recipe import load_recipe
+        from ..sizes import expert_bytes_per_rank
+
+        expert_bytes = expert_bytes_per_rank(load_recipe(recipe))
+    report = hist_report(hist, expert_bytes)
+    if plot is not None:
+        plot_coverage(plot, report)
+    out.emit({"file": str(file), **report.to_doc()}, lambda: render_hist_report(out, report))
+    if plot is not None:
+        out.note(f"wrote {plot}")
+
+
+def render_hist_report(out: Output, report: HistReport) -> None:
+    out.print(f"{report.model}: {report.num_layers} MoE layers x {report.num_experts} experts, top-{report.top_k}, "
+              f"{report.tokens:,} tokens, {report.total:,.0f} routed assignments")
+    out.print(f"source: {report.source}")
+    t = out.table("layer", "total", "mean", "max", "max/mean", "top 10%", f"> {HOT_FLAG_RATIO:g}x mean")
+    for x in report.layers:
+        flag = ", ".join(map(str, x.flagged[:6])) + (" ..." if len(x.flagged) > 6 else "")
+        t.add_row(str(x.layer), f"{x.total:,.0f}", f"{x.mean:,.1f}", f"{x.max:,.0f}", f"{x.max_over_mean:.2f}",
+                  pct(x.top10_share), f"{len(x.flagged)}: {flag}" if x.flagged else "0")
+    out.print(t)
+    flagged = sum(len(x.flagged) for x in report.layers)
+    if flagged:
+        out.print(f"{flagged} experts are above {HOT_FLAG_RATIO:g}x their layer's mean load")
+    t = out.table("hottest experts", "share of routed traffic")
+    for f in TOP_FRACTIONS:
+        t.add_row(f"{pct(f, 0)}", pct(report.top_share[f]))
+    out.print(t)
+    cols = ["coverage", "experts"] + (["bytes per rank"] if report.cover_bytes else [])
+    t = out.table(*cols)
+    for target in COVERAGE_TARGETS:
+        row = [pct(target, 0), f"{report.cover_experts[target]:,}"]
+        if report.cover_bytes:
+            row.append(gib(report.cover_bytes[target]))
+        t.add_row(*row)
+    out.print(t)
+    if not report.cover_bytes:
+        out.print("add --recipe R to see the GiB each coverage needs")
+
+
+def plot_coverage(path: Path, report: HistReport) -> None:
+    from ..plotting import save_png
+
+    def draw(fig, ax):
+        n = len(report.curve_share)
+        if report.curve_bytes is not None:
+            ax.plot(report.curve_bytes / (1 << 30), report.curve_share * 100)
+            ax.set_xlabel("hot experts per rank (GiB)")
+        else:
+            ax.plot([100 * (i + 1) / n for i in range(n)], report.curve_share * 100)
+            ax.set_xlabel("hottest experts (% of all)")
+        ax.set_ylabel("routed assignments served hot (%)")
+        ax.set_title(f"{report.model}: coverage curve")
+        ax.grid(alpha=0.3)
+
+    save_png(path, draw)
+
+
+def register(app: typer.Typer, hist_app: typer.Typer) -> None:
+    hist_app.command("show")(hist_show_cmd)

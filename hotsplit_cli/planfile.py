@@ -1,0 +1,159 @@
+"""From a histogram and a recipe to a `hotsplit.plan/1` document (numpy only).
+
+Everything the plan command prints and writes is computed here; the command only renders.
+The document is deterministic: no timestamps, sorted ids, the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import PlanError
+from .hist import Histogram, file_sha256
+from .jsonio import read_json_doc, schema_tag
+from .knobs import Knobs
+from .planner import Plan, contiguous_owner, plan_hot_set
+from .recipe import Recipe
+from .sizes import BudgetDerivation, expert_bytes_per_rank
+
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class ColdCost:
+    """Predicted cold traffic per decode step at one batch size (tokens per step)."""
+
+    batch: int
+    cold_experts: float  # expected distinct cold experts touched per step, all layers
+    cold_bytes: float  # bytes read over PCIe per step per rank
+    cold_ms: float | None  # cold_bytes at the measured zero-copy read rate
+
+
+def check_hist_matches_recipe(hist: Histogram, recipe: Recipe) -> None:
+    m = recipe.model
+    if hist.num_experts != m.num_experts:
+        raise PlanError(
+            f"histogram has {hist.num_experts} experts per layer but recipe {recipe.name!r} has {m.num_experts}",
+            "use the recipe of the model the histogram was captured on",
+        )
+    unknown = [x for x in hist.layers if x not in m.moe_layer_ids]
+    if unknown:
+        raise PlanError(
+            f"histogram layer {unknown[0]} is not a MoE layer of recipe {recipe.name!r} "
+            f"(MoE layers {m.moe_layer_ids[0]}..{m.moe_layer_ids[-1]})",
+            "check the recipe, or re-import the histogram with --recipe",
+        )
+
+
+def plan_for_recipe(hist: Histogram, recipe: Recipe, budget_bytes: int) -> Plan:
+    """TP: one hot set for every rank. EP: each EP group ranks only the experts it owns."""
+    check_hist_matches_recipe(hist, recipe)
+    size = expert_bytes_per_rank(recipe)
+    ep = recipe.parallel.ep
+    if ep == 1:
+        return plan_hot_set(hist.counts_LE, size, budget_bytes)
+    owner = contiguous_owner(hist.num_layers, hist.num_experts, ep)
+    return plan_hot_set(hist.counts_LE, size, budget_bytes, rank_of_LE=owner, num_ranks=ep)
+
+
+def cold_costs(hist: Histogram, hot_LE: np.ndarray, expert_bytes: int, read_gbps: float | None,
+               batches=BATCH_SIZES) -> list[ColdCost]:
+    """Expected distinct cold experts per decode step: sum over cold e of 1 - (1 - pi_e)^B,
+    where pi_e = top_k x share of e in its layer is the chance one token routes to e."""
+    c = hist.counts_LE
+    row = c.sum(axis=1, keepdims=True)
+    pi = np.minimum(1.0, hist.top_k * np.divide(c, row, out=np.zeros_like(c), where=row > 0))
+    cold_pi = pi[~hot_LE]
+    out = []
+    for b in batches:
+        n = float((1.0 - (1.0 - cold_pi) ** b).sum())
+        nbytes = n * expert_bytes
+        ms = nbytes / (read_gbps * 1e9) * 1e3 if read_gbps else None
+        out.append(ColdCost(b, n, nbytes, ms))
+    return out
+
+
+def plan_doc(hist: Histogram, hist_path: str | os.PathLike, recipe: Recipe, knobs: Knobs, plan: Plan,
+             budget_gib: float, budget_source: str, derivation: BudgetDerivation | None = None,
+             costs: list[ColdCost] | None = None, platform_path: str | None = None) -> dict:
+    """The plan.json document. Layer keys are model layer ids as strings; expert ids ascending."""
+    size = expert_bytes_per_rank(recipe)
+    tp, ep = recipe.parallel.tp, recipe.parallel.ep
+    ranks = []
+    for r in range(tp * ep):
+        group = r // tp  # TP shards of one EP group hold the same experts
+        hot = plan.hot_RLE[group]
+        ranks.append({
+            "rank": r,
+            "ep_group": group,
+            "hot": {str(layer): np.flatnonzero(hot[i]).tolist() for i, layer in enumerate(hist.layers)},
+            "hot_experts": int(hot.sum()),
+            "hot_bytes": int(plan.hot_bytes_R[group]),
+            "method": plan.methods[group],
+        })
+    doc = {
+        "schema": schema_tag("plan"),
+        "histogram": {"path": str(hist_path), "sha256": file_sha256(hist_path), "model": hist.model,
+                      "tokens": hist.tokens},
+        "recipe": recipe.name,
+        "model": recipe.model.name,
+        "parallel": {"tp": tp, "ep": ep, "ranks": tp * ep},
+        "hot_gib": budget_gib,
+        "budget_bytes": plan.budget_bytes,
+        "budget_source": budget_source,
+        "budget_derivation": derivation.to_doc() if derivation else None,
+        "knobs": knobs.to_doc(),
+        "expert_bytes": size,
+        "expert_dtype": recipe.model.expert_dtype,
+        "layers": list(hist.layers),
+        "ranks": ranks,
+        "hit_rate": plan.hit_rate,
+        "layer_hit_rate": {str(layer): float(plan.layer_hit_rate_L[i]) for i, layer in enumerate(hist.layers)},
+        "greedy_hit_rate": plan.greedy_hit_rate,
+        "certified_optimal": plan.certified,
+        "bound": {"hit_rate": plan.bound_hit_rate, "gap": plan.gap, "kind": "LP relaxation (fractional knapsack)"},
+    }
+    if costs is not None:
+        doc["platform"] = platform_path
+        doc["decode_cost"] = [
+            {"batch": c.batch, "cold_experts": c.cold_experts, "cold_bytes": c.cold_bytes, "cold_read_ms": c.cold_ms}
+            for c in costs
+        ]
+    return doc
+
+
+@dataclass(frozen=True)
+class PlanFile:
+    """A plan read back (for `run --plan` and `simulate --plan`)."""
+
+    path: Path
+    layers: tuple[int, ...]
+    hot_by_rank: tuple[dict[int, tuple[int, ...]], ...]  # rank -> model layer id -> expert ids
+    hit_rate: float
+    expert_bytes: int
+    budget_bytes: int
+
+    def hot_LE(self, layers, num_experts: int, rank: int = 0) -> np.ndarray:
+        """Boolean hot mask [L, E] of one rank for the given model layer ids."""
+        hot = np.zeros((len(layers), num_experts), dtype=bool)
+        by_layer = self.hot_by_rank[rank]
+        for i, layer in enumerate(layers):
+            ids = by_layer.get(int(layer), ())
+            if ids and max(ids) >= num_experts:
+                raise PlanError(f"{self.path}: layer {layer} names expert {max(ids)}, model has {num_experts}")
+            hot[i, list(ids)] = True
+        return hot
+
+
+def load_plan(path: str | os.PathLike) -> PlanFile:
+    doc = read_json_doc(path, "plan")
+    try:
+        ranks = tuple({int(k): tuple(int(e) for e in v) for k, v in r["hot"].items()} for r in doc["ranks"])
+        return PlanFile(Path(path), tuple(int(x) for x in doc["layers"]), ranks, float(doc["hit_rate"]),
+                        int(doc["expert_bytes"]), int(doc["budget_bytes"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PlanError(f"{path}: malformed plan ({exc!r})", "re-create it with `hotsplit plan`") from None
