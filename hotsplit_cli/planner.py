@@ -141,7 +141,7 @@ def brute_force_select(values_N: np.ndarray, sizes_N: np.ndarray, budget: int) -
     best = vals.max()
     # Among optimal subsets prefer the fewest bytes, then the smallest bitmask (deterministic).
     cand = np.flatnonzero(vals >= best - 1e-9 * max(1.0, abs(best)))
-    pick = cand[np.argmin(used[cand], kind="stable")]
+    pick = cand[np.argmin(used[cand])]  # argmin returns the first minimum
     return masks[pick]
 
 

@@ -1,0 +1,174 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hotsplit_cli.hist import save_hist
+from tests.conftest import make_hist
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_plan_writes_a_deterministic_plan(cli, tiny_hist, tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    r = cli("plan", tiny_hist, "--recipe", "tiny", "--hot-gib", "0.005", "-o", a)
+    assert r.code == 0, r.err
+    assert "hit rate" in r.out and "LP bound" in r.out
+    assert cli("plan", tiny_hist, "--recipe", "tiny", "--hot-gib", "0.005", "-o", b).code == 0
+    assert a.read_bytes() == b.read_bytes()
+    doc = json.loads(a.read_text())
+    assert doc["schema"] == "hotsplit.plan/1"
+    assert doc["histogram"]["path"] == str(tiny_hist) and len(doc["histogram"]["sha256"]) == 64
+    assert doc["expert_bytes"] == 3 * 256 * 128 * 2
+    hot = doc["ranks"][0]["hot"]
+    assert set(hot) == {"1", "2", "3", "4"} and all(v == sorted(v) for v in hot.values())
+    n_hot = sum(len(v) for v in hot.values())
+    assert n_hot == int(0.005 * 2**30) // doc["expert_bytes"]
+    assert doc["ranks"][0]["hot_bytes"] == n_hot * doc["expert_bytes"] <= doc["budget_bytes"]
+    assert doc["bound"]["hit_rate"] >= doc["hit_rate"]
+    assert set(doc["layer_hit_rate"]) == {"1", "2", "3", "4"}
+
+
+def test_plan_hit_rate_is_exact(cli, tmp_path):
+    counts = np.zeros((4, 32))
+    counts[:, 0] = 30
+    counts[:, 1] = 10
+    counts[0, 2] = 60
+    hist = tmp_path / "h.json"
+    save_hist(hist, make_hist(counts, layers=(1, 2, 3, 4), top_k=4))
+    one = 3 * 256 * 128 * 2
+    r = cli("plan", hist, "--recipe", "tiny", "--hot-gib", str(5 * one / 2**30), "--json")
+    doc = json.loads(r.out)
+    # Best 5 experts: 60, 30 x4 -> 180 of 220.
+    assert doc["hit_rate"] == pytest.approx(180 / 220)
+    assert doc["ranks"][0]["hot"]["1"] == [0, 2]
+
+
+def test_json_mode_prints_only_json(cli, tiny_hist):
+    r = cli("plan", tiny_hist, "--recipe", "tiny", "--json")
+    assert r.code == 0
+    json.loads(r.out)
+
+
+def test_auto_budget_says_how_it_was_derived(cli, tiny_hist, tmp_path, monkeypatch):
+    recipe = tmp_path / "r.yaml"
+    text = (ROOT / "recipes" / "tiny.yaml").read_text().replace("hot_gib: 0.01 ", "hot_gib: null ")
+    recipe.write_text(text.replace("vram_reserve_gib: 0.0", "vram_reserve_gib: 0.45"))
+    monkeypatch.delenv("HOTSPLIT_HOT_GIB", raising=False)
+    r = cli("plan", tiny_hist, "--recipe", recipe)
+    assert r.code == 0, r.err
+    assert "GPU 0.50 (recipe hardware.gpu_mem_gib) - dense weights" in r.out and "reserve 0.45" in r.out
+
+
+def test_env_budget_is_used_and_flag_wins(cli, tiny_hist, monkeypatch):
+    monkeypatch.setenv("HOTSPLIT_HOT_GIB", "0.002")
+    doc = json.loads(cli("plan", tiny_hist, "--recipe", "tiny", "--json").out)
+    assert doc["hot_gib"] == 0.002 and doc["budget_source"] == "HOTSPLIT_HOT_GIB"
+    doc = json.loads(cli("plan", tiny_hist, "--recipe", "tiny", "--hot-gib", "0.003", "--json").out)
+    assert doc["hot_gib"] == 0.003 and doc["budget_source"] == "--hot-gib"
+
+
+def _bad_hist(tmp_path, text):
+    p = tmp_path / "bad.json"
+    p.write_text(text)
+    return p
+
+
+BAD_HISTS = [
+    ('{"schema": "hotsplit.hist/1", "model": "m", "source": "s", "top_k": 4, "tokens": 1, "layers": [1], '
+     '"num_experts": 2, "counts": [[1, NaN]]}', "counts[0][1]` is nan"),
+    ('{"schema": "hotsplit.hist/1", "model": "m", "source": "s", "top_k": 4, "tokens": 1, "layers": [1], '
+     '"num_experts": 2, "counts": [[1, -1]]}', "counts must be >= 0"),
+    ('{"schema": "hotsplit.hist/1", "model": "m", "source": "s", "top_k": 4, "tokens": 1, "layers": [1, 2], '
+     '"num_experts": 2, "counts": [[1, 1], [1]]}', "ragged"),
+    ('{"schema": "hotsplit.hist/1", "model": "m", "source": "s", "top_k": 4, "tokens": 1, "layers": [1], '
+     '"num_experts": 2, "counts": [[0, 0]]}', "all zero"),
+    ('{"schema": "other/1"}', "schema 'other/1'"),
+    ('{"schema": "hotsplit.hist/1", "model": "m", "source": "s", "top_k": 4, "tokens": 1, "layers": [1], '
+     '"num_experts": 2, "counts": [[1, 2]]}', "2 experts per layer but recipe 'tiny' has 32"),
+    ('{"schema": "hotsplit.hist/1", "model": "m", "source": "s", "top_k": 4, "tokens": 1, "layers": [0], '
+     '"num_experts": 32, "counts": [' + ",".join(["[" + ",".join(["1"] * 32) + "]"]) + "]}",
+     "layer 0 is not a MoE layer"),
+]
+
+
+@pytest.mark.parametrize("text, message", BAD_HISTS)
+def test_bad_histograms_fail_cleanly_and_write_nothing(cli, tmp_path, text, message):
+    hist = _bad_hist(tmp_path, text)
+    out = tmp_path / "plan.json"
+    r = cli("plan", hist, "--recipe", "tiny", "--hot-gib", "0.01", "-o", out)
+    assert r.code == 1
+    assert r.err.startswith("error: ") and message in r.err and r.err.count("\n") == 1
+    assert "Traceback" not in r.err and r.out == ""
+    assert not out.exists()
+
+
+def test_failure_never_clobbers_an_existing_plan(cli, tiny_hist, tmp_path):
+    out = tmp_path / "plan.json"
+    assert cli("plan", tiny_hist, "--recipe", "tiny", "-o", out).code == 0
+    before = out.read_bytes()
+    bad = _bad_hist(tmp_path, '{"schema": "hotsplit.hist/1"}')
+    assert cli("plan", bad, "--recipe", "tiny", "-o", out).code == 1
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["bad.json", "plan.json", "hist.json"])
+
+
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["--hot-gib", "-3"], {}, "--hot-gib: must be >= 0"),
+        (["--hot-gib", "abc"], {}, "--hot-gib: must be a finite number"),
+        ([], {"HOTSPLIT_HOT_GIB": "x"}, "HOTSPLIT_HOT_GIB: must be a finite number"),
+        ([], {"HOTSPLIT_DYN_STEPS": "0"}, "HOTSPLIT_DYN_STEPS: must be >= 1"),
+        (["--no-such-flag"], {}, "No such option"),
+    ],
+)
+def test_usage_errors_exit_2_and_write_nothing(cli, tiny_hist, tmp_path, monkeypatch, args, env, message):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    out = tmp_path / "plan.json"
+    r = cli("plan", tiny_hist, "--recipe", "tiny", "-o", out, *args)
+    assert r.code == 2, r.err
+    assert r.err.startswith("error: ") and message in r.err
+    assert not out.exists()
+
+
+def test_missing_histogram_and_recipe(cli, tmp_path):
+    r = cli("plan", tmp_path / "nope.json", "--recipe", "tiny")
+    assert r.code == 1 and "no such file" in r.err
+    r = cli("plan", tmp_path / "nope.json")
+    assert r.code == 2 and "--recipe" in r.err
+    r = cli("plan", tmp_path / "nope.json", "--recipe", "no-such-recipe")
+    assert r.code == 2 and "shipped recipes:" in r.err
+
+
+def test_budget_below_one_expert_plans_nothing(cli, tiny_hist):
+    doc = json.loads(cli("plan", tiny_hist, "--recipe", "tiny", "--hot-gib", "0", "--json").out)
+    assert doc["hit_rate"] == 0 and doc["ranks"][0]["hot_experts"] == 0
+
+
+def test_debug_shows_traceback(cli, tmp_path):
+    with pytest.raises(Exception, match="no such file"):
+        cli("--debug", "plan", tmp_path / "nope.json", "--recipe", "tiny")
+
+
+def test_plan_runs_with_torch_blocked(tiny_hist, tmp_path):
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from hotsplit_cli.cli import main\n"
+        f"rc = main(['plan', {str(tiny_hist)!r}, '--recipe', 'tiny', '-o', {str(tmp_path / 'p.json')!r}])\n"
+        "assert 'torch' not in sys.modules or sys.modules['torch'] is None\n"
+        "sys.exit(rc)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "p.json").exists()
+
+
+def test_help_does_not_import_torch():
+    code = "import sys\nfrom hotsplit_cli.cli import main\nmain(['--help'])\nprint('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.stdout.strip().endswith("False"), r.stdout + r.stderr
