@@ -68,8 +68,7 @@ _register()
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one-line errors, exit 1 (2 for usage), tracebacks only with --debug."""
     argv = sys.argv[1:] if argv is None else argv
-    if "--debug" in argv:
-        _DEBUG["on"] = True
+    _DEBUG["on"] = "--debug" in argv or os.environ.get("HOTSPLIT_DEBUG", "") not in ("", "0")
     try:
         app(args=argv, prog_name="hotsplit", standalone_mode=False)
     except HotsplitError as exc:

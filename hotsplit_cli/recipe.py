@@ -251,11 +251,13 @@ def parse_recipe(data: Any, path: Path | None = None) -> Recipe:
         raise RecipeError("hotsplit: must be a mapping")
     root.done()
     # Knob values are validated in knobs.resolve_knobs (with env and flags); unknown names here.
-    from .knobs import KNOB_NAMES
+    from .knobs import KNOB_NAMES, resolve_knobs
 
     for k in knobs_raw:
         if k not in KNOB_NAMES:
             raise RecipeError(f"hotsplit.{k}: unknown key", f"knobs are: {', '.join(KNOB_NAMES)}")
+    # Range-check the values now, so a bad recipe is refused when it is loaded.
+    resolve_knobs(knobs_raw, env={}, flags={})
     return Recipe(name, path, model, parallel, hardware, traffic, run, dict(knobs_raw))
 
 

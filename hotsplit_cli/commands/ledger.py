@@ -1,0 +1,213 @@
+"""`hotsplit ledger RECIPE`: the memory ledger and the expert-parallel All-to-All ledger."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from ..jsonio import schema_tag
+from ..ledger import (
+    COMM_SHARE_LIMIT,
+    DEFAULT_ACT_BYTES,
+    DEFAULT_CROSS_RATIO,
+    DEFAULT_LINK_GBPS,
+    HOT_EXPERT_FACTOR,
+    CommModel,
+    Ledger,
+    build_ledger,
+    with_ep,
+)
+from ..options import HotGibOpt, JsonOpt, RecipeArg
+from ..output import Output, pct
+from ..recipe import GIB
+
+EpOpt = Annotated[
+    int | None, typer.Option("--ep", help="Expert-parallel size N (default: the recipe's parallel.ep).")
+]
+TokensOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--tokens", help="Tokens each card routes per engine step (default: the recipe's traffic.batch)."
+    ),
+]
+ActBytesOpt = Annotated[
+    int,
+    typer.Option("--act-bytes", help=f"Bytes per activation element (default {DEFAULT_ACT_BYTES}: bf16)."),
+]
+LinkOpt = Annotated[
+    float,
+    typer.Option(
+        "--link-gbps",
+        help=f"Per-card, per-direction interconnect bandwidth in GB/s = 1e9 B/s "
+        f"(default {DEFAULT_LINK_GBPS:g}: NVLink 4, H100/H200 SXM).",
+    ),
+]
+CrossOpt = Annotated[
+    float,
+    typer.Option(
+        "--cross-ratio",
+        help="Multiplier on the placement-blind remote share (N-1)/N "
+        f"(default {DEFAULT_CROSS_RATIO:g}; < 1 when placement keeps tokens local).",
+    ),
+]
+StepOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--step-ms",
+        help="Compute time of one engine step without All-to-All (ms); enables the "
+        f"check that comm stays under {100 * COMM_SHARE_LIMIT:.0f}% of the step.",
+    ),
+]
+HistOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--hist", help=f"Routing histogram: flag experts above {HOT_EXPERT_FACTOR:g}x their layer mean."
+    ),
+]
+
+
+_MAX_HOT_LINES = 20  # a 58-layer histogram can flag hundreds; --json lists all
+
+
+def register(app: typer.Typer, hist_app: typer.Typer) -> None:
+    app.command("ledger")(ledger)
+
+
+def ledger(
+    recipe: RecipeArg,
+    hot_gib: HotGibOpt = None,
+    ep: EpOpt = None,
+    tokens: TokensOpt = None,
+    act_bytes: ActBytesOpt = DEFAULT_ACT_BYTES,
+    link_gbps: LinkOpt = DEFAULT_LINK_GBPS,
+    cross_ratio: CrossOpt = DEFAULT_CROSS_RATIO,
+    step_ms: StepOpt = None,
+    hist: HistOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Memory ledger (parameters, expert bytes, what stays on the GPU, what the hot budget holds)
+    and the expert-parallel All-to-All ledger."""
+    from ..hist import load_hist
+    from ..knobs import resolve_knobs
+    from ..recipe import load_recipe
+
+    out = Output(json_out)
+    rec = load_recipe(recipe)
+    knobs = resolve_knobs(rec.knobs, flags={"hot_gib": hot_gib})
+    if ep is not None:
+        rec = with_ep(rec, ep)
+    comm = CommModel(
+        tokens_per_step=tokens if tokens is not None else rec.traffic.batch,
+        act_bytes=act_bytes,
+        link_gbps=link_gbps,
+        cross_ratio=cross_ratio,
+        step_ms=step_ms,
+    )
+    histogram = load_hist(hist) if hist is not None else None
+    result = build_ledger(
+        rec,
+        comm,
+        reserve_gib=knobs.vram_reserve_gib,
+        hot_gib=knobs.hot_gib,
+        hot_source=knobs.sources["hot_gib"],
+        hist=histogram,
+    )
+    doc = {"schema": schema_tag("ledger"), **result.to_doc(), "histogram": str(hist) if hist else None}
+    out.emit(doc, lambda: _render(out, result))
+
+
+def _params(n: float | None) -> str:
+    return "-" if n is None else f"{n / 1e9:.2f} B"
+
+
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f} GiB"
+
+
+def _render(out: Output, led: Ledger) -> None:
+    m, a = led.memory, led.a2a
+    out.print(
+        escape(
+            f"ledger: {led.recipe} ({led.model}), {m.expert_dtype} experts, "
+            f"tp {m.tp} x ep {m.ep} = {m.ranks} ranks"
+        )
+    )
+
+    t = out.table("parameters", "count", title="Parameters")
+    t.add_row("total", _params(m.total_params))
+    active = _params(m.active_params)
+    if m.active_params:
+        active += f" ({pct(m.active_params / m.total_params)} of total)"
+    t.add_row("active per token", active)
+    t.add_row("routed experts", _params(m.routed_expert_params))
+    t.add_row("dense (rest: attention, embeddings, dense/shared MLP)", _params(m.dense_params))
+    out.print(t)
+
+    t = out.table("expert bytes", "value", title="Expert bytes")
+    t.add_row("one expert, whole", f"{m.expert_bytes_full / (1 << 20):.2f} MiB")
+    t.add_row(f"one expert, per rank (1/tp = 1/{m.tp})", f"{m.expert_bytes / (1 << 20):.2f} MiB")
+    t.add_row(
+        f"all routed experts ({m.num_experts} x {m.num_moe_layers} layers)", _gib(m.bank_bytes_total / GIB)
+    )
+    t.add_row(f"per rank ({m.experts_per_rank} experts)", _gib(m.bank_bytes_per_rank / GIB))
+    out.print(t)
+
+    t = out.table("per rank", "GiB", title="GPU memory per rank")
+    t.add_row("GPU memory", _gib(m.gpu_mem_gib))
+    t.add_row("- dense weights (/tp)", _gib(m.dense_gib))
+    t.add_row("- KV cache", _gib(m.kv_cache_gib))
+    t.add_row("- reserve", _gib(m.reserve_gib))
+    t.add_row("= room for hot experts", _gib(m.room_gib))
+    t.add_row(f"hot budget ({m.hot_source})", _gib(m.hot_gib))
+    held = (
+        "-" if m.hot_experts is None else f"{m.hot_experts} of {m.experts_per_rank} ({pct(m.hot_fraction)})"
+    )
+    t.add_row("hot experts it holds", held)
+    out.print(t)
+
+    t = out.table("All-to-All", "value", title=f"Expert-parallel All-to-All (EP {a.ep})")
+    t.add_row(
+        "expert memory per card",
+        f"{_gib(a.expert_bytes_per_card / GIB)} ({a.experts_per_card} experts/layer)",
+    )
+    t.add_row("tokens per step per card (--tokens)", str(a.tokens_per_step))
+    t.add_row("activation bytes (--act-bytes)", f"{a.act_bytes} B")
+    t.add_row("link bandwidth (--link-gbps)", f"{a.link_gbps:g} GB/s (1e9 B/s, per direction)")
+    t.add_row(
+        "message = tokens x top_k x hidden x act",
+        f"{a.tokens_per_step} x {a.top_k} x {a.hidden_size} x {a.act_bytes} B"
+        f" = {a.message_bytes / 1e6:.3f} MB",
+    )
+    t.add_row(
+        "remote share = (N-1)/N x cross-ratio", f"{a.remote_fraction:.4f} (cross-ratio {a.cross_ratio:g})"
+    )
+    t.add_row(
+        "per MoE layer (dispatch + combine)",
+        f"{a.a2a_bytes_per_layer / 1e6:.3f} MB -> {1e3 * a.a2a_ms_per_layer:.2f} us",
+    )
+    t.add_row(f"per step ({a.num_moe_layers} MoE layers)", f"{a.a2a_ms_per_step:.3f} ms")
+    if a.step_ms is None:
+        t.add_row("share of step", "- (give --step-ms)")
+    else:
+        t.add_row(
+            "share of step (compute --step-ms + comm)",
+            f"{pct(a.comm_share)} of {a.step_ms + a.a2a_ms_per_step:.3f} ms",
+        )
+    out.print(t)
+    out.print("model: bandwidth bound, no latency, comm not overlapped with compute")
+
+    if led.hot_experts is not None:
+        n = len(led.hot_experts)
+        out.print(f"histogram: {n} expert(s) above {HOT_EXPERT_FACTOR:g}x their layer mean")
+    if not led.flags:
+        out.print("flags: none")
+        return
+    out.print("flags:")
+    hot = [f for f in led.flags if f.kind == "hot_expert"]
+    for f in [f for f in led.flags if f.kind != "hot_expert"] + hot[:_MAX_HOT_LINES]:
+        out.print(escape(f"  [{f.kind}] {f.message}"))
+    if len(hot) > _MAX_HOT_LINES:
+        out.print(f"  ... and {len(hot) - _MAX_HOT_LINES} more hot experts (all of them in --json)")
