@@ -54,8 +54,8 @@ def main() -> None:
     print(f"{'case':<22}{'planner ms':>12}{'numpy top-n ms':>16}{'ratio':>8}{'hit rate':>10}")
     for name, (L, E) in CASES.items():
         counts = rng.multinomial(10**7, zipf_shares(1, L * E, 0.9)[0]).reshape(L, E).astype(float)
-        ours = median_ms(lambda: plan_hot_set(counts, EXPERT_BYTES, budget), 15)
-        base = median_ms(lambda: baseline_top_n(counts, EXPERT_BYTES, budget), 15)
+        ours = median_ms(lambda c=counts: plan_hot_set(c, EXPERT_BYTES, budget), 15)
+        base = median_ms(lambda c=counts: baseline_top_n(c, EXPERT_BYTES, budget), 15)
         plan = plan_hot_set(counts, EXPERT_BYTES, budget)
         assert (plan.hot_RLE[0].sum() == baseline_top_n(counts, EXPERT_BYTES, budget).sum())
         print(f"{name:<22}{ours:>12.2f}{base:>16.2f}{ours / base:>8.1f}{100 * plan.hit_rate:>9.2f}%")

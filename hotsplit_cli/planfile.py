@@ -60,6 +60,34 @@ def plan_for_recipe(hist: Histogram, recipe: Recipe, budget_bytes: int) -> Plan:
     return plan_hot_set(hist.counts_LE, size, budget_bytes, rank_of_LE=owner, num_ranks=ep)
 
 
+def plan_for_placement(hist: Histogram, recipe: Recipe, budget_bytes: int, placement) -> Plan:
+    """EP with a placement (replicas): each rank plans among the physical experts placed on it.
+
+    A logical expert's traffic is split evenly over its replicas. The returned plan's hot_RLE is
+    in logical ids: expert e is hot on rank r when any of r's replicas of e is hot.
+    """
+    from dataclasses import replace
+
+    from .placement import physical_counts
+
+    check_hist_matches_recipe(hist, recipe)
+    if tuple(placement.layers) != tuple(hist.layers):
+        raise PlanError(f"placement layers {placement.layers[:3]}... differ from the histogram's "
+                        f"{hist.layers[:3]}...", "create the placement from this histogram with `hotsplit place`")
+    if recipe.parallel.tp != 1:
+        raise PlanError(f"--placement is for expert parallelism, but recipe {recipe.name!r} "
+                        f"has tp={recipe.parallel.tp}",
+                        "use a recipe with tp: 1")
+    values_LP, rank_LP = physical_counts(hist.counts_LE, placement)
+    phys = plan_hot_set(values_LP, expert_bytes_per_rank(recipe), budget_bytes, rank_of_LE=rank_LP,
+                        num_ranks=placement.num_ranks)
+    R, L, E = placement.num_ranks, hist.num_layers, hist.num_experts
+    hot = np.zeros((R, L, E), dtype=bool)
+    r_idx, l_idx, p_idx = np.nonzero(phys.hot_RLE)
+    hot[r_idx, l_idx, placement.phy2log_LP[l_idx, p_idx]] = True
+    return replace(phys, hot_RLE=hot)
+
+
 def cold_costs(hist: Histogram, hot_LE: np.ndarray, expert_bytes: int, read_gbps: float | None,
                batches=BATCH_SIZES) -> list[ColdCost]:
     """Expected distinct cold experts per decode step: sum over cold e of 1 - (1 - pi_e)^B,
@@ -79,10 +107,11 @@ def cold_costs(hist: Histogram, hot_LE: np.ndarray, expert_bytes: int, read_gbps
 
 def plan_doc(hist: Histogram, hist_path: str | os.PathLike, recipe: Recipe, knobs: Knobs, plan: Plan,
              budget_gib: float, budget_source: str, derivation: BudgetDerivation | None = None,
-             costs: list[ColdCost] | None = None, platform_path: str | None = None) -> dict:
+             costs: list[ColdCost] | None = None, platform_path: str | None = None,
+             placement=None, placement_path: str | None = None) -> dict:
     """The plan.json document. Layer keys are model layer ids as strings; expert ids ascending."""
     size = expert_bytes_per_rank(recipe)
-    tp, ep = recipe.parallel.tp, recipe.parallel.ep
+    tp, ep = recipe.parallel.tp, (placement.num_ranks if placement is not None else recipe.parallel.ep)
     ranks = []
     for r in range(tp * ep):
         group = r // tp  # TP shards of one EP group hold the same experts
@@ -117,6 +146,9 @@ def plan_doc(hist: Histogram, hist_path: str | os.PathLike, recipe: Recipe, knob
         "certified_optimal": plan.certified,
         "bound": {"hit_rate": plan.bound_hit_rate, "gap": plan.gap, "kind": "LP relaxation (fractional knapsack)"},
     }
+    if placement is not None:
+        doc["placement"] = {"path": placement_path, "sha256": file_sha256(placement_path),
+                            "physical_experts": placement.num_physical}
     if costs is not None:
         doc["platform"] = platform_path
         doc["decode_cost"] = [

@@ -172,3 +172,29 @@ def test_help_does_not_import_torch():
     code = "import sys\nfrom hotsplit_cli.cli import main\nmain(['--help'])\nprint('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.stdout.strip().endswith("False"), r.stdout + r.stderr
+
+
+def test_plan_with_placement_plans_each_rank_among_its_replicas(cli, tmp_path):
+    import yaml
+
+    rec = yaml.safe_load((ROOT / "recipes" / "tiny.yaml").read_text())
+    rec["parallel"] = {"tp": 1, "ep": 2}
+    recipe = tmp_path / "ep.yaml"
+    recipe.write_text(yaml.safe_dump(rec))
+    counts = np.ones((4, 32))
+    counts[:, 5] = 1000  # one very hot expert per layer: it gets a replica on both ranks
+    hist = tmp_path / "h.json"
+    save_hist(hist, make_hist(counts, layers=(1, 2, 3, 4), top_k=4))
+    placement = tmp_path / "placement.json"
+    r = cli("place", hist, "--ranks", "2", "--redundant", "2", "-o", placement, "--recipe", recipe)
+    assert r.code == 0, r.err
+    one = 3 * 256 * 128 * 2
+    r = cli("plan", hist, "--recipe", recipe, "--placement", placement, "--hot-gib", str(4 * one / 2**30), "--json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert doc["parallel"]["ep"] == 2 and len(doc["ranks"]) == 2
+    for rank in doc["ranks"]:
+        assert rank["hot_bytes"] <= doc["budget_bytes"]
+        assert all(v == [5] for v in rank["hot"].values())  # each rank serves its replica of expert 5
+    assert doc["hit_rate"] == pytest.approx(4000 / counts.sum())
+    assert doc["placement"]["physical_experts"] == 34

@@ -22,6 +22,9 @@ def plan_cmd(
     recipe: RecipeOpt = None,
     hot_gib: HotGibOpt = None,
     platform: PlatformOpt = None,
+    placement: Annotated[
+        Path | None, typer.Option("--placement", help="placement.json from `hotsplit place`: plan each EP rank's "
+                                  "hot set among the physical experts placed on it.")] = None,
     output: OutOpt = None,
     json: JsonOpt = False,
 ) -> None:
@@ -53,17 +56,24 @@ def plan_cmd(
             mem, mem_source = min(free) / GIB, f"{platform}: smallest free GPU memory"
         derivation = derive_hot_budget(rec, knobs.vram_reserve_gib, mem, mem_source)
         budget_gib, source = derivation.hot_gib, "auto"
-    from ..planfile import cold_costs, plan_doc, plan_for_recipe
+    from ..planfile import cold_costs, plan_doc, plan_for_placement, plan_for_recipe
 
     budget_bytes = int(budget_gib * GIB)
-    plan = plan_for_recipe(hist, rec, budget_bytes)
+    layout = None
+    if placement is not None:
+        from ..placement import load_placement
+
+        layout = load_placement(placement)
+        plan = plan_for_placement(hist, rec, budget_bytes, layout)
+    else:
+        plan = plan_for_recipe(hist, rec, budget_bytes)
     costs = None
     if plat is not None:
         rates = [g.zero_copy_read_gbps for g in plat.gpus if g.zero_copy_read_gbps]
         rate = min(rates) if rates else plat.host_copy_gbps
         costs = cold_costs(hist, plan.hot_RLE[0], expert_bytes_per_rank(rec), rate)
     doc = plan_doc(hist, hist_file, rec, knobs, plan, budget_gib, source, derivation, costs,
-                   str(platform) if platform else None)
+                   str(platform) if platform else None, layout, str(placement) if placement else None)
     if output is not None:
         from ..jsonio import write_json_atomic
 
@@ -73,7 +83,7 @@ def plan_cmd(
         size = doc["expert_bytes"]
         out.print(f"plan for {rec.name} ({rec.model.name}): {hist.num_layers} MoE layers x {hist.num_experts} "
                   f"experts, expert {size / (1 << 20):.2f} MiB per rank ({rec.model.expert_dtype}), "
-                  f"tp={rec.parallel.tp} ep={rec.parallel.ep}")
+                  f"tp={rec.parallel.tp} ep={doc['parallel']['ep']}")
         if derivation is not None:
             out.print(derivation.explain())
         else:
