@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _DEBUG["on"] = "--debug" in argv or os.environ.get("HOTSPLIT_DEBUG", "") not in ("", "0")
     try:
-        app(args=argv, prog_name="hotsplit", standalone_mode=False)
+        rc = app(args=argv, prog_name="hotsplit", standalone_mode=False)
     except HotsplitError as exc:
         if _DEBUG["on"]:
             raise
@@ -94,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted; nothing was written", file=sys.stderr)
         return 130
-    return 0
+    if rc == 130:  # typer reports Ctrl-C as a return code when not standalone
+        print("error: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    return rc if isinstance(rc, int) else 0
 
 
 def run_main() -> None:

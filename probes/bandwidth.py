@@ -1,0 +1,344 @@
+"""Measured bandwidth: host memory copies (always) and, where CUDA exists, pinned host<->GPU copies
+and GPU zero-copy reads of pinned host memory, per host NUMA node and buffer size.
+
+GB/s means 1e9 bytes per second. Each figure is the median of `samples` timed samples taken
+after `warmup` untimed ones; a sample times `iterations` back-to-back operations of one size,
+so small sizes include the per-operation overhead that collapses their bandwidth in practice.
+
+Zero-copy read: the host buffer (an mmap placed on one NUMA node, see `placement.py`) is
+registered with `cudaHostRegister(Portable | Mapped)` through `torch.cuda.cudart()`, and its
+device address (`cudaHostGetDevicePointer` via ctypes on the libcudart torch loaded; under UVA
+it equals the host address) is wrapped as a CUDA tensor through `__cuda_array_interface__`.
+A `sum` over that tensor is an SM kernel whose loads travel over PCIe: no copy engine, no
+staging buffer, exactly how the runtime's cold experts are read. torch is imported lazily.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .common import Reason, median
+from .placement import HostBuffer, Placement
+
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+Tick = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One (operation, size) cell: median and spread of the samples, GB/s (1e9 B/s)."""
+
+    size_bytes: int
+    iterations: int  # operations per sample
+    samples: int
+    median_gbps: float
+    min_gbps: float
+    max_gbps: float
+    spread_gbps: float  # max - min
+    pct_of_link: float | None = None  # median / link rate (GPU operations with a known link)
+
+
+def summarize(size_bytes: int, iterations: int, gbps: Sequence[float]) -> Measurement:
+    """Median, min, max and spread of per-sample rates."""
+    if not gbps:
+        raise ValueError("no samples")
+    lo, hi = min(gbps), max(gbps)
+    return Measurement(size_bytes, iterations, len(gbps), median(gbps), lo, hi, hi - lo)
+
+
+def with_link(m: Measurement, link_gbps: float | None) -> Measurement:
+    pct = None if not link_gbps else m.median_gbps / link_gbps
+    return Measurement(m.size_bytes, m.iterations, m.samples, m.median_gbps, m.min_gbps, m.max_gbps,
+                       m.spread_gbps, pct)
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """Which sizes to time, and how often."""
+
+    sizes_bytes: tuple[int, ...]
+    samples: int = 5
+    warmup: int = 2
+    target_bytes: int = 256 * MIB  # bytes moved per sample: small sizes repeat to reach it
+    max_iterations: int = 512
+
+    def iterations(self, size_bytes: int) -> int:
+        return max(1, min(self.max_iterations, math.ceil(self.target_bytes / size_bytes)))
+
+    def limited_to(self, max_bytes: int) -> SweepPlan:
+        return SweepPlan(tuple(s for s in self.sizes_bytes if s <= max_bytes), self.samples, self.warmup,
+                         self.target_bytes, self.max_iterations)
+
+
+def _sizes(lo: int, hi: int, factor: int) -> tuple[int, ...]:
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= factor
+    return tuple(out)
+
+
+def sweep_plan(mode: str, target: str, extra_sizes: Sequence[int] = ()) -> SweepPlan:
+    """The sweep for `mode` quick|full on `target` gpu|host, plus extra sizes (one real expert).
+
+    quick keeps `hotsplit probe` to seconds; full sweeps 64 KiB..1 GiB by powers of 4 with
+    10 samples each.
+    """
+    if mode not in ("quick", "full"):
+        raise ValueError(f"mode must be quick or full, got {mode!r}")
+    if target == "gpu":
+        base = (64 * KIB, 2 * MIB, 64 * MIB, 256 * MIB) if mode == "quick" else _sizes(64 * KIB, GIB, 4)
+        target_bytes = 256 * MIB if mode == "quick" else GIB
+    elif target == "host":
+        base = (64 * KIB, 4 * MIB, 64 * MIB) if mode == "quick" else _sizes(64 * KIB, GIB, 4)
+        target_bytes = 64 * MIB if mode == "quick" else 256 * MIB
+    else:
+        raise ValueError(f"target must be gpu or host, got {target!r}")
+    # Sizes stay multiples of 4 bytes: the zero-copy kernel reads float32 words.
+    sizes = sorted(set(base) | {s - s % 4 for s in extra_sizes if s >= 4})
+    samples, warmup = (5, 2) if mode == "quick" else (10, 3)
+    return SweepPlan(tuple(sizes), samples, warmup, target_bytes)
+
+
+def time_samples(op: Callable[[], Any], iterations: int, plan: SweepPlan,
+                 elapsed_s: Callable[[Callable[[], None]], float]) -> list[float]:
+    """Seconds per sample of `iterations` calls of `op`, after `plan.warmup` untimed samples."""
+
+    def run() -> None:
+        for _ in range(iterations):
+            op()
+
+    for _ in range(plan.warmup):
+        elapsed_s(run)
+    return [elapsed_s(run) for _ in range(plan.samples)]
+
+
+def wall_clock(run: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    run()
+    return time.perf_counter() - t0
+
+
+def rates_gbps(size_bytes: int, iterations: int, seconds: Sequence[float]) -> list[float]:
+    return [size_bytes * iterations / max(s, 1e-12) / 1e9 for s in seconds]
+
+
+# ----------------------------------------------------------------------------- host copies
+
+
+@dataclass(frozen=True)
+class HostCopyNode:
+    """memcpy bandwidth from a buffer on `node` into a buffer local to the measuring thread."""
+
+    node: int | None
+    placement: Placement
+    copy: tuple[Measurement, ...]
+
+
+def measure_host_copy(nodes: Sequence[int | None], plan: SweepPlan,
+                      tick: Tick | None = None) -> tuple[HostCopyNode, ...]:
+    """Host memory copy bandwidth (what a CPU runtime reads its experts at), per source node."""
+    tick = tick or (lambda n: None)
+    top = max(plan.sizes_bytes)
+    out = []
+    with HostBuffer(top, None) as dst:
+        for node in nodes:
+            with HostBuffer(top, node) as src:
+                cells = []
+                for size in plan.sizes_bytes:
+                    a, b = dst.array[:size], src.array[:size]
+                    iters = plan.iterations(size)
+                    seconds = time_samples(lambda a=a, b=b: np.copyto(a, b), iters, plan, wall_clock)
+                    cells.append(summarize(size, iters, rates_gbps(size, iters, seconds)))
+                    tick(1)
+                out.append(HostCopyNode(node, src.placement, tuple(cells)))
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+@dataclass(frozen=True)
+class NodeBandwidth:
+    """Host buffer on one NUMA node, read and written by one GPU."""
+
+    node: int | None
+    local: bool | None  # the GPU's own node (None: the GPU's node is unknown)
+    placement: Placement
+    h2d: tuple[Measurement, ...] | None  # copy engine, pinned host -> device
+    d2h: tuple[Measurement, ...] | None  # copy engine, device -> pinned host
+    zero_copy_read: tuple[Measurement, ...] | None  # SM loads from pinned host memory (UVA)
+    reasons: tuple[Reason, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuBandwidth:
+    cuda_index: int
+    method: str
+    by_node: tuple[NodeBandwidth, ...]
+    link_gen_under_load: int | None  # idle links train down: sampled while copies run
+    link_width_under_load: int | None
+    reasons: tuple[Reason, ...] = ()
+
+
+ZERO_COPY_METHOD = ("zero-copy read: torch sum() over a CUDA tensor aliasing pinned host memory "
+                    "(cudaHostRegister Portable|Mapped, UVA device pointer); copies: torch copy_(non_blocking) "
+                    "from/to the same registered buffer; timed with CUDA events")
+
+_CUDA_HOST_REGISTER_PORTABLE = 1
+_CUDA_HOST_REGISTER_MAPPED = 2
+
+
+def _libcudart() -> ctypes.CDLL | None:
+    """The CUDA runtime library torch already loaded (found in /proc/self/maps), or None."""
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                path = line.split()[-1]
+                if "libcudart.so" in path:
+                    return ctypes.CDLL(path)
+    except OSError:
+        return None
+    return None
+
+
+def device_pointer(host_address: int) -> int:
+    """The device address of registered host memory (cudaHostGetDevicePointer). Without a
+    loadable libcudart, the host address: under UVA (every 64-bit Linux system CUDA supports)
+    registered memory has the same address on host and device."""
+    lib = _libcudart()
+    if lib is None:
+        return host_address
+    ptr = ctypes.c_void_p()
+    rc = lib.cudaHostGetDevicePointer(ctypes.byref(ptr), ctypes.c_void_p(host_address), ctypes.c_uint(0))
+    return int(ptr.value) if rc == 0 and ptr.value else host_address
+
+
+class _CudaArray:
+    """Exposes raw device memory to torch.as_tensor without a copy."""
+
+    def __init__(self, address: int, size_bytes: int):
+        self.__cuda_array_interface__ = {"shape": (size_bytes,), "typestr": "|u1", "data": (address, False),
+                                         "strides": None, "version": 3}
+
+
+def uva_view(torch: Any, address: int, size_bytes: int, device: Any) -> Any:
+    """A uint8 CUDA tensor over registered host memory; raises RuntimeError if torch copied it."""
+    dev_ptr = device_pointer(address)
+    view = torch.as_tensor(_CudaArray(dev_ptr, size_bytes), device=device)
+    if view.data_ptr() != dev_ptr:
+        raise RuntimeError("torch copied the host buffer instead of viewing it")
+    return view
+
+
+def _cuda_clock(torch: Any) -> Callable[[Callable[[], None]], float]:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def elapsed_s(run: Callable[[], None]) -> float:
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    return elapsed_s
+
+
+def _sample_link_under_load(torch: Any, dst: Any, src: Any, sample_link: Callable[[], tuple[int | None, int | None]]
+                            ) -> tuple[int | None, int | None]:
+    """Queue ~4 GiB of host->device copies, then read the link state while they run."""
+    size = dst.numel()
+    for _ in range(max(1, math.ceil(4 * GIB / size))):
+        dst.copy_(src, non_blocking=True)
+    time.sleep(0.05)  # let the link retrain up from its idle state
+    gens, widths = [], []
+    for _ in range(3):
+        gen, width = sample_link()
+        gens += [gen] if gen else []
+        widths += [width] if width else []
+        time.sleep(0.01)
+    torch.cuda.synchronize()
+    return (max(gens) if gens else None), (max(widths) if widths else None)
+
+
+def measure_gpu(cuda_index: int, nodes: Sequence[int | None], local_node: int | None, plan: SweepPlan,
+                sample_link: Callable[[], tuple[int | None, int | None]] | None = None,
+                tick: Tick | None = None) -> GpuBandwidth:
+    """H2D, D2H and zero-copy read bandwidth of one GPU against a host buffer on each node."""
+    import torch
+
+    tick = tick or (lambda n: None)
+    device = torch.device("cuda", cuda_index)
+    reasons: list[Reason] = []
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    fitting = plan.limited_to(free_bytes // 2)
+    if len(fitting.sizes_bytes) < len(plan.sizes_bytes):
+        reasons.append(Reason("by_node", f"sizes above {free_bytes // 2 // MIB} MiB skipped: half the free GPU "
+                                         "memory"))
+    if not fitting.sizes_bytes:
+        return GpuBandwidth(cuda_index, ZERO_COPY_METHOD, (), None, None, tuple(reasons))
+    top = max(fitting.sizes_bytes)
+    cudart = torch.cuda.cudart()
+    clock = _cuda_clock(torch)
+    by_node = []
+    link = (None, None)
+    with torch.cuda.device(device):
+        dst = torch.empty(top, dtype=torch.uint8, device=device)
+        for node in nodes:
+            with HostBuffer(top, node) as buf:
+                rc = int(cudart.cudaHostRegister(buf.address, top, _CUDA_HOST_REGISTER_PORTABLE
+                                                 | _CUDA_HOST_REGISTER_MAPPED))
+                local = None if local_node is None or node is None else node == local_node
+                if rc != 0:
+                    why = f"cudaHostRegister failed with cudaError {rc}"
+                    by_node.append(NodeBandwidth(node, local, buf.placement, None, None, None,
+                                                 tuple(Reason(k, why) for k in ("h2d", "d2h", "zero_copy_read"))))
+                    tick(3 * len(fitting.sizes_bytes))
+                    continue
+                try:
+                    by_node.append(_measure_node(torch, dst, buf, node, local, fitting, clock, tick))
+                    if sample_link is not None and link == (None, None) and local in (True, None):
+                        host = torch.from_numpy(buf.array)
+                        link = _sample_link_under_load(torch, dst, host, sample_link)
+                finally:
+                    torch.cuda.synchronize(device)
+                    cudart.cudaHostUnregister(buf.address)
+        del dst
+    if sample_link is not None and link == (None, None):
+        reasons.append(Reason("link_gen_under_load", "the link state could not be read while copying"))
+    elif sample_link is None:
+        reasons.append(Reason("link_gen_under_load", "no NVML to read the link state"))
+    return GpuBandwidth(cuda_index, ZERO_COPY_METHOD, tuple(by_node), link[0], link[1], tuple(reasons))
+
+
+def _measure_node(torch: Any, dst: Any, buf: HostBuffer, node: int | None, local: bool | None, plan: SweepPlan,
+                  clock: Callable[[Callable[[], None]], float], tick: Tick) -> NodeBandwidth:
+    host = torch.from_numpy(buf.array)  # CPU tensor on the registered (pinned) pages
+    reasons: list[Reason] = []
+    try:
+        view = uva_view(torch, buf.address, buf.size_bytes, dst.device).view(torch.float32)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        view = None
+        reasons.append(Reason("zero_copy_read", f"no UVA view of pinned memory: {exc}"))
+    h2d, d2h, zc = [], [], []
+    for size in plan.sizes_bytes:
+        iters = plan.iterations(size)
+        d, h = dst[:size], host[:size]
+        s = time_samples(lambda d=d, h=h: d.copy_(h, non_blocking=True), iters, plan, clock)
+        h2d.append(summarize(size, iters, rates_gbps(size, iters, s)))
+        s = time_samples(lambda d=d, h=h: h.copy_(d, non_blocking=True), iters, plan, clock)
+        d2h.append(summarize(size, iters, rates_gbps(size, iters, s)))
+        if view is not None:
+            v = view[: size // 4]
+            s = time_samples(lambda v=v: v.sum(), iters, plan, clock)
+            zc.append(summarize(size, iters, rates_gbps(size, iters, s)))
+        tick(3)
+    return NodeBandwidth(node, local, buf.placement, tuple(h2d), tuple(d2h), tuple(zc) if view is not None else None,
+                         tuple(reasons))

@@ -1,0 +1,210 @@
+"""NVML mocked as scenario fixtures, each named after the failure it covers.
+
+The fakes reuse the real pynvml error classes and constants (importable without a driver), so
+the probe's error handling is exercised exactly as on a machine.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pynvml
+import pytest
+
+from probes.nvml import probe_nvml, read_link_state
+
+GIB = 1 << 30
+
+
+def err(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)
+
+
+class FakeNvml:
+    """A healthy two-GPU H100 host; scenarios override single calls with `fail`."""
+
+    NVMLError = pynvml.NVMLError
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
+    NVML_AFFINITY_SCOPE_NODE = pynvml.NVML_AFFINITY_SCOPE_NODE
+
+    def __init__(self, fail: dict[str, int] | None = None, count: int = 2):
+        self.fail = fail or {}
+        self.count = count
+        self.shutdowns = 0
+        for const in dir(pynvml):
+            if const.startswith("NVML_ERROR_"):
+                setattr(self, const, getattr(pynvml, const))
+
+    def _check(self, name: str, handle=None) -> None:
+        key = name if handle is None else f"{name}:{handle}"
+        for k in (key, name):
+            if k in self.fail:
+                raise err(self.fail[k])
+
+    def nvmlInit(self):
+        self._check("nvmlInit")
+
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    def nvmlSystemGetDriverVersion(self):
+        return "550.54.15"
+
+    def nvmlDeviceGetCount(self):
+        self._check("nvmlDeviceGetCount")
+        return self.count
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        self._check("nvmlDeviceGetHandleByIndex", i)
+        return i
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus):
+        return 0
+
+    def nvmlDeviceGetName(self, h):
+        self._check("nvmlDeviceGetName", h)
+        return b"NVIDIA H100 80GB HBM3"  # older bindings return bytes
+
+    def nvmlDeviceGetUUID(self, h):
+        return f"GPU-0000000{h}"
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return SimpleNamespace(busId=f"00000000:{0x19 + h * 0x22:02X}:00.0")
+
+    def nvmlDeviceGetMemoryInfo(self, h, version=None):
+        if version is not None:
+            self._check("nvmlDeviceGetMemoryInfo_v2", h)
+            return SimpleNamespace(total=80 * GIB, used=GIB, free=79 * GIB - (512 << 20), reserved=512 << 20)
+        self._check("nvmlDeviceGetMemoryInfo", h)
+        return SimpleNamespace(total=80 * GIB, used=GIB, free=79 * GIB)
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h):
+        self._check("nvmlDeviceGetCurrPcieLinkGeneration", h)
+        return 1  # idle
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h):
+        self._check("nvmlDeviceGetMaxPcieLinkGeneration", h)
+        return 5
+
+    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, h):
+        self._check("nvmlDeviceGetGpuMaxPcieLinkGeneration", h)
+        return 5
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h):
+        self._check("nvmlDeviceGetCurrPcieLinkWidth", h)
+        return 16
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h):
+        return 16
+
+    def nvmlDeviceGetNumaNodeId(self, h):
+        self._check("nvmlDeviceGetNumaNodeId", h)
+        return h
+
+    def nvmlDeviceGetCpuAffinity(self, h, words):
+        self._check("nvmlDeviceGetCpuAffinity", h)
+        return [0xFF << (8 * h)] + [0] * (words - 1)
+
+    def nvmlDeviceGetMemoryAffinity(self, h, words, scope):
+        self._check("nvmlDeviceGetMemoryAffinity", h)
+        return [1 << h] + [0] * (words - 1)
+
+
+def reasons_of(gpu) -> dict[str, str]:
+    return {r.field: r.why for r in gpu.reasons}
+
+
+def test_healthy_two_gpus():
+    fake = FakeNvml()
+    r = probe_nvml(lambda: fake)
+    assert r.available and r.driver_version == "550.54.15" and len(r.gpus) == 2
+    g0, g1 = r.gpus
+    assert g0.name == "NVIDIA H100 80GB HBM3" and g1.pci_bus_id == "00000000:3B:00.0"
+    assert g0.mem_total_bytes == 80 * GIB and g0.mem_reserved_bytes == 512 << 20
+    assert (g0.pcie_gen_current, g0.pcie_gen_max, g0.pcie_gen_gpu_max, g0.pcie_width_max) == (1, 5, 5, 16)
+    assert g1.numa_node == 1 and g1.cpu_affinity == tuple(range(8, 16)) and g1.memory_affinity == (1,)
+    assert g0.reasons == () and g0.source == "nvml"
+    assert fake.shutdowns == 1
+
+
+def test_library_not_found():
+    r = probe_nvml(lambda: FakeNvml({"nvmlInit": pynvml.NVML_ERROR_LIBRARY_NOT_FOUND}))
+    assert not r.available and r.gpus == ()
+    assert r.reason == "NVML library not found (no NVIDIA driver installed)"
+
+
+def test_driver_not_loaded():
+    r = probe_nvml(lambda: FakeNvml({"nvmlInit": pynvml.NVML_ERROR_DRIVER_NOT_LOADED}))
+    assert not r.available and r.reason == "NVIDIA driver not loaded"
+
+
+def test_bindings_not_installed():
+    def load():
+        raise ImportError("No module named 'pynvml'")
+
+    r = probe_nvml(load)
+    assert not r.available and "nvidia-ml-py" in r.reason
+
+
+def test_not_supported_per_field():
+    fake = FakeNvml({
+        "nvmlDeviceGetGpuMaxPcieLinkGeneration": pynvml.NVML_ERROR_NOT_SUPPORTED,
+        "nvmlDeviceGetNumaNodeId": pynvml.NVML_ERROR_NOT_SUPPORTED,
+        "nvmlDeviceGetMemoryInfo_v2": pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        "nvmlDeviceGetCpuAffinity:1": pynvml.NVML_ERROR_NO_PERMISSION,
+    })
+    g0, g1 = probe_nvml(lambda: fake).gpus
+    # The failing fields are None with a reason; everything else is intact.
+    assert g0.pcie_gen_gpu_max is None and g0.numa_node is None and g0.mem_reserved_bytes is None
+    assert g0.mem_total_bytes == 80 * GIB and g0.mem_free_bytes == 79 * GIB and g0.pcie_gen_max == 5
+    why = reasons_of(g0)
+    assert why["pcie_gen_gpu_max"] == "not supported by this GPU or driver"
+    assert "driver too old" in why["mem_reserved_bytes"]
+    assert g0.cpu_affinity is not None and g1.cpu_affinity is None
+    assert reasons_of(g1)["cpu_affinity"].startswith("no permission")
+
+
+def test_memory_unreadable_marks_every_memory_field():
+    fake = FakeNvml({"nvmlDeviceGetMemoryInfo_v2": pynvml.NVML_ERROR_NOT_SUPPORTED,
+                     "nvmlDeviceGetMemoryInfo": pynvml.NVML_ERROR_NO_PERMISSION})
+    g0 = probe_nvml(lambda: fake).gpus[0]
+    assert g0.mem_total_bytes is None and g0.mem_free_bytes is None
+    assert {"mem_total_bytes", "mem_used_bytes", "mem_free_bytes", "mem_reserved_bytes"} <= set(reasons_of(g0))
+
+
+def test_gpu_lost_keeps_the_other_gpus():
+    fake = FakeNvml({"nvmlDeviceGetHandleByIndex:1": pynvml.NVML_ERROR_GPU_IS_LOST})
+    g0, g1 = probe_nvml(lambda: fake).gpus
+    assert g0.name is not None
+    assert g1.index == 1 and g1.name is None and "GPU is lost" in reasons_of(g1)["mem_free_bytes"]
+
+
+def test_function_missing_from_old_bindings():
+    class OldBindings(FakeNvml):
+        def __getattribute__(self, name):
+            if name == "nvmlDeviceGetNumaNodeId":
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+    g0 = probe_nvml(lambda: OldBindings()).gpus[0]
+    assert g0.numa_node is None and "nvidia-ml-py" in reasons_of(g0)["numa_node"]
+    assert g0.name is not None
+
+
+def test_no_gpus():
+    r = probe_nvml(lambda: FakeNvml(count=0))
+    assert not r.available and r.reason == "NVML sees no GPU"
+
+
+def test_link_state_sampling():
+    assert read_link_state("00000000:19:00.0", lambda: FakeNvml()) == (1, 16)
+    assert read_link_state("x", lambda: FakeNvml({"nvmlInit": pynvml.NVML_ERROR_DRIVER_NOT_LOADED})) == (None, None)
+
+
+@pytest.mark.parametrize("code, text", [
+    (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "versions differ"),
+    (pynvml.NVML_ERROR_UNKNOWN, "NVML error"),
+])
+def test_other_init_failures_are_reasons(code, text):
+    r = probe_nvml(lambda: FakeNvml({"nvmlInit": code}))
+    assert not r.available and text in r.reason
