@@ -151,7 +151,7 @@ def plan_doc(hist: Histogram, hist_path: str | os.PathLike, recipe: Recipe, knob
                             "physical_experts": placement.num_physical}
     if costs is not None:
         doc["platform"] = platform_path
-        doc["decode_cost"] = [
+        doc["decode_cost"] = [  # expected distinct cold experts read per step, per rank
             {"batch": c.batch, "cold_experts": c.cold_experts, "cold_bytes": c.cold_bytes, "cold_read_ms": c.cold_ms}
             for c in costs
         ]

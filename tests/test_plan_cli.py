@@ -198,3 +198,17 @@ def test_plan_with_placement_plans_each_rank_among_its_replicas(cli, tmp_path):
         assert all(v == [5] for v in rank["hot"].values())  # each rank serves its replica of expert 5
     assert doc["hit_rate"] == pytest.approx(4000 / counts.sum())
     assert doc["placement"]["physical_experts"] == 34
+
+
+def test_plan_with_platform_predicts_cold_reads_per_batch(cli, tiny_hist, tmp_path):
+    platform = tmp_path / "platform.json"
+    assert cli("probe", "--quick", "-o", platform).code == 0
+    doc = json.loads(cli("plan", tiny_hist, "--recipe", "tiny", "--platform", platform, "--json").out)
+    costs = doc["decode_cost"]
+    assert [c["batch"] for c in costs] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    cold = [c["cold_bytes"] for c in costs]
+    assert cold == sorted(cold) and cold[0] > 0  # more tokens touch more distinct cold experts
+    assert all(c["cold_bytes"] == pytest.approx(c["cold_experts"] * doc["expert_bytes"]) for c in costs)
+    # A CPU-only platform has no GPU free memory to derive an automatic budget from.
+    r = cli("plan", tiny_hist, "--recipe", "tiny", "--platform", platform, "--hot-gib", "")
+    assert r.code == 1 and "no GPU with a measured free memory" in r.err

@@ -67,10 +67,11 @@ def plan_cmd(
         plan = plan_for_placement(hist, rec, budget_bytes, layout)
     else:
         plan = plan_for_recipe(hist, rec, budget_bytes)
-    costs = None
+    costs, rate, rate_source = None, None, ""
     if plat is not None:
         rates = [g.zero_copy_read_gbps for g in plat.gpus if g.zero_copy_read_gbps]
         rate = min(rates) if rates else plat.host_copy_gbps
+        rate_source = "slowest GPU's zero-copy read" if rates else "host memory copy (no GPU measured)"
         costs = cold_costs(hist, plan.hot_RLE[0], expert_bytes_per_rank(rec), rate)
     doc = plan_doc(hist, hist_file, rec, knobs, plan, budget_gib, source, derivation, costs,
                    str(platform) if platform else None, layout, str(placement) if placement else None)
@@ -102,6 +103,8 @@ def plan_cmd(
         out.print(f"hit rate {pct(plan.hit_rate, 2)}, {verdict}; LP bound {pct(plan.bound_hit_rate, 2)}, "
                   f"gap {100 * plan.gap:.2f} pp")
         if costs:
+            rate_text = "unknown" if rate is None else f"{rate:.1f} GB/s"
+            out.print(f"predicted cold reads per decode step at {rate_text} ({rate_source}, {platform}):")
             t = out.table("batch", "cold experts/step", "cold bytes/step", "cold read ms/step")
             for c in costs:
                 t.add_row(str(c.batch), f"{c.cold_experts:.1f}", gib(c.cold_bytes),
