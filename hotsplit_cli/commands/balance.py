@@ -1,0 +1,226 @@
+"""`hotsplit balance`: the routing histogram of a model on sample traffic.
+
+From a Hugging Face checkpoint (`--model DIR`, or a recipe with `model.kind: hf`) run on prompts,
+or from a recipe's synthetic model (random routers of its geometry) for planning what-ifs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import orjson
+import typer
+
+from ..errors import InputFileError, RuntimeFailure, UsageError
+from ..hist import Histogram, save_hist
+from ..options import JsonOpt, OutOpt, RecipeOpt
+from ..output import Output
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+def read_prompts(path: str | os.PathLike) -> list:
+    """`.jsonl` with `{"prompt": str}` or `{"messages": [{"role", "content"}, ...]}` per line, or
+    plain text with one prompt per non-empty line. Errors name the line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputFileError(f"{path}: no such file", "check the --prompts path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputFileError(f"{path}: cannot read as UTF-8 text ({exc})") from None
+    prompts: list = []
+    if path.suffix.lower() == ".jsonl":
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise InputFileError(f"{path}:{n}: not valid JSON ({exc})") from None
+            if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
+                prompts.append(obj["prompt"])
+            elif isinstance(obj, dict) and isinstance(obj.get("messages"), list) and all(
+                    isinstance(m, dict) and isinstance(m.get("content"), str) for m in obj["messages"]):
+                prompts.append(obj["messages"])
+            else:
+                raise InputFileError(f"{path}:{n}: expected {{\"prompt\": str}} or {{\"messages\": [{{\"role\", "
+                                     "\"content\"}}, ...]}}")
+    else:
+        prompts = [line for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise InputFileError(f"{path}: no prompts", "one prompt per line, or .jsonl with prompt/messages")
+    return prompts
+
+
+def windows_of(steps_SLE: np.ndarray, steps_per_window: int) -> np.ndarray:
+    """Sum consecutive steps into windows [W, L, E]; the last window may be shorter."""
+    S = steps_SLE.shape[0]
+    starts = np.arange(0, S, steps_per_window)
+    return np.add.reduceat(steps_SLE, starts, axis=0).astype(np.float64)
+
+
+def balance_cmd(
+    recipe_arg: Annotated[str | None, typer.Argument(metavar="[RECIPE]", help="Recipe YAML or shipped name.")] = None,
+    recipe: RecipeOpt = None,
+    model: Annotated[Path | None, typer.Option("--model", help="Local Hugging Face checkpoint folder.")] = None,
+    prompts: Annotated[Path | None, typer.Option("--prompts", help=".jsonl (prompt / messages) or text, "
+                                                 "one prompt per line.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Greedy decode tokens per "
+                                                       "prompt (0: prefill only).")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Prompts per batch.")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Synthetic model: engine steps to route.")] = None,
+    windows_steps: Annotated[int | None, typer.Option("--windows-steps", help="Keep counts per window of N "
+                                                      "steps.")] = None,
+    trace: Annotated[Path | None, typer.Option("--trace", help="Also save the routing trace (.npz).")] = None,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="auto (the checkpoint's), bfloat16, float16, "
+                                       "float32.")] = "auto",
+    output: OutOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Capture the routing histogram of a model on sample traffic (exact counts)."""
+    out = Output(json)
+    if recipe_arg is not None and recipe is not None:
+        raise UsageError("give the recipe once (RECIPE or --recipe)")
+    recipe_name = recipe_arg or recipe
+    for flag, value in (("--max-new-tokens", max_new_tokens), ("--windows-steps", windows_steps)):
+        if value is not None and value < (0 if flag == "--max-new-tokens" else 1):
+            raise UsageError(f"{flag}: must be >= {0 if flag == '--max-new-tokens' else 1}, got {value}")
+    for flag, value in (("--batch-size", batch_size), ("--steps", steps)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag}: must be >= 1, got {value}")
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if trace is not None and trace.suffix != ".npz":
+        raise UsageError(f"--trace: must end in .npz, got {trace}")
+    rec = None
+    if recipe_name is not None:
+        from ..recipe import load_recipe
+
+        rec = load_recipe(recipe_name)
+    if model is None and rec is not None and rec.model.kind == "hf":
+        model = rec.model.path
+    if model is None and rec is None:
+        raise UsageError("balance needs --model DIR or a recipe", "e.g. `hotsplit balance --model ./ckpt --prompts "
+                         "p.jsonl -o hist.json` or `hotsplit balance tiny -o hist.json`")
+    for p in (output, trace):
+        if p is not None and not (p.parent if str(p.parent) else Path(".")).is_dir():
+            raise InputFileError(f"cannot write {p}: folder {p.parent} does not exist", "create it first")
+    if model is not None:
+        hist, trace_obj, notes = _from_checkpoint(out, model, rec, prompts, max_new_tokens, batch_size,
+                                                  windows_steps, trace is not None, device, dtype)
+    else:
+        if prompts is not None:
+            raise UsageError(f"recipe {rec.name!r} has a synthetic model: --prompts needs --model DIR")
+        hist, trace_obj, notes = _from_synthetic(out, rec, steps, batch_size, windows_steps, trace is not None)
+    if output is not None:
+        save_hist(output, hist)
+    if trace_obj is not None:
+        from ..trace import save_trace
+
+        save_trace(trace, trace_obj)
+    _report(out, hist, output, trace, notes)
+
+
+def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, windows_steps, keep_trace,
+                     device, dtype):
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise UsageError(f"balance --model needs torch and transformers ({exc.name} is missing)",
+                         "pip install 'hotsplit[hf]'") from None
+    if prompts is None and rec is not None and rec.traffic.kind == "prompts":
+        prompts = rec.traffic.path
+    if prompts is None:
+        raise UsageError("balance --model needs --prompts FILE (.jsonl or text)")
+    prompt_list = read_prompts(prompts)
+    if max_new_tokens is None:
+        max_new_tokens = rec.traffic.max_new_tokens if rec is not None else 32
+    if batch_size is None:
+        batch_size = rec.traffic.batch if rec is not None else 8
+    import torch
+
+    from runtime.device import choose_device
+    from runtime.hf.capture import capture, trace_of
+    from runtime.hf.loader import load_model, load_tokenizer
+
+    info = choose_device(device)
+    hm = load_model(model_dir, info, None if dtype == "auto" else getattr(torch, dtype), keep_trace=keep_trace)
+    tok = load_tokenizer(model_dir)
+    with out.progress("balance", len(prompt_list)) as advance:
+        capture(hm, tok, prompt_list, max_new_tokens, batch_size, advance)
+    c = hm.counter
+    counts = c.counts_LE.astype(np.float64)
+    expect = c.tokens * hm.top_k
+    if np.any(counts.sum(axis=1) != expect):
+        bad = int(np.flatnonzero(counts.sum(axis=1) != expect)[0])
+        raise RuntimeFailure(f"layer {hm.layer_ids[bad]} counted {counts[bad].sum():.0f} routed assignments, "
+                             f"expected {c.tokens} tokens x top_k {hm.top_k}")
+    if c.tokens == 0:
+        raise InputFileError(f"{prompts}: the prompts produced no tokens")
+    name = rec.model.name if rec is not None else Path(model_dir).resolve().name
+    steps_SLE = np.stack(c.steps_SLE)
+    hist = Histogram(
+        model=name, source=f"balance: {hm.family} checkpoint {model_dir} on {prompts} "
+        f"({len(prompt_list)} prompts, max_new_tokens {max_new_tokens}, greedy)",
+        top_k=hm.top_k, tokens=c.tokens, layers=hm.layer_ids, counts_LE=counts,
+        windows_WLE=windows_of(steps_SLE, windows_steps) if windows_steps else None,
+        steps_per_window=windows_steps)
+    notes = [f"{len(prompt_list)} prompts, {len(c.steps_SLE)} steps, {c.tokens} tokens counted on {info.name}"]
+    return hist, (trace_of(hm) if keep_trace else None), notes
+
+
+def _from_synthetic(out, rec, steps, batch_size, windows_steps, keep_trace):
+    from runtime.hf.synthetic import synthetic_routing
+
+    from ..trace import Trace
+
+    steps = steps or rec.run.steps
+    batch = batch_size or rec.traffic.batch
+    with out.progress("balance (synthetic)", steps) as advance:
+        counts_SLE, ids = synthetic_routing(rec, steps, batch, rec.run.seed, advance, keep_trace)
+    m = rec.model
+    hist = Histogram(
+        model=m.name, source=f"balance: synthetic model of recipe {rec.name} (random {m.router} routers, "
+        f"{steps} steps x {batch} tokens, seed {rec.run.seed})",
+        top_k=m.top_k, tokens=steps * batch, layers=m.moe_layer_ids, counts_LE=counts_SLE.sum(0).astype(np.float64),
+        windows_WLE=windows_of(counts_SLE, windows_steps) if windows_steps else None,
+        steps_per_window=windows_steps)
+    trace_obj = Trace(ids, m.moe_layer_ids) if keep_trace else None
+    return hist, trace_obj, [f"synthetic routing: {steps} steps x {batch} tokens"]
+
+
+def _report(out: Output, hist: Histogram, output, trace, notes) -> None:
+    try:
+        from ..histstats import hist_report
+        from .hist_show import render_hist_report
+    except ImportError:
+        hist_report = render_hist_report = None
+    report = hist_report(hist) if hist_report is not None else None
+    doc = {"output": str(output) if output else None, "trace": str(trace) if trace else None,
+           "layers": list(hist.layers), "num_experts": hist.num_experts, "top_k": hist.top_k,
+           "tokens": hist.tokens, "notes": notes,
+           "report": report.to_doc() if report is not None else None}
+
+    def render() -> None:
+        for n in notes:
+            out.print(n)
+        if report is not None:
+            render_hist_report(out, report)
+        else:
+            out.print(f"{hist.model}: {hist.num_layers} MoE layers x {hist.num_experts} experts, "
+                      f"{hist.tokens} tokens")
+
+    out.emit(doc, render)
+    for p in (output, trace):
+        if p is not None:
+            out.note(f"wrote {p}")
+
+
+def register(app: typer.Typer, hist_app: typer.Typer) -> None:
+    app.command("balance")(balance_cmd)

@@ -1,0 +1,70 @@
+"""`hotsplit hist import FILE... --from sglang|vllm -o hist.json`: what a serving engine recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import UsageError
+from ..options import JsonOpt, OutOpt, RecipeOpt
+from ..output import Output
+
+FromOpt = Annotated[str, typer.Option("--from", help="The engine that wrote the files: sglang or vllm.")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Model name stored in the histogram.")]
+TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Experts per token (when no recipe says it).")]
+
+
+def import_cmd(
+    files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Engine dumps (per-rank dumps are summed).")],
+    engine: FromOpt = "sglang",
+    recipe: RecipeOpt = None,
+    model: ModelOpt = None,
+    top_k: TopKOpt = None,
+    output: OutOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Import routing counts recorded by SGLang (or saved from vLLM) as a hotsplit histogram."""
+    from ..engine_import import read_engine, to_histogram
+    from ..hist import save_hist
+
+    out = Output(json)
+    if output is None:
+        raise UsageError("hist import needs -o hist.json", "name the histogram to write")
+    if top_k is not None and top_k < 1:
+        raise UsageError(f"--top-k: must be >= 1, got {top_k}")
+    spec = None
+    if recipe is not None:
+        from ..recipe import load_recipe
+
+        spec = load_recipe(recipe).model
+    ec = read_engine(engine, files)
+    imp = to_histogram(ec, spec, top_k, model, where=", ".join(map(str, files)))
+    save_hist(output, imp.hist)
+    h = imp.hist
+    doc = {
+        "output": str(output),
+        "engine": engine,
+        "source": h.source,
+        "model": h.model,
+        "layers": list(h.layers),
+        "num_experts": h.num_experts,
+        "top_k": h.top_k,
+        "tokens": h.tokens,
+        "steps": ec.steps,
+        "notes": list(imp.notes),
+    }
+
+    def render() -> None:
+        out.print(f"imported {h.num_layers} MoE layers x {h.num_experts} experts, top_k {h.top_k}, "
+                  f"{h.tokens} tokens from {engine} ({h.source})")
+        for note in imp.notes:
+            out.print(f"  {note}")
+
+    out.emit(doc, render)
+    out.note(f"wrote {output}")
+
+
+def register(app: typer.Typer, hist_app: typer.Typer) -> None:
+    hist_app.command("import")(import_cmd)

@@ -1,0 +1,227 @@
+"""Load a local Hugging Face MoE checkpoint for hotsplit: a meta-device skeleton, then one
+safetensors tensor at a time. Routed-expert tensors go straight into each layer's pinned cold
+bank (never a second full copy in host memory, never all on the GPU); every other tensor goes to
+the device. Attention, norms, embeddings, routers and dense / shared MLPs stay transformers'.
+
+Checkpoint keys are the hub's: per-expert `...experts.{e}.{gate_proj|up_proj|down_proj}.weight`
+(Mixtral: `block_sparse_moe.experts.{e}.{w1|w3|w2}.weight`), or fused `...experts.gate_up_proj`
+[E, ...] / `down_proj` (+ `_bias`, gpt-oss). Quantised checkpoints (fp8 block scales, MXFP4
+blocks/scales, bitsandbytes, GPTQ/AWQ) are refused: only bf16 / fp16 / fp32 weights are read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hotsplit_cli.errors import InputFileError, UsageError
+
+from ..device import DeviceInfo
+from .adapter import MoELayerInfo, RoutingCounter, find_moe_layers, install
+from .bank import ExpertLayout, HFExpertBank
+
+# model_type values whose experts this adapter has been checked against (tests/test_hf_*.py).
+FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "glm4_moe", "mimo_v2_flash", "gpt_oss")
+
+_PER_EXPERT = re.compile(
+    r"^(?P<prefix>.*?)layers\.(?P<layer>\d+)\.(?:mlp|block_sparse_moe)\.experts\.(?P<e>\d+)\."
+    r"(?P<proj>gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+_FUSED = re.compile(
+    r"^(?P<prefix>.*?)layers\.(?P<layer>\d+)\.(?:mlp|block_sparse_moe)\.experts\."
+    r"(?P<name>gate_up_proj|down_proj|gate_up_proj_bias|down_proj_bias)$")
+_PROJ = {"gate_proj": ("w1", 0), "w1": ("w1", 0), "up_proj": ("w1", 1), "w3": ("w1", 1),
+         "down_proj": ("w2", None), "w2": ("w2", None)}
+_FUSED_PART = {"gate_up_proj": "w1", "down_proj": "w2", "gate_up_proj_bias": "b1", "down_proj_bias": "b2"}
+# Non-expert checkpoint names that differ from the module tree (transformers' conversion_mapping.py).
+_RENAMES = {"mixtral": ((".block_sparse_moe.", ".mlp."),),
+            "mimo_v2_flash": (("self_attn.attention_sink_bias", "self_attn.sinks"),)}
+
+
+@dataclass
+class HFModel:
+    """A loaded checkpoint with hotsplit's experts installed."""
+
+    model: torch.nn.Module
+    layers: list[MoELayerInfo]
+    banks: list[HFExpertBank]
+    counter: RoutingCounter
+    family: str
+    dtype: torch.dtype
+
+    @property
+    def layer_ids(self) -> tuple[int, ...]:
+        return tuple(i.layer_id for i in self.layers)
+
+    @property
+    def num_experts(self) -> int:
+        return self.layers[0].num_experts
+
+    @property
+    def top_k(self) -> int:
+        return self.layers[0].top_k
+
+
+@contextlib.contextmanager
+def _params_on_meta():
+    """Build modules with parameters on the meta device and buffers for real (rotary tables are
+    computed at construction and are not in the checkpoint)."""
+    original = torch.nn.Module.register_parameter
+
+    def register(self, name, param):
+        original(self, name, param)
+        if param is not None and param.device.type != "meta":
+            p = self._parameters[name]
+            self._parameters[name] = torch.nn.Parameter(p.to("meta"), requires_grad=False)
+
+    torch.nn.Module.register_parameter = register
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = original
+
+
+def _checkpoint_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / n for n in names]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise InputFileError(f"{path}: no *.safetensors files", "hotsplit reads safetensors checkpoints only")
+    return files
+
+
+def read_config(path: str | Path):
+    from transformers import AutoConfig
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise InputFileError(f"{path}: no config.json", "point --model at a checkpoint folder")
+    config = AutoConfig.from_pretrained(path)
+    mtype = getattr(config, "model_type", "?")
+    if mtype not in FAMILIES:
+        raise UsageError(f"{path}: model_type {mtype!r} is not supported", f"supported: {', '.join(FAMILIES)}")
+    q = getattr(config, "quantization_config", None)
+    if q:
+        method = q.get("quant_method", "?") if isinstance(q, dict) else getattr(q, "quant_method", "?")
+        raise UsageError(f"{path}: quantised checkpoint ({method}) is not supported",
+                         "use a bf16 checkpoint (e.g. a dequantised release)")
+    return config
+
+
+def _fp32_names(model: torch.nn.Module, dtype: torch.dtype) -> list[str]:
+    """transformers' rule: `_keep_in_fp32_modules_strict` stays fp32 under bf16/fp16,
+    `_keep_in_fp32_modules` only under fp16."""
+    names: list[str] = []
+    if dtype in (torch.bfloat16, torch.float16):
+        names += list(getattr(model, "_keep_in_fp32_modules_strict", None) or [])
+    if dtype == torch.float16:
+        names += list(getattr(model, "_keep_in_fp32_modules", None) or [])
+    return names
+
+
+def _set_tensor(model: torch.nn.Module, name: str, tensor: torch.Tensor, device, dtype) -> None:
+    module_name, _, attr = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    if attr in module._parameters:
+        module._parameters[attr] = torch.nn.Parameter(tensor.to(device=device, dtype=dtype), requires_grad=False)
+    elif attr in module._buffers:
+        module._buffers[attr] = tensor.to(device=device, dtype=dtype)
+    else:
+        raise KeyError(name)
+
+
+def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = None,
+               keep_trace: bool = False) -> HFModel:
+    """Load the checkpoint at `path` with every routed expert in a pinned cold bank (all cold;
+    set hot sets with `bank.set_hot`). `dtype` defaults to the checkpoint's."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    config = read_config(path)
+    dtype = dtype or getattr(config, "dtype", None) or torch.float32
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    with _params_on_meta():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.eval()
+    layers = find_moe_layers(model)
+    if not layers:
+        raise UsageError(f"{path}: no MoE layer found in {type(model).__name__}")
+    by_layer = {i.layer_id: i for i in layers}
+    banks = [HFExpertBank(ExpertLayout.of_module(i.experts), i.num_experts, dtype, info) for i in layers]
+    bank_of = {i.layer_id: banks[i.row] for i in layers}
+    loaded = np.zeros((len(layers), layers[0].num_experts), dtype=np.int64)  # parts seen per expert
+    fp32 = _fp32_names(model, dtype)
+    renames = _RENAMES.get(config.model_type, ())
+    params = dict(model.named_parameters())
+    params.update(dict(model.named_buffers()))
+    seen: set[str] = set()
+    for file in _checkpoint_files(path):
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                m = _PER_EXPERT.match(key)
+                if m and int(m["layer"]) in by_layer:
+                    lid, e = int(m["layer"]), int(m["e"])
+                    part, half = _PROJ[m["proj"]]
+                    bank = bank_of[lid]
+                    t = f.get_tensor(key)
+                    rows = None if half is None else slice(half * t.shape[0], (half + 1) * t.shape[0])
+                    bank.load_part(e, part, t, rows)
+                    loaded[by_layer[lid].row, e] += 1
+                    continue
+                m = _FUSED.match(key)
+                if m and int(m["layer"]) in by_layer:
+                    lid = int(m["layer"])
+                    sl = f.get_slice(key)
+                    for e in range(by_layer[lid].num_experts):  # one expert at a time: no full copy
+                        bank_of[lid].load_part(e, _FUSED_PART[m["name"]], sl[e])
+                    loaded[by_layer[lid].row] += {"gate_up_proj": 2, "down_proj": 1}.get(m["name"], 0)
+                    continue
+                name = key
+                for old, new in renames:
+                    name = name.replace(old, new)
+                if name not in params:
+                    continue  # e.g. MTP layers a causal-LM skeleton does not build
+                want = torch.float32 if any(p in name for p in fp32) else dtype
+                if params[name].dtype.is_floating_point is False:
+                    want = params[name].dtype
+                _set_tensor(model, name, f.get_tensor(key), info.device, want)
+                seen.add(name)
+    short = np.argwhere(loaded < 3)
+    if len(short):
+        li, e = short[0]
+        raise InputFileError(f"{path}: expert {e} of layer {layers[li].layer_id} is missing from the checkpoint")
+    for i in layers:  # the experts' own parameters are never used: the bank serves them
+        for pname in list(i.experts._parameters):
+            i.experts._parameters[pname] = torch.nn.Parameter(torch.empty(0, device=info.device, dtype=dtype),
+                                                               requires_grad=False)
+    if getattr(config, "tie_word_embeddings", False) or getattr(config.get_text_config(), "tie_word_embeddings",
+                                                                 False):
+        model.tie_weights()
+    missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+    if missing:
+        raise InputFileError(f"{path}: {len(missing)} tensors missing from the checkpoint, e.g. {missing[:3]}")
+    for mod in model.modules():  # computed buffers (rotary tables) to the device
+        for bname, buf in list(mod._buffers.items()):
+            if buf is not None and buf.device != info.device:
+                mod._buffers[bname] = buf.to(info.device)
+    counter = RoutingCounter(len(layers), layers[0].num_experts, keep_trace=keep_trace)
+    install(model, counter, banks)
+    return HFModel(model, layers, banks, counter, config.model_type, dtype)
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(Path(path))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+    return tok
