@@ -1,0 +1,147 @@
+"""`hotsplit run RECIPE`: the embedded hot/cold runtime executing a plan, with hit-rate logs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import HotsplitError, UsageError
+from ..jsonio import schema_tag, write_atomic
+from ..knobs import resolve_knobs
+from ..options import HotGibOpt, JsonOpt, PlotOpt, RecipeArg
+from ..output import Output, gib, pct
+from ..recipe import load_recipe
+
+MIB = 1 << 20
+PlanFileOpt = Annotated[Path | None, typer.Option("--plan", help="plan.json from `hotsplit plan` (else planned here).")]
+TraceOpt = Annotated[Path | None, typer.Option("--trace", help="Replay this routing trace (.npz).")]
+StepsOpt = Annotated[int | None, typer.Option("--steps", help="Engine steps (default: the recipe's run.steps).")]
+ScaleOpt = Annotated[float | None, typer.Option("--scale", help="Shrink tensors, (0, 1]; plans keep real bytes.")]
+LogJsonlOpt = Annotated[Path | None, typer.Option("--log-jsonl", help="Also write each record as a JSON line.")]
+
+
+def _check_folder(path: Path | None, flag: str) -> None:
+    if path is not None and not (path.parent if str(path.parent) else Path(".")).is_dir():
+        raise UsageError(f"{flag} {path}: folder {path.parent} does not exist", "create it first")
+
+
+def run(
+    recipe: RecipeArg,
+    plan: PlanFileOpt = None,
+    trace: TraceOpt = None,
+    steps: StepsOpt = None,
+    scale: ScaleOpt = None,
+    hot_gib: HotGibOpt = None,
+    log_jsonl: LogJsonlOpt = None,
+    json_out: JsonOpt = False,
+    plot: PlotOpt = None,
+) -> None:
+    """Run the recipe's MoE on the hot/cold runtime: hit rate per update, then a summary."""
+    out = Output(json_out)
+    rec = load_recipe(recipe)
+    knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib})
+    if steps is not None and steps < 1:
+        raise UsageError(f"--steps: must be >= 1, got {steps}")
+    if scale is not None and not 0 < scale <= 1:
+        raise UsageError(f"--scale: must be in (0, 1], got {scale}")
+    _check_folder(log_jsonl, "--log-jsonl")
+    _check_folder(plot, "--plot")
+    if plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise HotsplitError("--plot needs matplotlib", "pip install 'hotsplit[plot]'") from None
+
+    from runtime.device import tune_cpu_threads  # torch is imported only from here on
+    from runtime.from_recipe import prepare_run
+    from runtime.log import format_line, write_jsonl
+
+    prepared = prepare_run(rec, knobs, plan_path=plan, trace_path=trace, steps=steps, scale=scale)
+    tune_cpu_threads(prepared.info)
+    for note in prepared.notes:
+        out.note(f"note: {note}")
+    pdoc = prepared.to_doc()
+    say = out.note if json_out else out.print
+    say(f"{rec.name}: {prepared.steps} steps on {prepared.info.name} ({pdoc['kernel']}"
+        f"{', CUDA graph' if pdoc['cuda_graph'] else ''}), traffic: {prepared.traffic}")
+    say(f"plan: {pdoc['plan']['hot_experts']} hot experts, {gib(prepared.plan.hot_bytes)} real"
+        f" ({prepared.plan.source}); expected hit rate {pct(prepared.plan.expected_hit_rate)}")
+
+    def run_engine(fh=None):
+        def on_record(r):
+            say(format_line(r))
+            if fh is not None:
+                write_jsonl(fh, r)
+        return prepared.engine.run(prepared.steps, on_record)
+
+    if log_jsonl is not None:
+        box = {}
+        write_atomic(log_jsonl, lambda fh: box.setdefault("s", run_engine(fh)))
+        summary = box["s"]
+    else:
+        summary = run_engine()
+
+    doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), **pdoc,
+           "summary": summary.to_doc()}
+    if plot is not None:
+        _plot(plot, summary, rec.name)
+        doc["plot"] = str(plot)
+
+    def render():
+        s = summary
+        title = f"hotsplit run {rec.name}" + (" (interrupted)" if s.interrupted else "")
+        t = out.table("summary", "value", title=title)
+        t.add_row("steps", f"{s.steps}")
+        t.add_row("tokens", f"{s.tokens}")
+        t.add_row("tokens/s", f"{s.tokens_per_s:,.0f}")
+        t.add_row("hit rate (overall)", pct(s.hit_rate))
+        t.add_row("hit rate (last window)", pct(s.hit_rate_last_window))
+        t.add_row("hit rate expected by the plan", pct(s.expected_hit_rate))
+        t.add_row("swaps", f"{s.swaps}")
+        t.add_row("bytes copied (real)", f"{s.bytes_copied / MIB:,.2f} MiB")
+        t.add_row("copy time", f"{s.copy_ms:,.2f} ms")
+        t.add_row("cold bytes read per step (real)", f"{s.cold_bytes_per_step / MIB:,.2f} MiB")
+        out.print(t)
+        if plot is not None:
+            out.print(f"plot: {plot}")
+
+    out.emit(doc, render)
+    if summary.interrupted:
+        raise typer.Exit(130)
+
+
+def _plot(path: Path, summary, title: str) -> None:
+    """Hit rate per window over steps, swap moments marked; written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = summary.records
+    fig, ax = plt.subplots(figsize=(8, 4))
+    steps = [r.step for r in recs]
+    ax.plot(steps, [100 * r.hit_rate_window for r in recs], marker="o", label="window")
+    ax.plot(steps, [100 * r.hit_rate_total for r in recs], label="cumulative")
+    if summary.expected_hit_rate is not None:
+        ax.axhline(100 * summary.expected_hit_rate, linestyle=":", color="gray", label="plan expected")
+    for i, r in enumerate(recs):
+        if r.swaps:
+            ax.axvline(r.step, color="tab:red", alpha=0.3, label="swaps" if i == next(
+                j for j, q in enumerate(recs) if q.swaps) else None)
+    ax.set_xlabel("engine step")
+    ax.set_ylabel("hit rate (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(f"hotsplit run {title}")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    try:
+        write_atomic(path, lambda fh: fig.savefig(fh, format="png", dpi=100))
+    finally:
+        plt.close(fig)
+
+
+def register(app: typer.Typer, hist_app: typer.Typer) -> None:
+    app.command("run")(run)

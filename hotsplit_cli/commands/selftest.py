@@ -1,0 +1,44 @@
+"""`hotsplit selftest`: the runtime's correctness and speed on this machine's device."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..errors import HotsplitError
+from ..jsonio import schema_tag
+from ..options import JsonOpt
+from ..output import Output
+
+
+def selftest(
+    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = "auto",
+    json_out: JsonOpt = False,
+) -> None:
+    """Check the hot/cold runtime against an all-resident reference; measure zero-copy GB/s and
+    step time vs the reference. Exits 1 on any mismatch."""
+    out = Output(json_out)
+    from runtime.device import choose_device, tune_cpu_threads  # torch is imported only from here on
+    from runtime.selftest import run_selftest
+
+    info = choose_device(device)
+    tune_cpu_threads(info)
+    result = run_selftest(info)
+    doc = {"schema": schema_tag("selftest"), **result}
+
+    def render():
+        t = out.table("check", "result", "value", "detail", title=f"hotsplit selftest on {info.name} "
+                      f"({result['kernel']})")
+        for c in result["checks"]:
+            t.add_row(c["name"], {True: "pass", False: "FAIL", None: "-"}[c["ok"]], c["value"], c["detail"])
+        out.print(t)
+
+    out.emit(doc, render)
+    if not result["ok"]:
+        failed = [c["name"] for c in result["checks"] if c["ok"] is False]
+        raise HotsplitError(f"selftest failed: {', '.join(failed)}", "rerun with --json and report the document")
+
+
+def register(app: typer.Typer, hist_app: typer.Typer) -> None:
+    app.command("selftest")(selftest)

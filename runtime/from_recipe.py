@@ -1,0 +1,203 @@
+"""From a recipe to a ready engine: device, traffic, plan (with real bytes), banks.
+
+Plans and hit rates always use the recipe's true expert bytes (`expert_bytes_per_rank`);
+`scale` shrinks only the tensors allocated, so a scaled run makes the same decisions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+import torch
+
+from hotsplit_cli.errors import InputFileError, RuntimeFailure, UsageError
+from hotsplit_cli.hist import load_hist
+from hotsplit_cli.jsonio import read_json_doc
+from hotsplit_cli.knobs import Knobs
+from hotsplit_cli.planner import plan_hot_set
+from hotsplit_cli.recipe import GIB, Recipe
+from hotsplit_cli.sizes import derive_hot_budget, expert_bytes_per_rank
+from hotsplit_cli.trace import load_trace
+from hotsplit_cli.traffic import SyntheticTraffic, inclusion_probs, zipf_shares
+
+from .device import DeviceInfo, choose_device
+from .engine import Engine, RouterSource, synthetic_source, trace_source
+from .kernels import choose_compute
+from .model import HotColdMoE
+from .moe import MoEGeometry, make_layer_weights, rms_norm
+from .pinned import PinnedAllocator, plan_placement
+
+HOST_MEMORY_SHARE = 0.8  # never pin more than this share of the available host memory
+CALIBRATION_STEPS = 32
+
+
+@dataclass
+class PlanChoice:
+    hot_LE: np.ndarray  # bool [L, E]
+    expected_hit_rate: float | None
+    source: str  # "planned from <traffic>" | "<plan.json path>"
+    budget_bytes: int | None
+    hot_bytes: int  # real bytes
+
+
+@dataclass
+class Prepared:
+    engine: Engine
+    steps: int
+    info: DeviceInfo
+    geom: MoEGeometry
+    plan: PlanChoice
+    allocator: PinnedAllocator
+    expert_bytes: int  # real
+    traffic: str
+    scale: float
+    notes: list[str] = field(default_factory=list)
+
+    def to_doc(self) -> dict:
+        g = self.geom
+        return {
+            "device": self.info.to_doc(), "kernel": self.engine.model.compute.name,
+            "cuda_graph": bool(self.engine.use_graph), "traffic": self.traffic, "scale": self.scale,
+            "allocated": {"hidden": g.hidden, "inter": g.inter, "experts": g.num_experts, "top_k": g.top_k,
+                          "dtype": str(self.engine.model.banks[0].dtype).replace("torch.", ""),
+                          "cold_bank_bytes": self.allocator.requested_bytes,
+                          "cold_bank_reserved_bytes": self.allocator.reserved_bytes},
+            "numa": self.allocator.placement.to_doc(),
+            "plan": {"source": self.plan.source, "expected_hit_rate": self.plan.expected_hit_rate,
+                     "budget_bytes": self.plan.budget_bytes, "hot_bytes": self.plan.hot_bytes,
+                     "hot_experts": int(self.plan.hot_LE.sum()), "expert_bytes": self.expert_bytes},
+        }
+
+
+def read_plan_file(path: str | Path, recipe: Recipe) -> tuple[np.ndarray, float | None]:
+    """Rank 0's hot set [L, E] and expected hit rate from a `hotsplit.plan/1` file."""
+    doc = read_json_doc(path, "plan")
+    m = recipe.model
+    ranks = doc.get("ranks")
+    if not isinstance(ranks, list) or not ranks or not isinstance(ranks[0], dict):
+        raise InputFileError(f"{path}: `ranks` must be a non-empty list of objects")
+    hot = ranks[0].get("hot")
+    if not isinstance(hot, dict):
+        raise InputFileError(f"{path}: `ranks[0].hot` must map layer ids to expert lists")
+    rows = {lid: i for i, lid in enumerate(m.moe_layer_ids)}
+    hot_LE = np.zeros((m.num_moe_layers, m.num_experts), dtype=bool)
+    for key, experts in hot.items():
+        try:
+            lid = int(key)
+        except ValueError:
+            raise InputFileError(f"{path}: `ranks[0].hot` key {key!r} is not a layer id") from None
+        if lid not in rows:
+            raise InputFileError(f"{path}: `ranks[0].hot[{key}]`: layer {lid} is not a MoE layer of "
+                                 f"{recipe.name} ({list(m.moe_layer_ids)})", "was the plan made for this recipe?")
+        if not isinstance(experts, list):
+            raise InputFileError(f"{path}: `ranks[0].hot[{key}]` must be a list of expert ids")
+        for j, e in enumerate(experts):
+            if not isinstance(e, int) or isinstance(e, bool) or not 0 <= e < m.num_experts:
+                raise InputFileError(f"{path}: `ranks[0].hot[{key}][{j}]` = {e!r} is not an expert id "
+                                     f"in [0, {m.num_experts})")
+        hot_LE[rows[lid], experts] = True
+    rate = doc.get("hit_rate")
+    return hot_LE, float(rate) if isinstance(rate, int | float) and not isinstance(rate, bool) else None
+
+
+def _budget_bytes(recipe: Recipe, knobs: Knobs) -> int:
+    if knobs.hot_gib is not None:
+        return int(knobs.hot_gib * GIB)
+    return int(derive_hot_budget(recipe, knobs.vram_reserve_gib).hot_gib * GIB)
+
+
+def _check_memory(geom: MoEGeometry, layers: int, dtype: torch.dtype, info: DeviceInfo, hot_slots: int) -> None:
+    elem = torch.empty(0, dtype=dtype).element_size()
+    cold = layers * geom.num_experts * geom.blob_elems * elem
+    avail = psutil.virtual_memory().available
+    if cold > HOST_MEMORY_SHARE * avail:
+        raise RuntimeFailure(
+            f"the cold bank needs {cold / GIB:.2f} GiB of host memory, {avail / GIB:.2f} GiB is available",
+            "shrink the tensors with --scale (plans keep the real sizes)")
+    if info.is_cuda:
+        free, _ = torch.cuda.mem_get_info(info.device)
+        hot = hot_slots * geom.blob_elems * elem
+        if hot > free:
+            raise RuntimeFailure(f"the hot bank needs {hot / GIB:.2f} GiB on {info.name}, {free / GIB:.2f} GiB is free",
+                                 "lower --hot-gib or use --scale")
+
+
+def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = None,
+                trace_path: str | Path | None = None, steps: int | None = None, scale: float | None = None,
+                dtype: torch.dtype | None = None) -> Prepared:
+    """Build everything a run needs; every check that can refuse happens before allocation."""
+    scale = recipe.run.scale if scale is None else scale
+    if not 0 < scale <= 1:
+        raise UsageError(f"--scale: must be in (0, 1], got {scale}")
+    if steps is not None and steps < 1:
+        raise UsageError(f"--steps: must be >= 1, got {steps}")
+    geom = MoEGeometry.from_recipe(recipe, scale)
+    m, t = recipe.model, recipe.traffic
+    L, E = m.num_moe_layers, m.num_experts
+    info = choose_device(recipe.run.device)
+    dtype = dtype or (torch.bfloat16 if info.is_cuda else torch.float32)
+    notes: list[str] = []
+    n_steps = steps or recipe.run.steps
+    layers = [make_layer_weights(geom, recipe.run.seed * 1000 + li, dtype) for li in range(L)]
+
+    # Traffic, and the routing counts the plan is made from.
+    trace_file = trace_path or (t.path if t.kind == "trace" else None)
+    if trace_file is not None:
+        trace = load_trace(trace_file, E)
+        if len(trace.layers) != L:
+            raise InputFileError(f"{trace_file}: the trace has {len(trace.layers)} MoE layers, "
+                                 f"{recipe.name} has {L}", "capture the trace with the same recipe")
+        source, counts_LE, traffic = trace_source(trace), trace.counts_LE(E), f"trace {trace_file}"
+        if n_steps > trace.num_steps:
+            if steps is not None:
+                notes.append(f"the trace has {trace.num_steps} steps; running {trace.num_steps}, not {n_steps}")
+            n_steps = trace.num_steps
+    elif t.kind in ("synthetic", "histogram"):
+        if t.kind == "histogram":
+            hist = load_hist(t.path)
+            if hist.counts_LE.shape != (L, E):
+                raise InputFileError(f"{t.path}: histogram is {list(hist.counts_LE.shape)} (layers x experts), "
+                                     f"{recipe.name} has [{L}, {E}]")
+            shares, traffic = hist.counts_LE, f"histogram {t.path}"
+        else:
+            shares, traffic = zipf_shares(L, E, t.skew, t.seed), f"synthetic skew {t.skew:g}"
+        if t.drift_every:
+            traffic += f", hotspot moves every {t.drift_every} steps"
+        sampler = SyntheticTraffic(shares, m.top_k, t.batch, t.drift_every, t.seed)
+        source = synthetic_source(sampler)
+        # Each token includes expert e with probability pi[e]: the expected counts per token.
+        counts_LE = inclusion_probs(shares, m.top_k)
+    else:  # prompts: the router itself on generated hidden states
+        source, traffic = RouterSource(t.batch), "router on generated hidden states"
+        counts_LE = _calibrate(layers, geom, t.batch, recipe.run.seed)
+        notes.append("the plan is calibrated on each router's response to random hidden states")
+
+    expert_bytes = expert_bytes_per_rank(recipe)
+    if plan_path is not None:
+        hot_LE, expected = read_plan_file(plan_path, recipe)
+        plan = PlanChoice(hot_LE, expected, str(plan_path), None, int(hot_LE.sum()) * expert_bytes)
+    else:
+        budget = _budget_bytes(recipe, knobs)
+        p = plan_hot_set(counts_LE, expert_bytes, budget)
+        plan = PlanChoice(p.hot_RLE[0], p.hit_rate, f"planned from {traffic}", budget, int(p.hot_bytes_R[0]))
+    _check_memory(geom, L, dtype, info, int(plan.hot_LE.sum()))
+    placement = plan_placement(knobs.numa_policy, info.numa_node, info.reasons.get("numa_node"))
+    allocator = PinnedAllocator(pin=info.pinned, placement=placement)
+    model = HotColdMoE(layers, geom, plan.hot_LE, info, allocator, choose_compute(info))
+    engine = Engine(model, source, knobs, expert_bytes, seed=recipe.run.seed, expected_hit_rate=plan.expected_hit_rate)
+    return Prepared(engine, n_steps, info, geom, plan, allocator, expert_bytes, traffic, scale, notes)
+
+
+def _calibrate(layers, geom: MoEGeometry, batch: int, seed: int) -> np.ndarray:
+    """Routing counts [L, E] of each router on random hidden states (planning input for `prompts`)."""
+    gen = torch.Generator().manual_seed(seed + 7919)
+    counts = np.zeros((len(layers), geom.num_experts))
+    for li, lw in enumerate(layers):
+        for _ in range(CALIBRATION_STEPS):
+            x = rms_norm(torch.randn(batch, geom.hidden, generator=gen))
+            ids, _ = lw.router(x)
+            counts[li] += np.bincount(ids.reshape(-1).numpy(), minlength=geom.num_experts)
+    return counts

@@ -1,0 +1,97 @@
+"""The hot/cold MoE stack: per layer a router, shared experts on the device, and an ExpertBank.
+
+Counters live on the device and are updated without host synchronisation:
+`counts_LE` (routed assignments of the current window), `hits_L` (served hot), `assigned_L`,
+and `cold_reads_L` (distinct cold experts read per step, summed: what crosses PCIe).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .bank import ExpertBank
+from .device import DeviceInfo
+from .moe import LayerWeights, MoEGeometry, Router, rms_norm, swiglu
+from .pinned import PinnedAllocator
+
+
+class HotColdMoE:
+    def __init__(self, layers: list[LayerWeights], geom: MoEGeometry, hot_LE: np.ndarray, info: DeviceInfo,
+                 allocator: PinnedAllocator, compute):
+        dev = info.device
+        L, E = len(layers), geom.num_experts
+        self.geom, self.info, self.compute = geom, info, compute
+        self.swap_stream = torch.cuda.Stream(dev) if info.is_cuda else None
+        # One [L, E] map so the counters read every layer's map in one operation.
+        self.expert2slot_LE = torch.full((L, E), -1, dtype=torch.int32, device=dev)
+        self.banks = [ExpertBank(lw.w13_EIH, lw.w2_EHI, hot_LE[li], info, allocator, self.expert2slot_LE[li],
+                                 self.swap_stream) for li, lw in enumerate(layers)]
+        self.routers = [Router(lw.router.weight_EH.to(dev), None if lw.router.bias_E is None
+                               else lw.router.bias_E.to(dev), geom) for lw in layers]
+        self.shared = [None if lw.shared_w13 is None else (lw.shared_w13.to(dev), lw.shared_w2.to(dev))
+                       for lw in layers]
+        self.counts_LE = torch.zeros(L, E, dtype=torch.int64, device=dev)
+        self.step_counts_LE = torch.zeros(L, E, dtype=torch.int64, device=dev)
+        self.hits_L = torch.zeros(L, dtype=torch.int64, device=dev)
+        self.assigned_L = torch.zeros(L, dtype=torch.int64, device=dev)
+        self.cold_reads_L = torch.zeros(L, dtype=torch.int64, device=dev)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.banks)
+
+    def hot_LE(self) -> np.ndarray:
+        """The hot mask the slot tables hold (the target state of swaps in flight)."""
+        return np.stack([b.table.hot_E for b in self.banks])
+
+    def layer(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor | None = None,
+              w_TK: torch.Tensor | None = None) -> torch.Tensor:
+        """One MoE layer's output [T, H]; counts this step's assignments into step_counts_LE."""
+        if ids_TK is None:
+            ids_TK, w_TK = self.routers[li](x_TH)
+        counts_E = self.step_counts_LE[li]
+        counts_E.scatter_add_(0, ids_TK.reshape(-1).clamp(min=0), (ids_TK.reshape(-1) >= 0).long())
+        y = self.compute(x_TH, ids_TK, w_TK, self.banks[li], counts_E)
+        if self.shared[li] is not None:
+            y = y + swiglu(x_TH, *self.shared[li])
+        return y
+
+    def step(self, x_TH: torch.Tensor, ids_LTK: torch.Tensor | None = None,
+             w_LTK: torch.Tensor | None = None) -> torch.Tensor:
+        """One engine step through every layer: h = h + moe(rms_norm(h)). Device-only work."""
+        self.step_counts_LE.zero_()
+        h = x_TH
+        for li in range(self.num_layers):
+            h = h + self.layer(li, rms_norm(h), None if ids_LTK is None else ids_LTK[li],
+                               None if w_LTK is None else w_LTK[li])
+        c = self.step_counts_LE
+        hot = self.expert2slot_LE >= 0  # the map this step read (it only changes between steps)
+        self.counts_LE += c
+        self.assigned_L += c.sum(dim=1)
+        self.hits_L += (c * hot).sum(dim=1)
+        self.cold_reads_L += ((c > 0) & ~hot).sum(dim=1)
+        return h
+
+    def read_counters(self, reset_window: bool = True) -> dict[str, np.ndarray]:
+        """Copy the counters to the host (one synchronisation) and clear them for the next window.
+        Copies, because .numpy() of a CPU tensor aliases the memory zeroed below."""
+        out = {"counts_LE": self.counts_LE.cpu().numpy().astype(np.float64),
+               "hits_L": self.hits_L.cpu().numpy().copy(), "assigned_L": self.assigned_L.cpu().numpy().copy(),
+               "cold_reads_L": self.cold_reads_L.cpu().numpy().copy()}
+        if reset_window:
+            for t in (self.counts_LE, self.hits_L, self.assigned_L, self.cold_reads_L):
+                t.zero_()
+        return out
+
+    def begin_swaps(self, moves_by_layer: dict[int, list[tuple[int, int]]]) -> float:
+        return sum(self.banks[li].begin_swaps(moves) for li, moves in moves_by_layer.items())
+
+    def publish_ready(self, wait: bool = False) -> tuple[int, float]:
+        n, ms = 0, 0.0
+        if self.swap_stream is None:
+            return n, ms
+        for b in self.banks:
+            dn, dms = b.publish_ready(wait)
+            n, ms = n + dn, ms + dms
+        return n, ms

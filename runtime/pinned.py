@@ -1,0 +1,116 @@
+"""Pinned host slabs for the cold bank, placed on a NUMA node per the `numa_policy` knob.
+
+Every allocation is rounded up to a power of two (the same classes as torch's caching host
+allocator, so a freed slab is reused whole instead of fragmenting page-locked memory).
+Placement: `preferred` asks the kernel for pages on the GPU's node and falls back elsewhere,
+`bind` insists on it, `off` leaves the default (first touch). It is applied with the
+set_mempolicy system call around the allocation (pages are faulted in while the policy holds)
+and restored afterwards. Whatever cannot be done is recorded with a reason, never raised.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+from dataclasses import dataclass, field
+
+import torch
+
+MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND = 0, 1, 2
+_SYS_SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237, "ppc64le": 261}
+
+
+def round_up_pow2(n_bytes: int) -> int:
+    """Smallest power of two >= n_bytes (1 for 0)."""
+    if n_bytes < 0:
+        raise ValueError(f"cannot allocate {n_bytes} bytes")
+    return 1 if n_bytes <= 1 else 1 << (n_bytes - 1).bit_length()
+
+
+@dataclass
+class NumaPlacement:
+    policy: str  # preferred | bind | off
+    node: int | None  # target node
+    applied: bool
+    reason: str | None  # why not applied (or None)
+
+    def to_doc(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _numa_nodes() -> list[int]:
+    try:
+        names = os.listdir("/sys/devices/system/node")
+    except OSError:
+        return []
+    return sorted(int(n[4:]) for n in names if n.startswith("node") and n[4:].isdigit())
+
+
+def _set_mempolicy(mode: int, node: int | None) -> str | None:
+    """Set the calling thread's memory policy; returns an error text or None."""
+    nr = _SYS_SET_MEMPOLICY.get(platform.machine())
+    if nr is None:
+        return f"set_mempolicy syscall number unknown on {platform.machine()}"
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if node is None:
+        rc = libc.syscall(nr, ctypes.c_int(mode), None, ctypes.c_ulong(0))
+    else:
+        words = node // 64 + 1
+        mask = (ctypes.c_ulong * words)()
+        mask[node // 64] = 1 << (node % 64)
+        rc = libc.syscall(nr, ctypes.c_int(mode), mask, ctypes.c_ulong(words * 64 + 1))
+    if rc != 0:
+        err = ctypes.get_errno()
+        return f"set_mempolicy failed: {os.strerror(err)}"
+    return None
+
+
+def plan_placement(policy: str, node: int | None, node_reason: str | None = None) -> NumaPlacement:
+    """Decide whether a policy can be applied on this host (without applying it)."""
+    if policy == "off":
+        return NumaPlacement(policy, None, False, "numa_policy is off")
+    if node is None:
+        return NumaPlacement(policy, None, False, node_reason or "the GPU's NUMA node is unknown")
+    nodes = _numa_nodes()
+    if not nodes:
+        return NumaPlacement(policy, node, False, "no NUMA information in /sys/devices/system/node")
+    if node not in nodes:
+        return NumaPlacement(policy, node, False, f"node {node} is not among {nodes}")
+    if len(nodes) == 1:
+        return NumaPlacement(policy, node, False, "one NUMA node: every page is already local")
+    return NumaPlacement(policy, node, True, None)
+
+
+@dataclass
+class PinnedAllocator:
+    """Allocates the cold bank's slabs: page-locked when `pin`, power-of-two sized, NUMA-placed."""
+
+    pin: bool
+    placement: NumaPlacement
+    requested_bytes: int = 0
+    reserved_bytes: int = 0
+    slabs: list[torch.Tensor] = field(default_factory=list)
+
+    def alloc(self, n_bytes: int) -> torch.Tensor:
+        """A uint8 host tensor of at least n_bytes (its length is the power of two reserved)."""
+        size = round_up_pow2(n_bytes)
+        applied = False
+        if self.placement.applied:
+            mode = MPOL_BIND if self.placement.policy == "bind" else MPOL_PREFERRED
+            err = _set_mempolicy(mode, self.placement.node)
+            if err:
+                self.placement.applied, self.placement.reason = False, err
+            else:
+                applied = True
+        try:
+            slab = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
+            slab.zero_()  # fault every page in while the policy holds
+        finally:
+            if applied:
+                _set_mempolicy(MPOL_DEFAULT, None)
+        self.requested_bytes += n_bytes
+        self.reserved_bytes += size
+        self.slabs.append(slab)
+        return slab

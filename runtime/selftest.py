@@ -1,0 +1,250 @@
+"""`hotsplit selftest`: the runtime against the all-resident reference on this machine's device,
+and its speed (zero-copy read GB/s, step time vs the reference). Returns data; never prints.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .device import DeviceInfo
+from .kernels import choose_compute
+from .model import HotColdMoE
+from .moe import LayerWeights, MoEGeometry, ReferenceMoE, Router, make_layer_weights
+from .pinned import PinnedAllocator, plan_placement
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool | None  # None: skipped
+    value: str
+    detail: str = ""
+
+    def to_doc(self) -> dict:
+        return dict(self.__dict__)
+
+
+def tolerances(dtype: torch.dtype) -> dict:
+    """assert_close tolerances per dtype (bf16 keeps 8 mantissa bits; sums of many terms drift)."""
+    return {torch.float32: {"atol": 1e-4, "rtol": 1e-4}, torch.float16: {"atol": 1e-2, "rtol": 1e-2},
+            torch.bfloat16: {"atol": 3e-2, "rtol": 3e-2}}[dtype]
+
+
+def build_pair(geom: MoEGeometry, num_layers: int, hot_LE: np.ndarray, info: DeviceInfo, dtype: torch.dtype,
+               seed: int = 0, compute=None) -> tuple[HotColdMoE, ReferenceMoE]:
+    """A hot/cold model and the all-resident reference with the same weights."""
+    layers = [make_layer_weights(geom, seed * 1000 + li, dtype) for li in range(num_layers)]
+    alloc = PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
+    model = HotColdMoE(layers, geom, hot_LE, info, alloc, compute or choose_compute(info))
+    return model, ReferenceMoE(layers, info.device)
+
+
+def random_hot(num_layers: int, num_experts: int, fraction: float, rng: np.random.Generator) -> np.ndarray:
+    hot = np.zeros((num_layers, num_experts), dtype=bool)
+    n = int(round(fraction * num_experts))
+    for li in range(num_layers):
+        hot[li, rng.choice(num_experts, n, replace=False)] = True
+    return hot
+
+
+def random_moves(model: HotColdMoE, per_layer: int, rng: np.random.Generator) -> dict[int, list[tuple[int, int]]]:
+    """Random hot->cold swaps, at most `per_layer` per layer."""
+    moves = {}
+    for li, hot in enumerate(model.hot_LE()):
+        hot_ids, cold_ids = np.flatnonzero(hot), np.flatnonzero(~hot)
+        n = min(per_layer, len(hot_ids), len(cold_ids))
+        if n:
+            moves[li] = list(zip(rng.choice(hot_ids, n, replace=False).tolist(),
+                                 rng.choice(cold_ids, n, replace=False).tolist(), strict=True))
+    return moves
+
+
+def _geom(info: DeviceInfo, router: str, shared: bool) -> MoEGeometry:
+    big = info.is_cuda
+    return MoEGeometry(hidden=1024 if big else 64, inter=512 if big else 32, num_experts=16, top_k=4,
+                       shared_inter=(512 if big else 32) if shared else 0, router=router,
+                       n_group=4 if router == "sigmoid" else 1, topk_group=2 if router == "sigmoid" else 1,
+                       routed_scaling_factor=2.5 if router == "sigmoid" else 1.0)
+
+
+def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max())
+
+
+def check_reference(info: DeviceInfo, dtype: torch.dtype, seed: int = 0) -> Check:
+    """Random hot sets (none, half, all, random) for both router kinds, shared experts on."""
+    rng = np.random.default_rng(seed)
+    worst, n = 0.0, 0
+    try:
+        for router in ("softmax", "sigmoid"):
+            g = _geom(info, router, shared=True)
+            for frac in (0.0, 0.5, 1.0, rng.random()):
+                model, ref = build_pair(g, 2, random_hot(2, g.num_experts, frac, rng), info, dtype, seed)
+                x = torch.randn(8, g.hidden, generator=torch.Generator().manual_seed(n)).to(info.device, dtype)
+                got, want = model.step(x), ref.step(x)
+                worst = max(worst, _max_err(got, want))
+                torch.testing.assert_close(got, want, **tolerances(dtype))
+                n += 1
+    except AssertionError as exc:
+        return Check("runtime = reference (random hot sets)", False, f"max err {worst:.2e}", str(exc).splitlines()[0])
+    return Check("runtime = reference (random hot sets)", True, f"max err {worst:.2e}", f"{n} cases, 2 routers")
+
+
+def check_swaps(info: DeviceInfo, dtype: torch.dtype, seed: int = 0, steps: int = 12) -> Check:
+    """Swaps started every step; outputs compared while copies are in flight and after publishing."""
+    rng = np.random.default_rng(seed + 1)
+    g = _geom(info, "sigmoid", shared=True)
+    model, ref = build_pair(g, 2, random_hot(2, g.num_experts, 0.5, rng), info, dtype, seed)
+    worst, swaps = 0.0, 0
+    try:
+        for s in range(steps):
+            moves = random_moves(model, 2, rng)
+            model.begin_swaps(moves)
+            swaps += sum(len(m) for m in moves.values())
+            model.publish_ready(wait=s % 2 == 0)  # odd steps run with copies possibly in flight
+            x = torch.randn(8, g.hidden, generator=torch.Generator().manual_seed(100 + s)).to(info.device, dtype)
+            got, want = model.step(x), ref.step(x)
+            worst = max(worst, _max_err(got, want))
+            torch.testing.assert_close(got, want, **tolerances(dtype))
+        model.publish_ready(wait=True)
+        for b in model.banks:  # every slot holds the bytes of the expert the table says
+            for slot, e in enumerate(b.table.slot2expert_S):
+                if not torch.equal(b.hot_SB[slot].cpu(), b.cold_EB[e]):
+                    raise AssertionError(f"slot {slot} does not hold expert {e}")
+            if not np.array_equal(b.expert2slot_E.cpu().numpy(), b.table.expert2slot_E):
+                raise AssertionError("device expert2slot differs from the slot table")
+    except AssertionError as exc:
+        return Check("runtime = reference (swaps mid-run)", False, f"max err {worst:.2e}", str(exc).splitlines()[0])
+    return Check("runtime = reference (swaps mid-run)", True, f"max err {worst:.2e}", f"{swaps} swaps, {steps} steps")
+
+
+def check_graph(info: DeviceInfo, dtype: torch.dtype, seed: int = 0) -> Check:
+    """Capture one step in a CUDA graph; replay with new inputs and swaps between replays."""
+    name = "CUDA graph replay"
+    if not (info.graphs and info.triton):
+        return Check(name, None, "skipped", info.reasons.get("graphs") or info.reasons.get("triton", ""))
+    rng = np.random.default_rng(seed + 2)
+    g = _geom(info, "softmax", shared=True)
+    model, ref = build_pair(g, 2, random_hot(2, g.num_experts, 0.5, rng), info, dtype, seed)
+    x = torch.randn(8, g.hidden, device=info.device, dtype=dtype)
+    side = torch.cuda.Stream(info.device)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            model.step(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = model.step(x)
+    worst = 0.0
+    try:
+        for s in range(6):
+            model.begin_swaps(random_moves(model, 2, rng))
+            model.publish_ready(wait=s % 2 == 0)
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            want = ref.step(x)
+            worst = max(worst, _max_err(out, want))
+            torch.testing.assert_close(out, want, **tolerances(dtype))
+    except AssertionError as exc:
+        return Check(name, False, f"max err {worst:.2e}", str(exc).splitlines()[0])
+    return Check(name, True, f"max err {worst:.2e}", "6 replays with swaps between them")
+
+
+def _time_ms(fn: Callable[[], object], info: DeviceInfo, reps: int) -> float:
+    """Median wall time of fn in ms (synchronised on CUDA)."""
+    times = []
+    for _ in range(reps):
+        if info.is_cuda:
+            torch.cuda.synchronize(info.device)
+        t0 = time.perf_counter()
+        fn()
+        if info.is_cuda:
+            torch.cuda.synchronize(info.device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def measure_zero_copy(info: DeviceInfo, n_bytes: int = 1 << 30) -> dict:
+    """Raw zero-copy read GB/s (a reduction over a pinned buffer's device view) and the cold expert
+    path's GB/s (every expert cold, each read once by the expert kernels)."""
+    from .bank import zero_copy_view
+
+    host = torch.empty(n_bytes // 4, dtype=torch.float32, pin_memory=True).fill_(1.0)
+    view = zero_copy_view(host, info.device)
+    view.sum()
+    raw_ms = _time_ms(view.sum, info, 5)
+    raw_gbps = n_bytes / raw_ms / 1e6
+    del view, host
+    # The cold path: DeepSeek-V3-sized expert blobs (hidden 7168, moe_intermediate 2048, from
+    # deepseek-ai/DeepSeek-V3 config.json), 32 experts, one assignment each, all cold. The values
+    # do not matter for bandwidth, so the weights are filled rather than drawn.
+    g = MoEGeometry(hidden=7168, inter=2048, num_experts=32, top_k=8, shared_inter=0, router="softmax")
+    bf = torch.bfloat16
+    lw = LayerWeights(torch.full((g.num_experts, 2 * g.inter, g.hidden), 0.01, dtype=bf),
+                      torch.full((g.num_experts, g.hidden, g.inter), 0.01, dtype=bf),
+                      Router(torch.zeros(g.num_experts, g.hidden), None, g), None, None)
+    alloc = PinnedAllocator(pin=True, placement=plan_placement("off", None))
+    model = HotColdMoE([lw], g, np.zeros((1, g.num_experts), dtype=bool), info, alloc, choose_compute(info))
+    del lw
+    ids = torch.arange(g.num_experts, device=info.device).view(-1, g.top_k)
+    w = torch.full(ids.shape, 1.0 / g.top_k, device=info.device)
+    x = torch.randn(ids.shape[0], g.hidden, device=info.device, dtype=torch.bfloat16)
+    bank = model.banks[0]
+    model.compute(x, ids, w, bank)
+    cold_ms = _time_ms(lambda: model.compute(x, ids, w, bank), info, 5)
+    cold_bytes = g.num_experts * bank.expert_bytes
+    cold_gbps = cold_bytes / cold_ms / 1e6
+    return {"raw_gbps": raw_gbps, "raw_bytes": n_bytes, "cold_path_gbps": cold_gbps, "cold_path_bytes": cold_bytes,
+            "cold_vs_raw": cold_gbps / raw_gbps}
+
+
+def step_time_ratio(info: DeviceInfo, dtype: torch.dtype, batch: int, hot_fraction: float, reps: int = 30,
+                    geom: MoEGeometry | None = None, num_layers: int = 4, seed: int = 0) -> dict:
+    """Median step time of the hot/cold runtime and of the reference, interleaved in one process."""
+    g = geom or _geom(info, "sigmoid", shared=True)
+    rng = np.random.default_rng(seed)
+    model, ref = build_pair(g, num_layers, random_hot(num_layers, g.num_experts, hot_fraction, rng), info, dtype,
+                            seed)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, g.hidden, generator=gen).to(info.device, dtype)
+    ids_LTK = torch.stack([torch.stack([torch.randperm(g.num_experts, generator=gen)[:g.top_k] for _ in range(batch)])
+                           for _ in range(num_layers)]).to(info.device)
+    w_LTK = torch.full(ids_LTK.shape, 1.0 / g.top_k, device=info.device)
+    for _ in range(3):
+        model.step(x, ids_LTK, w_LTK)
+        ref.step(x, ids_LTK, w_LTK)
+    run_ms, ref_ms = [], []
+    for _ in range(reps):  # interleaved so that machine noise hits both alike
+        run_ms.append(_time_ms(lambda: model.step(x, ids_LTK, w_LTK), info, 1))
+        ref_ms.append(_time_ms(lambda: ref.step(x, ids_LTK, w_LTK), info, 1))
+    r, f = statistics.median(run_ms), statistics.median(ref_ms)
+    return {"batch": batch, "hot_fraction": hot_fraction, "runtime_ms": r, "reference_ms": f, "ratio": r / f}
+
+
+def run_selftest(info: DeviceInfo, seed: int = 0) -> dict:
+    """Every check; `ok` is False when any check failed (skips do not fail)."""
+    dtype = torch.bfloat16 if info.is_cuda else torch.float32
+    checks = [check_reference(info, dtype, seed), check_swaps(info, dtype, seed), check_graph(info, dtype, seed)]
+    measures: dict = {}
+    if info.zero_copy:
+        zc = measure_zero_copy(info)
+        measures["zero_copy"] = zc
+        detail = f"cold expert path {zc['cold_path_gbps']:.1f} GB/s ({100 * zc['cold_vs_raw']:.0f}% of raw)"
+        checks.append(Check("zero-copy read", True, f"{zc['raw_gbps']:.1f} GB/s raw", detail))
+    else:
+        checks.append(Check("zero-copy read", None, "skipped", info.reasons.get("zero_copy", "")))
+    st = step_time_ratio(info, dtype, batch=8, hot_fraction=1.0)
+    measures["step_time"] = st
+    # Speed is reported, not judged: a busy machine must not fail a correctness test.
+    checks.append(Check("step time vs reference (batch 8, 100% hot)", None, f"x{st['ratio']:.3f}",
+                        f"{st['runtime_ms']:.3f} ms vs {st['reference_ms']:.3f} ms"))
+    ok = all(c.ok is not False for c in checks)
+    return {"ok": ok, "device": info.to_doc(), "kernel": choose_compute(info).name,
+            "checks": [c.to_doc() for c in checks], "measures": measures}

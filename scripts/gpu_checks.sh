@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Every GPU check in one go (about 5 minutes on an H200): runtime selftest, probe, probe and
+# runtime benchmarks. Results go to $OUT (or ./gpu_checks_out) and a short table is printed.
+set -u
+cd "$(dirname "$0")/.."
+OUT_DIR="${OUT:-./gpu_checks_out}"
+mkdir -p "$OUT_DIR"
+PY="${PYTHON:-.venv/bin/python}"
+[ -x "$PY" ] || PY=python3
+HS=("$PY" -m hotsplit_cli)
+if ! "$PY" -c "import hotsplit_cli, runtime" 2>/dev/null; then
+  "$PY" -m pip install -q -e . >"$OUT_DIR/pip.log" 2>&1 || echo "pip install failed: see $OUT_DIR/pip.log"
+fi
+"$PY" -c "import triton" 2>/dev/null || "$PY" -m pip install -q triton >>"$OUT_DIR/pip.log" 2>&1
+
+declare -A STATUS
+run_check() {  # name timeout_s outfile command...
+  local name=$1 limit=$2 file=$3; shift 3
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$OUT_DIR/$file" 2>"$OUT_DIR/$file.err"
+  local rc=$?
+  STATUS[$name]="rc=$rc $((SECONDS - t0))s"
+  printf '%-18s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$OUT_DIR/$file"
+}
+
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))" \
+  >"$OUT_DIR/env.txt" 2>&1
+cat "$OUT_DIR/env.txt"
+
+run_check selftest 150 selftest.json "${HS[@]}" selftest --json
+if "${HS[@]}" probe --help >/dev/null 2>&1; then
+  run_check probe 120 probe.json "${HS[@]}" probe --json --recipe recipes/deepseek-v3.yaml
+else
+  echo "probe              skipped (no \`hotsplit probe\` command)"
+fi
+if [ -f benchmarks/bench_probe.py ]; then
+  run_check bench_probe 90 bench_probe.txt "$PY" benchmarks/bench_probe.py
+fi
+BENCH_ARGS=(--reps 20)
+# On a GPU: DeepSeek-V3 experts at a quarter of their size (a CPU gets the tiny recipe).
+if [ -f recipes/deepseek-v3.yaml ] && "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+  BENCH_ARGS+=(--recipe deepseek-v3 --scale 0.25 --layers 2)
+fi
+run_check bench_runtime 150 bench_runtime.json "$PY" benchmarks/bench_runtime.py --json "${BENCH_ARGS[@]}"
+
+# The short table: selftest checks, zero-copy numbers vs the probe's, runtime ratios.
+"$PY" - "$OUT_DIR" <<'PYEOF'
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+def load(name):
+    try:
+        return json.loads((out / name).read_text())
+    except Exception as exc:
+        print(f"{name}: unreadable ({exc})"); return None
+st = load("selftest.json")
+if st:
+    print("\nselftest ok:", st["ok"], "| kernel:", st["kernel"])
+    for c in st["checks"]:
+        flag = {True: "pass", False: "FAIL", None: "-"}[c["ok"]]
+        print(f"  {c['name'][:44]:44} {flag:5} {c['value']:>22}  {c['detail']}")
+    zc = st.get("measures", {}).get("zero_copy")
+    pr = load("probe.json") if (out / "probe.json").exists() else None
+    if zc and pr:
+        def medians(node, inside=False):  # every median_gbps under a "zero_copy_read" key
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    if k == "median_gbps" and inside and isinstance(v, (int, float)):
+                        yield v
+                    else:
+                        yield from medians(v, inside or k == "zero_copy_read")
+            elif isinstance(node, list):
+                for v in node:
+                    yield from medians(v, inside)
+        found = list(medians(pr))
+        if found:
+            g = max(found)
+            print(f"  cold path {zc['cold_path_gbps']:.1f} GB/s vs probe zero-copy {g:.1f} GB/s "
+                  f"= {100 * zc['cold_path_gbps'] / g:.0f}% (target >= 80%)")
+        else:
+            print("  no zero_copy_read median in probe.json; compare by hand")
+br = load("bench_runtime.json")
+if br:
+    print(f"\nbench_runtime {br['recipe']} on {br['device']} ({br['kernel']})")
+    for r in br["rows"]:
+        print(f"  batch {r['batch']:>3} hot {100 * r['hot_fraction']:>3.0f}%  runtime {r['runtime_ms']:8.3f} ms"
+              f"  reference {r['reference_ms']:8.3f} ms  ratio {r['ratio']:.3f}")
+PYEOF

@@ -1,0 +1,159 @@
+"""`hotsplit run` and `hotsplit selftest` through the CLI: exit codes, stdout, stderr, files."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from hotsplit_cli.cli import main
+from hotsplit_cli.jsonio import write_json_atomic
+from hotsplit_cli.recipe import load_recipe
+from hotsplit_cli.trace import save_trace
+from hotsplit_cli.traffic import synthetic_trace, zipf_shares
+
+torch.set_num_threads(1)
+FAST = ["--steps", "40", "--scale", "0.25"]
+
+
+def run(capsys, *args):
+    code = main(["run", "tiny", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_run_prints_hit_rate_lines_and_a_summary(capsys, monkeypatch):
+    monkeypatch.setenv("HOTSPLIT_DYN_STEPS", "10")
+    code, out, err = run(capsys, *FAST)
+    assert code == 0, err
+    assert sum(line.startswith("step ") for line in out.splitlines()) == 4 and "window" in out
+    for row in ("tokens/s", "hit rate (overall)", "hit rate expected by the plan", "bytes copied (real)",
+                "cold bytes read per step"):
+        assert row in out
+
+
+def test_run_json_is_one_document_and_log_jsonl_has_every_record(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOTSPLIT_DYN_STEPS", "10")
+    log = tmp_path / "log.jsonl"
+    code, out, err = run(capsys, *FAST, "--json", "--log-jsonl", str(log))
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["schema"] == "hotsplit.run/1" and doc["summary"]["steps"] == 40
+    assert doc["summary"]["tokens"] == 40 * 16 and doc["plan"]["expected_hit_rate"] > 0
+    assert doc["knobs"]["dyn_steps"] == 10 and doc["scale"] == 0.25
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["step"] for x in lines] == [10, 20, 30, 40]
+    for key in ("step", "hit_rate_window", "hit_rate_total", "swaps", "bytes_copied", "copy_ms"):
+        assert key in lines[0]
+    assert "hit " in err  # the human lines go to stderr in JSON mode
+
+
+def test_hot_gib_flag_beats_env(capsys, monkeypatch):
+    monkeypatch.setenv("HOTSPLIT_HOT_GIB", "0.001")
+    code, out, _ = run(capsys, *FAST, "--json", "--hot-gib", "0.02")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["knobs"]["hot_gib"] == 0.02 and doc["plan"]["budget_bytes"] == int(0.02 * (1 << 30))
+
+
+BAD = [
+    ("HOTSPLIT_HOT_GIB", "-1"), ("HOTSPLIT_HOT_GIB", "lots"), ("HOTSPLIT_HOT_GIB", "nan"),
+    ("HOTSPLIT_DYNAMIC", "2"), ("HOTSPLIT_DYNAMIC", "yes please"),
+    ("HOTSPLIT_DYN_STEPS", "0"), ("HOTSPLIT_DYN_STEPS", "-5"), ("HOTSPLIT_DYN_STEPS", "1.5"),
+    ("HOTSPLIT_DYN_STEPS", ""),
+    ("HOTSPLIT_DYN_MAX_SWAPS", "-1"), ("HOTSPLIT_DYN_MAX_SWAPS", "two"),
+    ("HOTSPLIT_DYN_MARGIN", "0.9"), ("HOTSPLIT_DYN_MARGIN", "inf"), ("HOTSPLIT_DYN_MARGIN", "x"),
+    ("HOTSPLIT_VRAM_RESERVE_GIB", "-0.5"), ("HOTSPLIT_VRAM_RESERVE_GIB", "big"),
+    ("HOTSPLIT_NUMA_POLICY", "interleave"), ("HOTSPLIT_NUMA_POLICY", ""),
+]
+
+
+@pytest.mark.parametrize("env,value", BAD)
+def test_every_bad_knob_refuses_to_start_with_exit_2(capsys, monkeypatch, tmp_path, env, value):
+    monkeypatch.setenv(env, value)
+    log = tmp_path / "log.jsonl"
+    code, out, err = run(capsys, *FAST, "--log-jsonl", str(log))
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: {env}:") and len(err.strip().splitlines()) == 1
+    assert not log.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [["--hot-gib", "-1"], ["--steps", "0"], ["--scale", "0"], ["--scale", "2"]])
+def test_bad_flags_refuse_with_exit_2(capsys, args):
+    code, out, err = run(capsys, *args)
+    assert code == 2 and out == "" and err.startswith("error: --")
+
+
+def test_bad_recipe_knob_refuses_with_its_path(capsys, tmp_path):
+    text = load_recipe("tiny").path.read_text().replace("dyn_steps: 50", "dyn_steps: 0")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    code = main(["run", str(bad)])
+    _, err = capsys.readouterr()
+    assert code == 2 and "hotsplit.dyn_steps: must be >= 1, got 0" in err
+
+
+def test_trace_with_static_plan_reports_the_plans_hit_rate(capsys, tmp_path, monkeypatch):
+    m = load_recipe("tiny").model
+    trace = synthetic_trace(zipf_shares(m.num_moe_layers, m.num_experts, 1.2, 3), m.moe_layer_ids, 30, 8, m.top_k,
+                            drift_every=10, seed=5)
+    path = tmp_path / "trace.npz"
+    save_trace(path, trace)
+    monkeypatch.setenv("HOTSPLIT_DYNAMIC", "0")
+    code, out, err = run(capsys, "--trace", str(path), "--scale", "0.25", "--json")
+    assert code == 0, err
+    s = json.loads(out)["summary"]
+    assert s["steps"] == 30 and s["hit_rate"] == s["expected_hit_rate"]
+
+
+def test_plan_file_sets_the_hot_set(capsys, tmp_path):
+    plan = {"schema": "hotsplit.plan/1", "hit_rate": 0.5, "layer_hit_rate": [0.5] * 4,
+            "ranks": [{"rank": 0, "hot": {"1": [0, 1, 2], "2": [3], "3": [], "4": [31]}, "hot_bytes": 5 * 196608}]}
+    path = tmp_path / "plan.json"
+    write_json_atomic(path, plan)
+    code, out, err = run(capsys, *FAST, "--plan", str(path), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["plan"]["hot_experts"] == 5 and doc["summary"]["expected_hit_rate"] == 0.5
+
+
+@pytest.mark.parametrize("hot,msg", [({"0": [1]}, "layer 0 is not a MoE layer"), ({"1": [32]}, "is not an expert id")])
+def test_bad_plan_file_is_a_clear_error(capsys, tmp_path, hot, msg):
+    path = tmp_path / "plan.json"
+    write_json_atomic(path, {"schema": "hotsplit.plan/1", "ranks": [{"rank": 0, "hot": hot}]})
+    code, out, err = run(capsys, *FAST, "--plan", str(path))
+    assert code == 1 and out == "" and msg in err and err.startswith("error:")
+
+
+def test_plot_is_written(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "hit.png"
+    code, _, err = run(capsys, *FAST, "--plot", str(png))
+    assert code == 0, err
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_missing_output_folder_refuses_before_running(capsys, tmp_path):
+    code, out, err = run(capsys, *FAST, "--log-jsonl", str(tmp_path / "nope" / "x.jsonl"))
+    assert code == 2 and "does not exist" in err
+
+
+def test_selftest_passes_on_this_machine(capsys):
+    code = main(["selftest", "--json"])
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert code == 0, err
+    assert doc["ok"] and {c["name"] for c in doc["checks"]} >= {"runtime = reference (random hot sets)",
+                                                                 "runtime = reference (swaps mid-run)"}
+    skipped = [c for c in doc["checks"] if c["ok"] is None]
+    if not torch.cuda.is_available():
+        assert any(c["name"] == "CUDA graph replay" for c in skipped)
+
+
+def test_run_is_lazy_about_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, hotsplit_cli.cli; assert 'torch' not in sys.modules, 'torch imported'"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    assert np  # numpy is fine

@@ -1,0 +1,104 @@
+"""Runtime building blocks: routers, grouped experts, slot table, pinned slabs, NUMA placement."""
+
+import numpy as np
+import pytest
+import torch
+
+from runtime.bank import SlotTable
+from runtime.device import choose_device
+from runtime.moe import MoEGeometry, dense_reference, expert_counts, grouped_experts, make_layer_weights
+from runtime.pinned import PinnedAllocator, plan_placement, round_up_pow2
+
+torch.set_num_threads(1)
+
+
+def geom(router="softmax", **kw):
+    base = dict(hidden=32, inter=16, num_experts=8, top_k=2, shared_inter=16, router=router)
+    if router == "sigmoid":
+        base.update(n_group=4, topk_group=2, routed_scaling_factor=2.5)
+    base.update(kw)
+    return MoEGeometry(**base)
+
+
+def test_softmax_router_matches_manual_topk():
+    g = geom("softmax", norm_topk_prob=False)
+    lw = make_layer_weights(g, 0, torch.float32)
+    x = torch.randn(5, g.hidden)
+    ids, w = lw.router(x)
+    probs = torch.softmax(x @ lw.router.weight_EH.T, dim=-1)
+    want_w, want_ids = probs.topk(2, dim=-1)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(w, want_w)
+
+
+def test_sigmoid_router_is_group_limited_and_uses_unbiased_scores():
+    g = geom("sigmoid")
+    lw = make_layer_weights(g, 1, torch.float32)
+    lw.router.bias_E = torch.zeros(8)
+    lw.router.bias_E[7] = 10.0  # the bias drives selection only
+    x = torch.randn(64, g.hidden)
+    ids, w = lw.router(x)
+    assert (ids == 7).any(dim=1).all()
+    scores = torch.sigmoid(x @ lw.router.weight_EH.T)
+    picked = scores.gather(1, ids)
+    torch.testing.assert_close(w, picked / picked.sum(1, keepdim=True) * 2.5)
+    groups = ids // 2  # 4 groups of 2 experts, only 2 groups may be used per token
+    assert all(len(set(row.tolist())) <= 2 for row in groups)
+
+
+def test_grouped_experts_equal_dense_reference_with_padding():
+    g = geom()
+    lw = make_layer_weights(g, 2, torch.float32)
+    x = torch.randn(6, g.hidden)
+    ids = torch.randint(0, 8, (6, 2))
+    ids[0, 1] = -1  # padding slot
+    w = torch.rand(6, 2)
+    counts = expert_counts(ids, 8)
+    assert int(counts.sum()) == 11
+    got = grouped_experts(x, ids, w, lambda e: (lw.w13_EIH[e], lw.w2_EHI[e]), counts)
+    torch.testing.assert_close(got, dense_reference(x, ids, w, lw.w13_EIH, lw.w2_EHI))
+
+
+def test_slot_table_maps_stay_inverse_and_refuse_bad_swaps():
+    t = SlotTable(np.array([True, False, True, False]))
+    assert t.slot2expert_S.tolist() == [0, 2] and t.expert2slot_E.tolist() == [0, -1, 1, -1]
+    assert t.swap(2, 3) == 1
+    assert t.hot_E.tolist() == [True, False, False, True]
+    for s, e in enumerate(t.slot2expert_S):
+        assert t.expert2slot_E[e] == s
+    with pytest.raises(ValueError):
+        t.swap(1, 2)  # 1 is cold
+    with pytest.raises(ValueError):
+        t.swap(0, 3)  # 3 is already hot
+
+
+@pytest.mark.parametrize("n,want", [(0, 1), (1, 1), (3, 4), (4096, 4096), (4097, 8192)])
+def test_round_up_pow2(n, want):
+    assert round_up_pow2(n) == want
+
+
+def test_allocator_rounds_every_slab_to_a_power_of_two():
+    a = PinnedAllocator(pin=False, placement=plan_placement("off", None))
+    slab = a.alloc(3000)
+    assert slab.numel() == 4096 and a.requested_bytes == 3000 and a.reserved_bytes == 4096
+
+
+def test_numa_placement_records_why_it_is_not_applied():
+    assert plan_placement("off", 0).reason == "numa_policy is off"
+    p = plan_placement("bind", None, "no GPU")
+    assert not p.applied and p.reason == "no GPU"
+    p = plan_placement("preferred", 999)
+    assert not p.applied and p.reason
+
+
+def test_cpu_device_records_reasons():
+    info = choose_device("cpu")
+    assert not info.is_cuda and not info.zero_copy and "zero_copy" in info.reasons
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_asking_for_cuda_without_it_is_a_usage_error():
+    from hotsplit_cli.errors import UsageError
+
+    with pytest.raises(UsageError):
+        choose_device("cuda")
