@@ -163,29 +163,56 @@ class PlanFile:
     """A plan read back (for `run --plan` and `simulate --plan`)."""
 
     path: Path
-    layers: tuple[int, ...]
+    layers: tuple[int, ...]  # model layer ids with a hot set
     hot_by_rank: tuple[dict[int, tuple[int, ...]], ...]  # rank -> model layer id -> expert ids
-    hit_rate: float
-    expert_bytes: int
-    budget_bytes: int
+    hit_rate: float | None
+    expert_bytes: int | None
+    budget_bytes: int | None
 
-    def hot_LE(self, layers, num_experts: int, rank: int = 0) -> np.ndarray:
-        """Boolean hot mask [L, E] of one rank for the given model layer ids."""
-        hot = np.zeros((len(layers), num_experts), dtype=bool)
-        by_layer = self.hot_by_rank[rank]
-        for i, layer in enumerate(layers):
-            ids = by_layer.get(int(layer), ())
-            if ids and max(ids) >= num_experts:
-                raise PlanError(f"{self.path}: layer {layer} names expert {max(ids)}, model has {num_experts}")
-            hot[i, list(ids)] = True
+    def hot_LE(self, layers, num_experts: int, rank: int = 0, model: str = "the model") -> np.ndarray:
+        """Boolean hot mask [L, E] of one rank, rows in the order of `layers` (model layer ids)."""
+        rows = {int(lid): i for i, lid in enumerate(layers)}
+        hot = np.zeros((len(rows), num_experts), dtype=bool)
+        for lid, ids in self.hot_by_rank[rank].items():
+            if lid not in rows:
+                raise PlanError(f"{self.path}: `ranks[{rank}].hot[{lid}]`: layer {lid} is not a MoE layer of "
+                                f"{model} ({list(rows)})", "was the plan made for this recipe?")
+            bad = [e for e in ids if e >= num_experts]
+            if bad:
+                raise PlanError(f"{self.path}: `ranks[{rank}].hot[{lid}]` names {bad[0]}, which is not an expert id "
+                                f"in [0, {num_experts})")
+            hot[rows[lid], list(ids)] = True
         return hot
 
 
 def load_plan(path: str | os.PathLike) -> PlanFile:
+    """Read and check a `hotsplit.plan/1` file; errors name the field."""
     doc = read_json_doc(path, "plan")
-    try:
-        ranks = tuple({int(k): tuple(int(e) for e in v) for k, v in r["hot"].items()} for r in doc["ranks"])
-        return PlanFile(Path(path), tuple(int(x) for x in doc["layers"]), ranks, float(doc["hit_rate"]),
-                        int(doc["expert_bytes"]), int(doc["budget_bytes"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PlanError(f"{path}: malformed plan ({exc!r})", "re-create it with `hotsplit plan`") from None
+    ranks = doc.get("ranks")
+    if not isinstance(ranks, list) or not ranks or not all(isinstance(r, dict) for r in ranks):
+        raise PlanError(f"{path}: `ranks` must be a non-empty list of objects", "re-create it with `hotsplit plan`")
+    hot_by_rank = []
+    for r, rank in enumerate(ranks):
+        hot = rank.get("hot")
+        if not isinstance(hot, dict):
+            raise PlanError(f"{path}: `ranks[{r}].hot` must map layer ids to expert lists")
+        by_layer: dict[int, tuple[int, ...]] = {}
+        for key, ids in hot.items():
+            try:
+                lid = int(key)
+            except ValueError:
+                raise PlanError(f"{path}: `ranks[{r}].hot` key {key!r} is not a layer id") from None
+            if not isinstance(ids, list) or not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0
+                                                    for e in ids):
+                raise PlanError(f"{path}: `ranks[{r}].hot[{key}]` must be a list of expert ids (ints >= 0)")
+            by_layer[lid] = tuple(ids)
+        hot_by_rank.append(by_layer)
+
+    def number(key: str, kind):
+        v = doc.get(key)
+        return kind(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    layers = doc.get("layers")
+    layers = tuple(int(x) for x in layers) if isinstance(layers, list) else tuple(sorted(hot_by_rank[0]))
+    return PlanFile(Path(path), layers, tuple(hot_by_rank), number("hit_rate", float),
+                    number("expert_bytes", int), number("budget_bytes", int))

@@ -15,8 +15,8 @@ import torch
 
 from hotsplit_cli.errors import InputFileError, RuntimeFailure, UsageError
 from hotsplit_cli.hist import load_hist
-from hotsplit_cli.jsonio import read_json_doc
 from hotsplit_cli.knobs import Knobs
+from hotsplit_cli.planfile import load_plan
 from hotsplit_cli.planner import plan_hot_set
 from hotsplit_cli.recipe import GIB, Recipe
 from hotsplit_cli.sizes import derive_hot_budget, expert_bytes_per_rank
@@ -74,33 +74,9 @@ class Prepared:
 
 def read_plan_file(path: str | Path, recipe: Recipe) -> tuple[np.ndarray, float | None]:
     """Rank 0's hot set [L, E] and expected hit rate from a `hotsplit.plan/1` file."""
-    doc = read_json_doc(path, "plan")
     m = recipe.model
-    ranks = doc.get("ranks")
-    if not isinstance(ranks, list) or not ranks or not isinstance(ranks[0], dict):
-        raise InputFileError(f"{path}: `ranks` must be a non-empty list of objects")
-    hot = ranks[0].get("hot")
-    if not isinstance(hot, dict):
-        raise InputFileError(f"{path}: `ranks[0].hot` must map layer ids to expert lists")
-    rows = {lid: i for i, lid in enumerate(m.moe_layer_ids)}
-    hot_LE = np.zeros((m.num_moe_layers, m.num_experts), dtype=bool)
-    for key, experts in hot.items():
-        try:
-            lid = int(key)
-        except ValueError:
-            raise InputFileError(f"{path}: `ranks[0].hot` key {key!r} is not a layer id") from None
-        if lid not in rows:
-            raise InputFileError(f"{path}: `ranks[0].hot[{key}]`: layer {lid} is not a MoE layer of "
-                                 f"{recipe.name} ({list(m.moe_layer_ids)})", "was the plan made for this recipe?")
-        if not isinstance(experts, list):
-            raise InputFileError(f"{path}: `ranks[0].hot[{key}]` must be a list of expert ids")
-        for j, e in enumerate(experts):
-            if not isinstance(e, int) or isinstance(e, bool) or not 0 <= e < m.num_experts:
-                raise InputFileError(f"{path}: `ranks[0].hot[{key}][{j}]` = {e!r} is not an expert id "
-                                     f"in [0, {m.num_experts})")
-        hot_LE[rows[lid], experts] = True
-    rate = doc.get("hit_rate")
-    return hot_LE, float(rate) if isinstance(rate, int | float) and not isinstance(rate, bool) else None
+    plan = load_plan(path)
+    return plan.hot_LE(m.moe_layer_ids, m.num_experts, model=recipe.name), plan.hit_rate
 
 
 def _budget_bytes(recipe: Recipe, knobs: Knobs) -> int:

@@ -1,6 +1,7 @@
 """`hotsplit run` and `hotsplit selftest` through the CLI: exit codes, stdout, stderr, files."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -157,3 +158,17 @@ def test_run_is_lazy_about_torch():
     code = "import sys, hotsplit_cli.cli; assert 'torch' not in sys.modules, 'torch imported'"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
     assert np  # numpy is fine
+
+
+def test_run_executes_a_plan_made_by_hotsplit_plan(capsys, tmp_path, monkeypatch):
+    plan = tmp_path / "plan.json"
+    hist = Path(__file__).resolve().parent.parent / "examples" / "hist-tiny.json"
+    assert main(["plan", str(hist), "--recipe", "tiny", "-o", str(plan)]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("HOTSPLIT_DYNAMIC", "0")
+    code, out, err = run(capsys, *FAST, "--plan", str(plan), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    written = json.loads(plan.read_text())
+    assert doc["plan"]["hot_experts"] == written["ranks"][0]["hot_experts"]
+    assert doc["summary"]["expected_hit_rate"] == written["hit_rate"]

@@ -118,9 +118,9 @@ def simulate_cmd(
         missing = [x for x in tr.layers if x not in pf.layers]
         if missing:
             raise PlanError(f"{plan}: has no hot set for trace layer {missing[0]}", "plan on a matching histogram")
-        if pf.expert_bytes != size:
+        if pf.expert_bytes is not None and pf.expert_bytes != size:
             out.warn(f"{plan} was planned with {pf.expert_bytes} B experts, recipe {rec.name!r} has {size} B")
-        static_hot = pf.hot_LE(tr.layers, E)
+        static_hot = pf.hot_LE(tr.layers, E, model=rec.name)
         if int(static_hot.sum()) * size > budget_bytes:
             raise PlanError(f"{plan}: its hot set ({int(static_hot.sum()) * size / GIB:.3f} GiB) exceeds the "
                             f"budget of {budget_gib:.3f} GiB", "pass the plan's --hot-gib")
