@@ -7,9 +7,10 @@ import orjson
 import pytest
 
 from hotsplit_cli.cli import main
-from hotsplit_cli.commands.balance import read_prompts, windows_of
+from hotsplit_cli.commands.balance import windows_of
 from hotsplit_cli.errors import InputFileError
 from hotsplit_cli.hist import load_hist
+from hotsplit_cli.prompts import read_prompts
 from hotsplit_cli.recipe import load_recipe
 from hotsplit_cli.trace import load_trace
 

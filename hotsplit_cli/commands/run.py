@@ -55,6 +55,12 @@ def run(
         except ImportError:
             raise HotsplitError("--plot needs matplotlib", "pip install 'hotsplit[plot]'") from None
 
+    if rec.model.kind == "hf":
+        if trace is not None or steps is not None or scale is not None:
+            raise UsageError("--trace, --steps and --scale apply to synthetic models",
+                             "a checkpoint run generates from the recipe's prompts at full size")
+        return _run_checkpoint(out, rec, knobs, plan, log_jsonl, plot, json_out)
+
     from runtime.device import tune_cpu_threads  # torch is imported only from here on
     from runtime.from_recipe import prepare_run
     from runtime.log import format_line, write_jsonl
@@ -111,6 +117,57 @@ def run(
     out.emit(doc, render)
     if summary.interrupted:
         raise typer.Exit(130)
+
+
+def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path | None, plot: Path | None,
+                    json_out: bool) -> None:
+    """A real checkpoint: generate the recipe's prompts on the hot/cold banks, logging hit rates."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise UsageError("a checkpoint recipe needs transformers", "pip install 'hotsplit[hf]'") from None
+    from runtime.hf.run import run_checkpoint
+    from runtime.log import format_line, write_jsonl
+
+    say = out.note if json_out else out.print
+    say(f"{rec.name}: {rec.model.family} checkpoint {rec.model.path}, prompts {rec.traffic.path}")
+
+    def go(fh=None):
+        def on_record(r):
+            say(format_line(r))
+            if fh is not None:
+                write_jsonl(fh, r)
+        return run_checkpoint(rec, knobs, plan, on_record)
+
+    if log_jsonl is not None:
+        box = {}
+        write_atomic(log_jsonl, lambda fh: box.setdefault("s", go(fh)))
+        result = box["s"]
+    else:
+        result = go()
+    doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), "summary": result.to_doc()}
+    if plot is not None:
+        _plot(plot, result, rec.name)
+        doc["plot"] = str(plot)
+
+    def render():
+        for i, text in enumerate(result.texts[:8]):
+            out.print(f"[{i}] {text!r}")
+        t = out.table("summary", "value", title=f"hotsplit run {rec.name}")
+        t.add_row("device", result.device)
+        t.add_row("plan", f"{result.hot_experts} hot experts ({result.plan_source})")
+        t.add_row("decode steps", f"{result.steps}")
+        t.add_row("tokens", f"{result.tokens}")
+        t.add_row("tokens/s", f"{result.tokens_per_s:,.1f}")
+        t.add_row("hit rate (overall)", pct(result.hit_rate))
+        t.add_row("hit rate (last window)", pct(result.hit_rate_last_window))
+        t.add_row("hit rate expected by the plan", pct(result.expected_hit_rate))
+        t.add_row("swaps", f"{result.swaps}")
+        t.add_row("bytes copied (real)", f"{result.bytes_copied / MIB:,.2f} MiB")
+        t.add_row("cold bytes read per step (real)", f"{result.cold_bytes_per_step / MIB:,.2f} MiB")
+        out.print(t)
+
+    out.emit(doc, render)
 
 
 def _plot(path: Path, summary, title: str) -> None:
