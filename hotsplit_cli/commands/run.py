@@ -63,7 +63,6 @@ def run(
 
     from runtime.device import tune_cpu_threads  # torch is imported only from here on
     from runtime.from_recipe import prepare_run
-    from runtime.log import format_line, write_jsonl
 
     prepared = prepare_run(rec, knobs, plan_path=plan, trace_path=trace, steps=steps, scale=scale)
     tune_cpu_threads(prepared.info)
@@ -76,19 +75,7 @@ def run(
     say(f"plan: {pdoc['plan']['hot_experts']} hot experts, {gib(prepared.plan.hot_bytes)} real"
         f" ({prepared.plan.source}); expected hit rate {pct(prepared.plan.expected_hit_rate)}")
 
-    def run_engine(fh=None):
-        def on_record(r):
-            say(format_line(r))
-            if fh is not None:
-                write_jsonl(fh, r)
-        return prepared.engine.run(prepared.steps, on_record)
-
-    if log_jsonl is not None:
-        box = {}
-        write_atomic(log_jsonl, lambda fh: box.setdefault("s", run_engine(fh)))
-        summary = box["s"]
-    else:
-        summary = run_engine()
+    summary = _logged(say, log_jsonl, lambda on_record: prepared.engine.run(prepared.steps, on_record))
 
     doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), **pdoc,
            "summary": summary.to_doc()}
@@ -119,6 +106,25 @@ def run(
         raise typer.Exit(130)
 
 
+def _logged(say, log_jsonl: Path | None, runner):
+    """Run `runner(on_record)`: each hit-rate record as a human line, and as a JSON line in
+    `log_jsonl` (streamed into a temp file that is renamed when the run ends, even by Ctrl-C)."""
+    from runtime.log import format_line, write_jsonl
+
+    def go(fh=None):
+        def on_record(r):
+            say(format_line(r))
+            if fh is not None:
+                write_jsonl(fh, r)
+        return runner(on_record)
+
+    if log_jsonl is None:
+        return go()
+    box = {}
+    write_atomic(log_jsonl, lambda fh: box.setdefault("result", go(fh)))
+    return box["result"]
+
+
 def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path | None, plot: Path | None,
                     json_out: bool) -> None:
     """A real checkpoint: generate the recipe's prompts on the hot/cold banks, logging hit rates."""
@@ -127,24 +133,10 @@ def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path 
     except ImportError:
         raise UsageError("a checkpoint recipe needs transformers", "pip install 'hotsplit[hf]'") from None
     from runtime.hf.run import run_checkpoint
-    from runtime.log import format_line, write_jsonl
 
     say = out.note if json_out else out.print
     say(f"{rec.name}: {rec.model.family} checkpoint {rec.model.path}, prompts {rec.traffic.path}")
-
-    def go(fh=None):
-        def on_record(r):
-            say(format_line(r))
-            if fh is not None:
-                write_jsonl(fh, r)
-        return run_checkpoint(rec, knobs, plan, on_record)
-
-    if log_jsonl is not None:
-        box = {}
-        write_atomic(log_jsonl, lambda fh: box.setdefault("s", go(fh)))
-        result = box["s"]
-    else:
-        result = go()
+    result = _logged(say, log_jsonl, lambda on_record: run_checkpoint(rec, knobs, plan, on_record))
     doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), "summary": result.to_doc()}
     if plot is not None:
         _plot(plot, result, rec.name)
