@@ -7,12 +7,14 @@ import json
 import orjson
 import pytest
 import torch
+import yaml
 
 from hotsplit_cli.cli import main
 
 pytest.importorskip("transformers", minversion="5.0", reason="transformers>=5 (hotsplit[hf])")
 
-from tests.test_hf_models import SENTENCES, build_checkpoint, reference  # noqa: E402
+from runtime.hf.loader import FAMILIES  # noqa: E402
+from tests.test_hf_models import SENTENCES, build_checkpoint, checkpoints, reference  # noqa: E402, F401
 
 
 @pytest.fixture(scope="module")
@@ -20,24 +22,42 @@ def ckpt(tmp_path_factory):
     return build_checkpoint(tmp_path_factory.mktemp("run") / "qwen3", "qwen3_moe")
 
 
-def _recipe(tmp_path, ckpt, prompts, hot_gib, dyn_steps=2):
+def _geometry(folder):
+    """The recipe geometry of a test checkpoint, read from its config and its MoE layers."""
+    from runtime.device import choose_device
+    from runtime.hf.loader import load_model, read_config
+
+    config = read_config(folder)
+    hm = load_model(folder, choose_device("cpu"), torch.float32)
+    inter = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    return {"hidden_size": config.hidden_size, "moe_intermediate_size": inter,
+            "num_hidden_layers": config.num_hidden_layers, "moe_layers": list(hm.layer_ids),
+            "num_experts": hm.num_experts, "top_k": hm.top_k}
+
+
+def _recipe(tmp_path, ckpt, prompts, hot_experts, geometry, dyn_steps=2):
+    """A checkpoint recipe whose budget holds `hot_experts` experts (fp16 bytes of the geometry)."""
+    g = geometry
+    one = 3 * g["hidden_size"] * g["moe_intermediate_size"] * 2
     recipe = tmp_path / "r.yaml"
-    # Geometry of tests.test_hf_models' qwen3_moe checkpoint: 3 layers, layer 0 dense, 8 experts, top-2.
-    recipe.write_text(
-        f"name: tiny-qwen3\nmodel:\n  kind: hf\n  path: {ckpt}\n  family: qwen3_moe\n  hidden_size: 32\n"
-        "  moe_intermediate_size: 16\n  num_hidden_layers: 3\n  first_k_dense: 1\n  num_experts: 8\n  top_k: 2\n"
-        "  expert_dtype: fp16\n  total_params: 1.0e5\n"
-        f"traffic:\n  kind: prompts\n  path: {prompts}\n  max_new_tokens: 6\n  batch: 1\n"
-        f"run:\n  device: cpu\nhotsplit:\n  hot_gib: {hot_gib}\n  dyn_steps: {dyn_steps}\n  dyn_margin: 1.0\n")
+    recipe.write_text(yaml.safe_dump({
+        "name": "tiny-ckpt",
+        "model": {"kind": "hf", "path": str(ckpt), "expert_dtype": "fp16", "total_params": 1.0e6, **g},
+        "traffic": {"kind": "prompts", "path": str(prompts), "max_new_tokens": 6, "batch": 1},
+        "run": {"device": "cpu"},
+        "hotsplit": {"hot_gib": hot_experts * one / 2**30, "dyn_steps": dyn_steps, "dyn_margin": 1.0},
+    }))
     return recipe
 
 
-def test_run_checkpoint_generates_the_same_greedy_text_and_logs_hit_rates(ckpt, tmp_path, capsys):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_run_checkpoint_generates_the_same_greedy_text_and_logs_hit_rates(checkpoints, family, tmp_path, capsys):  # noqa: F811
+    ckpt = checkpoints[family]
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(orjson.dumps({"prompt": s}).decode() + "\n" for s in SENTENCES[:2]))
-    one = 3 * 32 * 16 * 2  # fp16 expert bytes of this geometry
     log = tmp_path / "log.jsonl"
-    code = main(["run", str(_recipe(tmp_path, ckpt, prompts, 5 * one / 2**30)), "--json", "--log-jsonl", str(log)])
+    recipe = _recipe(tmp_path, ckpt, prompts, 5, _geometry(ckpt))
+    code = main(["run", str(recipe), "--json", "--log-jsonl", str(log)])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     doc = json.loads(captured.out)["summary"]
@@ -56,15 +76,14 @@ def test_run_checkpoint_generates_the_same_greedy_text_and_logs_hit_rates(ckpt, 
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert records and "hit rate" not in captured.out  # human lines go to stderr in --json mode
     assert {"step", "hit_rate_window", "hit_rate_total", "swaps", "bytes_copied", "copy_ms"} <= set(records[0])
-    assert doc["hit_rate"] == records[-1]["hit_rate_total"] and 0 < doc["hit_rate"] < 1
+    assert doc["hit_rate"] == records[-1]["hit_rate_total"] and 0 <= doc["hit_rate"] <= 1
     assert doc["tokens"] > 0 and doc["steps"] == records[-1]["step"]
 
 
 def test_run_checkpoint_refuses_a_recipe_that_does_not_match(ckpt, tmp_path, capsys):
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello\n")
-    recipe = _recipe(tmp_path, ckpt, prompts, 0.001)
-    recipe.write_text(recipe.read_text().replace("num_experts: 8", "num_experts: 16"))
+    recipe = _recipe(tmp_path, ckpt, prompts, 2, {**_geometry(ckpt), "num_experts": 16})
     code = main(["run", str(recipe)])
     err = capsys.readouterr().err
-    assert code == 1 and "8 experts" in err and "recipe 'tiny-qwen3' says" in err
+    assert code == 1 and "8 experts" in err and "recipe 'tiny-ckpt' says" in err
