@@ -1,19 +1,28 @@
 """The routed-expert compute over a bank: hot experts from their slots, cold experts read in
 place from the cold bank (zero-copy on a GPU). Two implementations of one computation:
 
-- `TritonExperts`: two kernels, one program per (routed assignment, block of rows). Each
-  program looks up `expert2slot` on the device and takes its weight pointer from the hot bank
-  or the cold bank, so there is no host synchronisation and a step can be captured in a CUDA
-  graph. With TRITON_INTERPRET=1 the same kernels run on a CPU (how the tests check them).
+- `TritonExperts`: expert-grouped kernels. The A = T*K routed assignments of a step are sorted
+  by expert on the device and cut into blocks of at most BLOCK_T assignments of one expert
+  (`align_blocks`); each program of the two kernels takes one such block and one block of
+  weight rows, so it reads each weight tile once for all the assignments of its block. An
+  expert chosen by n tokens is read ceil(n / BLOCK_T) times per step instead of n times; for a
+  cold expert those reads cross PCIe, so grouping is what keeps a step's cold traffic close to
+  one read per distinct expert. Each program looks up `expert2slot` on the device and takes its
+  weight pointer from the hot bank or the cold bank, and every size (sort, counts, the grid) is
+  fixed by T, K and E alone, so there is no host synchronisation and a step can be captured in
+  a CUDA graph. With TRITON_INTERPRET=1 the same kernels run on a CPU (how the tests check them).
 - `TorchExperts`: tokens grouped by expert on the host, each expert's weights taken from its
   slot or the cold bank; the CPU path (and the GPU fallback without Triton).
 
 Both compute, per assignment a = (t, k) of expert e with weight w:
     y[t] += w * w2_e (silu(gate_e x_t) * up_e x_t)
-accumulating in float32. Shape letters: T, K, A = T*K assignments, H, I (INTER in the kernels), E, B (blob elements).
+accumulating in float32. Shape letters: T, K, A = T*K assignments, H, I (INTER in the kernels),
+E, B (blob elements), N (blocks of the grouped launch).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -31,71 +40,157 @@ class TorchExperts:
         return grouped_experts(x_TH, ids_TK, w_TK, lambda e: bank.weights_of(e, slots[e]), counts_E)
 
 
+@dataclass
+class ExpertBlocks:
+    """Routed assignments grouped by expert in blocks of at most `block_t` (device tensors).
+
+    Block n covers `order_A[start_N[n] : start_N[n] + count_N[n]]`, all routed to `expert_N[n]`.
+    Blocks past the last used one have count 0 and expert -1 (the grid is sized for the worst case)."""
+
+    order_A: torch.Tensor  # int64 [A]: assignment indices (t * K + k) sorted by expert, padding last
+    expert_N: torch.Tensor  # int32 [N]
+    start_N: torch.Tensor  # int64 [N]: offset into order_A
+    count_N: torch.Tensor  # int32 [N]: 0..block_t
+
+    @property
+    def num_blocks(self) -> int:
+        return self.expert_N.shape[0]
+
+
+def max_blocks(num_assignments: int, num_experts: int, block_t: int) -> int:
+    """Upper bound on the blocks of one step: each expert used adds at most one partial block, and
+    at most min(E, A) experts are used. Static in the shapes, so the grid never depends on data."""
+    return -(-num_assignments // block_t) + min(num_experts, num_assignments)
+
+
+def align_blocks(ids_A: torch.Tensor, num_experts: int, block_t: int) -> ExpertBlocks:
+    """Sort the assignments `ids_A` (int [A], -1 = padding) by expert and cut them into per-expert
+    blocks of at most `block_t`, with device ops of static sizes only (no host synchronisation)."""
+    E = num_experts
+    A = ids_A.shape[0]
+    ids = ids_A.long()
+    valid = ids >= 0
+    key = torch.where(valid, ids, E).to(torch.int32)  # padding sorts after every expert, in no block
+    order_A = torch.sort(key, stable=True).indices  # a device sort: no data-dependent size
+    counts_E = torch.zeros(E, dtype=torch.int64, device=ids.device)
+    counts_E.scatter_add_(0, ids.clamp(min=0), valid.long())  # not bincount: it reads its max on the host
+    blocks_E = (counts_E + block_t - 1) // block_t
+    block_end_E = torch.cumsum(blocks_E, 0)
+    block_begin_E = block_end_E - blocks_E
+    row_begin_E = torch.cumsum(counts_E, 0) - counts_E
+    n = torch.arange(max_blocks(A, E, block_t), dtype=torch.int64, device=ids.device)
+    # Block n belongs to the first expert whose blocks end after n; experts without blocks are skipped.
+    e_N = torch.searchsorted(block_end_E, n, right=True).clamp_(max=E - 1)
+    live = n < block_end_E[-1]
+    local = n - block_begin_E[e_N]  # this block's index within its expert
+    count_N = torch.where(live, (counts_E[e_N] - local * block_t).clamp(0, block_t), 0)
+    start_N = torch.where(live, row_begin_E[e_N] + local * block_t, 0)
+    expert_N = torch.where(live, e_N, -1)
+    return ExpertBlocks(order_A, expert_N.to(torch.int32), start_N, count_N.to(torch.int32))
+
+
 _KERNELS: dict = {}
+# Jit helpers the kernels call: Triton resolves a callee among the kernel's module globals, so
+# they are bound here when the kernels are built (triton is imported lazily).
+_expert_base = _matmul = None
 
 
 def _build_kernels():
     """Compile-on-first-use Triton kernels (imported lazily: triton is optional)."""
+    global _expert_base, _matmul
     if _KERNELS:
         return _KERNELS
     import triton
     import triton.language as tl
 
     @triton.jit
-    def gate_up_kernel(x_ptr, ids_ptr, e2s_ptr, hot_ptr, cold_ptr, act_ptr, H, INTER, blob_stride,
-                       K: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr):
-        a = tl.program_id(0)
-        pid_i = tl.program_id(1)
-        t = a // K
-        e = tl.load(ids_ptr + a).to(tl.int64)
-        valid = e >= 0
-        e_safe = tl.where(valid, e, 0)
-        slot = tl.load(e2s_ptr + e_safe).to(tl.int64)
+    def expert_base(e, e2s_ptr, hot_ptr, cold_ptr, blob_stride):
+        slot = tl.load(e2s_ptr + e).to(tl.int64)
         # The one decision of the hot/cold runtime: read the slot, or the cold bank in place.
-        base = tl.where(slot >= 0, hot_ptr + tl.where(slot >= 0, slot, 0) * blob_stride,
-                        cold_ptr + e_safe * blob_stride)
+        return tl.where(slot >= 0, hot_ptr + tl.where(slot >= 0, slot, 0) * blob_stride,
+                        cold_ptr + e * blob_stride)
+
+    @triton.jit
+    def matmul(a, b, USE_DOT: tl.constexpr, NATIVE: tl.constexpr):
+        """[M, R] x [R, N] -> float32 [M, N]. tl.dot needs every block >= 16; below that a
+        broadcast multiply and sum. NATIVE: 16-bit operands (tensor cores), else float32 exactly."""
+        if USE_DOT:
+            if NATIVE:
+                acc = tl.dot(a.to(b.dtype), b, out_dtype=tl.float32)
+            else:
+                acc = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee", out_dtype=tl.float32)
+        else:
+            acc = tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+        return acc
+
+    _expert_base, _matmul = expert_base, matmul
+
+    @triton.jit
+    def gate_up_kernel(x_ptr, order_ptr, blk_expert_ptr, blk_start_ptr, blk_count_ptr, e2s_ptr, hot_ptr, cold_ptr,
+                       act_ptr, H, INTER, blob_stride, K: tl.constexpr, BLOCK_T: tl.constexpr,
+                       BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, USE_DOT: tl.constexpr, NATIVE: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_i = tl.program_id(1)
+        count = tl.load(blk_count_ptr + pid_n)
+        if count == 0:  # a block past the last used one (the grid is sized for the worst case)
+            return
+        e = tl.load(blk_expert_ptr + pid_n).to(tl.int64)
+        start = tl.load(blk_start_ptr + pid_n).to(tl.int64)
+        base = _expert_base(e, e2s_ptr, hot_ptr, cold_ptr, blob_stride)
+        offs_t = tl.arange(0, BLOCK_T)
+        mask_t = offs_t < count
+        a = tl.load(order_ptr + start + offs_t, mask=mask_t, other=0).to(tl.int64)
+        tok = a // K
         offs_i = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
-        mask_i = offs_i < INTER  # a padding assignment (-1) reads expert 0; its weight 0 drops it
-        acc_g = tl.zeros([BLOCK_I], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK_I], dtype=tl.float32)
+        mask_i = offs_i < INTER
+        acc_g = tl.zeros([BLOCK_T, BLOCK_I], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_T, BLOCK_I], dtype=tl.float32)
         for h0 in range(0, H, BLOCK_H):
             offs_h = h0 + tl.arange(0, BLOCK_H)
             mask_h = offs_h < H
-            xv = tl.load(x_ptr + t * H + offs_h, mask=mask_h, other=0.0).to(tl.float32)
-            m2 = mask_i[:, None] & mask_h[None, :]
-            wg = tl.load(base + offs_i[:, None] * H + offs_h[None, :], mask=m2, other=0.0).to(tl.float32)
-            wu = tl.load(base + (offs_i[:, None] + INTER) * H + offs_h[None, :], mask=m2, other=0.0).to(tl.float32)
-            acc_g += tl.sum(wg * xv[None, :], axis=1)
-            acc_u += tl.sum(wu * xv[None, :], axis=1)
+            xv = tl.load(x_ptr + tok[:, None] * H + offs_h[None, :], mask=mask_t[:, None] & mask_h[None, :],
+                         other=0.0)
+            # Weight tiles [BLOCK_H, BLOCK_I] of w13 [2I, H]: read once for every assignment of the block.
+            m2 = mask_h[:, None] & mask_i[None, :]
+            wg = tl.load(base + offs_i[None, :] * H + offs_h[:, None], mask=m2, other=0.0)
+            wu = tl.load(base + (offs_i[None, :] + INTER) * H + offs_h[:, None], mask=m2, other=0.0)
+            acc_g += _matmul(xv, wg, USE_DOT, NATIVE)
+            acc_u += _matmul(xv, wu, USE_DOT, NATIVE)
         act = acc_g * tl.sigmoid(acc_g) * acc_u
-        tl.store(act_ptr + a * INTER + offs_i, act, mask=mask_i)
+        tl.store(act_ptr + a[:, None] * INTER + offs_i[None, :], act, mask=mask_t[:, None] & mask_i[None, :])
 
     @triton.jit
-    def down_kernel(act_ptr, ids_ptr, w_ptr, e2s_ptr, hot_ptr, cold_ptr, out_ptr, H, INTER, blob_stride,
-                    w2_offset, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr):
-        a = tl.program_id(0)
+    def down_kernel(act_ptr, order_ptr, w_ptr, blk_expert_ptr, blk_start_ptr, blk_count_ptr, e2s_ptr, hot_ptr,
+                    cold_ptr, out_ptr, H, INTER, blob_stride, w2_offset, BLOCK_T: tl.constexpr,
+                    BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr, USE_DOT: tl.constexpr, NATIVE: tl.constexpr):
+        pid_n = tl.program_id(0)
         pid_h = tl.program_id(1)
-        e = tl.load(ids_ptr + a).to(tl.int64)
-        valid = e >= 0
-        e_safe = tl.where(valid, e, 0)
-        slot = tl.load(e2s_ptr + e_safe).to(tl.int64)
-        base = tl.where(slot >= 0, hot_ptr + tl.where(slot >= 0, slot, 0) * blob_stride,
-                        cold_ptr + e_safe * blob_stride) + w2_offset
+        count = tl.load(blk_count_ptr + pid_n)
+        if count == 0:
+            return
+        e = tl.load(blk_expert_ptr + pid_n).to(tl.int64)
+        start = tl.load(blk_start_ptr + pid_n).to(tl.int64)
+        base = _expert_base(e, e2s_ptr, hot_ptr, cold_ptr, blob_stride) + w2_offset
+        offs_t = tl.arange(0, BLOCK_T)
+        mask_t = offs_t < count
+        a = tl.load(order_ptr + start + offs_t, mask=mask_t, other=0).to(tl.int64)
         offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
         mask_h = offs_h < H
-        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
         for i0 in range(0, INTER, BLOCK_I):
             offs_i = i0 + tl.arange(0, BLOCK_I)
             mask_i = offs_i < INTER
-            av = tl.load(act_ptr + a * INTER + offs_i, mask=mask_i, other=0.0)
-            wd = tl.load(base + offs_h[:, None] * INTER + offs_i[None, :], mask=mask_h[:, None] & mask_i[None, :],
-                         other=0.0).to(tl.float32)
-            acc += tl.sum(wd * av[None, :], axis=1)
-        wt = tl.load(w_ptr + a)
-        wt = tl.where(valid, wt, 0.0)
-        tl.store(out_ptr + a * H + offs_h, acc * wt, mask=mask_h)
+            av = tl.load(act_ptr + a[:, None] * INTER + offs_i[None, :], mask=mask_t[:, None] & mask_i[None, :],
+                         other=0.0)
+            # Weight tile [BLOCK_I, BLOCK_H] of w2 [H, I].
+            wd = tl.load(base + offs_h[None, :] * INTER + offs_i[:, None], mask=mask_i[:, None] & mask_h[None, :],
+                         other=0.0)
+            acc += _matmul(av, wd, USE_DOT, NATIVE)
+        wt = tl.load(w_ptr + a, mask=mask_t, other=0.0)
+        tl.store(out_ptr + a[:, None] * H + offs_h[None, :], acc * wt[:, None], mask=mask_t[:, None] & mask_h[None, :])
 
-    _KERNELS.update(gate_up=gate_up_kernel, down=down_kernel, cdiv=triton.cdiv)
+    _KERNELS.update(gate_up=gate_up_kernel, down=down_kernel, cdiv=triton.cdiv,
+                    interpret=bool(triton.knobs.runtime.interpret))
     return _KERNELS
 
 
@@ -103,27 +198,47 @@ class TritonExperts:
     name = "triton"
     capturable = True
 
-    def __init__(self, block_i: int = 32, block_h: int = 128):
-        self.block_i, self.block_h = block_i, block_h
+    def __init__(self, block_t: int = 16, block_i: int = 32, block_h: int = 128):
+        for name, v in (("block_t", block_t), ("block_i", block_i), ("block_h", block_h)):
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two, got {v}")  # tl.arange needs one
+        self.block_t, self.block_i, self.block_h = block_t, block_i, block_h
+        self.use_dot = min(block_t, block_i, block_h) >= 16  # tl.dot's smallest shape
         _build_kernels()
+
+    def native_dot(self, dtype: torch.dtype) -> bool:
+        """16-bit weights multiply in their own dtype on tensor cores (float32 accumulation; the
+        activation is rounded to that dtype before the down projection, as the reference rounds it),
+        float32 weights exactly. Not bfloat16 in the interpreter: its tl.dot would multiply bfloat16
+        as raw 16-bit integers."""
+        if dtype == torch.float16:
+            return True
+        return dtype == torch.bfloat16 and not _KERNELS["interpret"]
 
     def __call__(self, x_TH, ids_TK, w_TK, bank: ExpertBank, counts_E=None) -> torch.Tensor:
         k = _KERNELS
         T, K = ids_TK.shape
         H, INTER = bank.hidden, bank.inter
         A = T * K
+        if A == 0:
+            return torch.zeros_like(x_TH)
+        out = torch.zeros(A, H, dtype=torch.float32, device=x_TH.device)  # padding rows stay zero
         x = x_TH.contiguous()
-        ids = ids_TK.reshape(-1).contiguous()
         wts = w_TK.reshape(-1).float().contiguous()
+        blocks = align_blocks(ids_TK.reshape(-1), bank.num_experts, self.block_t)
         act = torch.empty(A, INTER, dtype=torch.float32, device=x.device)
-        out = torch.empty(A, H, dtype=torch.float32, device=x.device)
         blob_stride = bank.hot_SB.stride(0)
-        k["gate_up"][(A, k["cdiv"](INTER, self.block_i))](
-            x, ids, bank.expert2slot_E, bank.hot_SB, bank.cold_read_EB, act, H, INTER, blob_stride,
-            K=K, BLOCK_I=self.block_i, BLOCK_H=self.block_h)
-        k["down"][(A, k["cdiv"](H, self.block_h))](
-            act, ids, wts, bank.expert2slot_E, bank.hot_SB, bank.cold_read_EB, out, H, INTER, blob_stride,
-            bank.w2_offset, BLOCK_H=self.block_h, BLOCK_I=self.block_i)
+        native = self.native_dot(bank.dtype)
+        N = blocks.num_blocks
+        meta = (blocks.order_A, blocks.expert_N, blocks.start_N, blocks.count_N)
+        k["gate_up"][(N, k["cdiv"](INTER, self.block_i))](
+            x, *meta, bank.expert2slot_E, bank.hot_SB, bank.cold_read_EB, act, H, INTER, blob_stride,
+            K=K, BLOCK_T=self.block_t, BLOCK_I=self.block_i, BLOCK_H=self.block_h, USE_DOT=self.use_dot,
+            NATIVE=native)
+        k["down"][(N, k["cdiv"](H, self.block_h))](
+            act, blocks.order_A, wts, *meta[1:], bank.expert2slot_E, bank.hot_SB, bank.cold_read_EB, out, H, INTER,
+            blob_stride, bank.w2_offset, BLOCK_T=self.block_t, BLOCK_H=self.block_h, BLOCK_I=self.block_i,
+            USE_DOT=self.use_dot, NATIVE=native)
         return out.view(T, K, H).sum(dim=1).to(x_TH.dtype)
 
 

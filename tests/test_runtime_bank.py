@@ -1,13 +1,18 @@
 """The hot/cold model equals the all-resident reference: random hot sets, every swap, both routers,
 shared experts; the Triton kernels (interpreted on a CPU); CUDA-only paths skip without CUDA."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from runtime.device import choose_device
 from runtime.engine import ArraySource, Engine
-from runtime.moe import MoEGeometry
+from runtime.moe import MoEGeometry, dense_reference
 from runtime.selftest import build_pair, random_hot, random_moves, tolerances
 
 torch.set_num_threads(1)
@@ -37,7 +42,7 @@ def test_random_hot_sets_equal_reference(router, shared, seed):
 def test_bf16_equal_reference_within_dtype_tolerance():
     g = geom("sigmoid")
     model, ref = build_pair(g, 2, random_hot(2, 8, 0.5, np.random.default_rng(0)), CPU, torch.bfloat16)
-    x = torch.randn(4, g.hidden).to(torch.bfloat16)
+    x = torch.randn(4, g.hidden, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     torch.testing.assert_close(model.step(x), ref.step(x), **tolerances(torch.bfloat16))
 
 
@@ -131,3 +136,149 @@ def test_cuda_swaps_in_flight_equal_reference():
     info = choose_device("cuda")
     for check in (check_reference(info, torch.bfloat16), check_swaps(info, torch.bfloat16)):
         assert check.ok, check.detail
+
+
+@pytest.mark.parametrize("block_t", [1, 4, 16])
+@pytest.mark.parametrize("seed", range(3))
+def test_align_blocks_groups_each_assignment_once_by_expert(block_t, seed):
+    from runtime.kernels import align_blocks, max_blocks
+
+    g = torch.Generator().manual_seed(seed)
+    E, A = 8, 37  # not a multiple of any block size
+    ids = torch.randint(0, 3, (A,), generator=g) * 2  # experts 0, 2, 4 only: the rest get no tokens
+    ids[torch.rand(A, generator=g) < 0.2] = -1
+    b = align_blocks(ids, E, block_t)
+    assert b.num_blocks == max_blocks(A, E, block_t)
+    seen = []
+    for e, start, n in zip(b.expert_N.tolist(), b.start_N.tolist(), b.count_N.tolist(), strict=True):
+        assert 0 <= n <= block_t and (n == 0) == (e == -1)
+        rows = b.order_A[start:start + n]
+        assert bool((ids[rows] == e).all())
+        seen += rows.tolist()
+    assert sorted(seen) == torch.nonzero(ids >= 0).flatten().tolist()  # padding in no block
+    counts = torch.bincount(ids[ids >= 0], minlength=E)
+    per_expert = torch.bincount(b.expert_N[b.expert_N >= 0].long(), minlength=E)
+    # An expert's weights are read once per block: ceil(n / block_t) times, none for an idle expert.
+    assert per_expert.tolist() == ((counts + block_t - 1) // block_t).tolist()
+
+
+def test_align_blocks_all_padding_has_no_live_block():
+    from runtime.kernels import align_blocks
+
+    b = align_blocks(torch.full((6,), -1), 4, 4)
+    assert b.count_N.tolist() == [0] * b.num_blocks and b.expert_N.tolist() == [-1] * b.num_blocks
+
+
+@pytest.fixture
+def triton_interpreted(monkeypatch):
+    """The kernels built for the Triton interpreter. triton.jit reads TRITON_INTERPRET when it is
+    applied, to the kernels and to triton's own library alike, so both must have seen it."""
+    import sys
+
+    from runtime import kernels
+
+    if kernels._KERNELS:
+        if not kernels._KERNELS["interpret"]:
+            pytest.skip("the Triton kernels were built without TRITON_INTERPRET=1 in this process")
+    elif "triton" in sys.modules and not sys.modules["triton"].knobs.runtime.interpret:
+        pytest.skip("triton was imported without TRITON_INTERPRET=1 in this process")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when triton is first imported
+    pytest.importorskip("triton")
+
+
+def _kernel_case(hot_fraction, dtype=torch.float32, seed=0):
+    g = geom("softmax", shared=False, hidden=48, inter=24)
+    model, ref = build_pair(g, 1, random_hot(1, 8, hot_fraction, np.random.default_rng(seed)), CPU, dtype, seed)
+    lw = ref.layers[0]
+    return g, model.banks[0], lambda x, ids, w: dense_reference(x, ids, w, lw.w13_EIH, lw.w2_EHI)
+
+
+# Blocks below 16 take the broadcast-multiply path, 16 and up tl.dot.
+BLOCKS = {"small": dict(block_t=4, block_i=8, block_h=16), "dot": dict(block_t=16, block_i=16, block_h=32)}
+
+
+@pytest.mark.parametrize("blocks", BLOCKS)
+@pytest.mark.parametrize("hot_fraction", [0.0, 0.5, 1.0])
+def test_triton_grouped_kernels_many_tokens_per_expert(triton_interpreted, blocks, hot_fraction):
+    from runtime.kernels import TritonExperts
+
+    g, bank, reference = _kernel_case(hot_fraction)
+    T, K = 21, 3  # A = 63: several full blocks of one expert, and partial ones
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.stack([torch.full((T,), 3), torch.randint(0, 8, (T,), generator=gen), torch.full((T,), 6)], dim=1)
+    ids[::5, 1] = -1  # padding mixed in
+    ids[ids == 5] = 4  # expert 5 gets no token
+    w = torch.rand(T, K, generator=gen)
+    x = torch.randn(T, g.hidden, generator=gen)
+    y = TritonExperts(**BLOCKS[blocks])(x, ids, w, bank)
+    torch.testing.assert_close(y, reference(x, ids, w), **tolerances(torch.float32))
+
+
+@pytest.mark.parametrize("blocks", BLOCKS)
+def test_triton_grouped_kernels_all_padding_gives_zero(triton_interpreted, blocks):
+    from runtime.kernels import TritonExperts
+
+    g, bank, _ = _kernel_case(0.5)
+    ids = torch.full((5, 2), -1)
+    w = torch.full((5, 2), float("nan"))  # never read: padding is in no block
+    y = TritonExperts(**BLOCKS[blocks])(torch.randn(5, g.hidden), ids, w, bank)
+    assert torch.equal(y, torch.zeros(5, g.hidden))
+
+
+def test_triton_grouped_kernels_follow_swaps_and_single_token(triton_interpreted):
+    from runtime.kernels import TritonExperts
+
+    rng = np.random.default_rng(2)
+    g, bank, reference = _kernel_case(0.5, seed=2)
+    compute = TritonExperts(block_t=16, block_i=16, block_h=16)
+    for _ in range(3):
+        for T in (1, 9):
+            ids = torch.from_numpy(rng.integers(0, 8, (T, 2)))
+            w, x = torch.rand(T, 2), torch.randn(T, g.hidden)
+            torch.testing.assert_close(compute(x, ids, w, bank), reference(x, ids, w), **tolerances(torch.float32))
+        hot, cold = np.flatnonzero(bank.table.hot_E), np.flatnonzero(~bank.table.hot_E)
+        bank.begin_swaps([(int(rng.choice(hot)), int(rng.choice(cold)))])
+
+
+def test_triton_grouped_kernels_float16_multiply_in_weight_dtype(triton_interpreted):
+    from runtime.kernels import TritonExperts
+
+    g, bank, reference = _kernel_case(0.5, torch.float16)
+    compute = TritonExperts(block_t=16, block_i=16, block_h=16)
+    assert compute.native_dot(torch.float16) and not compute.native_dot(torch.float32)
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 8, (19, 2), generator=gen)
+    w, x = torch.rand(19, 2, generator=gen), torch.randn(19, g.hidden, generator=gen).half()
+    torch.testing.assert_close(compute(x, ids, w, bank), reference(x, ids, w), **tolerances(torch.float16))
+
+
+def test_triton_experts_reject_block_sizes_tl_arange_cannot_take():  # raised before triton is imported
+    from runtime.kernels import TritonExperts
+
+    with pytest.raises(ValueError, match="block_t"):
+        TritonExperts(block_t=12)
+
+
+def test_triton_grouped_kernels_no_tokens(triton_interpreted):
+    from runtime.kernels import TritonExperts
+
+    g, bank, _ = _kernel_case(0.5)
+    y = TritonExperts()(torch.zeros(0, g.hidden), torch.zeros(0, 2, dtype=torch.int64), torch.zeros(0, 2), bank)
+    assert y.shape == (0, g.hidden)
+
+
+def test_triton_kernel_tests_run_in_a_fresh_interpreter_process():
+    """transformers may import triton before this file runs, and the interpreter is chosen at that
+    import, so the kernel tests above can skip in a full run. Run them once more in a fresh process
+    with TRITON_INTERPRET=1, where they cannot skip, so CI always checks the kernels."""
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("this process already runs the kernel tests in the interpreter")
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(Path(__file__)),
+         "-k", "(interpreter or grouped_kernels) and not fresh"],
+        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, cwd=root, timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    summary = r.stdout.strip().splitlines()[-1]
+    assert "passed" in summary and "skipped" not in summary, summary
