@@ -88,7 +88,7 @@ def balance_cmd(
         from ..trace import save_trace
 
         save_trace(trace, trace_obj)
-    _report(out, hist, output, trace, notes)
+    _report(out, hist, output, trace, notes, rec)
 
 
 def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, windows_steps, keep_trace,
@@ -160,26 +160,21 @@ def _from_synthetic(out, rec, steps, batch_size, windows_steps, keep_trace):
     return hist, trace_obj, [f"synthetic routing: {steps} steps x {batch} tokens"]
 
 
-def _report(out: Output, hist: Histogram, output, trace, notes) -> None:
-    try:
-        from ..histstats import hist_report
-        from .hist_show import render_hist_report
-    except ImportError:
-        hist_report = render_hist_report = None
-    report = hist_report(hist) if hist_report is not None else None
+def _report(out: Output, hist: Histogram, output, trace, notes, rec=None) -> None:
+    from ..histstats import hist_report
+    from ..sizes import expert_bytes_per_rank
+    from .hist_show import render_hist_report
+
+    report = hist_report(hist, expert_bytes_per_rank(rec) if rec is not None else None)
     doc = {"output": str(output) if output else None, "trace": str(trace) if trace else None,
            "layers": list(hist.layers), "num_experts": hist.num_experts, "top_k": hist.top_k,
            "tokens": hist.tokens, "notes": notes,
-           "report": report.to_doc() if report is not None else None}
+           "report": report.to_doc()}
 
     def render() -> None:
         for n in notes:
             out.print(n)
-        if report is not None:
-            render_hist_report(out, report)
-        else:
-            out.print(f"{hist.model}: {hist.num_layers} MoE layers x {hist.num_experts} experts, "
-                      f"{hist.tokens} tokens")
+        render_hist_report(out, report)
 
     out.emit(doc, render)
     for p in (output, trace):
