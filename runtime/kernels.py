@@ -35,9 +35,9 @@ class TorchExperts:
     name = "torch-grouped"
     capturable = False
 
-    def __call__(self, x_TH, ids_TK, w_TK, bank: ExpertBank, counts_E) -> torch.Tensor:
+    def __call__(self, x_TH, ids_TK, w_TK, bank: ExpertBank, counts_E=None) -> torch.Tensor:
         slots = bank.expert2slot_E.tolist()  # host read: the CPU path may synchronise
-        return grouped_experts(x_TH, ids_TK, w_TK, lambda e: bank.weights_of(e, slots[e]), counts_E)
+        return grouped_experts(x_TH, ids_TK, w_TK, lambda e: bank.weights_of(e, slots[e]), bank.num_experts)
 
 
 @dataclass

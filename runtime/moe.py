@@ -7,7 +7,7 @@ G = router groups. Expert weights are stacked `[E, ...]` and gathered by index (
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -120,23 +120,30 @@ def expert_counts(ids_TK: torch.Tensor, num_experts: int) -> torch.Tensor:
     return counts_E.scatter_add_(0, flat.clamp(min=0), (flat >= 0).long())  # no host sync
 
 
-def grouped_experts(x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor, weights_of: WeightsOf,
-                    counts_E: torch.Tensor) -> torch.Tensor:
-    """Routed expert output [T, H]: tokens grouped by expert, each expert's weights fetched once
-    through `weights_of(e) -> (w13 [2I, H], w2 [H, I])`. Reads counts on the host (CPU path)."""
-    T, K = ids_TK.shape
+def expert_groups(ids_TK: torch.Tensor, num_experts: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """Routed assignments grouped by expert: yields (e, tok [n], idx [n]) for every expert with
+    n > 0 assignments, `idx` indexing the flattened [T*K] assignments and `tok` their tokens.
+    Ids outside [0, E) (padding is -1) belong to no group. Reads the counts on the host."""
+    K = ids_TK.shape[1]
     flat = ids_TK.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    per_expert = counts_E.tolist()
-    start = flat.numel() - sum(per_expert)  # padding (-1) sorts first
-    out_TH = torch.zeros(T, x_TH.shape[1], dtype=torch.float32, device=x_TH.device)
+    valid = (flat >= 0) & (flat < num_experts)
+    counts_E = torch.bincount(flat[valid], minlength=num_experts).tolist()
+    order = torch.argsort(torch.where(valid, flat, num_experts), stable=True)  # invalid ids sort last
+    start = 0
+    for e, n in enumerate(counts_E):
+        if n:
+            idx = order[start:start + n]
+            start += n
+            yield e, idx // K, idx
+
+
+def grouped_experts(x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor, weights_of: WeightsOf,
+                    num_experts: int) -> torch.Tensor:
+    """Routed expert output [T, H]: tokens grouped by expert, each expert's weights fetched once
+    through `weights_of(e) -> (w13 [2I, H], w2 [H, I])`, accumulated in float32 (CPU path)."""
+    out_TH = torch.zeros(ids_TK.shape[0], x_TH.shape[1], dtype=torch.float32, device=x_TH.device)
     w_flat = w_TK.reshape(-1)
-    for e, n in enumerate(per_expert):
-        if n == 0:
-            continue
-        idx = order[start:start + n]
-        start += n
-        tok = idx // K
+    for e, tok, idx in expert_groups(ids_TK, num_experts):
         w13, w2 = weights_of(e)
         y = swiglu(x_TH[tok], w13, w2)
         out_TH.index_add_(0, tok, y.float() * w_flat[idx, None])
@@ -211,9 +218,8 @@ class ReferenceMoE:
         lw = self.layers[li]
         if ids_TK is None:
             ids_TK, w_TK = lw.router(x_TH)
-        counts_E = expert_counts(ids_TK, lw.w13_EIH.shape[0])
         w13, w2 = lw.w13_EIH, lw.w2_EHI
-        y = grouped_experts(x_TH, ids_TK, w_TK, lambda e: (w13[e], w2[e]), counts_E)
+        y = grouped_experts(x_TH, ids_TK, w_TK, lambda e: (w13[e], w2[e]), w13.shape[0])
         if lw.shared_w13 is not None:
             y = y + swiglu(x_TH, lw.shared_w13, lw.shared_w2)
         return y, ids_TK, w_TK

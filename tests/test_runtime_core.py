@@ -55,7 +55,7 @@ def test_grouped_experts_equal_dense_reference_with_padding():
     w = torch.rand(6, 2)
     counts = expert_counts(ids, 8)
     assert int(counts.sum()) == 11
-    got = grouped_experts(x, ids, w, lambda e: (lw.w13_EIH[e], lw.w2_EHI[e]), counts)
+    got = grouped_experts(x, ids, w, lambda e: (lw.w13_EIH[e], lw.w2_EHI[e]), 8)
     torch.testing.assert_close(got, dense_reference(x, ids, w, lw.w13_EIH, lw.w2_EHI))
 
 

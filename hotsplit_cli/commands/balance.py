@@ -94,7 +94,7 @@ def balance_cmd(
 def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, windows_steps, keep_trace,
                      device, dtype):
     try:
-        import torch  # noqa: F401
+        import torch
         import transformers  # noqa: F401
     except ImportError as exc:
         raise UsageError(f"balance --model needs torch and transformers ({exc.name} is missing)",
@@ -108,7 +108,6 @@ def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, w
         max_new_tokens = rec.traffic.max_new_tokens if rec is not None else 32
     if batch_size is None:
         batch_size = rec.traffic.batch if rec is not None else 8
-    import torch
 
     from runtime.device import choose_device
     from runtime.hf.capture import capture, trace_of

@@ -84,20 +84,8 @@ def run(
         doc["plot"] = str(plot)
 
     def render():
-        s = summary
-        title = f"hotsplit run {rec.name}" + (" (interrupted)" if s.interrupted else "")
-        t = out.table("summary", "value", title=title)
-        t.add_row("steps", f"{s.steps}")
-        t.add_row("tokens", f"{s.tokens}")
-        t.add_row("tokens/s", f"{s.tokens_per_s:,.0f}")
-        t.add_row("hit rate (overall)", pct(s.hit_rate))
-        t.add_row("hit rate (last window)", pct(s.hit_rate_last_window))
-        t.add_row("hit rate expected by the plan", pct(s.expected_hit_rate))
-        t.add_row("swaps", f"{s.swaps}")
-        t.add_row("bytes copied (real)", f"{s.bytes_copied / MIB:,.2f} MiB")
-        t.add_row("copy time", f"{s.copy_ms:,.2f} ms")
-        t.add_row("cold bytes read per step (real)", f"{s.cold_bytes_per_step / MIB:,.2f} MiB")
-        out.print(t)
+        title = f"hotsplit run {rec.name}" + (" (interrupted)" if summary.interrupted else "")
+        _render_summary(out, title, summary, [], [("copy time", f"{summary.copy_ms:,.2f} ms")])
         if plot is not None:
             out.print(f"plot: {plot}")
 
@@ -145,21 +133,28 @@ def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path 
     def render():
         for i, text in enumerate(result.texts[:8]):
             out.print(f"[{i}] {text!r}")
-        t = out.table("summary", "value", title=f"hotsplit run {rec.name}")
-        t.add_row("device", result.device)
-        t.add_row("plan", f"{result.hot_experts} hot experts ({result.plan_source})")
-        t.add_row("decode steps", f"{result.steps}")
-        t.add_row("tokens", f"{result.tokens}")
-        t.add_row("tokens/s", f"{result.tokens_per_s:,.1f}")
-        t.add_row("hit rate (overall)", pct(result.hit_rate))
-        t.add_row("hit rate (last window)", pct(result.hit_rate_last_window))
-        t.add_row("hit rate expected by the plan", pct(result.expected_hit_rate))
-        t.add_row("swaps", f"{result.swaps}")
-        t.add_row("bytes copied (real)", f"{result.bytes_copied / MIB:,.2f} MiB")
-        t.add_row("cold bytes read per step (real)", f"{result.cold_bytes_per_step / MIB:,.2f} MiB")
-        out.print(t)
+        plan_row = ("plan", f"{result.hot_experts} hot experts ({result.plan_source})")
+        _render_summary(out, f"hotsplit run {rec.name}", result, [("device", result.device), plan_row], [])
 
     out.emit(doc, render)
+
+
+def _render_summary(out: Output, title: str, s, first: list, extra: list) -> None:
+    """The summary table shared by synthetic and checkpoint runs (`s`: RunSummary or CheckpointRun)."""
+    t = out.table("summary", "value", title=title)
+    for row in [*first,
+                ("steps", f"{s.steps}"),
+                ("tokens", f"{s.tokens}"),
+                ("tokens/s", f"{s.tokens_per_s:,.1f}"),
+                ("hit rate (overall)", pct(s.hit_rate)),
+                ("hit rate (last window)", pct(s.hit_rate_last_window)),
+                ("hit rate expected by the plan", pct(s.expected_hit_rate)),
+                ("swaps", f"{s.swaps}"),
+                ("bytes copied (real)", f"{s.bytes_copied / MIB:,.2f} MiB"),
+                *extra,
+                ("cold bytes read per step (real)", f"{s.cold_bytes_per_step / MIB:,.2f} MiB")]:
+        t.add_row(*row)
+    out.print(t)
 
 
 def _plot(path: Path, summary, title: str) -> None:

@@ -26,6 +26,7 @@ import torch
 
 from ..bank import SlotTable, zero_copy_view
 from ..device import DeviceInfo
+from ..moe import expert_groups
 from ..pinned import PinnedAllocator, plan_placement
 
 PARTS = ("w1", "w2", "b1", "b2")
@@ -143,19 +144,8 @@ class HFExpertBank:
         (fp32 routing weights promote, as in transformers), summed per token."""
         lay = self.layout
         out_TH = torch.zeros_like(x_TH)
-        T, K = ids_TK.shape
-        flat = ids_TK.reshape(-1)
-        valid = (flat >= 0) & (flat < self.num_experts)
-        counts_E = torch.bincount(flat[valid], minlength=self.num_experts).tolist()
-        order = torch.argsort(torch.where(valid, flat, self.num_experts), stable=True)
-        start = 0
         w_flat = w_TK.reshape(-1)
-        for e, n in enumerate(counts_E):
-            if n == 0:
-                continue
-            idx = order[start:start + n]
-            start += n
-            tok = idx // K
+        for e, tok, idx in expert_groups(ids_TK, self.num_experts):
             p = self.parts_of(e)
             x = x_TH[tok]
             if lay.transposed:
