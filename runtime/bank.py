@@ -1,6 +1,11 @@
 """One expert bank per MoE layer: the cold bank in pinned host memory, hot slots on the device,
 and `expert2slot` on the device. Slot bookkeeping (SlotTable) is kept apart from byte movement
-(ExpertBank), so the rules of a swap are testable without any memory at all.
+(BlobBank), so the rules of a swap are testable without any memory at all.
+
+An expert is one contiguous blob of B elements, so a swap is a single host->device copy.
+`BlobBank` moves blobs and knows nothing of what they hold; `ExpertBank` is the SwiGLU layout of
+the synthetic runtime (w13 [2I, H] then w2 [H, I]); runtime/hf/bank.py keeps a Hugging Face
+model's own layout in the same kind of bank.
 
 A swap runs in two phases so that a step never sees a half-applied swap:
 1. on the compute stream the outgoing expert's map entry becomes -1 (it is now served cold,
@@ -81,46 +86,64 @@ class _InFlight:
     done: torch.cuda.Event
 
 
-class ExpertBank:
-    """Cold bank [E, B] in (pinned) host memory, hot bank [S, B] on the device, expert2slot [E]."""
+class BlobBank:
+    """Cold blobs [E, B] in (pinned) host memory, hot blobs [S, B] on the device, expert2slot [E].
 
-    def __init__(self, w13_EIH: torch.Tensor, w2_EHI: torch.Tensor, hot_E: np.ndarray, info: DeviceInfo,
-                 allocator: PinnedAllocator, expert2slot_E: torch.Tensor, swap_stream=None):
-        E, two_i, H = w13_EIH.shape
-        inter = two_i // 2
-        self.info = info
-        self.dtype = w13_EIH.dtype
-        self.num_experts, self.hidden, self.inter = E, H, inter
-        self.w2_offset = 2 * inter * H  # elements into a blob where w2 starts
-        B = 3 * inter * H
-        n_bytes = E * B * w13_EIH.element_size()
-        slab = allocator.alloc(n_bytes)
-        self.cold_EB = slab[:n_bytes].view(self.dtype).view(E, B)  # in host memory
-        self.cold_EB[:, :self.w2_offset].copy_(w13_EIH.reshape(E, -1))
-        self.cold_EB[:, self.w2_offset:].copy_(w2_EHI.reshape(E, -1))
+    `table` is the target state (swaps in flight included); `served_E` mirrors on the host the
+    `expert2slot_E` that steps read right now, so host-side compute and hit accounting never
+    read the device map back."""
+
+    def __init__(self, num_experts: int, blob_elems: int, dtype: torch.dtype, info: DeviceInfo,
+                 allocator: PinnedAllocator, expert2slot_E: torch.Tensor | None = None, swap_stream=None):
+        E, B = num_experts, blob_elems
+        self.info, self.dtype, self.num_experts = info, dtype, E
+        n_bytes = E * B * torch.empty((), dtype=dtype).element_size()
+        self.cold_EB = allocator.alloc(n_bytes)[:n_bytes].view(dtype).view(E, B)  # in host memory
         # What kernels read for a cold expert: the zero-copy device view on CUDA, else the host rows.
         self.cold_read_EB = zero_copy_view(self.cold_EB, info.device) if info.zero_copy else self.cold_EB
-        self.table = SlotTable(hot_E)
-        S = self.table.num_slots
-        # At least one row so kernels always get a valid pointer, even with no hot expert.
-        self.hot_SB = torch.empty(max(S, 1), B, dtype=self.dtype, device=info.device)
-        if S:
-            self.hot_SB[:S].copy_(self.cold_EB[torch.from_numpy(self.table.slot2expert_S)])
-        self.expert2slot_E = expert2slot_E  # a device row owned by the model, int32 [E]
-        self.expert2slot_E.copy_(torch.from_numpy(self.table.expert2slot_E.astype(np.int32)))
+        # A device row (int32 [E]); the synthetic model owns one [L, E] map and passes its rows.
+        self.expert2slot_E = (torch.empty(E, dtype=torch.int32, device=info.device)
+                              if expert2slot_E is None else expert2slot_E)
         self.swap_stream = swap_stream
         self.in_flight: list[_InFlight] = []
-        self.hot_views = [self._views(self.hot_SB[s]) for s in range(S)]
-        self.cold_views = [self._views(self.cold_read_EB[e]) for e in range(E)]
-
-    def _views(self, blob_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        H, inter = self.hidden, self.inter
-        return blob_B[:self.w2_offset].view(2 * inter, H), blob_B[self.w2_offset:].view(H, inter)
+        self.table = SlotTable(np.zeros(E, dtype=bool))
+        self.served_E = self.table.expert2slot_E.copy()
+        # At least one row so kernels always get a valid pointer, even with no hot expert.
+        self.hot_SB = torch.empty(1, B, dtype=dtype, device=info.device)
+        self.expert2slot_E.fill_(-1)
 
     @property
     def expert_bytes(self) -> int:
-        """Allocated bytes of one expert blob (scaled; the plan uses the real size)."""
+        """Allocated bytes of one expert blob (scaled in a synthetic run; the plan uses the real size)."""
         return self.cold_EB.shape[1] * self.cold_EB.element_size()
+
+    @property
+    def hot_E(self) -> np.ndarray:
+        """The hot set once the swaps in flight land."""
+        return self.table.hot_E
+
+    @property
+    def served_hot_E(self) -> np.ndarray:
+        """The experts a step served hot right now."""
+        return self.served_E >= 0
+
+    def set_hot(self, hot_E: np.ndarray) -> None:
+        """(Re)build the hot slots for this hot set, one copy per hot expert, between steps and
+        before any CUDA graph captures `hot_SB` (the slots are reallocated)."""
+        self.publish_ready(wait=True)
+        self.table = SlotTable(hot_E)
+        S = self.table.num_slots
+        self.hot_SB = torch.empty(max(S, 1), self.cold_EB.shape[1], dtype=self.dtype, device=self.info.device)
+        for slot, e in enumerate(self.table.slot2expert_S.tolist()):
+            self.hot_SB[slot].copy_(self.cold_EB[e], non_blocking=True)  # pinned source: no staging copy
+        if self.info.is_cuda:
+            torch.cuda.current_stream(self.info.device).synchronize()
+        self.served_E = self.table.expert2slot_E.copy()
+        self.expert2slot_E.copy_(torch.from_numpy(self.served_E.astype(np.int32)))
+        self._slots_changed()
+
+    def _slots_changed(self) -> None:
+        """Hook for layouts that cache views of the hot slots."""
 
     def begin_swaps(self, moves: list[tuple[int, int]]) -> float:
         """Start swaps [(out_expert, in_expert)]; returns copy ms when done synchronously (CPU),
@@ -130,12 +153,14 @@ class ExpertBank:
         planned = [(in_e, self.table.swap(out_e, in_e)) for out_e, in_e in moves]
         for out_e, _ in moves:
             self.expert2slot_E[out_e] = -1  # served cold from now on (same weights)
+            self.served_E[out_e] = -1
         if self.swap_stream is None:
             t0 = time.perf_counter()
             for in_e, slot in planned:
                 self.hot_SB[slot].copy_(self.cold_EB[in_e])
             for in_e, slot in planned:
                 self.expert2slot_E[in_e] = slot
+                self.served_E[in_e] = slot
             return (time.perf_counter() - t0) * 1e3
         compute = torch.cuda.current_stream(self.info.device)
         self.swap_stream.wait_stream(compute)  # no earlier step still reads these slots
@@ -161,12 +186,42 @@ class ExpertBank:
             torch.cuda.current_stream(self.info.device).wait_event(f.done)
             for in_e, slot in f.moves:
                 self.expert2slot_E[in_e] = slot
+                self.served_E[in_e] = slot
             if wait:
                 f.done.synchronize()
             published += len(f.moves)
             copy_ms += f.start.elapsed_time(f.done)
         self.in_flight = still
         return published, copy_ms
+
+    def swap(self, out_expert: int, in_expert: int) -> float:
+        """One swap, applied before returning (between steps); returns its copy ms."""
+        ms = self.begin_swaps([(out_expert, in_expert)])
+        return ms + self.publish_ready(wait=True)[1]
+
+
+class ExpertBank(BlobBank):
+    """The synthetic runtime's SwiGLU experts: a blob is w13 [2I, H] (gate rows, then up rows)
+    followed by w2 [H, I]."""
+
+    def __init__(self, w13_EIH: torch.Tensor, w2_EHI: torch.Tensor, hot_E: np.ndarray, info: DeviceInfo,
+                 allocator: PinnedAllocator, expert2slot_E: torch.Tensor | None = None, swap_stream=None):
+        E, two_i, H = w13_EIH.shape
+        inter = two_i // 2
+        super().__init__(E, 3 * inter * H, w13_EIH.dtype, info, allocator, expert2slot_E, swap_stream)
+        self.hidden, self.inter = H, inter
+        self.w2_offset = 2 * inter * H  # elements into a blob where w2 starts
+        self.cold_EB[:, :self.w2_offset].copy_(w13_EIH.reshape(E, -1))
+        self.cold_EB[:, self.w2_offset:].copy_(w2_EHI.reshape(E, -1))
+        self.cold_views = [self._views(self.cold_read_EB[e]) for e in range(E)]
+        self.set_hot(hot_E)
+
+    def _views(self, blob_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        H, inter = self.hidden, self.inter
+        return blob_B[:self.w2_offset].view(2 * inter, H), blob_B[self.w2_offset:].view(H, inter)
+
+    def _slots_changed(self) -> None:
+        self.hot_views = [self._views(self.hot_SB[s]) for s in range(self.table.num_slots)]
 
     def weights_of(self, e: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [2I, H], w2 [H, I]) of expert e from its slot, or in place from the cold bank."""

@@ -36,7 +36,7 @@ class TorchExperts:
     capturable = False
 
     def __call__(self, x_TH, ids_TK, w_TK, bank: ExpertBank, counts_E=None) -> torch.Tensor:
-        slots = bank.expert2slot_E.tolist()  # host read: the CPU path may synchronise
+        slots = bank.served_E  # the host mirror of expert2slot: no device read
         return grouped_experts(x_TH, ids_TK, w_TK, lambda e: bank.weights_of(e, slots[e]), bank.num_experts)
 
 

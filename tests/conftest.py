@@ -46,3 +46,21 @@ def tiny_hist(tmp_path):
     path = tmp_path / "hist.json"
     save_hist(path, make_hist(counts, layers=(1, 2, 3, 4), top_k=4, model="tiny"))
     return path
+
+
+@pytest.fixture
+def triton_interpreted(monkeypatch):
+    """The Triton kernels built for the interpreter. triton.jit reads TRITON_INTERPRET when it is
+    applied, to the kernels and to triton's own library alike, so both must have seen it.
+    (test_runtime_bank.py re-runs every test using this in a fresh interpreter process.)"""
+    import sys
+
+    from runtime import kernels
+
+    if kernels._KERNELS:
+        if not kernels._KERNELS["interpret"]:
+            pytest.skip("the Triton kernels were built without TRITON_INTERPRET=1 in this process")
+    elif "triton" in sys.modules and not sys.modules["triton"].knobs.runtime.interpret:
+        pytest.skip("triton was imported without TRITON_INTERPRET=1 in this process")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when triton is first imported
+    pytest.importorskip("triton")

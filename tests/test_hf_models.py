@@ -200,6 +200,51 @@ def test_logits_equal_transformers_for_hot_sets_and_swaps(checkpoints, cpu, fami
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+PLAIN_SWIGLU = tuple(f for f in FAMILIES if f != "gpt_oss")  # gpt-oss: interleaved, biased, clamped
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_layout_is_plain_swiglu_exactly_where_the_kernels_compute_it(checkpoints, cpu, family):
+    from runtime.hf.bank import HFExpertBank
+
+    hm = load_model(checkpoints[family], cpu, torch.float32)
+    layout = hm.banks[0].layout
+    assert layout.plain_swiglu == (family in PLAIN_SWIGLU)
+    assert all(b.kernel is None for b in hm.banks)  # no Triton on this CPU process
+    if family in PLAIN_SWIGLU:  # a blob is the synthetic runtime's: w1 [2I, H] then w2 [H, I]
+        assert hm.banks[0].w2_offset == 2 * layout.inter * layout.hidden
+    else:
+        with pytest.raises(ValueError, match="plain SwiGLU"):
+            HFExpertBank(layout, hm.num_experts, torch.float32, cpu, kernel=object())
+
+
+@pytest.mark.parametrize("family", PLAIN_SWIGLU)
+def test_triton_kernel_banks_equal_transformers_in_the_interpreter(triton_interpreted, checkpoints, cpu, family):
+    """Where Triton runs, the loader gives plain-SwiGLU banks the expert-grouped kernels: the
+    logits still equal transformers' for hot sets and through swaps."""
+    import dataclasses
+
+    folder = checkpoints[family]
+    ids, am = _hidden_batch(load_tokenizer(folder))
+    with torch.no_grad():
+        want = reference(folder).forward(input_ids=ids, attention_mask=am).logits
+    hm = load_model(folder, dataclasses.replace(cpu, triton=True), torch.float32)
+    assert all(b.kernel is not None for b in hm.banks)
+    E = hm.num_experts
+    for hot in (np.zeros(E, bool), np.arange(E) % 2 == 0):
+        for bank in hm.banks:
+            bank.set_hot(hot)
+        with torch.no_grad():
+            got = hm.model(input_ids=ids, attention_mask=am).logits
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for bank in hm.banks:
+        bank.swap(0, 1)
+        assert bank.served_E[1] >= 0 and bank.expert2slot_E[0] == -1
+    with torch.no_grad():
+        got = hm.model(input_ids=ids, attention_mask=am).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_generation_identical(checkpoints, cpu, family):
     folder = checkpoints[family]
@@ -290,6 +335,12 @@ def test_serve_greedy_text_identical_through_dynamic_swaps(checkpoints, cpu, fam
     assert texts == [tok.decode(w, skip_special_tokens=True) for w in want]
     assert records and records == serve.records
     assert sum(r.swaps for r in records) > 0  # swaps really happened mid-generation
+    assert serve.bytes_total == sum(r.bytes_copied for r in records) > 0
+    assert all((r.copy_ms > 0) == (r.swaps > 0) for r in records)  # each swap's copy is timed
+    assert serve.copy_ms_total == pytest.approx(sum(r.copy_ms for r in records))
+    for bank in hm.banks:  # nothing in flight on a CPU: what steps read is the target state
+        assert (bank.served_hot_E == bank.hot_E).all()
+        assert bank.expert2slot_E.tolist() == bank.served_E.tolist()
     assert records[-1].step == len(hm.counter.steps_SLE)
     for r in records:
         assert 0.0 <= r.hit_rate_window <= 1.0 and len(r.layer_hit_rate) == len(hm.layers)

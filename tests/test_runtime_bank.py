@@ -169,23 +169,6 @@ def test_align_blocks_all_padding_has_no_live_block():
     assert b.count_N.tolist() == [0] * b.num_blocks and b.expert_N.tolist() == [-1] * b.num_blocks
 
 
-@pytest.fixture
-def triton_interpreted(monkeypatch):
-    """The kernels built for the Triton interpreter. triton.jit reads TRITON_INTERPRET when it is
-    applied, to the kernels and to triton's own library alike, so both must have seen it."""
-    import sys
-
-    from runtime import kernels
-
-    if kernels._KERNELS:
-        if not kernels._KERNELS["interpret"]:
-            pytest.skip("the Triton kernels were built without TRITON_INTERPRET=1 in this process")
-    elif "triton" in sys.modules and not sys.modules["triton"].knobs.runtime.interpret:
-        pytest.skip("triton was imported without TRITON_INTERPRET=1 in this process")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when triton is first imported
-    pytest.importorskip("triton")
-
-
 def _kernel_case(hot_fraction, dtype=torch.float32, seed=0):
     g = geom("softmax", shared=False, hidden=48, inter=24)
     model, ref = build_pair(g, 1, random_hot(1, 8, hot_fraction, np.random.default_rng(seed)), CPU, dtype, seed)
@@ -269,14 +252,16 @@ def test_triton_grouped_kernels_no_tokens(triton_interpreted):
 
 def test_triton_kernel_tests_run_in_a_fresh_interpreter_process():
     """transformers may import triton before this file runs, and the interpreter is chosen at that
-    import, so the kernel tests above can skip in a full run. Run them once more in a fresh process
-    with TRITON_INTERPRET=1, where they cannot skip, so CI always checks the kernels."""
+    import, so the kernel tests (here, and the checkpoint banks in test_hf_models.py) can skip in a
+    full run. Run them once more in a fresh process with TRITON_INTERPRET=1, where they cannot
+    skip, so CI always checks the kernels."""
     pytest.importorskip("triton")
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("this process already runs the kernel tests in the interpreter")
     root = Path(__file__).resolve().parent.parent
+    files = [str(Path(__file__)), str(Path(__file__).with_name("test_hf_models.py"))]
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(Path(__file__)),
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *files,
          "-k", "(interpreter or grouped_kernels) and not fresh"],
         env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, cwd=root, timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]

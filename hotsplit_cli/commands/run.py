@@ -134,7 +134,9 @@ def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path 
         for i, text in enumerate(result.texts[:8]):
             out.print(f"[{i}] {text!r}")
         plan_row = ("plan", f"{result.hot_experts} hot experts ({result.plan_source})")
-        _render_summary(out, f"hotsplit run {rec.name}", result, [("device", result.device), plan_row], [])
+        _render_summary(out, f"hotsplit run {rec.name}", result, [("device", f"{result.device} ({result.kernel})"),
+                                                                   plan_row],
+                        [("copy time", f"{result.copy_ms:,.2f} ms")])
 
     out.emit(doc, render)
 

@@ -1,7 +1,8 @@
 """The expert bank of one MoE layer of a Hugging Face model, in that model's own expert layout.
 
-It follows runtime/bank.py (cold bank of blobs in pinned host memory, hot slots on the device,
-`expert2slot`, the same `SlotTable`), generalised to the layouts transformers uses:
+A `BlobBank` (runtime/bank.py: cold blobs in pinned host memory, hot slots on the device,
+`expert2slot`, swaps on a side stream published between steps) whose blobs hold the layouts
+transformers uses:
 
 - `w1`: gate and up projections, [2I, H] (`x @ w1.T`), or transposed [H, 2I] (`x @ w1`) for gpt-oss;
   gate/up concatenated ([gate; up]) or interleaved (gate0, up0, gate1, ...) as the experts
@@ -9,9 +10,11 @@ It follows runtime/bank.py (cold bank of blobs in pinned host memory, hot slots 
 - `w2`: down projection, [H, I] or transposed [I, H];
 - optional biases `b1` [2I] and `b2` [H] (gpt-oss).
 
-One expert is one contiguous blob (w1, w2[, b1, b2]) so a swap is a single copy. The cold bank is
-filled one expert part at a time (`load_part`), straight from a checkpoint tensor: the weights
-never sit twice in host memory.
+When the layout is the plain one (w1 [2I, H] concatenated, w2 [H, I], no bias, SiLU gate) a blob
+is byte for byte the synthetic runtime's, and where Triton runs the bank computes with the same
+expert-grouped kernels (device-side map, no host sync); otherwise, per expert in torch with the
+module's own `_apply_gate`. The cold bank is filled one expert part at a time (`load_part`),
+straight from a checkpoint tensor: the weights never sit twice in host memory.
 
 Shape letters: T = tokens, K = top_k, E = experts, S = hot slots, B = elements of one blob.
 """
@@ -21,10 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from ..bank import SlotTable, zero_copy_view
+from ..bank import BlobBank
 from ..device import DeviceInfo
 from ..moe import expert_groups
 from ..pinned import PinnedAllocator, plan_placement
@@ -54,6 +56,12 @@ class ExpertLayout:
     def blob_elems(self) -> int:
         return sum(math.prod(s) for s in self.part_shapes.values())
 
+    plain_swiglu: bool = False  # w1 [2I, H] = [gate; up], w2 [H, I], no bias, silu(gate) * up
+
+    @property
+    def inter(self) -> int:
+        return (self.w1_shape[1] if self.transposed else self.w1_shape[0]) // 2
+
     @classmethod
     def of_module(cls, experts: torch.nn.Module) -> ExpertLayout:
         """Read the layout from a transformers experts module (works on a meta-device skeleton)."""
@@ -61,33 +69,48 @@ class ExpertLayout:
         has_bias = bool(getattr(experts, "has_bias", False))
         if not getattr(experts, "has_gate", True) or not hasattr(experts, "gate_up_proj"):
             raise NotImplementedError(f"{type(experts).__name__}: experts without a fused gate_up_proj")
+        if getattr(experts, "has_post_expert_norm", False):
+            raise NotImplementedError(f"{type(experts).__name__}: experts with a norm after each expert")
         w1 = tuple(experts.gate_up_proj.shape[1:])
         w2 = tuple(experts.down_proj.shape[1:])
         hidden = w1[0] if transposed else w1[1]
-        return cls(w1, w2, transposed, has_bias, hidden)
+        plain = (not transposed and not has_bias and bool(getattr(experts, "is_concatenated", True))
+                 and _default_gate(experts) and _is_silu(getattr(experts, "act_fn", None)))
+        return cls(w1, w2, transposed, has_bias, hidden, plain)
 
 
-class HFExpertBank:
-    """Cold blobs [E, B] in (pinned) host memory, hot blobs [S, B] on the device, expert2slot [E]."""
+def _default_gate(experts: torch.nn.Module) -> bool:
+    """True when the module gates with transformers' default `act_fn(gate) * up` (gpt-oss has its own)."""
+    from transformers.integrations.moe import _default_apply_gate
+
+    return getattr(type(experts), "_apply_gate", None) is _default_apply_gate
+
+
+def _is_silu(act) -> bool:
+    return isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
+
+
+class HFExpertBank(BlobBank):
+    """A layer's experts as blobs (w1, w2[, b1, b2]) in a `BlobBank`, all cold until `set_hot`.
+
+    `kernel`: the expert-grouped Triton compute (runtime/kernels.py), used only for the plain
+    SwiGLU layout; None computes per expert in torch."""
 
     def __init__(self, layout: ExpertLayout, num_experts: int, dtype: torch.dtype, info: DeviceInfo,
-                 allocator: PinnedAllocator | None = None):
-        self.layout, self.info, self.dtype = layout, info, dtype
-        self.num_experts = num_experts
+                 allocator: PinnedAllocator | None = None, swap_stream=None, kernel=None):
         allocator = allocator or PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
-        B = layout.blob_elems
-        n_bytes = num_experts * B * torch.empty((), dtype=dtype).element_size()
-        self.cold_EB = allocator.alloc(n_bytes)[:n_bytes].view(dtype).view(num_experts, B)
-        self.cold_read_EB = zero_copy_view(self.cold_EB, info.device) if info.zero_copy else self.cold_EB
+        super().__init__(num_experts, layout.blob_elems, dtype, info, allocator, swap_stream=swap_stream)
+        if kernel is not None and not layout.plain_swiglu:
+            raise ValueError("the Triton experts compute the plain SwiGLU layout only")
+        self.layout, self.kernel = layout, kernel
         self._offsets: dict[str, tuple[int, tuple[int, ...]]] = {}
         off = 0
         for name, shape in layout.part_shapes.items():
             self._offsets[name] = (off, shape)
             off += math.prod(shape)
-        self.table = SlotTable(np.zeros(num_experts, dtype=bool))
-        self.hot_SB = torch.empty(1, B, dtype=dtype, device=info.device)
-        self.expert2slot_E = torch.full((num_experts,), -1, dtype=torch.int32, device=info.device)
-        self._slots_host = self.table.expert2slot_E.copy()  # what forward reads (CPU grouping path)
+        # What the kernels read (the plain layout only): sizes and where w2 starts in a blob.
+        self.hidden, self.inter = layout.hidden, layout.inter
+        self.w2_offset = self._offsets["w2"][0]
 
     # ---- filling the cold bank ----
 
@@ -97,41 +120,11 @@ class HFExpertBank:
         view = self.cold_EB[e, off:off + math.prod(shape)].view(shape)
         (view if rows is None else view[rows]).copy_(tensor)
 
-    @property
-    def expert_bytes(self) -> int:
-        return self.cold_EB.shape[1] * self.cold_EB.element_size()
-
-    # ---- hot set ----
-
-    def set_hot(self, hot_E: np.ndarray) -> None:
-        """(Re)build the hot slots for this hot set (one copy per hot expert)."""
-        self.table = SlotTable(np.asarray(hot_E, dtype=bool))
-        S = self.table.num_slots
-        self.hot_SB = torch.empty(max(S, 1), self.cold_EB.shape[1], dtype=self.dtype, device=self.info.device)
-        if S:
-            idx = torch.from_numpy(self.table.slot2expert_S)
-            self.hot_SB[:S].copy_(self.cold_EB[idx].to(self.info.device))
-        self._publish()
-
-    def swap(self, out_expert: int, in_expert: int) -> None:
-        """Give a hot expert's slot to a cold one (synchronous copy; between steps only)."""
-        slot = self.table.swap(out_expert, in_expert)
-        self.hot_SB[slot].copy_(self.cold_EB[in_expert])
-        self._publish()
-
-    def _publish(self) -> None:
-        self._slots_host = self.table.expert2slot_E.copy()
-        self.expert2slot_E.copy_(torch.from_numpy(self._slots_host.astype(np.int32)))
-
-    @property
-    def hot_E(self) -> np.ndarray:
-        return self.table.hot_E
-
     # ---- compute ----
 
     def parts_of(self, e: int) -> dict[str, torch.Tensor]:
-        """Expert e's tensors from its hot slot, or read in place from the cold bank."""
-        slot = int(self._slots_host[e])
+        """Expert e's tensors from the slot it is served from, or read in place from the cold bank."""
+        slot = int(self.served_E[e])
         blob = self.hot_SB[slot] if slot >= 0 else self.cold_read_EB[e]
         if blob.device != self.info.device:  # CUDA without zero-copy: an explicit copy
             blob = blob.to(self.info.device, non_blocking=True)
@@ -139,9 +132,11 @@ class HFExpertBank:
 
     def forward(self, experts: torch.nn.Module, x_TH: torch.Tensor, ids_TK: torch.Tensor,
                 w_TK: torch.Tensor) -> torch.Tensor:
-        """The routed experts' output [T, H], computed as transformers' eager experts do:
+        """The routed experts' output [T, H]. In torch this is transformers' eager experts:
         per expert, gate/up, the module's own `_apply_gate`, down, times the routing weight
         (fp32 routing weights promote, as in transformers), summed per token."""
+        if self.kernel is not None:
+            return self.kernel(x_TH, ids_TK, w_TK, self)
         lay = self.layout
         out_TH = torch.zeros_like(x_TH)
         w_flat = w_TK.reshape(-1)

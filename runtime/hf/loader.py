@@ -23,6 +23,8 @@ import torch
 from hotsplit_cli.errors import InputFileError, UsageError
 
 from ..device import DeviceInfo
+from ..kernels import TritonExperts
+from ..pinned import PinnedAllocator, plan_placement
 from .adapter import MoELayerInfo, RoutingCounter, find_moe_layers, install
 from .bank import ExpertLayout, HFExpertBank
 
@@ -138,9 +140,10 @@ def _set_tensor(model: torch.nn.Module, name: str, tensor: torch.Tensor, device,
 
 
 def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = None,
-               keep_trace: bool = False) -> HFModel:
+               keep_trace: bool = False, allocator: PinnedAllocator | None = None) -> HFModel:
     """Load the checkpoint at `path` with every routed expert in a pinned cold bank (all cold;
-    set hot sets with `bank.set_hot`). `dtype` defaults to the checkpoint's."""
+    set hot sets with `bank.set_hot`). `dtype` defaults to the checkpoint's; `allocator` places
+    the cold bank (default: pinned where CUDA is, no NUMA policy)."""
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
@@ -156,7 +159,14 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
     if not layers:
         raise UsageError(f"{path}: no MoE layer found in {type(model).__name__}")
     by_layer = {i.layer_id: i for i in layers}
-    banks = [HFExpertBank(ExpertLayout.of_module(i.experts), i.num_experts, dtype, info) for i in layers]
+    allocator = allocator or PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
+    swap_stream = torch.cuda.Stream(info.device) if info.is_cuda else None
+    banks = []
+    for i in layers:
+        layout = ExpertLayout.of_module(i.experts)
+        # The plain SwiGLU layout runs the expert-grouped kernels wherever Triton does.
+        kernel = TritonExperts() if info.triton and layout.plain_swiglu else None
+        banks.append(HFExpertBank(layout, i.num_experts, dtype, info, allocator, swap_stream, kernel))
     bank_of = {i.layer_id: banks[i.row] for i in layers}
     loaded = np.zeros((len(layers), layers[0].num_experts), dtype=np.int64)  # parts seen per expert
     fp32 = _fp32_names(model, dtype)

@@ -24,6 +24,7 @@ from hotsplit_cli.sizes import derive_hot_budget, expert_bytes_per_rank
 
 from ..device import choose_device
 from ..log import HitRateRecord
+from ..pinned import PinnedAllocator, plan_placement
 from .capture import capture
 from .loader import load_model, load_tokenizer
 from .serve import HFServe
@@ -42,10 +43,13 @@ class CheckpointRun:
     expected_hit_rate: float | None
     swaps: int
     bytes_copied: int  # real bytes
+    copy_ms: float
     cold_bytes_per_step: float  # real bytes of distinct cold experts read per step
     plan_source: str
     hot_experts: int
     device: str
+    kernel: str  # how the routed experts were computed
+    numa: dict  # where the cold bank was placed
     records: list[HitRateRecord] = field(default_factory=list)
 
     @property
@@ -57,8 +61,9 @@ class CheckpointRun:
             "steps": self.steps, "tokens": self.tokens, "elapsed_s": self.elapsed_s, "tokens_per_s": self.tokens_per_s,
             "hit_rate": self.hit_rate, "hit_rate_last_window": self.hit_rate_last_window,
             "expected_hit_rate": self.expected_hit_rate, "swaps": self.swaps, "bytes_copied": self.bytes_copied,
-            "cold_bytes_per_step": self.cold_bytes_per_step, "plan_source": self.plan_source,
-            "hot_experts": self.hot_experts, "device": self.device, "texts": self.texts,
+            "copy_ms": self.copy_ms, "cold_bytes_per_step": self.cold_bytes_per_step, "plan_source": self.plan_source,
+            "hot_experts": self.hot_experts, "device": self.device, "kernel": self.kernel, "numa": self.numa,
+            "texts": self.texts,
         }
 
 
@@ -71,7 +76,9 @@ def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = 
                          "name a .jsonl or text file of prompts")
     prompts = read_prompts(t.path)
     info = choose_device(recipe.run.device)
-    hm = load_model(m.path, info)
+    allocator = PinnedAllocator(pin=info.pinned, placement=plan_placement(
+        knobs.numa_policy, info.numa_node, info.reasons.get("numa_node")))
+    hm = load_model(m.path, info, allocator=allocator)
     if hm.layer_ids != m.moe_layer_ids or hm.num_experts != m.num_experts or hm.top_k != m.top_k:
         raise InputFileError(
             f"{m.path}: the checkpoint has MoE layers {list(hm.layer_ids)}, {hm.num_experts} experts, top-{hm.top_k}; "
@@ -108,5 +115,7 @@ def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = 
         texts=texts, steps=serve.steps, tokens=hm.counter.tokens - tokens_before, elapsed_s=elapsed,
         hit_rate=recs[-1].hit_rate_total if recs else 0.0,
         hit_rate_last_window=recs[-1].hit_rate_window if recs else None, expected_hit_rate=expected,
-        swaps=serve.swaps_total, bytes_copied=sum(r.bytes_copied for r in recs), cold_bytes_per_step=cold,
-        plan_source=source, hot_experts=int(hot_LE.sum()), device=info.name, records=recs)
+        swaps=serve.swaps_total, bytes_copied=serve.bytes_total, copy_ms=serve.copy_ms_total,
+        cold_bytes_per_step=cold, plan_source=source, hot_experts=int(hot_LE.sum()), device=info.name,
+        kernel="triton" if hm.banks[0].kernel is not None else "torch per expert",
+        numa=allocator.placement.to_doc(), records=recs)
