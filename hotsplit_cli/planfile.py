@@ -108,7 +108,8 @@ def cold_costs(hist: Histogram, hot_LE: np.ndarray, expert_bytes: int, read_gbps
 def plan_doc(hist: Histogram, hist_path: str | os.PathLike, recipe: Recipe, knobs: Knobs, plan: Plan,
              budget_gib: float, budget_source: str, derivation: BudgetDerivation | None = None,
              costs: list[ColdCost] | None = None, platform_path: str | None = None,
-             placement=None, placement_path: str | None = None) -> dict:
+             placement=None, placement_path: str | None = None, read_gbps: float | None = None,
+             read_source: str | None = None) -> dict:
     """The plan.json document. Layer keys are model layer ids as strings; expert ids ascending."""
     size = expert_bytes_per_rank(recipe)
     tp, ep = recipe.parallel.tp, (placement.num_ranks if placement is not None else recipe.parallel.ep)
@@ -151,6 +152,7 @@ def plan_doc(hist: Histogram, hist_path: str | os.PathLike, recipe: Recipe, knob
                             "physical_experts": placement.num_physical}
     if costs is not None:
         doc["platform"] = platform_path
+        doc["decode_cost_read_gbps"] = {"gbps": read_gbps, "source": read_source}
         doc["decode_cost"] = [  # expected distinct cold experts read per step, per rank
             {"batch": c.batch, "cold_experts": c.cold_experts, "cold_bytes": c.cold_bytes, "cold_read_ms": c.cold_ms}
             for c in costs

@@ -53,6 +53,7 @@ class ModelSpec:
     dense_dtype_bytes: int
     total_params: float  # whole model, from the model card / config (parameters)
     active_params: float | None
+    dense_bytes: float | None = None  # whole model's non-expert weight bytes, when dtypes are mixed
 
     @property
     def num_moe_layers(self) -> int:
@@ -67,6 +68,13 @@ class ModelSpec:
     def dense_params(self) -> float:
         """Everything that is not a routed expert: attention, embeddings, dense and shared MLPs."""
         return max(0.0, self.total_params - self.routed_expert_params)
+
+    @property
+    def dense_weight_bytes(self) -> float:
+        """Bytes of everything that is not a routed expert (whole model): `dense_bytes` when the
+        recipe gives it (mixed dtypes, e.g. fp8 linears with bf16 embeddings), else
+        dense_params x dense_dtype_bytes."""
+        return self.dense_bytes if self.dense_bytes is not None else self.dense_params * self.dense_dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -136,7 +144,7 @@ class _Section:
              maximum=None, choices=None) -> Any:
         if name not in self.data:
             if default is _REQUIRED:
-                raise RecipeError(f"{self.key(name)}: missing", "see recipes/tiny.yaml for every key")
+                raise RecipeError(f"{self.key(name)}: missing", "docs/recipes.md lists every key")
             return default
         value = self.data.pop(name)
         if value is None and default is None:
@@ -169,7 +177,7 @@ class _Section:
     def done(self) -> None:
         if self.data:
             unknown = sorted(map(str, self.data))[0]
-            raise RecipeError(f"{self.key(unknown)}: unknown key", "check the spelling against recipes/tiny.yaml")
+            raise RecipeError(f"{self.key(unknown)}: unknown key", "docs/recipes.md lists every key")
 
 
 def _kind_name(kinds: tuple) -> str:
@@ -292,6 +300,9 @@ def _parse_model(m: _Section, base: Path, recipe_name: str) -> ModelSpec:
     topk_group = m.take("topk_group", int, n_group, minimum=1, maximum=n_group)
     if experts % n_group:
         raise RecipeError(f"model.n_group: {n_group} does not divide model.num_experts ({experts})")
+    if "dense_bytes" in m.data and "dense_dtype_bytes" in m.data:
+        raise RecipeError("model.dense_bytes: give it or model.dense_dtype_bytes, not both",
+                          "dense_bytes is the total for mixed dtypes; dense_dtype_bytes multiplies the parameters")
     spec = ModelSpec(
         name=m.take("name", str, recipe_name),
         kind=kind,
@@ -315,6 +326,7 @@ def _parse_model(m: _Section, base: Path, recipe_name: str) -> ModelSpec:
         dense_dtype_bytes=m.take("dense_dtype_bytes", int, 2, minimum=1, maximum=8),
         total_params=m.take("total_params", float, minimum=0.0),
         active_params=m.take("active_params", float, None, minimum=0.0),
+        dense_bytes=m.take("dense_bytes", float, None, minimum=0.0),
     )
     m.done()
     if spec.total_params and spec.total_params < spec.routed_expert_params:

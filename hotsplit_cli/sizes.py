@@ -71,8 +71,7 @@ class BudgetDerivation:
 
 def dense_bytes_per_rank(recipe: Recipe) -> float:
     """Non-expert weights each rank keeps on its GPU (attention, embeddings, dense/shared MLP), /tp."""
-    m = recipe.model
-    return m.dense_params * m.dense_dtype_bytes / recipe.parallel.tp
+    return recipe.model.dense_weight_bytes / recipe.parallel.tp
 
 
 def bank_bytes_per_rank(recipe: Recipe) -> int:

@@ -212,3 +212,21 @@ def test_plan_with_platform_predicts_cold_reads_per_batch(cli, tiny_hist, tmp_pa
     # A CPU-only platform has no GPU free memory to derive an automatic budget from.
     r = cli("plan", tiny_hist, "--recipe", "tiny", "--platform", platform, "--hot-gib", "")
     assert r.code == 1 and "no GPU with a measured free memory" in r.err
+
+
+def test_plan_without_platform_predicts_at_the_recipes_stated_rate(cli, tiny_hist, tmp_path):
+    import yaml
+
+    from hotsplit_cli.recipe import RECIPES_DIR
+
+    data = yaml.safe_load((RECIPES_DIR / "tiny.yaml").read_text())
+    assert "decode_cost" not in json.loads(cli("plan", tiny_hist, "--recipe", "tiny", "--json").out)
+    data["hardware"]["pcie_gbps"] = 25.0
+    recipe = tmp_path / "tiny25.yaml"
+    recipe.write_text(yaml.safe_dump(data))
+    doc = json.loads(cli("plan", tiny_hist, "--recipe", recipe, "--json").out)
+    assert doc["decode_cost_read_gbps"] == {"gbps": 25.0, "source": "recipe hardware.pcie_gbps, not measured"}
+    for c in doc["decode_cost"]:
+        assert c["cold_read_ms"] == pytest.approx(c["cold_bytes"] / 25e9 * 1e3)
+    r = cli("plan", tiny_hist, "--recipe", recipe)
+    assert r.code == 0 and "at 25.0 GB/s (recipe hardware.pcie_gbps, not measured)" in r.out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -14,7 +15,7 @@ from hotsplit_cli.cli import main
 from hotsplit_cli.errors import RecipeError, UsageError
 from hotsplit_cli.knobs import resolve_knobs
 from hotsplit_cli.recipe import GIB, RECIPES_DIR, load_recipe, parse_recipe
-from hotsplit_cli.sizes import bank_bytes_per_rank, derive_hot_budget, expert_bytes_per_rank
+from hotsplit_cli.sizes import bank_bytes_per_rank, dense_bytes_per_rank, derive_hot_budget, expert_bytes_per_rank
 
 
 @pytest.fixture(autouse=True)
@@ -136,6 +137,16 @@ def test_deepseek_v3_fp8_expert_bytes_by_hand():
     assert bank_bytes_per_rank(rec) == 5_506_368 * 256 * 58
 
 
+def test_deepseek_v3_dense_bytes_are_the_mixed_fp8_bf16_total():
+    rec = load_recipe("deepseek-v3")
+    # 17.1B parameters: 2 bytes each would be 34 GB; the fp8 checkpoint holds 19.08 GB of them.
+    assert rec.model.dense_params == pytest.approx(17.1e9, rel=0.01)
+    assert rec.model.dense_weight_bytes == 19.08e9
+    assert dense_bytes_per_rank(rec) == 19.08e9 / 8
+    as_bf16 = parse_recipe(_set(_drop(_raw("deepseek-v3"), "model.dense_bytes"), "model.dense_dtype_bytes", 2))
+    assert dense_bytes_per_rank(as_bf16) == pytest.approx(2 * rec.model.dense_params / 8)
+
+
 def test_gpt_oss_120b_mxfp4_expert_bytes_by_hand():
     rec = load_recipe("gpt-oss-120b")
     assert (rec.model.expert_dtype, rec.model.expert_bias, rec.parallel.tp) == ("mxfp4", True, 1)
@@ -212,6 +223,10 @@ BAD = [
     (lambda d: _set(d, "parallel.ep", 3), "parallel.ep: 3 does not divide model.num_experts (32)"),
     (lambda d: _set(d, "parallel.tp", 3), "parallel.tp: 3 does not divide model.moe_intermediate_size (128)"),
     (lambda d: _set(d, "model.total_params", 1.0e6), "model.total_params: 1e+06 is below the routed experts"),
+    # dense weights given twice, two ways
+    (lambda d: _set(_set(d, "model.dense_bytes", 1e9), "model.dense_dtype_bytes", 2),
+     "model.dense_bytes: give it or model.dense_dtype_bytes, not both"),
+    (lambda d: _set(d, "model.dense_bytes", -1), "model.dense_bytes: must be >= 0.0"),
 ]
 
 
@@ -279,3 +294,13 @@ def test_full_size_geometry_is_what_the_planner_sees_whatever_the_scale():
     full = parse_recipe(_set(raw, "run.scale", 1.0))
     assert expert_bytes_per_rank(small) == expert_bytes_per_rank(full)
     assert math.isclose(bank_bytes_per_rank(small), bank_bytes_per_rank(full))
+
+
+def test_every_recipe_key_the_parser_takes_is_documented():
+    """docs/recipes.md is the reference an error hint points to: it must name every key."""
+    source = (Path(__file__).resolve().parent.parent / "hotsplit_cli" / "recipe.py").read_text()
+    keys = set(re.findall(r'\.take\("(\w+)"', source))
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "recipes.md").read_text()
+    documented = set(re.findall(r"^\| `(\w+)` \|", doc, flags=re.M))
+    assert len(keys) > 30
+    assert keys <= documented, sorted(keys - documented)

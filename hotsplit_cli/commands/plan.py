@@ -73,8 +73,12 @@ def plan_cmd(
         rate = min(rates) if rates else plat.host_copy_gbps
         rate_source = "slowest GPU's zero-copy read" if rates else "host memory copy (no GPU measured)"
         costs = cold_costs(hist, plan.hot_RLE[0], expert_bytes_per_rank(rec), rate)
+    elif rec.hardware.pcie_gbps:  # no measurement: the rate the recipe states
+        rate, rate_source = rec.hardware.pcie_gbps, "recipe hardware.pcie_gbps, not measured"
+        costs = cold_costs(hist, plan.hot_RLE[0], expert_bytes_per_rank(rec), rate)
     doc = plan_doc(hist, hist_file, rec, knobs, plan, budget_gib, source, derivation, costs,
-                   str(platform) if platform else None, layout, str(placement) if placement else None)
+                   str(platform) if platform else None, layout, str(placement) if placement else None,
+                   rate, rate_source or None)
     if output is not None:
         from ..jsonio import write_json_atomic
 
@@ -104,7 +108,8 @@ def plan_cmd(
                   f"gap {100 * plan.gap:.2f} pp")
         if costs:
             rate_text = "unknown" if rate is None else f"{rate:.1f} GB/s"
-            out.print(f"predicted cold reads per decode step at {rate_text} ({rate_source}, {platform}):")
+            where = f", {platform}" if platform else ""
+            out.print(f"predicted cold reads per decode step at {rate_text} ({rate_source}{where}):")
             t = out.table("batch", "cold experts/step", "cold bytes/step", "cold read ms/step")
             for c in costs:
                 t.add_row(str(c.batch), f"{c.cold_experts:.1f}", gib(c.cold_bytes),
