@@ -20,9 +20,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 MIB = 1 << 20
 
 
-def plain_torch_h2d_gbps(torch, size_bytes: int, gpu: int, samples: int = 10, iters: int = 4) -> float:
-    """Median GB/s of `dst.copy_(torch pinned tensor, non_blocking=True)`, CUDA events, after warm-up."""
-    src = torch.empty(size_bytes, dtype=torch.uint8, pin_memory=True)
+def plain_pinned(size_bytes: int, node: int | None):
+    """A torch pinned (cudaHostAlloc) uint8 tensor whose pages sit on `node`, like the probe's
+    buffer: a plain `pin_memory=True` tensor lands wherever the calling thread runs, and on a
+    two-socket host a remote buffer copies measurably slower, so the comparison would not be
+    like for like. Returns (tensor, placement document)."""
+    from runtime.pinned import PinnedAllocator, plan_placement
+
+    alloc = PinnedAllocator(pin=True, placement=plan_placement("preferred", node))
+    return alloc.alloc(size_bytes)[:size_bytes], alloc.placement.to_doc()
+
+
+def plain_torch_h2d_gbps(torch, size_bytes: int, gpu: int, samples: int = 10, iters: int = 4,
+                         node: int | None = None) -> tuple[float, dict]:
+    """Median GB/s of `dst.copy_(torch pinned tensor, non_blocking=True)`, CUDA events, after warm-up,
+    the pinned source placed on NUMA node `node` (None: wherever the allocation lands); and how it was
+    placed."""
+    src, placed = plain_pinned(size_bytes, node)
     dst = torch.empty(size_bytes, dtype=torch.uint8, device=f"cuda:{gpu}")
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     rates = []
@@ -35,7 +49,7 @@ def plain_torch_h2d_gbps(torch, size_bytes: int, gpu: int, samples: int = 10, it
             end.synchronize()
             if i >= 3:
                 rates.append(size_bytes * iters / (start.elapsed_time(end) / 1e3) / 1e9)
-    return statistics.median(rates)
+    return statistics.median(rates), placed
 
 
 def run_check(size_bytes: int = 256 * MIB, gpu: int = 0) -> list[dict] | None:
@@ -56,15 +70,17 @@ def run_check(size_bytes: int = 256 * MIB, gpu: int = 0) -> list[dict] | None:
 
     plan = SweepPlan((size_bytes,), samples=10, warmup=3, target_bytes=4 * size_bytes)
     # Interleave: plain, probe, plain, so clock or thermal drift hits both sides alike.
-    plain_a = plain_torch_h2d_gbps(torch, size_bytes, gpu)
+    # Both sides read from buffers on the GPU's NUMA node (the probe binds its own buffer there).
+    plain_a, placed = plain_torch_h2d_gbps(torch, size_bytes, gpu, node=node)
     bw = measure_gpu(gpu, (node,), node, plan)
-    plain_b = plain_torch_h2d_gbps(torch, size_bytes, gpu)
+    plain_b, _ = plain_torch_h2d_gbps(torch, size_bytes, gpu, node=node)
     plain = (plain_a + plain_b) / 2
     cell = bw.by_node[0]
     h2d = cell.h2d[0].median_gbps if cell.h2d else None
     zc = cell.zero_copy_read[0].median_gbps if cell.zero_copy_read else None
     rows = [
         {"check": "h2d vs plain torch pinned copy", "hotsplit_gbps": h2d, "reference_gbps": plain,
+         "node": node, "plain_numa": placed, "probe_numa": cell.placement.__dict__,
          "ratio": None if h2d is None else h2d / plain,
          "ok": h2d is not None and abs(h2d / plain - 1) <= 0.10},
         {"check": "zero-copy read vs link rate", "hotsplit_gbps": zc, "reference_gbps": link,

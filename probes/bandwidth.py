@@ -209,6 +209,15 @@ def _libcudart() -> ctypes.CDLL | None:
     return None
 
 
+def clear_cuda_error() -> None:
+    """Reset the CUDA runtime's last error after a call that failed without poisoning the context
+    (cudaHostRegister): torch's bindings leave it set, and the next torch kernel launch check
+    (cudaGetLastError) would then raise it from an unrelated operation."""
+    lib = _libcudart()
+    if lib is not None:
+        lib.cudaGetLastError()
+
+
 def device_pointer(host_address: int) -> int:
     """The device address of registered host memory (cudaHostGetDevicePointer). Without a
     loadable libcudart, the host address: under UVA (every 64-bit Linux system CUDA supports)
@@ -251,19 +260,31 @@ def _cuda_clock(torch: Any) -> Callable[[Callable[[], None]], float]:
     return elapsed_s
 
 
-def _sample_link_under_load(torch: Any, dst: Any, src: Any, sample_link: Callable[[], tuple[int | None, int | None]]
-                            ) -> tuple[int | None, int | None]:
-    """Queue ~4 GiB of host->device copies, then read the link state while they run."""
-    size = dst.numel()
-    for _ in range(max(1, math.ceil(4 * GIB / size))):
+LINK_LOAD_SECONDS = 0.4  # host->device copying queued while the link state is sampled
+LINK_SAMPLES = 3
+LINK_SAMPLE_GAP_S = 0.05  # the samples span 0.05..0.15 s, well inside the queued copying
+
+
+def link_load_copies(size_bytes: int, h2d_gbps: float | None) -> int:
+    """Copies of `size_bytes` that keep the link busy for LINK_LOAD_SECONDS at the measured H2D
+    rate (at least 4 GiB when the rate is unknown): a fixed 4 GiB lasts only ~75 ms on a PCIe
+    Gen5 x16 link, so the last samples could land after the copies had drained."""
+    load_bytes = 4 * GIB if not h2d_gbps else max(4 * GIB, LINK_LOAD_SECONDS * h2d_gbps * 1e9)
+    return max(1, math.ceil(load_bytes / size_bytes))
+
+
+def _sample_link_under_load(torch: Any, dst: Any, src: Any, sample_link: Callable[[], tuple[int | None, int | None]],
+                            h2d_gbps: float | None = None) -> tuple[int | None, int | None]:
+    """Queue host->device copies for ~LINK_LOAD_SECONDS, then read the link state while they run."""
+    for _ in range(link_load_copies(dst.numel(), h2d_gbps)):
         dst.copy_(src, non_blocking=True)
-    time.sleep(0.05)  # let the link retrain up from its idle state
+    time.sleep(LINK_SAMPLE_GAP_S)  # let the link retrain up from its idle state
     gens, widths = [], []
-    for _ in range(3):
+    for _ in range(LINK_SAMPLES):
         gen, width = sample_link()
         gens += [gen] if gen else []
         widths += [width] if width else []
-        time.sleep(0.01)
+        time.sleep(LINK_SAMPLE_GAP_S)
     torch.cuda.synchronize()
     return (max(gens) if gens else None), (max(widths) if widths else None)
 
@@ -297,16 +318,19 @@ def measure_gpu(cuda_index: int, nodes: Sequence[int | None], local_node: int | 
                                                  | _CUDA_HOST_REGISTER_MAPPED))
                 local = None if local_node is None or node is None else node == local_node
                 if rc != 0:
+                    clear_cuda_error()
                     why = f"cudaHostRegister failed with cudaError {rc}"
                     by_node.append(NodeBandwidth(node, local, buf.placement, None, None, None,
                                                  tuple(Reason(k, why) for k in ("h2d", "d2h", "zero_copy_read"))))
                     tick(3 * len(fitting.sizes_bytes))
                     continue
                 try:
-                    by_node.append(_measure_node(torch, dst, buf, node, local, fitting, clock, tick))
+                    cell = _measure_node(torch, dst, buf, node, local, fitting, clock, tick)
+                    by_node.append(cell)
                     if sample_link is not None and link == (None, None) and local in (True, None):
                         host = torch.from_numpy(buf.array)
-                        link = _sample_link_under_load(torch, dst, host, sample_link)
+                        rate = cell.h2d[-1].median_gbps if cell.h2d else None
+                        link = _sample_link_under_load(torch, dst, host, sample_link, rate)
                 finally:
                     torch.cuda.synchronize(device)
                     cudart.cudaHostUnregister(buf.address)

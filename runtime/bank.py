@@ -76,6 +76,8 @@ def zero_copy_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
         raise ValueError("zero-copy needs pinned host memory")
     n_bytes = host.numel() * host.element_size()
     flat = torch.as_tensor(_ZeroCopyArray(host.data_ptr(), n_bytes), device=device)
+    if flat.data_ptr() != host.data_ptr():  # torch < 2.9 copies when the pointer's device differs
+        raise RuntimeError(f"torch copied the pinned cold bank to {flat.device} instead of viewing it in place")
     return flat.view(host.dtype).view(host.shape)
 
 
@@ -152,15 +154,13 @@ class BlobBank:
             return 0.0
         planned = [(in_e, self.table.swap(out_e, in_e)) for out_e, in_e in moves]
         for out_e, _ in moves:
-            self.expert2slot_E[out_e] = -1  # served cold from now on (same weights)
-            self.served_E[out_e] = -1
+            self._set_map(out_e, -1)  # served cold from now on (same weights)
         if self.swap_stream is None:
             t0 = time.perf_counter()
             for in_e, slot in planned:
                 self.hot_SB[slot].copy_(self.cold_EB[in_e])
             for in_e, slot in planned:
-                self.expert2slot_E[in_e] = slot
-                self.served_E[in_e] = slot
+                self._set_map(in_e, slot)
             return (time.perf_counter() - t0) * 1e3
         compute = torch.cuda.current_stream(self.info.device)
         self.swap_stream.wait_stream(compute)  # no earlier step still reads these slots
@@ -179,20 +179,29 @@ class BlobBank:
         Returns (swaps published, their copy ms)."""
         published, copy_ms = 0, 0.0
         still = []
-        for f in self.in_flight:
+        for i, f in enumerate(self.in_flight):
             if not (wait or f.done.query()):
                 still.append(f)
                 continue
             torch.cuda.current_stream(self.info.device).wait_event(f.done)
+            # An expert swapped out again while its copy was in flight is not published: its slot
+            # belongs to a later swap, which publishes it once that copy has landed.
+            refilled = {slot for g in self.in_flight[i + 1:] for _, slot in g.moves}
             for in_e, slot in f.moves:
-                self.expert2slot_E[in_e] = slot
-                self.served_E[in_e] = slot
+                if slot not in refilled and self.table.expert2slot_E[in_e] == slot:
+                    self._set_map(in_e, slot)
             if wait:
                 f.done.synchronize()
             published += len(f.moves)
             copy_ms += f.start.elapsed_time(f.done)
         self.in_flight = still
         return published, copy_ms
+
+    def _set_map(self, e: int, slot: int) -> None:
+        """One map entry, on the device and in the host mirror. A slice fill is a kernel on the
+        current stream; `tensor[e] = slot` would be a blocking host->device copy."""
+        self.expert2slot_E[e:e + 1].fill_(slot)
+        self.served_E[e] = slot
 
     def swap(self, out_expert: int, in_expert: int) -> float:
         """One swap, applied before returning (between steps); returns its copy ms."""

@@ -96,6 +96,9 @@ def choose_device(request: str = "auto") -> DeviceInfo:
     node, node_why = _gpu_numa_node(index)
     if node_why:
         reasons["numa_node"] = node_why
+    # Triton launches on the current device's current stream, and pinned memory is mapped for
+    # the device current at allocation: make the chosen GPU current before anything is allocated.
+    torch.cuda.set_device(dev)
     return DeviceInfo(dev, props.name, True, True, True, triton_ok, triton_ok, node, reasons)
 
 

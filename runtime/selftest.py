@@ -154,6 +154,8 @@ def check_graph(info: DeviceInfo, dtype: torch.dtype, seed: int = 0) -> Check:
             torch.testing.assert_close(out, want, **tolerances(dtype))
     except AssertionError as exc:
         return Check(name, False, f"max err {worst:.2e}", str(exc).splitlines()[0])
+    finally:
+        model.publish_ready(wait=True)  # no copy may still write the slots when the model is freed
     return Check(name, True, f"max err {worst:.2e}", "6 replays with swaps between them")
 
 

@@ -5,13 +5,42 @@ set -u
 cd "$(dirname "$0")/.."
 OUT_DIR="${OUT:-./gpu_checks_out}"
 mkdir -p "$OUT_DIR"
-PY="${PYTHON:-.venv/bin/python}"
-[ -x "$PY" ] || PY=python3
-HS=("$PY" -m hotsplit_cli)
-if ! "$PY" -c "import hotsplit_cli, runtime" 2>/dev/null; then
-  "$PY" -m pip install -q -e . >"$OUT_DIR/pip.log" 2>&1 || echo "pip install failed: see $OUT_DIR/pip.log"
+# The Python to use: $PYTHON, else a .venv whose torch sees a GPU, else python3 (a GPU image's
+# own Python, which usually holds CUDA torch and triton already).
+PY="${PYTHON:-}"
+if [ -z "$PY" ]; then
+  if [ -x .venv/bin/python ] && .venv/bin/python -c "import sys, torch; sys.exit(not torch.cuda.is_available())" \
+      2>/dev/null; then
+    PY=.venv/bin/python
+  else
+    PY=python3
+  fi
 fi
-"$PY" -c "import triton" 2>/dev/null || "$PY" -m pip install -q triton >>"$OUT_DIR/pip.log" 2>&1
+# A machine with no network gets missing packages as wheels carried in .whl/ (e.g. orjson),
+# installed into a private folder rather than into that Python.
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/hotsplit_site .whl/*.whl \
+    >>"$OUT_DIR/pip.log" 2>&1 && export PYTHONPATH="/tmp/hotsplit_site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# hotsplit itself runs from this checkout (python -m hotsplit_cli): no install needed.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+DEPS="torch triton typer rich yaml psutil numpy orjson pynvml"
+missing() { "$PY" -c "import importlib.util as u, sys; print(*[m for m in sys.argv[1:] if u.find_spec(m) is None])" $DEPS; }
+if [ -n "$(missing)" ]; then  # with a network: the package and its GPU extra
+  "$PY" -m pip install -q -e ".[gpu]" >>"$OUT_DIR/pip.log" 2>&1 || true
+fi
+if [ -n "$(missing)" ]; then
+  echo "error: $PY lacks: $(missing) (no network? carry wheels in .whl/; see $OUT_DIR/pip.log)" >&2
+  exit 1
+fi
+# GPU_CHECKS_ALLOW_CPU=1 runs the whole script on a CPU (to check the script itself).
+if [ -z "${GPU_CHECKS_ALLOW_CPU:-}" ] && ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" \
+    2>/dev/null; then
+  echo "error: $("$PY" -c 'import torch; print("torch", torch.__version__, "(CUDA", torch.version.cuda, end=")")' 2>&1)" \
+       "sees no CUDA GPU, and every check here needs one" >&2
+  exit 1
+fi
+HS=("$PY" -m hotsplit_cli)
 
 declare -A STATUS
 run_check() {  # name timeout_s outfile command...
@@ -23,7 +52,8 @@ run_check() {  # name timeout_s outfile command...
   printf '%-18s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$OUT_DIR/$file"
 }
 
-"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))" \
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU')" \
   >"$OUT_DIR/env.txt" 2>&1
 cat "$OUT_DIR/env.txt"
 
@@ -85,3 +115,7 @@ if br:
         print(f"  batch {r['batch']:>3} hot {100 * r['hot_fraction']:>3.0f}%  runtime {r['runtime_ms']:8.3f} ms"
               f"  reference {r['reference_ms']:8.3f} ms  ratio {r['ratio']:.3f}")
 PYEOF
+if [ -f "$OUT_DIR/bench_probe.txt" ]; then
+  echo
+  cat "$OUT_DIR/bench_probe.txt"
+fi
