@@ -23,7 +23,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import eplb_port  # noqa: E402
 
-from hotsplit_cli.placement import Geometry, Placement, duplicate_count, eplb_layout, evaluate, place_experts  # noqa: E402
+from hotsplit_cli.placement import (  # noqa: E402
+    Geometry,
+    Placement,
+    choose_fit,
+    duplicate_count,
+    eplb_layout,
+    evaluate,
+    place_experts,
+)
 
 ROUTING = Path("/work/shared/fixtures/routing/sglang-deepseek-r1-decode.json")
 L, E, RANKS, REDUNDANT, GROUPS, NODES = 58, 256, 32, 32, 8, 4
@@ -65,6 +73,14 @@ def main() -> None:
         t_tot, lay_tot = best_of(lambda geo=geo: eplb_layout(counts, range(L), geo))
         t_hs1, lay_hs1 = best_of(lambda geo=geo: place_experts(counts[None], range(L), geo))
         t_hsw, lay_hsw = best_of(lambda geo=geo: place_experts(fit_W, range(L), geo))
+
+        def auto(geo=geo):  # what `hotsplit place` does by default: the held-out choice, then the fit
+            choice = choose_fit(fit_W, range(L), geo)
+            return choice, place_experts(fit_W if choice.mode == "windows" else fit_W.sum(0, keepdims=True),
+                                         range(L), geo)
+        t_auto, (choice, lay_auto) = best_of(auto, repeat=1)
+        print(f"{'hier' if nodes > 1 else 'flat'} auto: {choice.reason}")
+        t_hsws, lay_hsws = best_of(lambda geo=geo: place_experts(fit_W.sum(0, keepdims=True), range(L), geo))
         ref = Placement(tuple(range(L)), RANKS, phy_ref)
         for name, t, lay, fit in (
             ("EPLB port, tensor loops (reference)", t_ref, ref, counts[None]),
@@ -72,6 +88,9 @@ def main() -> None:
             ("hotsplit totals-only (EPLB-style)", t_tot, lay_tot, counts[None]),
             ("hotsplit, totals", t_hs1, lay_hs1, counts[None]),
             ("hotsplit, 4 windows", t_hsw, lay_hsw, fit_W),
+            ("hotsplit, totals of the 4 windows", t_hsws, lay_hsws, fit_W.sum(0, keepdims=True)),
+            (f"hotsplit, auto (chose {choice.mode})", t_auto, lay_auto,
+             fit_W if choice.mode == "windows" else fit_W.sum(0, keepdims=True)),
         ):
             rows.append((f"{'hier' if nodes > 1 else 'flat'}", name, t * 1e3, t_ref / t,
                          evaluate(fit, lay).balancedness, evaluate(later, lay).balancedness, duplicate_count(lay)))

@@ -325,6 +325,45 @@ def place_experts(windows_WLE: np.ndarray, layers, geo: Geometry) -> Placement:
     return Placement(tuple(int(x) for x in layers), geo.num_ranks, phy2log, "hotsplit", geo.num_nodes)
 
 
+FIT_MODES = ("auto", "windows", "totals")
+MIN_WINDOWS_TO_VALIDATE = 4  # below this a held-out part is too small to choose on
+
+
+@dataclass(frozen=True)
+class FitChoice:
+    """Which traffic the layout is fitted on, and why."""
+
+    mode: str  # windows | totals
+    reason: str
+    held_out: dict | None  # {"windows": n, "windows_balancedness": b, "totals_balancedness": b}
+
+    def to_doc(self) -> dict:
+        return dict(self.__dict__)
+
+
+def choose_fit(windows_WLE: np.ndarray, layers, geo: Geometry, requested: str = "auto") -> FitChoice:
+    """Fit on every window (splits experts that peak together) or on the totals (robust to noisy
+    windows)? `auto` decides on held-out traffic: both are fitted on the earlier windows and
+    scored on the last quarter (windows are in time order), and the better one wins (ties:
+    totals, the simpler). With fewer than MIN_WINDOWS_TO_VALIDATE windows, totals."""
+    if requested not in FIT_MODES:
+        raise UsageError(f"--fit: must be one of {', '.join(FIT_MODES)}, got {requested!r}")
+    W = np.asarray(windows_WLE).shape[0]
+    if requested != "auto":
+        return FitChoice(requested, f"--fit {requested}", None)
+    if W < MIN_WINDOWS_TO_VALIDATE:
+        why = "one window" if W == 1 else f"{W} windows are too few to hold some out"
+        return FitChoice("totals", why, None)
+    n_out = max(1, W // 4)
+    early_WLE, late_WLE = windows_WLE[:W - n_out], windows_WLE[W - n_out:]
+    by_windows = evaluate(late_WLE, place_experts(early_WLE, layers, geo)).balancedness
+    by_totals = evaluate(late_WLE, place_experts(early_WLE.sum(axis=0, keepdims=True), layers, geo)).balancedness
+    mode = "windows" if by_windows > by_totals else "totals"
+    held = {"windows": n_out, "windows_balancedness": by_windows, "totals_balancedness": by_totals}
+    return FitChoice(mode, f"better on the last {n_out} of {W} windows held out "
+                           f"({by_windows:.4f} windows vs {by_totals:.4f} totals)", held)
+
+
 def eplb_layout(counts_LE: np.ndarray, layers, geo: Geometry) -> Placement:
     """The EPLB-style baseline: totals only, greedy replication without a cap, LPT packing that
     may put two replicas of one expert on a rank, no refinement. Hierarchical when nodes > 1."""

@@ -200,9 +200,11 @@ def windowed_hist(tmp_path):
 
 def test_cli_place_native_and_eval(cli, windowed_hist, tmp_path):
     out = tmp_path / "placement.json"
-    r = cli("place", windowed_hist, "--ranks", "8", "--redundant", "8", "-o", out, "--eval", windowed_hist, "--json")
+    r = cli("place", windowed_hist, "--ranks", "8", "--redundant", "8", "-o", out, "--eval", windowed_hist,
+            "--fit", "windows", "--json")
     assert r.code == 0, r.err
     report = json.loads(r.out)
+    assert report["placement"]["source"]["fit"]["mode"] == "windows"
     assert set(report["compare"]) == {"trivial", "random", "totals-only", "hotsplit"}
     assert report["compare"]["hotsplit"]["duplicate_ranks"] == 0
     assert report["compare"]["hotsplit"]["eval"]["bottleneck"] <= report["compare"]["totals-only"]["eval"]["bottleneck"]
@@ -223,6 +225,7 @@ def test_cli_place_sglang(cli, windowed_hist, tmp_path):
     (["--ranks", "5"], 2, "--ranks 5 does not divide 32 experts"),
     (["--ranks", "4", "--format", "sglang"], 2, "needs --recipe"),
     (["--ranks", "4", "--format", "xml"], 2, "--format"),
+    (["--ranks", "4", "--fit", "median"], 2, "--fit: must be one of auto, windows, totals"),
     (["--ranks", "4", "--recipe", "tiny", "--eval", "missing.json"], 1, "no such file"),
 ])
 def test_cli_place_errors_write_nothing(cli, windowed_hist, tmp_path, args, code, msg):
@@ -232,3 +235,44 @@ def test_cli_place_errors_write_nothing(cli, windowed_hist, tmp_path, args, code
     assert msg in r.err and r.err.startswith("error:")
     assert r.out == ""
     assert not out.exists()
+
+
+def _turns_hist(tmp_path, turns: bool, W: int = 8):
+    """Windows in time order: two hotspots taking turns (turns=True), or noise around one distribution."""
+    rng = np.random.default_rng(11)
+    L, E = 2, 32
+    base = rng.gamma(2.0, size=(L, E))
+    hot_a, hot_b = np.zeros(E), np.zeros(E)
+    hot_a[:4], hot_b[4:8] = 20.0, 20.0
+    w = np.stack([rng.poisson(300 * (base + ((hot_a if i % 2 == 0 else hot_b) if turns else 0))) for i in range(W)])
+    w = w.astype(np.float64)
+    h = Histogram("tiny", "generated in tests", 4, int(w.sum() // 4), (1, 2), w.sum(axis=0), windows_WLE=w,
+                  steps_per_window=10)
+    path = tmp_path / f"turns{int(turns)}.json"
+    save_hist(path, h)
+    return path
+
+
+def test_auto_fit_chooses_windows_when_experts_take_turns(cli, tmp_path):
+    r = cli("place", _turns_hist(tmp_path, turns=True), "--ranks", "8", "--redundant", "8", "--json")
+    assert r.code == 0, r.err
+    fit = json.loads(r.out)["placement"]["source"]["fit"]
+    held = fit["held_out"]
+    assert fit["mode"] == "windows" and held["windows"] == 2
+    assert held["windows_balancedness"] > held["totals_balancedness"]
+
+
+def test_auto_fit_follows_the_held_out_score_and_says_why(cli, tmp_path):
+    r = cli("place", _turns_hist(tmp_path, turns=False), "--ranks", "8", "--redundant", "8", "--json")
+    fit = json.loads(r.out)["placement"]["source"]["fit"]
+    held = fit["held_out"]
+    better = "windows" if held["windows_balancedness"] > held["totals_balancedness"] else "totals"
+    assert fit["mode"] == better and "held out" in fit["reason"]
+    r = cli("place", _turns_hist(tmp_path, turns=False), "--ranks", "8", "--redundant", "8")
+    assert f"fitted on the {better}: better on the last 2 of 8 windows held out" in r.out
+
+
+def test_auto_fit_with_few_windows_uses_the_totals(cli, windowed_hist):
+    r = cli("place", windowed_hist, "--ranks", "8", "--json")
+    fit = json.loads(r.out)["placement"]["source"]["fit"]
+    assert fit == {"mode": "totals", "reason": "3 windows are too few to hold some out", "held_out": None}

@@ -32,6 +32,9 @@ def place_cmd(
     eval_hist: Annotated[Path | None, typer.Option(
         "--eval", help="Compare layouts on this (later) histogram.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random layout in the comparison.")] = 0,
+    fit: Annotated[str, typer.Option(
+        "--fit", help="Fit on every window, the totals, or auto: whichever does better on held-out windows.")
+    ] = "auto",
     json: JsonOpt = False,
 ) -> None:
     """Replicate and place experts on EP ranks, balancing every window, never two replicas on a rank."""
@@ -39,6 +42,7 @@ def place_cmd(
     from ..placement import (
         Geometry,
         check_geometry,
+        choose_fit,
         eplb_layout,
         evaluate,
         place_experts,
@@ -78,9 +82,11 @@ def place_cmd(
         if later.num_experts != E or tuple(later.layers) != tuple(hist.layers):
             raise PlanError(f"{eval_hist}: layers {list(later.layers)} x {later.num_experts} experts do not match "
                             f"{hist_file} ({list(hist.layers)} x {E})", "evaluate on a histogram of the same model")
-    fit_W = _windows(hist)
+    all_W = _windows(hist)
+    choice = choose_fit(all_W, hist.layers, geo, fit)
+    fit_W = all_W if choice.mode == "windows" else hist.counts_LE[None]
     placement = place_experts(fit_W, hist.layers, geo)
-    fitted = evaluate(fit_W, placement)
+    fitted = evaluate(all_W, placement)
     layouts = {
         "trivial": trivial_layout(E, hist.layers, geo),
         "random": random_layout(E, hist.layers, geo, seed),
@@ -91,12 +97,12 @@ def place_cmd(
 
     compare = {}
     for name, lay in layouts.items():
-        row = {"fitted": evaluate(fit_W, lay).to_doc(), "duplicate_ranks": duplicate_count(lay)}
+        row = {"fitted": evaluate(all_W, lay).to_doc(), "duplicate_ranks": duplicate_count(lay)}
         if later is not None:
             row["eval"] = evaluate(_windows(later), lay).to_doc()
         compare[name] = row
-    source = {"histogram": str(hist_file), "windows": int(fit_W.shape[0]), "num_redundant": redundant,
-              "num_groups": groups}
+    source = {"histogram": str(hist_file), "windows": int(all_W.shape[0]), "fit": choice.to_doc(),
+              "num_redundant": redundant, "num_groups": groups}
     doc = placement_doc(placement, E, fitted, source)
     if output is not None:
         if fmt == "sglang":
@@ -110,8 +116,9 @@ def place_cmd(
     def render() -> None:
         P = E + redundant
         out.print(f"{len(hist.layers)} layers x {E} experts -> {P} physical experts on {ranks} ranks "
-                  f"({P // ranks} per rank), {nodes} node(s), {groups} group(s); fitted on "
-                  f"{fit_W.shape[0]} window(s) of {hist_file}")
+                  f"({P // ranks} per rank), {nodes} node(s), {groups} group(s); {all_W.shape[0]} window(s) "
+                  f"in {hist_file}")
+        out.print(f"fitted on the {choice.mode}: {choice.reason}")
         cols = ["layout", "fitted balancedness", "dup ranks"]
         if later is not None:
             cols += ["eval bottleneck", "eval imbalance", "eval balancedness"]
