@@ -76,7 +76,7 @@ def test_engine_swaps_per_layer_never_exceed_the_knob():
         seen.append(swaps)
         return swaps
 
-    p.engine.propose = spy
+    p.engine.book.propose = spy
     p.engine.run(p.steps)
     assert any(seen)
     for swaps in seen:
@@ -89,7 +89,7 @@ def test_engine_rejects_a_proposal_over_the_limit_as_a_planner_failure():
     p = prepare_run(r, knobs(r, dyn_steps=5, dyn_max_swaps=1), steps=10)
     hot = p.engine.model.hot_LE()
     out_e, in_e = np.flatnonzero(hot[0])[:2], np.flatnonzero(~hot[0])[:2]
-    p.engine.propose = lambda *a: [Swap(0, int(o), int(i), 9.0, 1.0) for o, i in zip(out_e, in_e, strict=True)]
+    p.engine.book.propose = lambda *a: [Swap(0, int(o), int(i), 9.0, 1.0) for o, i in zip(out_e, in_e, strict=True)]
     s = p.engine.run(p.steps)
     assert s.swaps == 0 and "dyn_max_swaps" in s.records[0].planner_error
 
@@ -101,7 +101,7 @@ def test_three_planner_failures_in_a_row_abort():
     def broken(*a):
         raise PlanError("live counts must be finite and >= 0")
 
-    p.engine.propose = broken
+    p.engine.book.propose = broken
     with pytest.raises(RuntimeFailure, match="3 updates in a row at step 6"):
         p.engine.run(p.steps)
 
@@ -116,7 +116,7 @@ def test_a_success_resets_the_failure_count():
             raise PlanError("transient")
         return []
 
-    p.engine.propose = flaky
+    p.engine.book.propose = flaky
     s = p.engine.run(p.steps)
     assert s.steps == 20 and sum(rec.planner_error is not None for rec in s.records) == 6
 

@@ -127,22 +127,22 @@ def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path 
     result = _logged(say, log_jsonl, lambda on_record: run_checkpoint(rec, knobs, plan, on_record))
     doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), "summary": result.to_doc()}
     if plot is not None:
-        _plot(plot, result, rec.name)
+        _plot(plot, result.summary, rec.name)
         doc["plot"] = str(plot)
 
     def render():
         for i, text in enumerate(result.texts[:8]):
             out.print(f"[{i}] {text!r}")
         plan_row = ("plan", f"{result.hot_experts} hot experts ({result.plan_source})")
-        _render_summary(out, f"hotsplit run {rec.name}", result, [("device", f"{result.device} ({result.kernel})"),
-                                                                   plan_row],
-                        [("copy time", f"{result.copy_ms:,.2f} ms")])
+        _render_summary(out, f"hotsplit run {rec.name}", result.summary,
+                        [("device", f"{result.device} ({result.kernel})"), plan_row],
+                        [("copy time", f"{result.summary.copy_ms:,.2f} ms")])
 
     out.emit(doc, render)
 
 
 def _render_summary(out: Output, title: str, s, first: list, extra: list) -> None:
-    """The summary table shared by synthetic and checkpoint runs (`s`: RunSummary or CheckpointRun)."""
+    """The summary table shared by synthetic and checkpoint runs (`s`: a RunSummary)."""
     t = out.table("summary", "value", title=title)
     for row in [*first,
                 ("steps", f"{s.steps}"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,7 @@ from hotsplit_cli.sizes import derive_hot_budget, expert_bytes_per_rank
 from ..device import choose_device
 from ..log import HitRateRecord
 from ..pinned import PinnedAllocator, plan_placement
+from ..windows import RunSummary
 from .capture import capture
 from .loader import load_model, load_tokenizer
 from .serve import HFServe
@@ -32,39 +33,20 @@ from .serve import HFServe
 
 @dataclass
 class CheckpointRun:
-    """What a checkpoint run produced, in the same terms as a synthetic run's summary."""
+    """What a checkpoint run produced: the texts, the same summary a synthetic run gives, and
+    how the run was set up."""
 
     texts: list[str]
-    steps: int
-    tokens: int
-    elapsed_s: float
-    hit_rate: float
-    hit_rate_last_window: float | None
-    expected_hit_rate: float | None
-    swaps: int
-    bytes_copied: int  # real bytes
-    copy_ms: float
-    cold_bytes_per_step: float  # real bytes of distinct cold experts read per step
+    summary: RunSummary
     plan_source: str
     hot_experts: int
     device: str
     kernel: str  # how the routed experts were computed
     numa: dict  # where the cold bank was placed
-    records: list[HitRateRecord] = field(default_factory=list)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def to_doc(self) -> dict:
-        return {
-            "steps": self.steps, "tokens": self.tokens, "elapsed_s": self.elapsed_s, "tokens_per_s": self.tokens_per_s,
-            "hit_rate": self.hit_rate, "hit_rate_last_window": self.hit_rate_last_window,
-            "expected_hit_rate": self.expected_hit_rate, "swaps": self.swaps, "bytes_copied": self.bytes_copied,
-            "copy_ms": self.copy_ms, "cold_bytes_per_step": self.cold_bytes_per_step, "plan_source": self.plan_source,
-            "hot_experts": self.hot_experts, "device": self.device, "kernel": self.kernel, "numa": self.numa,
-            "texts": self.texts,
-        }
+        return {**self.summary.to_doc(), "plan_source": self.plan_source, "hot_experts": self.hot_experts,
+                "device": self.device, "kernel": self.kernel, "numa": self.numa, "texts": self.texts}
 
 
 def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = None,
@@ -106,16 +88,8 @@ def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = 
     t0 = time.perf_counter()
     texts = serve.generate(tok, prompts, t.max_new_tokens, t.batch)
     elapsed = time.perf_counter() - t0
-    recs = serve.records
-    # Records hold per-window averages; weight each by its window's steps.
-    ends = [r.step for r in recs]
-    lengths = np.diff([0, *ends])
-    cold = float(np.dot(lengths, [r.cold_bytes_per_step for r in recs]) / max(1, serve.steps))
     return CheckpointRun(
-        texts=texts, steps=serve.steps, tokens=hm.counter.tokens - tokens_before, elapsed_s=elapsed,
-        hit_rate=recs[-1].hit_rate_total if recs else 0.0,
-        hit_rate_last_window=recs[-1].hit_rate_window if recs else None, expected_hit_rate=expected,
-        swaps=serve.swaps_total, bytes_copied=serve.bytes_total, copy_ms=serve.copy_ms_total,
-        cold_bytes_per_step=cold, plan_source=source, hot_experts=int(hot_LE.sum()), device=info.name,
+        texts=texts, summary=serve.summary(hm.counter.tokens - tokens_before, elapsed, expected),
+        plan_source=source, hot_experts=int(hot_LE.sum()), device=info.name,
         kernel="triton" if hm.banks[0].kernel is not None else "torch per expert",
-        numa=allocator.placement.to_doc(), records=recs)
+        numa=allocator.placement.to_doc())
