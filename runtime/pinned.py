@@ -6,6 +6,8 @@ Placement: `preferred` asks the kernel for pages on the GPU's node and falls bac
 `bind` insists on it, `off` leaves the default (first touch). It is applied with the
 set_mempolicy system call around the allocation (pages are faulted in while the policy holds)
 and restored afterwards. Whatever cannot be done is recorded with a reason, never raised.
+Every slab's pages are then located (move_pages(2) in query mode, on a sample of pages), so the
+report says where the cold bank really is, policy or not.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import torch
 
 MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND = 0, 1, 2
 _SYS_SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237, "ppc64le": 261}
+_SYS_MOVE_PAGES = {"x86_64": 279, "aarch64": 239, "ppc64le": 301}
+PAGE_SAMPLES = 256  # pages located per slab
+VERIFIED_SHARE = 0.99  # share of located pages that must sit on the target node
 
 
 def round_up_pow2(n_bytes: int) -> int:
@@ -35,9 +40,59 @@ class NumaPlacement:
     node: int | None  # target node
     applied: bool
     reason: str | None  # why not applied (or None)
+    pages_by_node: dict[int, int] = field(default_factory=dict)  # located sample pages per node
+    located: str | None = None  # why pages could not be located (or None)
+
+    @property
+    def verified(self) -> bool | None:
+        """True when the policy was applied and the located pages sit on the target node;
+        None when there is nothing to verify (no policy, or pages not located)."""
+        total = sum(self.pages_by_node.values())
+        if not self.applied or not total:
+            return None
+        return self.pages_by_node.get(self.node, 0) / total >= VERIFIED_SHARE
+
+    def describe(self) -> str:
+        """One line: the policy, whether it was applied, where the pages are."""
+        total = sum(self.pages_by_node.values())
+        where = ", ".join(f"{100 * c / total:.0f}% on node {n}" for n, c in sorted(self.pages_by_node.items()))
+        where = f"pages {where}" if total else f"pages not located ({self.located})"
+        if self.policy == "off":
+            return f"numa_policy off; {where}"
+        target = f" node {self.node}" if self.node is not None else ""
+        head = f"numa_policy {self.policy}{target}: " + ("applied" if self.applied else f"not applied ({self.reason})")
+        tail = {True: " (verified)", False: " (NOT on the target node)", None: ""}[self.verified]
+        return f"{head}; {where}{tail}"
 
     def to_doc(self) -> dict:
-        return dict(self.__dict__)
+        total = sum(self.pages_by_node.values())
+        return {"policy": self.policy, "node": self.node, "applied": self.applied, "reason": self.reason,
+                "share_by_node": {str(n): c / total for n, c in sorted(self.pages_by_node.items())} if total else {},
+                "verified": self.verified, "located": self.located}
+
+
+def page_nodes(address: int, n_bytes: int, samples: int = PAGE_SAMPLES) -> tuple[dict[int, int], str | None]:
+    """NUMA node of up to `samples` pages spread evenly over [address, address + n_bytes):
+    ({node: pages}, None), or ({}, why not). Pages not faulted in yet are not counted."""
+    nr = _SYS_MOVE_PAGES.get(platform.machine())
+    if nr is None:
+        return {}, f"move_pages syscall number unknown on {platform.machine()}"
+    page = os.sysconf("SC_PAGE_SIZE")
+    first, last = address // page, (address + max(n_bytes, 1) - 1) // page
+    count = min(samples, last - first + 1)
+    step = (last - first + 1) / count
+    pages = (ctypes.c_void_p * count)(*[(first + int(i * step)) * page for i in range(count)])
+    status = (ctypes.c_int * count)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    rc = libc.syscall(ctypes.c_long(nr), ctypes.c_int(0), ctypes.c_ulong(count), pages, None, status, ctypes.c_int(0))
+    if rc != 0:
+        return {}, f"move_pages failed: {os.strerror(ctypes.get_errno())}"
+    found: dict[int, int] = {}
+    for st in status:
+        if st >= 0:  # negative: -errno, e.g. -ENOENT for a page not present
+            found[st] = found.get(st, 0) + 1
+    return found, None if found else "no page of the slab is present"
 
 
 def _numa_nodes() -> list[int]:
@@ -110,6 +165,10 @@ class PinnedAllocator:
         finally:
             if applied:
                 _set_mempolicy(MPOL_DEFAULT, None)
+        found, why = page_nodes(slab.data_ptr(), size)
+        for node, n in found.items():
+            self.placement.pages_by_node[node] = self.placement.pages_by_node.get(node, 0) + n
+        self.placement.located = self.placement.located or why
         self.requested_bytes += n_bytes
         self.reserved_bytes += size
         self.slabs.append(slab)

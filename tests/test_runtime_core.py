@@ -91,6 +91,43 @@ def test_numa_placement_records_why_it_is_not_applied():
     assert not p.applied and p.reason
 
 
+def _sysfs_nodes():
+    import os
+
+    try:
+        return sorted(int(n[4:]) for n in os.listdir("/sys/devices/system/node") if n[4:].isdigit())
+    except OSError:
+        return []
+
+
+def test_allocator_locates_the_pages_of_every_slab():
+    a = PinnedAllocator(pin=False, placement=plan_placement("off", None))
+    a.alloc(1 << 20)
+    a.alloc(1 << 16)
+    p = a.placement
+    if p.located:  # no move_pages here (another architecture, or a sandbox refusing it)
+        assert not p.pages_by_node and "pages not located" in p.describe()
+        return
+    # 256 sampled pages of the 1 MiB slab, every page the 64 KiB one spans (16 or 17 of 4 KiB)
+    assert 256 + 16 <= sum(p.pages_by_node.values()) <= 256 + 17
+    assert set(p.pages_by_node) <= set(_sysfs_nodes() or [0])
+    doc = p.to_doc()
+    assert sum(doc["share_by_node"].values()) == pytest.approx(1.0) and doc["verified"] is None
+    assert p.describe().startswith("numa_policy off; pages 100% on node") or len(p.pages_by_node) > 1
+
+
+def test_numa_verdict_compares_located_pages_with_the_target():
+    from runtime.pinned import NumaPlacement
+
+    p = NumaPlacement("bind", 1, True, None, pages_by_node={1: 255, 0: 1})
+    assert p.verified is True
+    assert p.describe() == "numa_policy bind node 1: applied; pages 0% on node 0, 100% on node 1 (verified)"
+    p = NumaPlacement("preferred", 1, True, None, pages_by_node={0: 200, 1: 56})
+    assert p.verified is False and p.describe().endswith("(NOT on the target node)")
+    p = NumaPlacement("preferred", 0, False, "one NUMA node: every page is already local", pages_by_node={0: 8})
+    assert p.verified is None and "not applied (one NUMA node" in p.describe()
+
+
 def test_cpu_device_records_reasons():
     info = choose_device("cpu")
     assert not info.is_cuda and not info.zero_copy and "zero_copy" in info.reasons

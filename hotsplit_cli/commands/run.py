@@ -72,6 +72,8 @@ def run(
     say = out.note if json_out else out.print
     say(f"{rec.name}: {prepared.steps} steps on {prepared.info.name} ({pdoc['kernel']}"
         f"{', CUDA graph' if pdoc['cuda_graph'] else ''}), traffic: {prepared.traffic}")
+    say(f"cold bank: {gib(prepared.allocator.requested_bytes)} {'pinned' if prepared.info.pinned else 'pageable'}"
+        f" host memory, {prepared.allocator.placement.describe()}")
     say(f"plan: {pdoc['plan']['hot_experts']} hot experts, {gib(prepared.plan.hot_bytes)} real"
         f" ({prepared.plan.source}); expected hit rate {pct(prepared.plan.expected_hit_rate)}")
 
@@ -135,7 +137,8 @@ def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path 
             out.print(f"[{i}] {text!r}")
         plan_row = ("plan", f"{result.hot_experts} hot experts ({result.plan_source})")
         _render_summary(out, f"hotsplit run {rec.name}", result.summary,
-                        [("device", f"{result.device} ({result.kernel})"), plan_row],
+                        [("device", f"{result.device} ({result.kernel})"), plan_row,
+                         ("cold bank", result.numa.describe())],
                         [("copy time", f"{result.summary.copy_ms:,.2f} ms")])
 
     out.emit(doc, render)

@@ -24,7 +24,7 @@ from hotsplit_cli.sizes import derive_hot_budget, expert_bytes_per_rank
 
 from ..device import choose_device
 from ..log import HitRateRecord
-from ..pinned import PinnedAllocator, plan_placement
+from ..pinned import NumaPlacement, PinnedAllocator, plan_placement
 from ..windows import RunSummary
 from .capture import capture
 from .loader import load_model, load_tokenizer
@@ -42,11 +42,11 @@ class CheckpointRun:
     hot_experts: int
     device: str
     kernel: str  # how the routed experts were computed
-    numa: dict  # where the cold bank was placed
+    numa: NumaPlacement  # where the cold bank was placed, and where its pages are
 
     def to_doc(self) -> dict:
         return {**self.summary.to_doc(), "plan_source": self.plan_source, "hot_experts": self.hot_experts,
-                "device": self.device, "kernel": self.kernel, "numa": self.numa, "texts": self.texts}
+                "device": self.device, "kernel": self.kernel, "numa": self.numa.to_doc(), "texts": self.texts}
 
 
 def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = None,
@@ -92,4 +92,4 @@ def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = 
         texts=texts, summary=serve.summary(hm.counter.tokens - tokens_before, elapsed, expected),
         plan_source=source, hot_experts=int(hot_LE.sum()), device=info.name,
         kernel="triton" if hm.banks[0].kernel is not None else "torch per expert",
-        numa=allocator.placement.to_doc())
+        numa=allocator.placement)
