@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from .bank import ExpertBank
 from .device import DeviceInfo
@@ -127,10 +128,14 @@ def _build_kernels():
 
     @triton.jit
     def gate_up_kernel(x_ptr, order_ptr, blk_expert_ptr, blk_start_ptr, blk_count_ptr, e2s_ptr, hot_ptr, cold_ptr,
-                       act_ptr, H, INTER, blob_stride, K: tl.constexpr, BLOCK_T: tl.constexpr,
-                       BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, USE_DOT: tl.constexpr, NATIVE: tl.constexpr):
+                       out_ptr, H, INTER, blob_stride, K: tl.constexpr, BLOCK_T: tl.constexpr,
+                       BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, USE_DOT: tl.constexpr, NATIVE: tl.constexpr,
+                       SPLIT: tl.constexpr):
+        """SPLIT == 1: act [A, I] = silu(gate) * up. SPLIT > 1: program (n, i, s) sums the s-th
+        chunk of H and adds its partial gate and up into out [A, 2I] (float32, zeroed)."""
         pid_n = tl.program_id(0)
         pid_i = tl.program_id(1)
+        pid_s = tl.program_id(2)
         count = tl.load(blk_count_ptr + pid_n)
         if count == 0:  # a block past the last used one (the grid is sized for the worst case)
             return
@@ -145,7 +150,9 @@ def _build_kernels():
         mask_i = offs_i < INTER
         acc_g = tl.zeros([BLOCK_T, BLOCK_I], dtype=tl.float32)
         acc_u = tl.zeros([BLOCK_T, BLOCK_I], dtype=tl.float32)
-        for h0 in range(0, H, BLOCK_H):
+        h_chunk = tl.cdiv(tl.cdiv(H, BLOCK_H), SPLIT) * BLOCK_H  # a whole number of tiles per split
+        h_lo = pid_s * h_chunk
+        for h0 in range(h_lo, tl.minimum(h_lo + h_chunk, H), BLOCK_H):
             offs_h = h0 + tl.arange(0, BLOCK_H)
             mask_h = offs_h < H
             xv = tl.load(x_ptr + tok[:, None] * H + offs_h[None, :], mask=mask_t[:, None] & mask_h[None, :],
@@ -156,8 +163,14 @@ def _build_kernels():
             wu = tl.load(base + (offs_i[None, :] + INTER) * H + offs_h[:, None], mask=m2, other=0.0)
             acc_g += _matmul(xv, wg, USE_DOT, NATIVE)
             acc_u += _matmul(xv, wu, USE_DOT, NATIVE)
-        act = acc_g * tl.sigmoid(acc_g) * acc_u
-        tl.store(act_ptr + a[:, None] * INTER + offs_i[None, :], act, mask=mask_t[:, None] & mask_i[None, :])
+        m_out = mask_t[:, None] & mask_i[None, :]
+        if SPLIT == 1:
+            act = acc_g * tl.sigmoid(acc_g) * acc_u
+            tl.store(out_ptr + a[:, None] * INTER + offs_i[None, :], act, mask=m_out)
+        else:
+            row = out_ptr + a[:, None] * (2 * INTER) + offs_i[None, :]
+            tl.atomic_add(row, acc_g, mask=m_out)
+            tl.atomic_add(row + INTER, acc_u, mask=m_out)
 
     @triton.jit
     def down_kernel(act_ptr, order_ptr, w_ptr, blk_expert_ptr, blk_start_ptr, blk_count_ptr, e2s_ptr, hot_ptr,
@@ -194,17 +207,50 @@ def _build_kernels():
     return _KERNELS
 
 
+# Programs the gate/up launch aims for per multiprocessor: a cold expert is read over PCIe, and
+# only many reads in flight at once come near the link's rate.
+PROGRAMS_PER_SM = 4
+
+
+def split_for(programs: int, h_tiles: int, target: int) -> int:
+    """How many chunks to cut the H reduction of the gate/up launch into so that `programs`
+    (blocks x I tiles) become at least `target` (never more chunks than H tiles). Depends on the
+    shapes only, so the grid stays fixed for a CUDA graph."""
+    if programs >= target:
+        return 1
+    return max(1, min(h_tiles, -(-target // max(programs, 1))))
+
+
 class TritonExperts:
     name = "triton"
     capturable = True
 
-    def __init__(self, block_t: int = 16, block_i: int = 32, block_h: int = 128):
-        for name, v in (("block_t", block_t), ("block_i", block_i), ("block_h", block_h)):
+    def __init__(self, block_t: int = 16, block_i: int = 32, block_h: int = 128, block_i_down: int = 64,
+                 split_h: int | None = None):
+        """`block_i_down`: the I tile the down projection reduces over; w2 rows are contiguous
+        along I, so it sets the bytes of each contiguous read (64 bf16 = 128 B). `split_h`: chunks
+        of the gate/up reduction over H (None: enough for PROGRAMS_PER_SM programs per
+        multiprocessor on a GPU, 1 elsewhere)."""
+        for name, v in (("block_t", block_t), ("block_i", block_i), ("block_h", block_h),
+                        ("block_i_down", block_i_down)):
             if v < 1 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two, got {v}")  # tl.arange needs one
-        self.block_t, self.block_i, self.block_h = block_t, block_i, block_h
+        if split_h is not None and split_h < 1:
+            raise ValueError(f"split_h must be >= 1, got {split_h}")
+        self.block_t, self.block_i, self.block_h, self.block_i_down = block_t, block_i, block_h, block_i_down
+        self.split_h = split_h
         self.use_dot = min(block_t, block_i, block_h) >= 16  # tl.dot's smallest shape
+        self.use_dot_down = min(block_t, block_i_down, block_h) >= 16
         _build_kernels()
+
+    def _split(self, programs: int, H: int, device: torch.device) -> int:
+        h_tiles = -(-H // self.block_h)
+        if self.split_h is not None:
+            return min(self.split_h, h_tiles)
+        if device.type != "cuda":
+            return 1
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        return split_for(programs, h_tiles, PROGRAMS_PER_SM * sms)
 
     def native_dot(self, dtype: torch.dtype) -> bool:
         """16-bit weights multiply in their own dtype on tensor cores (float32 accumulation; the
@@ -226,19 +272,26 @@ class TritonExperts:
         x = x_TH.contiguous()
         wts = w_TK.reshape(-1).float().contiguous()
         blocks = align_blocks(ids_TK.reshape(-1), bank.num_experts, self.block_t)
-        act = torch.empty(A, INTER, dtype=torch.float32, device=x.device)
         blob_stride = bank.hot_SB.stride(0)
         native = self.native_dot(bank.dtype)
         N = blocks.num_blocks
+        i_tiles = k["cdiv"](INTER, self.block_i)
+        split = self._split(N * i_tiles, H, x.device)
+        if split == 1:
+            gu = act = torch.empty(A, INTER, dtype=torch.float32, device=x.device)
+        else:  # partial sums of gate and up land here; the activation follows in torch
+            gu = torch.zeros(A, 2 * INTER, dtype=torch.float32, device=x.device)
         meta = (blocks.order_A, blocks.expert_N, blocks.start_N, blocks.count_N)
-        k["gate_up"][(N, k["cdiv"](INTER, self.block_i))](
-            x, *meta, bank.expert2slot_E, bank.hot_SB, bank.cold_read_EB, act, H, INTER, blob_stride,
+        k["gate_up"][(N, i_tiles, split)](
+            x, *meta, bank.expert2slot_E, bank.hot_SB, bank.cold_read_EB, gu, H, INTER, blob_stride,
             K=K, BLOCK_T=self.block_t, BLOCK_I=self.block_i, BLOCK_H=self.block_h, USE_DOT=self.use_dot,
-            NATIVE=native)
+            NATIVE=native, SPLIT=split)
+        if split > 1:
+            act = (F.silu(gu[:, :INTER]) * gu[:, INTER:]).contiguous()
         k["down"][(N, k["cdiv"](H, self.block_h))](
             act, blocks.order_A, wts, *meta[1:], bank.expert2slot_E, bank.hot_SB, bank.cold_read_EB, out, H, INTER,
-            blob_stride, bank.w2_offset, BLOCK_T=self.block_t, BLOCK_H=self.block_h, BLOCK_I=self.block_i,
-            USE_DOT=self.use_dot, NATIVE=native)
+            blob_stride, bank.w2_offset, BLOCK_T=self.block_t, BLOCK_H=self.block_h, BLOCK_I=self.block_i_down,
+            USE_DOT=self.use_dot_down, NATIVE=native)
         return out.view(T, K, H).sum(dim=1).to(x_TH.dtype)
 
 

@@ -235,6 +235,31 @@ def test_triton_grouped_kernels_float16_multiply_in_weight_dtype(triton_interpre
     torch.testing.assert_close(compute(x, ids, w, bank), reference(x, ids, w), **tolerances(torch.float16))
 
 
+@pytest.mark.parametrize("split_h", [2, 3, 8])
+@pytest.mark.parametrize("hot_fraction", [0.0, 0.5])
+def test_triton_grouped_kernels_split_h_sums_every_chunk(triton_interpreted, split_h, hot_fraction):
+    """The gate/up reduction over H cut into chunks (partial sums added atomically) computes the
+    same function; 8 chunks of 3 H tiles clamp to 3."""
+    from runtime.kernels import TritonExperts
+
+    g, bank, reference = _kernel_case(hot_fraction)
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 8, (5, 2), generator=gen)
+    ids[1, 0] = -1
+    w, x = torch.rand(5, 2, generator=gen), torch.randn(5, g.hidden, generator=gen)
+    compute = TritonExperts(block_t=16, block_i=16, block_h=16, block_i_down=16, split_h=split_h)
+    assert compute._split(1, g.hidden, x.device) == min(split_h, 3)  # hidden 48 = 3 tiles of 16
+    torch.testing.assert_close(compute(x, ids, w, bank), reference(x, ids, w), **tolerances(torch.float32))
+
+
+def test_split_for_fills_the_gpu_only_when_the_launch_is_small():
+    from runtime.kernels import split_for
+
+    assert split_for(programs=2176, h_tiles=56, target=528) == 1  # 32 experts at full size: plenty
+    assert split_for(programs=72, h_tiles=56, target=528) == 8  # decode, 8 experts x 9 I tiles
+    assert split_for(programs=1, h_tiles=3, target=528) == 3  # never more chunks than H tiles
+
+
 def test_triton_experts_reject_block_sizes_tl_arange_cannot_take():  # raised before triton is imported
     from runtime.kernels import TritonExperts
 
