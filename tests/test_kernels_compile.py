@@ -1,0 +1,59 @@
+"""The Triton kernels compile for a real GPU target (sm_90, Hopper) on any machine: the
+interpreter runs them on a CPU (test_runtime_bank.py) but is lenient about types and shapes that
+the compiler refuses, so every variant the runtime launches is compiled here too."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+triton = pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    pytest.skip("interpreted kernels cannot be compiled", allow_module_level=True)
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from runtime import kernels  # noqa: E402
+
+HOPPER = GPUTarget("cuda", 90, 32)
+WEIGHT = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
+
+
+def _compile(fn, types: dict, consts: dict):
+    if kernels._KERNELS.get("interpret"):
+        pytest.skip("the kernels were built for the interpreter in this process")
+    sig = {n: types.get(n, "constexpr") for n in fn.arg_names}
+    return triton.compile(ASTSource(fn, sig, consts), target=HOPPER)
+
+
+def _common(w: str) -> dict:
+    return {"order_ptr": "*i64", "blk_expert_ptr": "*i32", "blk_start_ptr": "*i64", "blk_count_ptr": "*i32",
+            "e2s_ptr": "*i32", "hot_ptr": WEIGHT[w], "cold_ptr": WEIGHT[w], "H": "i32", "INTER": "i32",
+            "blob_stride": "i32"}
+
+
+# (weights, native 16-bit dot, blocks t/i/h): what TritonExperts launches for each dtype.
+VARIANTS = [("bf16", True, (16, 32, 128)), ("fp16", True, (16, 32, 128)), ("fp32", False, (16, 32, 128)),
+            ("bf16", True, (4, 8, 16))]
+
+
+@pytest.mark.parametrize("split", [1, 4])
+@pytest.mark.parametrize("w, native, blocks", VARIANTS)
+def test_gate_up_kernel_compiles_for_hopper(w, native, blocks, split):
+    k = kernels._build_kernels()
+    bt, bi, bh = blocks
+    types = {**_common(w), "x_ptr": WEIGHT[w], "out_ptr": "*fp32"}
+    _compile(k["gate_up"], types, dict(K=8, BLOCK_T=bt, BLOCK_I=bi, BLOCK_H=bh, USE_DOT=min(blocks) >= 16,
+                                       NATIVE=native, SPLIT=split))
+
+
+@pytest.mark.parametrize("w, native, blocks", VARIANTS)
+def test_down_kernel_compiles_for_hopper(w, native, blocks):
+    k = kernels._build_kernels()
+    bt, _, bh = blocks
+    bi = 64 if min(blocks) >= 16 else 8
+    types = {**_common(w), "act_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "w2_offset": "i32"}
+    _compile(k["down"], types, dict(BLOCK_T=bt, BLOCK_H=bh, BLOCK_I=bi, USE_DOT=min(bt, bi, bh) >= 16,
+                                    NATIVE=native))
