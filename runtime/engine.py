@@ -66,6 +66,37 @@ def trace_source(trace: Trace) -> ArraySource:
     return ArraySource("trace", int(trace.topk_ids_SLTK.shape[2]), gen(), trace.num_steps)
 
 
+class StagedUpload:
+    """Each step's routing into the CUDA graph's static device buffers without stalling the host.
+
+    A copy from pageable memory waits for everything queued before it (the previous replay), so
+    the host could never prepare a step while the GPU runs one. Here the ids and weights go into
+    one of two pinned staging buffers and are copied asynchronously; a staging buffer is written
+    again only once the copy that read it, two steps back, has finished."""
+
+    def __init__(self, ids_t: torch.Tensor, w_t: torch.Tensor, pinned: bool = True):
+        self.ids_t, self.w_t = ids_t, w_t
+        self._bufs = [[torch.empty(ids_t.shape, dtype=torch.int64, pin_memory=pinned),
+                       torch.empty(w_t.shape, dtype=torch.float32, pin_memory=pinned), None] for _ in range(2)]
+        self._next = 0
+
+    def __call__(self, ids: np.ndarray, w: np.ndarray | None) -> None:
+        buf = self._bufs[self._next]
+        ids_h, w_h, copied = buf
+        if copied is not None:
+            copied.synchronize()  # the copy that last read this buffer is done
+        ids_h.numpy()[...] = ids
+        if w is None:
+            w_h.fill_(1.0 / ids_h.shape[-1])
+        else:
+            w_h.numpy()[...] = w
+        self.ids_t.copy_(ids_h, non_blocking=True)
+        self.w_t.copy_(w_h, non_blocking=True)
+        buf[2] = torch.cuda.Event()
+        buf[2].record()
+        self._next ^= 1
+
+
 class Engine:
     """Runs steps and windows. `propose` is the swap rule (replaceable in tests)."""
 
@@ -100,7 +131,6 @@ class Engine:
     def _capture(self, routed) -> None:
         """Record one step as a CUDA graph over static buffers (warm-up on a side stream first)."""
         ids_t, w_t = self._upload(routed)
-        self._static = (ids_t, w_t)
         side = torch.cuda.Stream(self.model.info.device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -111,6 +141,7 @@ class Engine:
         with torch.cuda.graph(self.graph):
             self.out_TH = self.model.step(self.x_TH, ids_t, w_t)
         self.model.read_counters(reset_window=True)  # warm-up and capture steps do not count
+        self._stage = None if ids_t is None else StagedUpload(ids_t, w_t, pinned=self.model.info.pinned)
 
     @property
     def records(self) -> list[HitRateRecord]:
@@ -122,12 +153,8 @@ class Engine:
         if self.use_graph:
             if self.graph is None:
                 self._capture(routed)
-            ids_t, w_t = self._static
             if routed is not None:
-                ids, w = routed
-                ids_t.copy_(torch.from_numpy(np.asarray(ids, dtype=np.int64)))
-                w_t.copy_(torch.from_numpy(np.asarray(w, dtype=np.float32)) if w is not None
-                          else torch.full(ids_t.shape, 1.0 / ids_t.shape[-1]))
+                self._stage(*routed)
             self.graph.replay()
         else:
             ids_t, w_t = self._upload(routed)

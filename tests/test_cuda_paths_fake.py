@@ -282,3 +282,23 @@ def test_an_expert_swapped_out_and_back_in_waits_for_its_own_copy(fake):
     bank.publish_ready()
     assert bank.expert2slot_E[5] == slot
     assert np.array_equal(bank.expert2slot_E.numpy(), bank.table.expert2slot_E)
+
+
+# ----------------------------------------------------------------------------- graph inputs
+
+
+def test_staged_upload_never_rewrites_a_buffer_a_copy_may_still_read(fake):
+    from runtime.engine import StagedUpload
+
+    ids_t, w_t = torch.zeros(3, 2, dtype=torch.int64), torch.zeros(3, 2)
+    stage = StagedUpload(ids_t, w_t, pinned=False)
+    events = []
+    for step in range(4):
+        ids = np.full((3, 2), step)
+        stage(ids, None if step % 2 else np.full((3, 2), 0.25 * step, dtype=np.float32))
+        events.append(stage._bufs[step % 2][2])
+        assert torch.equal(ids_t, torch.from_numpy(ids))  # the step's routing reached the static buffers
+        assert torch.equal(w_t, torch.full((3, 2), 0.5 if step % 2 else 0.25 * step))
+        # Step s reuses the buffer of step s - 2: that copy must have finished first, and no newer one.
+        assert [e.synchronized for e in events] == [i <= step - 2 for i in range(step + 1)]
+    assert [e[1] for e in fake.entries("record")] == ["compute"] * 4  # copies ordered on the compute stream
