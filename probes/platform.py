@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .bandwidth import (
+    GIB,
     GpuBandwidth,
     HostCopyNode,
     Measurement,
@@ -263,6 +264,22 @@ def _cuda_match(gpu: GpuDevice, cuda: CudaReport) -> int | None:
     return None
 
 
+NODE_MEMORY_TOLERANCE = 0.05  # firmware and kernel reservations make the two differ by a few percent
+
+
+def _node_memory_mismatch(nodes: tuple[NumaNode, ...], mem_total_bytes: int | None) -> str | None:
+    """Say so when the NUMA nodes' memory does not add up to MemTotal: a VM or container can
+    show per-node counters of another extent than /proc/meminfo, and neither is then the whole truth."""
+    per_node = [n.mem_total_bytes for n in nodes]
+    if not per_node or None in per_node or not mem_total_bytes:
+        return None
+    total = sum(per_node)
+    if abs(total - mem_total_bytes) <= NODE_MEMORY_TOLERANCE * mem_total_bytes:
+        return None
+    return (f"the NUMA nodes hold {total / GIB:.1f} GiB but MemTotal is {mem_total_bytes / GIB:.1f} GiB: "
+            "the per-node and the global view of memory disagree (a VM or container?)")
+
+
 def take_inventory(mode: str = "quick", expert_bytes: int | None = None, sources: Sources = Sources()) -> Inventory:
     """Host, NUMA nodes, GPUs and links: read, not timed."""
     import platform as _platform
@@ -283,6 +300,10 @@ def take_inventory(mode: str = "quick", expert_bytes: int | None = None, sources
                 numa_source = "numastat"
             except ValueError as exc:
                 reasons.append(Reason("host.numa_source", f"numastat output not understood ({exc}); read sysfs"))
+
+    mismatch = _node_memory_mismatch(nodes, host.mem_total_bytes)
+    if mismatch:
+        reasons.append(Reason("host.numa_nodes", mismatch))
 
     driver = sources.nvml()
     if not driver.available:

@@ -283,3 +283,17 @@ def test_platform_file_rejects_nan_and_truncation(tmp_path):
     p.write_text(json.dumps(doc))
     with pytest.raises(InputFileError):
         load_platform(p)
+
+
+def test_node_memory_that_does_not_add_up_to_memtotal_is_reported(gpu_sources):
+    def why(src):
+        return fields(measure_platform(take_inventory("quick", None, src), src).to_doc()).get("host.numa_nodes")
+
+    sysfs = dataclasses.replace(gpu_sources, numastat=lambda args: ToolOutput(None, "numastat not found"))
+    assert why(sysfs) is None  # two sysfs nodes of 384 GiB, MemTotal 768 GiB
+    # A VM whose nodes show half of what /proc/meminfo says.
+    half = dataclasses.replace(
+        sysfs, host=lambda root: dataclasses.replace(fake_host(root), mem_total_bytes=1536 * GIB))
+    assert why(half).startswith("the NUMA nodes hold 768.0 GiB but MemTotal is 1536.0 GiB")
+    # The real numastat capture comes from a smaller machine than the fake host: said, not hidden.
+    assert why(gpu_sources).startswith("the NUMA nodes hold 187.5 GiB but MemTotal is 768.0 GiB")
