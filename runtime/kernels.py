@@ -22,6 +22,7 @@ E, B (blob elements), N (blocks of the grouped launch).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -101,6 +102,8 @@ def _build_kernels():
     global _expert_base, _matmul
     if _KERNELS:
         return _KERNELS
+    # Triton 3.9 warns that its default (fused multiply-add on) will change; keep it explicitly.
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     import triton
     import triton.language as tl
 
