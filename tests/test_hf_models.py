@@ -274,14 +274,24 @@ def test_loader_refuses_unsupported(tmp_path, cpu, checkpoints):
     import json
     import shutil
 
-    from hotsplit_cli.errors import UsageError
+    from hotsplit_cli.errors import InputFileError, UsageError
 
     q = tmp_path / "q"
     shutil.copytree(checkpoints["mixtral"], q)
     cfg = json.loads((q / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    for qc, message in (({"quant_method": "mxfp4"}, "quantised checkpoint \\(mxfp4\\) is not supported"),
+                        ({"quant_method": "gptq", "bits": 4}, "quantised checkpoint \\(gptq\\)"),
+                        ({"quant_method": "fp8", "activation_scheme": "static"}, "static activation scales"),
+                        ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size must be two"),
+                        ({"quant_method": "fp8", "fmt": "e5m2"}, "fp8 format 'e5m2'")):
+        cfg["quantization_config"] = qc
+        (q / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(UsageError, match=message):
+            load_model(q, cpu)
+    # Declared fp8, but the weights on disk are not: the experts cannot be read as fp8.
+    cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [8, 8]}
     (q / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UsageError, match="quantised checkpoint \\(fp8\\)"):
+    with pytest.raises(InputFileError, match="holds torch.float8_e4m3fn, the checkpoint gives torch.float32"):
         load_model(q, cpu)
     cfg.pop("quantization_config")
     cfg["model_type"] = "llama"

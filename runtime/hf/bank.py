@@ -30,6 +30,7 @@ from ..bank import BlobBank
 from ..device import DeviceInfo
 from ..moe import expert_groups
 from ..pinned import PinnedAllocator, plan_placement
+from .fp8 import FP8, Fp8Format, dequantize
 
 PARTS = ("w1", "w2", "b1", "b2")
 
@@ -43,6 +44,8 @@ class ExpertLayout:
     transposed: bool
     has_bias: bool
     hidden: int
+    plain_swiglu: bool = False  # w1 [2I, H] = [gate; up], w2 [H, I], no bias, silu(gate) * up
+    fp8: Fp8Format | None = None  # block-scaled fp8 weights (and their scales) instead of the model dtype
 
     @property
     def part_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -50,21 +53,25 @@ class ExpertLayout:
         if self.has_bias:
             two_i = self.w1_shape[1] if self.transposed else self.w1_shape[0]
             shapes.update(b1=(two_i,), b2=(self.hidden,))
+        if self.fp8 is not None:  # gate and up keep their own scales: I need not be a whole block
+            shapes.update(s1=(2, *self.fp8.scale_shape(self.inter, self.hidden)),
+                          s2=self.fp8.scale_shape(*self.w2_shape))
         return shapes
 
-    @property
-    def blob_elems(self) -> int:
-        return sum(math.prod(s) for s in self.part_shapes.values())
-
-    plain_swiglu: bool = False  # w1 [2I, H] = [gate; up], w2 [H, I], no bias, silu(gate) * up
+    def part_dtype(self, name: str, dtype: torch.dtype) -> torch.dtype:
+        """What a part holds: the model dtype, or fp8 weights with float32 scales."""
+        if self.fp8 is None:
+            return dtype
+        return FP8 if name in ("w1", "w2") else torch.float32
 
     @property
     def inter(self) -> int:
         return (self.w1_shape[1] if self.transposed else self.w1_shape[0]) // 2
 
     @classmethod
-    def of_module(cls, experts: torch.nn.Module) -> ExpertLayout:
-        """Read the layout from a transformers experts module (works on a meta-device skeleton)."""
+    def of_module(cls, experts: torch.nn.Module, fp8: Fp8Format | None = None) -> ExpertLayout:
+        """Read the layout from a transformers experts module (works on a meta-device skeleton);
+        `fp8`: the checkpoint stores the experts block-scaled in fp8."""
         transposed = bool(getattr(experts, "is_transposed", False))
         has_bias = bool(getattr(experts, "has_bias", False))
         if not getattr(experts, "has_gate", True) or not hasattr(experts, "gate_up_proj"):
@@ -76,7 +83,11 @@ class ExpertLayout:
         hidden = w1[0] if transposed else w1[1]
         plain = (not transposed and not has_bias and bool(getattr(experts, "is_concatenated", True))
                  and _default_gate(experts) and _is_silu(getattr(experts, "act_fn", None)))
-        return cls(w1, w2, transposed, has_bias, hidden, plain)
+        if fp8 is not None and (transposed or has_bias or not getattr(experts, "is_concatenated", True)):
+            raise NotImplementedError(f"{type(experts).__name__}: fp8 experts in a transposed, biased or "
+                                      "interleaved layout")
+        # The Triton kernels read the model dtype: fp8 experts are computed in torch.
+        return cls(w1, w2, transposed, has_bias, hidden, plain and fp8 is None, fp8)
 
 
 def _default_gate(experts: torch.nn.Module) -> bool:
@@ -99,25 +110,39 @@ class HFExpertBank(BlobBank):
     def __init__(self, layout: ExpertLayout, num_experts: int, dtype: torch.dtype, info: DeviceInfo,
                  allocator: PinnedAllocator | None = None, swap_stream=None, kernel=None):
         allocator = allocator or PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
-        super().__init__(num_experts, layout.blob_elems, dtype, info, allocator, swap_stream=swap_stream)
         if kernel is not None and not layout.plain_swiglu:
             raise ValueError("the Triton experts compute the plain SwiGLU layout only")
-        self.layout, self.kernel = layout, kernel
-        self._offsets: dict[str, tuple[int, tuple[int, ...]]] = {}
+        # A blob of one dtype holds the parts as they are; one of mixed dtypes (fp8 weights,
+        # float32 scales) is bytes, each part 16-byte aligned so that it can be viewed in its dtype.
+        storage = dtype if layout.fp8 is None else torch.uint8
+        self._offsets: dict[str, tuple[int, tuple[int, ...], torch.dtype]] = {}
         off = 0
         for name, shape in layout.part_shapes.items():
-            self._offsets[name] = (off, shape)
-            off += math.prod(shape)
+            part = layout.part_dtype(name, dtype)
+            self._offsets[name] = (off, shape, part)
+            n = math.prod(shape) * part.itemsize // storage.itemsize
+            off += n if storage == part else -(-n // 16) * 16
+        super().__init__(num_experts, off, storage, info, allocator, swap_stream=swap_stream)
+        self.layout, self.kernel, self.compute_dtype = layout, kernel, dtype
         # What the kernels read (the plain layout only): sizes and where w2 starts in a blob.
         self.hidden, self.inter = layout.hidden, layout.inter
         self.w2_offset = self._offsets["w2"][0]
 
+    def _part(self, blob_B: torch.Tensor, name: str) -> torch.Tensor:
+        off, shape, part = self._offsets[name]
+        n = math.prod(shape) * part.itemsize // blob_B.element_size()
+        view = blob_B[off:off + n]
+        return (view if view.dtype == part else view.view(part)).view(shape)
+
     # ---- filling the cold bank ----
 
-    def load_part(self, e: int, part: str, tensor: torch.Tensor, rows: slice | None = None) -> None:
-        """Copy one checkpoint tensor into expert e's blob (`rows`: a slice of the part's first dim)."""
-        off, shape = self._offsets[part]
-        view = self.cold_EB[e, off:off + math.prod(shape)].view(shape)
+    def load_part(self, e: int, part: str, tensor: torch.Tensor, rows: slice | int | None = None) -> None:
+        """Copy one checkpoint tensor into expert e's blob (`rows`: a slice or index of the part's
+        first dim: gate or up rows of w1, or the gate / up scales of s1)."""
+        view = self._part(self.cold_EB[e], part)
+        want = view.dtype
+        if tensor.dtype != want and (want == FP8 or tensor.dtype == FP8):
+            raise ValueError(f"{part} holds {want}, the checkpoint gives {tensor.dtype}")
         (view if rows is None else view[rows]).copy_(tensor)
 
     # ---- compute ----
@@ -128,7 +153,19 @@ class HFExpertBank(BlobBank):
         blob = self.hot_SB[slot] if slot >= 0 else self.cold_read_EB[e]
         if blob.device != self.info.device:  # CUDA without zero-copy: an explicit copy
             blob = blob.to(self.info.device, non_blocking=True)
-        return {name: blob[off:off + math.prod(shape)].view(shape) for name, (off, shape) in self._offsets.items()}
+        return {name: self._part(blob, name) for name in self._offsets}
+
+    def weights_of(self, e: int) -> dict[str, torch.Tensor]:
+        """Expert e's tensors ready to compute with: fp8 weights dequantised (in the model dtype,
+        as transformers does), the rest as stored."""
+        p = self.parts_of(e)
+        fmt = self.layout.fp8
+        if fmt is None:
+            return p
+        dt, inter = self.compute_dtype, self.layout.inter
+        w1 = torch.cat([dequantize(p["w1"][:inter], p["s1"][0], fmt, dt),
+                        dequantize(p["w1"][inter:], p["s1"][1], fmt, dt)])
+        return {"w1": w1, "w2": dequantize(p["w2"], p["s2"], fmt, dt)}
 
     def forward(self, experts: torch.nn.Module, x_TH: torch.Tensor, ids_TK: torch.Tensor,
                 w_TK: torch.Tensor) -> torch.Tensor:
@@ -141,7 +178,7 @@ class HFExpertBank(BlobBank):
         out_TH = torch.zeros_like(x_TH)
         w_flat = w_TK.reshape(-1)
         for e, tok, idx in expert_groups(ids_TK, self.num_experts):
-            p = self.parts_of(e)
+            p = self.weights_of(e)
             x = x_TH[tok]
             if lay.transposed:
                 gu = x @ p["w1"]

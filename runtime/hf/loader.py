@@ -5,8 +5,9 @@ the device. Attention, norms, embeddings, routers and dense / shared MLPs stay t
 
 Checkpoint keys are the hub's: per-expert `...experts.{e}.{gate_proj|up_proj|down_proj}.weight`
 (Mixtral: `block_sparse_moe.experts.{e}.{w1|w3|w2}.weight`), or fused `...experts.gate_up_proj`
-[E, ...] / `down_proj` (+ `_bias`, gpt-oss). Quantised checkpoints (fp8 block scales, MXFP4
-blocks/scales, bitsandbytes, GPTQ/AWQ) are refused: only bf16 / fp16 / fp32 weights are read.
+[E, ...] / `down_proj` (+ `_bias`, gpt-oss). Other quantised checkpoints (MXFP4
+blocks/scales, bitsandbytes, GPTQ/AWQ) are refused, except block-scaled fp8 (runtime/hf/fp8.py):
+its experts stay fp8 in the cold bank, every other quantised weight is dequantised at load.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..kernels import TritonExperts
 from ..pinned import PinnedAllocator, plan_placement
 from .adapter import MoELayerInfo, RoutingCounter, find_moe_layers, install
 from .bank import ExpertLayout, HFExpertBank
+from .fp8 import FP8, dequantize, fp8_format_of
 
 # model_type values whose experts this adapter has been checked against (tests/test_hf_*.py).
 FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "glm4_moe", "mimo_v2_flash", "gpt_oss")
@@ -100,6 +102,9 @@ def _checkpoint_files(path: Path) -> list[Path]:
 
 
 def read_config(path: str | Path):
+    """The checkpoint's config, checked: a supported family, not quantised or block-scaled fp8.
+    The fp8 format is kept as `config.hotsplit_fp8` and `quantization_config` is removed, so
+    that transformers builds plain modules (hotsplit dequantises what it loads)."""
     from transformers import AutoConfig
 
     path = Path(path)
@@ -109,12 +114,43 @@ def read_config(path: str | Path):
     mtype = getattr(config, "model_type", "?")
     if mtype not in FAMILIES:
         raise UsageError(f"{path}: model_type {mtype!r} is not supported", f"supported: {', '.join(FAMILIES)}")
-    q = getattr(config, "quantization_config", None)
-    if q:
-        method = q.get("quant_method", "?") if isinstance(q, dict) else getattr(q, "quant_method", "?")
-        raise UsageError(f"{path}: quantised checkpoint ({method}) is not supported",
-                         "use a bf16 checkpoint (e.g. a dequantised release)")
+    config.hotsplit_fp8 = fp8_format_of(config, str(path))
+    if getattr(config, "quantization_config", None) is not None:
+        del config.quantization_config
     return config
+
+
+SCALE_SUFFIX = "_scale_inv"
+
+
+class _ScaleReader:
+    """The `<weight>_scale_inv` tensor of a fp8 weight, wherever it is in the checkpoint's files."""
+
+    def __init__(self, files: list[Path], where: Path):
+        from safetensors import safe_open
+
+        self.where = where
+        self._file_of: dict[str, Path] = {}
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                self._file_of.update((k, file) for k in f.keys() if k.endswith(SCALE_SUFFIX))
+        self._open: dict[Path, object] = {}
+
+    def of(self, weight_key: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        key = weight_key + SCALE_SUFFIX
+        file = self._file_of.get(key)
+        if file is None:
+            raise InputFileError(f"{self.where}: {weight_key} is fp8 but {key} is missing")
+        if file not in self._open:
+            self._open[file] = safe_open(str(file), framework="pt").__enter__()
+        return self._open[file].get_tensor(key)
+
+    def close(self) -> None:
+        for handle in self._open.values():
+            handle.__exit__(None, None, None)
+        self._open.clear()
 
 
 def _fp32_names(model: torch.nn.Module, dtype: torch.dtype) -> list[str]:
@@ -162,8 +198,9 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
     allocator = allocator or PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
     swap_stream = torch.cuda.Stream(info.device) if info.is_cuda else None
     banks = []
+    fp8 = config.hotsplit_fp8
     for i in layers:
-        layout = ExpertLayout.of_module(i.experts)
+        layout = ExpertLayout.of_module(i.experts, fp8)
         # The plain SwiGLU layout runs the expert-grouped kernels wherever Triton does.
         kernel = TritonExperts() if info.triton and layout.plain_swiglu else None
         banks.append(HFExpertBank(layout, i.num_experts, dtype, info, allocator, swap_stream, kernel))
@@ -174,9 +211,13 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
     params = dict(model.named_parameters())
     params.update(dict(model.named_buffers()))
     seen: set[str] = set()
-    for file in _checkpoint_files(path):
+    files = _checkpoint_files(path)
+    scales = _ScaleReader(files, path) if fp8 is not None else None
+    for file in files:
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():
+                if scales is not None and key.endswith(SCALE_SUFFIX):
+                    continue  # read with its weight
                 m = _PER_EXPERT.match(key)
                 if m and int(m["layer"]) in by_layer:
                     lid, e = int(m["layer"]), int(m["e"])
@@ -184,12 +225,20 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
                     bank = bank_of[lid]
                     t = f.get_tensor(key)
                     rows = None if half is None else slice(half * t.shape[0], (half + 1) * t.shape[0])
-                    bank.load_part(e, part, t, rows)
+                    try:
+                        bank.load_part(e, part, t, rows)
+                        if fp8 is not None:  # the block scales of this projection, kept beside it
+                            bank.load_part(e, "s1" if part == "w1" else "s2", scales.of(key), half)
+                    except (ValueError, RuntimeError) as exc:
+                        raise InputFileError(f"{path}: {key}: {exc}") from None
                     loaded[by_layer[lid].row, e] += 1
                     continue
                 m = _FUSED.match(key)
                 if m and int(m["layer"]) in by_layer:
                     lid = int(m["layer"])
+                    if fp8 is not None:
+                        raise InputFileError(f"{path}: {key}: fused fp8 experts are not supported",
+                                             "use a checkpoint with per-expert weights")
                     sl = f.get_slice(key)
                     for e in range(by_layer[lid].num_experts):  # one expert at a time: no full copy
                         bank_of[lid].load_part(e, _FUSED_PART[m["name"]], sl[e])
@@ -203,8 +252,15 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
                 want = torch.float32 if any(p in name for p in fp32) else dtype
                 if params[name].dtype.is_floating_point is False:
                     want = params[name].dtype
-                _set_tensor(model, name, f.get_tensor(key), info.device, want)
+                t = f.get_tensor(key)
+                if t.dtype == FP8:
+                    if scales is None:
+                        raise InputFileError(f"{path}: {key} is fp8 but config.json names no fp8 quantization")
+                    t = dequantize(t, scales.of(key), fp8, torch.float32)
+                _set_tensor(model, name, t, info.device, want)
                 seen.add(name)
+    if scales is not None:
+        scales.close()
     short = np.argwhere(loaded < 3)
     if len(short):
         li, e = short[0]
