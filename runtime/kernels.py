@@ -38,7 +38,7 @@ class TorchExperts:
     capturable = False
 
     def __call__(self, x_TH, ids_TK, w_TK, bank: ExpertBank, counts_E=None) -> torch.Tensor:
-        slots = bank.served_E  # the host mirror of expert2slot: no device read
+        slots = bank.served_E.tolist()  # the host mirror of expert2slot: no device read
         return grouped_experts(x_TH, ids_TK, w_TK, lambda e: bank.weights_of(e, slots[e]), bank.num_experts)
 
 
