@@ -59,6 +59,22 @@ class ExpertBlocks:
         return self.expert_N.shape[0]
 
 
+@dataclass(frozen=True)
+class FP8Meta:
+    """Where a block-scaled fp8 blob keeps its scales, for the kernels (offsets in bytes):
+    w13 e4m3 [2I, H] at 0, w2 e4m3 [H, I] at w2_offset, float32 scales of gate and up
+    [2, s1_rows, s1_cols] at s1_offset and of w2 [.., s2_cols] at s2_offset; a scale covers
+    bm rows x bn columns."""
+
+    bm: int
+    bn: int
+    s1_offset: int
+    s1_rows: int
+    s1_cols: int
+    s2_offset: int
+    s2_cols: int
+
+
 def max_blocks(num_assignments: int, num_experts: int, block_t: int) -> int:
     """Upper bound on the blocks of one step: each expert used adds at most one partial block, and
     at most min(E, A) experts are used. Static in the shapes, so the grid never depends on data."""
@@ -94,12 +110,12 @@ def align_blocks(ids_A: torch.Tensor, num_experts: int, block_t: int) -> ExpertB
 _KERNELS: dict = {}
 # Jit helpers the kernels call: Triton resolves a callee among the kernel's module globals, so
 # they are bound here when the kernels are built (triton is imported lazily).
-_expert_base = _matmul = None
+_expert_base = _matmul = _block_scale = None
 
 
 def _build_kernels():
     """Compile-on-first-use Triton kernels (imported lazily: triton is optional)."""
-    global _expert_base, _matmul
+    global _expert_base, _matmul, _block_scale
     if _KERNELS:
         return _KERNELS
     # Triton 3.9 warns that its default (fused multiply-add on) will change; keep it explicitly.
@@ -127,15 +143,24 @@ def _build_kernels():
             acc = tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
         return acc
 
-    _expert_base, _matmul = expert_base, matmul
+    @triton.jit
+    def block_scale(s_ptr, rows, cols, s_cols, mask, BM: tl.constexpr, BN: tl.constexpr):
+        """The fp8 block scale of each element (rows, cols broadcast to a tile): scale
+        [rows // BM, cols // BN] of a grid s_cols wide, float32."""
+        return tl.load(s_ptr + (rows // BM) * s_cols + cols // BN, mask=mask, other=0.0)
+
+    _expert_base, _matmul, _block_scale = expert_base, matmul, block_scale
 
     @triton.jit
     def gate_up_kernel(x_ptr, order_ptr, blk_expert_ptr, blk_start_ptr, blk_count_ptr, e2s_ptr, hot_ptr, cold_ptr,
-                       out_ptr, H, INTER, blob_stride, K: tl.constexpr, BLOCK_T: tl.constexpr,
-                       BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, USE_DOT: tl.constexpr, NATIVE: tl.constexpr,
-                       SPLIT: tl.constexpr):
+                       out_ptr, H, INTER, blob_stride, s_off, s_rows, s_cols, K: tl.constexpr,
+                       BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, USE_DOT: tl.constexpr,
+                       NATIVE: tl.constexpr, SPLIT: tl.constexpr, FP8: tl.constexpr, BM: tl.constexpr,
+                       BN: tl.constexpr):
         """SPLIT == 1: act [A, I] = silu(gate) * up. SPLIT > 1: program (n, i, s) sums the s-th
-        chunk of H and adds its partial gate and up into out [A, 2I] (float32, zeroed)."""
+        chunk of H and adds its partial gate and up into out [A, 2I] (float32, zeroed).
+        FP8: the blob is bytes, w13 is e4m3 and its block scales (float32 [2, s_rows, s_cols]:
+        gate, then up) start at byte s_off; each weight tile is dequantised as it is read."""
         pid_n = tl.program_id(0)
         pid_i = tl.program_id(1)
         pid_s = tl.program_id(2)
@@ -145,6 +170,9 @@ def _build_kernels():
         e = tl.load(blk_expert_ptr + pid_n).to(tl.int64)
         start = tl.load(blk_start_ptr + pid_n).to(tl.int64)
         base = _expert_base(e, e2s_ptr, hot_ptr, cold_ptr, blob_stride)
+        if FP8:
+            s_ptr = (base + s_off).to(tl.pointer_type(tl.float32))
+            base = base.to(tl.pointer_type(tl.float8e4nv))
         offs_t = tl.arange(0, BLOCK_T)
         mask_t = offs_t < count
         a = tl.load(order_ptr + start + offs_t, mask=mask_t, other=0).to(tl.int64)
@@ -164,6 +192,14 @@ def _build_kernels():
             m2 = mask_h[:, None] & mask_i[None, :]
             wg = tl.load(base + offs_i[None, :] * H + offs_h[:, None], mask=m2, other=0.0)
             wu = tl.load(base + (offs_i[None, :] + INTER) * H + offs_h[:, None], mask=m2, other=0.0)
+            if FP8:  # value x block scale, in the activations' dtype for 16-bit dots, else float32
+                sg = _block_scale(s_ptr, offs_i[None, :], offs_h[:, None], s_cols, m2, BM, BN)
+                su = _block_scale(s_ptr + s_rows * s_cols, offs_i[None, :], offs_h[:, None], s_cols, m2, BM, BN)
+                wg = wg.to(tl.float32) * sg
+                wu = wu.to(tl.float32) * su
+                if NATIVE:
+                    wg = wg.to(xv.dtype)
+                    wu = wu.to(xv.dtype)
             acc_g += _matmul(xv, wg, USE_DOT, NATIVE)
             acc_u += _matmul(xv, wu, USE_DOT, NATIVE)
         m_out = mask_t[:, None] & mask_i[None, :]
@@ -177,8 +213,11 @@ def _build_kernels():
 
     @triton.jit
     def down_kernel(act_ptr, order_ptr, w_ptr, blk_expert_ptr, blk_start_ptr, blk_count_ptr, e2s_ptr, hot_ptr,
-                    cold_ptr, out_ptr, H, INTER, blob_stride, w2_offset, BLOCK_T: tl.constexpr,
-                    BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr, USE_DOT: tl.constexpr, NATIVE: tl.constexpr):
+                    cold_ptr, out_ptr, H, INTER, blob_stride, w2_offset, s_off, s_cols, BLOCK_T: tl.constexpr,
+                    BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr, USE_DOT: tl.constexpr, NATIVE: tl.constexpr,
+                    FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BF16: tl.constexpr):
+        """FP8: w2 is e4m3 with float32 block scales [.., s_cols] at byte s_off of the blob,
+        dequantised to bfloat16 (BF16) or float16 when NATIVE."""
         pid_n = tl.program_id(0)
         pid_h = tl.program_id(1)
         count = tl.load(blk_count_ptr + pid_n)
@@ -186,7 +225,11 @@ def _build_kernels():
             return
         e = tl.load(blk_expert_ptr + pid_n).to(tl.int64)
         start = tl.load(blk_start_ptr + pid_n).to(tl.int64)
-        base = _expert_base(e, e2s_ptr, hot_ptr, cold_ptr, blob_stride) + w2_offset
+        blob = _expert_base(e, e2s_ptr, hot_ptr, cold_ptr, blob_stride)
+        base = blob + w2_offset
+        if FP8:
+            s_ptr = (blob + s_off).to(tl.pointer_type(tl.float32))
+            base = base.to(tl.pointer_type(tl.float8e4nv))
         offs_t = tl.arange(0, BLOCK_T)
         mask_t = offs_t < count
         a = tl.load(order_ptr + start + offs_t, mask=mask_t, other=0).to(tl.int64)
@@ -199,8 +242,16 @@ def _build_kernels():
             av = tl.load(act_ptr + a[:, None] * INTER + offs_i[None, :], mask=mask_t[:, None] & mask_i[None, :],
                          other=0.0)
             # Weight tile [BLOCK_I, BLOCK_H] of w2 [H, I].
-            wd = tl.load(base + offs_h[None, :] * INTER + offs_i[:, None], mask=mask_i[:, None] & mask_h[None, :],
-                         other=0.0)
+            m2 = mask_i[:, None] & mask_h[None, :]
+            wd = tl.load(base + offs_h[None, :] * INTER + offs_i[:, None], mask=m2, other=0.0)
+            if FP8:
+                sd = _block_scale(s_ptr, offs_h[None, :], offs_i[:, None], s_cols, m2, BM, BN)
+                wd = wd.to(tl.float32) * sd
+                if NATIVE:  # 16-bit weights for the tensor cores, as the activations' dtype
+                    if BF16:
+                        wd = wd.to(tl.bfloat16)
+                    else:
+                        wd = wd.to(tl.float16)
             acc += _matmul(av, wd, USE_DOT, NATIVE)
         wt = tl.load(w_ptr + a, mask=mask_t, other=0.0)
         tl.store(out_ptr + a[:, None] * H + offs_h[None, :], acc * wt[:, None], mask=mask_t[:, None] & mask_h[None, :])
@@ -276,7 +327,10 @@ class TritonExperts:
         wts = w_TK.reshape(-1).float().contiguous()
         blocks = align_blocks(ids_TK.reshape(-1), bank.num_experts, self.block_t)
         blob_stride = bank.hot_SB.stride(0)
-        native = self.native_dot(bank.dtype)
+        compute_dtype = getattr(bank, "compute_dtype", bank.dtype)
+        native = self.native_dot(compute_dtype)
+        fp8 = getattr(bank, "fp8_meta", None)  # FP8Meta of a block-scaled fp8 bank, else None
+        f8 = dict(FP8=fp8 is not None, BM=fp8.bm if fp8 else 1, BN=fp8.bn if fp8 else 1)
         N = blocks.num_blocks
         i_tiles = k["cdiv"](INTER, self.block_i)
         split = self._split(N * i_tiles, H, x.device)
@@ -287,14 +341,16 @@ class TritonExperts:
         meta = (blocks.order_A, blocks.expert_N, blocks.start_N, blocks.count_N)
         k["gate_up"][(N, i_tiles, split)](
             x, *meta, bank.expert2slot_E, bank.hot_SB, bank.cold_read_EB, gu, H, INTER, blob_stride,
+            fp8.s1_offset if fp8 else 0, fp8.s1_rows if fp8 else 0, fp8.s1_cols if fp8 else 0,
             K=K, BLOCK_T=self.block_t, BLOCK_I=self.block_i, BLOCK_H=self.block_h, USE_DOT=self.use_dot,
-            NATIVE=native, SPLIT=split)
+            NATIVE=native, SPLIT=split, **f8)
         if split > 1:
             act = (F.silu(gu[:, :INTER]) * gu[:, INTER:]).contiguous()
         k["down"][(N, k["cdiv"](H, self.block_h))](
             act, blocks.order_A, wts, *meta[1:], bank.expert2slot_E, bank.hot_SB, bank.cold_read_EB, out, H, INTER,
-            blob_stride, bank.w2_offset, BLOCK_T=self.block_t, BLOCK_H=self.block_h, BLOCK_I=self.block_i_down,
-            USE_DOT=self.use_dot_down, NATIVE=native)
+            blob_stride, bank.w2_offset, fp8.s2_offset if fp8 else 0, fp8.s2_cols if fp8 else 0,
+            BLOCK_T=self.block_t, BLOCK_H=self.block_h, BLOCK_I=self.block_i_down, USE_DOT=self.use_dot_down,
+            NATIVE=native, BF16=compute_dtype == torch.bfloat16, **f8)
         return out.view(T, K, H).sum(dim=1).to(x_TH.dtype)
 
 

@@ -28,10 +28,11 @@ def _compile(fn, types: dict, consts: dict):
     return triton.compile(ASTSource(fn, sig, consts), target=HOPPER)
 
 
-def _common(w: str) -> dict:
+def _common(w: str, fp8: bool) -> dict:
+    blob = "*u8" if fp8 else WEIGHT[w]  # an fp8 blob is bytes: e4m3 weights, then float32 scales
     return {"order_ptr": "*i64", "blk_expert_ptr": "*i32", "blk_start_ptr": "*i64", "blk_count_ptr": "*i32",
-            "e2s_ptr": "*i32", "hot_ptr": WEIGHT[w], "cold_ptr": WEIGHT[w], "H": "i32", "INTER": "i32",
-            "blob_stride": "i32"}
+            "e2s_ptr": "*i32", "hot_ptr": blob, "cold_ptr": blob, "H": "i32", "INTER": "i32",
+            "blob_stride": "i32", "s_off": "i32", "s_rows": "i32", "s_cols": "i32"}
 
 
 # (weights, native 16-bit dot, blocks t/i/h): what TritonExperts launches for each dtype.
@@ -39,21 +40,24 @@ VARIANTS = [("bf16", True, (16, 32, 128)), ("fp16", True, (16, 32, 128)), ("fp32
             ("bf16", True, (4, 8, 16))]
 
 
+@pytest.mark.parametrize("fp8", [False, True], ids=["weights", "fp8-weights"])
 @pytest.mark.parametrize("split", [1, 4])
 @pytest.mark.parametrize("w, native, blocks", VARIANTS)
-def test_gate_up_kernel_compiles_for_hopper(w, native, blocks, split):
+def test_gate_up_kernel_compiles_for_hopper(w, native, blocks, split, fp8):
     k = kernels._build_kernels()
     bt, bi, bh = blocks
-    types = {**_common(w), "x_ptr": WEIGHT[w], "out_ptr": "*fp32"}
+    types = {**_common(w, fp8), "x_ptr": WEIGHT[w], "out_ptr": "*fp32"}
     _compile(k["gate_up"], types, dict(K=8, BLOCK_T=bt, BLOCK_I=bi, BLOCK_H=bh, USE_DOT=min(blocks) >= 16,
-                                       NATIVE=native, SPLIT=split))
+                                       NATIVE=native, SPLIT=split, FP8=fp8, BM=128, BN=128))
 
 
+@pytest.mark.parametrize("fp8", [False, True], ids=["weights", "fp8-weights"])
 @pytest.mark.parametrize("w, native, blocks", VARIANTS)
-def test_down_kernel_compiles_for_hopper(w, native, blocks):
+def test_down_kernel_compiles_for_hopper(w, native, blocks, fp8):
     k = kernels._build_kernels()
     bt, _, bh = blocks
     bi = 64 if min(blocks) >= 16 else 8
-    types = {**_common(w), "act_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "w2_offset": "i32"}
+    types = {**_common(w, fp8), "act_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "w2_offset": "i32"}
+    del types["s_rows"]
     _compile(k["down"], types, dict(BLOCK_T=bt, BLOCK_H=bh, BLOCK_I=bi, USE_DOT=min(bt, bi, bh) >= 16,
-                                    NATIVE=native))
+                                    NATIVE=native, FP8=fp8, BM=128, BN=128, BF16=w == "bf16"))

@@ -284,7 +284,7 @@ def test_triton_kernel_tests_run_in_a_fresh_interpreter_process():
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("this process already runs the kernel tests in the interpreter")
     root = Path(__file__).resolve().parent.parent
-    files = [str(Path(__file__)), str(Path(__file__).with_name("test_hf_models.py"))]
+    files = [str(Path(__file__)), *(str(Path(__file__).with_name(f)) for f in ("test_hf_models.py", "test_hf_fp8.py"))]
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *files,
          "-k", "(interpreter or grouped_kernels) and not fresh"],

@@ -11,9 +11,10 @@ transformers uses:
 - optional biases `b1` [2I] and `b2` [H] (gpt-oss).
 
 When the layout is the plain one (w1 [2I, H] concatenated, w2 [H, I], no bias, SiLU gate) a blob
-is byte for byte the synthetic runtime's, and where Triton runs the bank computes with the same
-expert-grouped kernels (device-side map, no host sync); otherwise, per expert in torch with the
-module's own `_apply_gate`. The cold bank is filled one expert part at a time (`load_part`),
+is byte for byte the synthetic runtime's (or its block-scaled fp8 form: e4m3 weights, then the
+float32 scales), and where Triton runs the bank computes with the same expert-grouped kernels
+(device-side map, no host sync, fp8 tiles dequantised as they are read); otherwise, per expert
+in torch with the module's own `_apply_gate`. The cold bank is filled one expert part at a time (`load_part`),
 straight from a checkpoint tensor: the weights never sit twice in host memory.
 
 Shape letters: T = tokens, K = top_k, E = experts, S = hot slots, B = elements of one blob.
@@ -28,6 +29,7 @@ import torch
 
 from ..bank import BlobBank
 from ..device import DeviceInfo
+from ..kernels import FP8Meta
 from ..moe import expert_groups
 from ..pinned import PinnedAllocator, plan_placement
 from .fp8 import FP8, Fp8Format, dequantize
@@ -86,8 +88,7 @@ class ExpertLayout:
         if fp8 is not None and (transposed or has_bias or not getattr(experts, "is_concatenated", True)):
             raise NotImplementedError(f"{type(experts).__name__}: fp8 experts in a transposed, biased or "
                                       "interleaved layout")
-        # The Triton kernels read the model dtype: fp8 experts are computed in torch.
-        return cls(w1, w2, transposed, has_bias, hidden, plain and fp8 is None, fp8)
+        return cls(w1, w2, transposed, has_bias, hidden, plain, fp8)
 
 
 def _default_gate(experts: torch.nn.Module) -> bool:
@@ -124,9 +125,15 @@ class HFExpertBank(BlobBank):
             off += n if storage == part else -(-n // 16) * 16
         super().__init__(num_experts, off, storage, info, allocator, swap_stream=swap_stream)
         self.layout, self.kernel, self.compute_dtype = layout, kernel, dtype
-        # What the kernels read (the plain layout only): sizes and where w2 starts in a blob.
+        # What the kernels read (the plain layout only): sizes, where w2 starts in a blob, and
+        # for fp8 where the scales are (per-tensor scales: one block covering everything).
         self.hidden, self.inter = layout.hidden, layout.inter
         self.w2_offset = self._offsets["w2"][0]
+        self.fp8_meta = None
+        if layout.fp8 is not None:
+            bm, bn = layout.fp8.block or (1 << 30, 1 << 30)
+            (s1, s1_shape, _), (s2, s2_shape, _) = self._offsets["s1"], self._offsets["s2"]
+            self.fp8_meta = FP8Meta(bm, bn, s1, s1_shape[1], s1_shape[2], s2, s2_shape[1])
 
     def _part(self, blob_B: torch.Tensor, name: str) -> torch.Tensor:
         off, shape, part = self._offsets[name]
