@@ -20,6 +20,7 @@ On a CPU both phases happen at once, with the same bookkeeping (hot slots are se
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 from .device import DeviceInfo
+from .fp8 import FP8, Fp8Experts, Fp8Format, FP8Meta, dequantize
 from .pinned import PinnedAllocator
 
 
@@ -81,6 +83,54 @@ def zero_copy_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return flat.view(host.dtype).view(host.shape)
 
 
+@dataclass(frozen=True)
+class BlobLayout:
+    """Where each part of an expert blob sits. Parts of one dtype sit back to back in a blob of
+    that dtype; parts of mixed dtypes (fp8 weights, float32 scales) in a blob of bytes, each
+    16-byte aligned so that it can be viewed in its own dtype. Offsets are in blob elements."""
+
+    storage: torch.dtype
+    offsets: dict[str, tuple[int, tuple[int, ...], torch.dtype]]  # name -> (offset, shape, dtype)
+    elems: int  # elements of one blob
+
+    @classmethod
+    def of(cls, parts: list[tuple[str, tuple[int, ...], torch.dtype]]) -> BlobLayout:
+        dtypes = {d for _, _, d in parts}
+        storage = dtypes.pop() if len(dtypes) == 1 else torch.uint8
+        offsets, off = {}, 0
+        for name, shape, dtype in parts:
+            offsets[name] = (off, tuple(shape), dtype)
+            n = math.prod(shape) * dtype.itemsize // storage.itemsize
+            off += n if dtype == storage else -(-n // 16) * 16
+        if storage == torch.uint8:
+            off = -(-off // 16) * 16
+        return cls(storage, offsets, off)
+
+    def view(self, blob: torch.Tensor, name: str) -> torch.Tensor:
+        """Part `name` of one blob [B], or of every blob of a bank [E, B] ([E, *shape])."""
+        off, shape, dtype = self.offsets[name]
+        n = math.prod(shape) * dtype.itemsize // self.storage.itemsize
+        part = blob[..., off:off + n]
+        if dtype != self.storage:
+            part = part.view(dtype)
+        return part.reshape(*blob.shape[:-1], *shape) if blob.dim() > 1 else part.view(shape)
+
+    def fp8_meta(self, fmt) -> FP8Meta:
+        """The scales' places for the kernels (a w1/w2/s1/s2 fp8 layout; offsets in bytes)."""
+        (s1, s1_shape, _), (s2, s2_shape, _) = self.offsets["s1"], self.offsets["s2"]
+        bm, bn = fmt.block or (1 << 30, 1 << 30)
+        return FP8Meta(bm, bn, s1, s1_shape[1], s1_shape[2], s2, s2_shape[1])
+
+
+def swiglu_fp8_parts(two_inter: int, hidden: int, fmt: Fp8Format) -> list[tuple]:
+    """Blob parts of a SwiGLU expert in block-scaled fp8: w1 [2I, H] and w2 [H, I] in e4m3, the
+    scales of gate and up [2, ...] (kept apart: I need not be a whole block) and of w2."""
+    inter = two_inter // 2
+    return [("w1", (two_inter, hidden), FP8), ("w2", (hidden, inter), FP8),
+            ("s1", (2, *fmt.scale_shape(inter, hidden)), torch.float32), ("s2", fmt.scale_shape(hidden, inter),
+                                                                          torch.float32)]
+
+
 @dataclass
 class _InFlight:
     moves: list[tuple[int, int]]  # (in_expert, slot) awaiting publication
@@ -99,6 +149,8 @@ class BlobBank:
                  allocator: PinnedAllocator, expert2slot_E: torch.Tensor | None = None, swap_stream=None):
         E, B = num_experts, blob_elems
         self.info, self.dtype, self.num_experts = info, dtype, E
+        self.compute_dtype = dtype  # what experts compute in (a bank of fp8 bytes says otherwise)
+        self.fp8_meta: FP8Meta | None = None
         n_bytes = E * B * torch.empty((), dtype=dtype).element_size()
         self.cold_EB = allocator.alloc(n_bytes)[:n_bytes].view(dtype).view(E, B)  # in host memory
         # What kernels read for a cold expert: the zero-copy device view on CUDA, else the host rows.
@@ -211,27 +263,46 @@ class BlobBank:
 
 class ExpertBank(BlobBank):
     """The synthetic runtime's SwiGLU experts: a blob is w13 [2I, H] (gate rows, then up rows)
-    followed by w2 [H, I]."""
+    followed by w2 [H, I]; with `fp8` (quantised weights of the same experts) the same in e4m3,
+    then the block scales."""
 
     def __init__(self, w13_EIH: torch.Tensor, w2_EHI: torch.Tensor, hot_E: np.ndarray, info: DeviceInfo,
-                 allocator: PinnedAllocator, expert2slot_E: torch.Tensor | None = None, swap_stream=None):
+                 allocator: PinnedAllocator, expert2slot_E: torch.Tensor | None = None, swap_stream=None,
+                 fp8: Fp8Experts | None = None):
         E, two_i, H = w13_EIH.shape
         inter = two_i // 2
-        super().__init__(E, 3 * inter * H, w13_EIH.dtype, info, allocator, expert2slot_E, swap_stream)
+        dt = w13_EIH.dtype
+        parts = ([("w1", (two_i, H), dt), ("w2", (H, inter), dt)] if fp8 is None
+                 else swiglu_fp8_parts(two_i, H, fp8.fmt))
+        self.blob_layout = BlobLayout.of(parts)
+        super().__init__(E, self.blob_layout.elems, self.blob_layout.storage, info, allocator, expert2slot_E,
+                         swap_stream)
+        self.compute_dtype, self.fp8 = dt, fp8
         self.hidden, self.inter = H, inter
-        self.w2_offset = 2 * inter * H  # elements into a blob where w2 starts
-        self.cold_EB[:, :self.w2_offset].copy_(w13_EIH.reshape(E, -1))
-        self.cold_EB[:, self.w2_offset:].copy_(w2_EHI.reshape(E, -1))
+        self.w2_offset = self.blob_layout.offsets["w2"][0]  # elements into a blob where w2 starts
+        if fp8 is None:
+            self.blob_layout.view(self.cold_EB, "w1").copy_(w13_EIH)
+            self.blob_layout.view(self.cold_EB, "w2").copy_(w2_EHI)
+        else:
+            for name, t in (("w1", fp8.q13_EIH), ("w2", fp8.q2_EHI), ("s1", fp8.s13_E2RC), ("s2", fp8.s2_ERC)):
+                self.blob_layout.view(self.cold_EB, name).copy_(t)
+            self.fp8_meta = self.blob_layout.fp8_meta(fp8.fmt)
         self.cold_views = [self._views(self.cold_read_EB[e]) for e in range(E)]
         self.set_hot(hot_E)
 
-    def _views(self, blob_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        H, inter = self.hidden, self.inter
-        return blob_B[:self.w2_offset].view(2 * inter, H), blob_B[self.w2_offset:].view(H, inter)
+    def _views(self, blob_B: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(self.blob_layout.view(blob_B, name) for name in self.blob_layout.offsets)
 
     def _slots_changed(self) -> None:
         self.hot_views = [self._views(self.hot_SB[s]) for s in range(self.table.num_slots)]
 
     def weights_of(self, e: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(w13 [2I, H], w2 [H, I]) of expert e from its slot, or in place from the cold bank."""
-        return self.hot_views[slot] if slot >= 0 else self.cold_views[e]
+        """(w13 [2I, H], w2 [H, I]) of expert e from its slot, or in place from the cold bank;
+        fp8 experts dequantised (in the compute dtype)."""
+        views = self.hot_views[slot] if slot >= 0 else self.cold_views[e]
+        if self.fp8 is None:
+            return views
+        w1, w2, s1, s2 = views
+        fmt, dt, inter = self.fp8.fmt, self.compute_dtype, self.inter
+        return (torch.cat([dequantize(w1[:inter], s1[0], fmt, dt), dequantize(w1[inter:], s1[1], fmt, dt)]),
+                dequantize(w2, s2, fmt, dt))

@@ -109,7 +109,7 @@ class Engine:
         dev = model.info.device
         T, H = source.tokens_per_step, model.geom.hidden
         self.gen = torch.Generator(device=dev).manual_seed(seed)
-        self.x_TH = torch.empty(T, H, dtype=model.banks[0].dtype, device=dev)
+        self.x_TH = torch.empty(T, H, dtype=model.banks[0].compute_dtype, device=dev)
         self.use_graph = (model.info.graphs and model.compute.capturable) if use_graph is None else use_graph
         self.graph = None
         self.book = WindowBook(model.num_layers, knobs, expert_bytes, propose)

@@ -25,10 +25,13 @@ from hotsplit_cli.traffic import SyntheticTraffic, inclusion_probs, zipf_shares
 
 from .device import DeviceInfo, choose_device
 from .engine import Engine, RouterSource, synthetic_source, trace_source
+from .fp8 import Fp8Format
 from .kernels import choose_compute
 from .model import HotColdMoE
 from .moe import MoEGeometry, make_layer_weights, rms_norm
 from .pinned import PinnedAllocator, plan_placement
+
+FP8_BLOCK = (128, 128)  # weight_block_size of DeepSeek-V3's and Qwen3's fp8 releases (config.json)
 
 HOST_MEMORY_SHARE = 0.8  # never pin more than this share of the available host memory
 CALIBRATION_STEPS = 32
@@ -55,6 +58,7 @@ class Prepared:
     traffic: str
     scale: float
     notes: list[str] = field(default_factory=list)
+    expert_format: str = ""  # how the routed experts are stored, e.g. "fp8 e4m3, 128x128 block scales"
 
     def to_doc(self) -> dict:
         g = self.geom
@@ -62,7 +66,8 @@ class Prepared:
             "device": self.info.to_doc(), "kernel": self.engine.model.compute.name,
             "cuda_graph": bool(self.engine.use_graph), "traffic": self.traffic, "scale": self.scale,
             "allocated": {"hidden": g.hidden, "inter": g.inter, "experts": g.num_experts, "top_k": g.top_k,
-                          "dtype": str(self.engine.model.banks[0].dtype).replace("torch.", ""),
+                          "dtype": str(self.engine.model.banks[0].compute_dtype).replace("torch.", ""),
+                          "expert_format": self.expert_format,
                           "cold_bank_bytes": self.allocator.requested_bytes,
                           "cold_bank_reserved_bytes": self.allocator.reserved_bytes},
             "numa": self.allocator.placement.to_doc(),
@@ -117,7 +122,21 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     dtype = dtype or (torch.bfloat16 if info.is_cuda else torch.float32)
     notes: list[str] = []
     n_steps = steps or recipe.run.steps
-    layers = [make_layer_weights(geom, recipe.run.seed * 1000 + li, dtype) for li in range(L)]
+    # fp8 experts are quantised as the fp8 releases are (e4m3, 128x128 block scales). Where the
+    # Triton kernels run they stay fp8 in the banks (dequantised per tile as they are read); the
+    # CPU torch path would dequantise every expert at every use, so there the banks hold the
+    # dequantised values: the same function, 3x faster on a CPU.
+    fp8 = Fp8Format(FP8_BLOCK) if m.expert_dtype == "fp8" else None
+    fp8_banks = fp8 is not None and info.triton
+    name = str(dtype).replace("torch.", "")
+    expert_format = (f"fp8 e4m3, {FP8_BLOCK[0]}x{FP8_BLOCK[1]} block scales" if fp8_banks
+                     else f"{name} (fp8 values, dequantised)" if fp8 else name)
+    if m.expert_dtype == "mxfp4":
+        notes.append(f"the runtime has no mxfp4 experts: they run in {name} (plans keep mxfp4 bytes)")
+    layers = [make_layer_weights(geom, recipe.run.seed * 1000 + li, dtype, fp8) for li in range(L)]
+    if fp8 is not None and not fp8_banks:
+        for lw in layers:
+            lw.fp8 = None
 
     # Traffic, and the routing counts the plan is made from.
     trace_file = trace_path or (t.path if t.kind == "trace" else None)
@@ -159,12 +178,12 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
         budget = _budget_bytes(recipe, knobs)
         p = plan_hot_set(counts_LE, expert_bytes, budget)
         plan = PlanChoice(p.hot_RLE[0], p.hit_rate, f"planned from {traffic}", budget, int(p.hot_bytes_R[0]))
-    _check_memory(geom, L, dtype, info, int(plan.hot_LE.sum()))
+    _check_memory(geom, L, torch.float8_e4m3fn if fp8_banks else dtype, info, int(plan.hot_LE.sum()))
     placement = plan_placement(knobs.numa_policy, info.numa_node, info.reasons.get("numa_node"))
     allocator = PinnedAllocator(pin=info.pinned, placement=placement)
     model = HotColdMoE(layers, geom, plan.hot_LE, info, allocator, choose_compute(info))
     engine = Engine(model, source, knobs, expert_bytes, seed=recipe.run.seed, expected_hit_rate=plan.expected_hit_rate)
-    return Prepared(engine, n_steps, info, geom, plan, allocator, expert_bytes, traffic, scale, notes)
+    return Prepared(engine, n_steps, info, geom, plan, allocator, expert_bytes, traffic, scale, notes, expert_format)
 
 
 def _calibrate(layers, geom: MoEGeometry, batch: int, seed: int) -> np.ndarray:

@@ -59,22 +59,6 @@ class ExpertBlocks:
         return self.expert_N.shape[0]
 
 
-@dataclass(frozen=True)
-class FP8Meta:
-    """Where a block-scaled fp8 blob keeps its scales, for the kernels (offsets in bytes):
-    w13 e4m3 [2I, H] at 0, w2 e4m3 [H, I] at w2_offset, float32 scales of gate and up
-    [2, s1_rows, s1_cols] at s1_offset and of w2 [.., s2_cols] at s2_offset; a scale covers
-    bm rows x bn columns."""
-
-    bm: int
-    bn: int
-    s1_offset: int
-    s1_rows: int
-    s1_cols: int
-    s2_offset: int
-    s2_cols: int
-
-
 def max_blocks(num_assignments: int, num_experts: int, block_t: int) -> int:
     """Upper bound on the blocks of one step: each expert used adds at most one partial block, and
     at most min(E, A) experts are used. Static in the shapes, so the grid never depends on data."""
@@ -327,7 +311,7 @@ class TritonExperts:
         wts = w_TK.reshape(-1).float().contiguous()
         blocks = align_blocks(ids_TK.reshape(-1), bank.num_experts, self.block_t)
         blob_stride = bank.hot_SB.stride(0)
-        compute_dtype = getattr(bank, "compute_dtype", bank.dtype)
+        compute_dtype = bank.compute_dtype
         native = self.native_dot(compute_dtype)
         fp8 = getattr(bank, "fp8_meta", None)  # FP8Meta of a block-scaled fp8 bank, else None
         f8 = dict(FP8=fp8 is not None, BM=fp8.bm if fp8 else 1, BN=fp8.bn if fp8 else 1)

@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from hotsplit_cli.errors import UsageError
 from hotsplit_cli.recipe import Recipe
 
+from .fp8 import Fp8Experts, Fp8Format
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -167,17 +169,21 @@ def dense_reference(x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor
 
 @dataclass
 class LayerWeights:
-    """One MoE layer's weights on the host (float32 or the run dtype)."""
+    """One MoE layer's weights on the host (float32 or the run dtype). With `fp8`, the routed
+    experts are block-scaled fp8 and w13/w2 hold their dequantised values (what the reference
+    computes with)."""
 
     w13_EIH: torch.Tensor
     w2_EHI: torch.Tensor
     router: Router
     shared_w13: torch.Tensor | None  # [2Is, H]
     shared_w2: torch.Tensor | None  # [H, Is]
+    fp8: Fp8Experts | None = None
 
 
-def make_layer_weights(geom: MoEGeometry, seed: int, dtype: torch.dtype) -> LayerWeights:
-    """Random weights with the usual 1/sqrt(fan_in) scale, deterministic in `seed` (CPU)."""
+def make_layer_weights(geom: MoEGeometry, seed: int, dtype: torch.dtype, fp8: Fp8Format | None = None) -> LayerWeights:
+    """Random weights with the usual 1/sqrt(fan_in) scale, deterministic in `seed` (CPU); with
+    `fp8` the routed experts are quantised to it (block-scaled e4m3, as the fp8 releases are)."""
     gen = torch.Generator().manual_seed(seed)
     E, H, inter = geom.num_experts, geom.hidden, geom.inter
 
@@ -192,7 +198,11 @@ def make_layer_weights(geom: MoEGeometry, seed: int, dtype: torch.dtype) -> Laye
     if geom.shared_inter:
         sw13 = randn(2 * geom.shared_inter, H, fan_in=H)
         sw2 = randn(H, geom.shared_inter, fan_in=geom.shared_inter)
-    return LayerWeights(w13, w2, Router(router_w, bias, geom), sw13, sw2)
+    q = None
+    if fp8 is not None:
+        q = Fp8Experts.quantize(w13, w2, fp8)
+        w13, w2 = q.dequantized(dtype)
+    return LayerWeights(w13, w2, Router(router_w, bias, geom), sw13, sw2, q)
 
 
 def rms_norm(x_TH: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .device import DeviceInfo
+from .fp8 import FP8, Fp8Experts, Fp8Format
 from .kernels import choose_compute
 from .model import HotColdMoE
 from .moe import LayerWeights, MoEGeometry, ReferenceMoE, Router, make_layer_weights
@@ -37,9 +38,10 @@ def tolerances(dtype: torch.dtype) -> dict:
 
 
 def build_pair(geom: MoEGeometry, num_layers: int, hot_LE: np.ndarray, info: DeviceInfo, dtype: torch.dtype,
-               seed: int = 0, compute=None) -> tuple[HotColdMoE, ReferenceMoE]:
-    """A hot/cold model and the all-resident reference with the same weights."""
-    layers = [make_layer_weights(geom, seed * 1000 + li, dtype) for li in range(num_layers)]
+               seed: int = 0, compute=None, fp8: Fp8Format | None = None) -> tuple[HotColdMoE, ReferenceMoE]:
+    """A hot/cold model and the all-resident reference with the same weights (`fp8`: experts
+    block-scaled fp8 in the banks, their dequantised values in the reference)."""
+    layers = [make_layer_weights(geom, seed * 1000 + li, dtype, fp8) for li in range(num_layers)]
     alloc = PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
     model = HotColdMoE(layers, geom, hot_LE, info, alloc, compute or choose_compute(info))
     return model, ReferenceMoE(layers, info.device)
@@ -94,6 +96,30 @@ def check_reference(info: DeviceInfo, dtype: torch.dtype, seed: int = 0) -> Chec
     except AssertionError as exc:
         return Check("runtime = reference (random hot sets)", False, f"max err {worst:.2e}", str(exc).splitlines()[0])
     return Check("runtime = reference (random hot sets)", True, f"max err {worst:.2e}", f"{n} cases, 2 routers")
+
+
+def check_fp8(info: DeviceInfo, dtype: torch.dtype, seed: int = 0) -> Check:
+    """Block-scaled fp8 experts (dequantised per tile by the kernels, per expert by the torch
+    path) against the reference on their dequantised values: hot sets, then swaps."""
+    name = "runtime = reference (fp8 experts)"
+    rng = np.random.default_rng(seed + 3)
+    g = _geom(info, "sigmoid", shared=True)
+    worst, n = 0.0, 0
+    try:
+        for frac in (0.0, 0.5):
+            model, ref = build_pair(g, 2, random_hot(2, g.num_experts, frac, rng), info, dtype, seed,
+                                    fp8=Fp8Format((128, 128)))
+            for _ in range(3):
+                x = torch.randn(8, g.hidden, generator=torch.Generator().manual_seed(200 + n)).to(info.device, dtype)
+                got, want = model.step(x), ref.step(x)
+                worst = max(worst, _max_err(got, want))
+                torch.testing.assert_close(got, want, **tolerances(dtype))
+                model.begin_swaps(random_moves(model, 2, rng))
+                model.publish_ready(wait=True)
+                n += 1
+    except AssertionError as exc:
+        return Check(name, False, f"max err {worst:.2e}", str(exc).splitlines()[0])
+    return Check(name, True, f"max err {worst:.2e}", f"{n} steps, 128x128 blocks, swaps between them")
 
 
 def check_swaps(info: DeviceInfo, dtype: torch.dtype, seed: int = 0, steps: int = 12) -> Check:
@@ -184,27 +210,43 @@ def measure_zero_copy(info: DeviceInfo, n_bytes: int = 1 << 30) -> dict:
     raw_ms = _time_ms(view.sum, info, 5)
     raw_gbps = n_bytes / raw_ms / 1e6
     del view, host
-    # The cold path: DeepSeek-V3-sized expert blobs (hidden 7168, moe_intermediate 2048, from
-    # deepseek-ai/DeepSeek-V3 config.json), 32 experts, one assignment each, all cold. The values
-    # do not matter for bandwidth, so the weights are filled rather than drawn.
+    # The cold path: DeepSeek-V3-sized experts (hidden 7168, moe_intermediate 2048, from
+    # deepseek-ai/DeepSeek-V3 config.json), 32 experts, one assignment each, all cold; in bf16
+    # and in the release's own format, fp8 with 128x128 block scales.
     g = MoEGeometry(hidden=7168, inter=2048, num_experts=32, top_k=8, shared_inter=0, router="softmax")
+    cold_gbps, cold_bytes = cold_path_gbps(info, g)
+    fp8_gbps, fp8_bytes = cold_path_gbps(info, g, Fp8Format((128, 128)))
+    return {"raw_gbps": raw_gbps, "raw_bytes": n_bytes, "cold_path_gbps": cold_gbps, "cold_path_bytes": cold_bytes,
+            "cold_vs_raw": cold_gbps / raw_gbps, "cold_path_fp8_gbps": fp8_gbps, "cold_path_fp8_bytes": fp8_bytes,
+            "cold_fp8_vs_raw": fp8_gbps / raw_gbps}
+
+
+def cold_path_gbps(info: DeviceInfo, g: MoEGeometry, fp8: Fp8Format | None = None, reps: int = 5
+                   ) -> tuple[float, int]:
+    """GB/s of the expert compute reading every expert of one layer from the cold bank (one
+    assignment each), and the bytes it reads. The values do not matter for bandwidth, so the
+    weights are filled, not drawn, and never materialised in bf16 for an fp8 bank."""
     bf = torch.bfloat16
-    lw = LayerWeights(torch.full((g.num_experts, 2 * g.inter, g.hidden), 0.01, dtype=bf),
-                      torch.full((g.num_experts, g.hidden, g.inter), 0.01, dtype=bf),
-                      Router(torch.zeros(g.num_experts, g.hidden), None, g), None, None)
-    alloc = PinnedAllocator(pin=True, placement=plan_placement("off", None))
-    model = HotColdMoE([lw], g, np.zeros((1, g.num_experts), dtype=bool), info, alloc, choose_compute(info))
-    del lw
-    ids = torch.arange(g.num_experts, device=info.device).view(-1, g.top_k)
+    E, I2, H = g.num_experts, 2 * g.inter, g.hidden
+    if fp8 is None:
+        w13, w2, q = torch.full((E, I2, H), 0.01, dtype=bf), torch.full((E, H, g.inter), 0.01, dtype=bf), None
+    else:  # shape-only stand-ins for the bf16 weights: the bank reads the fp8 values and scales
+        w13, w2 = torch.empty((), dtype=bf).expand(E, I2, H), torch.empty((), dtype=bf).expand(E, H, g.inter)
+        s13 = (2, *fp8.scale_shape(g.inter, H))
+        q = Fp8Experts(fp8, torch.full((E, I2, H), 0.01).to(FP8), torch.full((E, *s13), 1e-3),
+                       torch.full((E, H, g.inter), 0.01).to(FP8), torch.full((E, *fp8.scale_shape(H, g.inter)), 1e-3))
+    lw = LayerWeights(w13, w2, Router(torch.zeros(E, H), None, g), None, None, q)
+    alloc = PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
+    model = HotColdMoE([lw], g, np.zeros((1, E), dtype=bool), info, alloc, choose_compute(info))
+    del lw, w13, w2, q
+    ids = torch.arange(E, device=info.device).view(-1, g.top_k)
     w = torch.full(ids.shape, 1.0 / g.top_k, device=info.device)
-    x = torch.randn(ids.shape[0], g.hidden, device=info.device, dtype=torch.bfloat16)
+    x = torch.randn(ids.shape[0], H, device=info.device, dtype=bf)
     bank = model.banks[0]
     model.compute(x, ids, w, bank)
-    cold_ms = _time_ms(lambda: model.compute(x, ids, w, bank), info, 5)
-    cold_bytes = g.num_experts * bank.expert_bytes
-    cold_gbps = cold_bytes / cold_ms / 1e6
-    return {"raw_gbps": raw_gbps, "raw_bytes": n_bytes, "cold_path_gbps": cold_gbps, "cold_path_bytes": cold_bytes,
-            "cold_vs_raw": cold_gbps / raw_gbps}
+    ms = _time_ms(lambda: model.compute(x, ids, w, bank), info, reps)
+    n_bytes = E * bank.expert_bytes
+    return n_bytes / ms / 1e6, n_bytes
 
 
 def step_time_ratio(info: DeviceInfo, dtype: torch.dtype, batch: int, hot_fraction: float, reps: int = 30,
@@ -233,12 +275,14 @@ def step_time_ratio(info: DeviceInfo, dtype: torch.dtype, batch: int, hot_fracti
 def run_selftest(info: DeviceInfo, seed: int = 0) -> dict:
     """Every check; `ok` is False when any check failed (skips do not fail)."""
     dtype = torch.bfloat16 if info.is_cuda else torch.float32
-    checks = [check_reference(info, dtype, seed), check_swaps(info, dtype, seed), check_graph(info, dtype, seed)]
+    checks = [check_reference(info, dtype, seed), check_swaps(info, dtype, seed), check_fp8(info, dtype, seed),
+              check_graph(info, dtype, seed)]
     measures: dict = {}
     if info.zero_copy:
         zc = measure_zero_copy(info)
         measures["zero_copy"] = zc
-        detail = f"cold expert path {zc['cold_path_gbps']:.1f} GB/s ({100 * zc['cold_vs_raw']:.0f}% of raw)"
+        detail = (f"cold expert path {zc['cold_path_gbps']:.1f} GB/s ({100 * zc['cold_vs_raw']:.0f}% of raw), "
+                  f"fp8 {zc['cold_path_fp8_gbps']:.1f} GB/s ({100 * zc['cold_fp8_vs_raw']:.0f}%)")
         checks.append(Check("zero-copy read", True, f"{zc['raw_gbps']:.1f} GB/s raw", detail))
     else:
         checks.append(Check("zero-copy read", None, "skipped", info.reasons.get("zero_copy", "")))

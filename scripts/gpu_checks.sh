@@ -106,6 +106,9 @@ if st:
             g = max(found)
             print(f"  cold path {zc['cold_path_gbps']:.1f} GB/s vs probe zero-copy {g:.1f} GB/s "
                   f"= {100 * zc['cold_path_gbps'] / g:.0f}% (target >= 80%)")
+            if zc.get("cold_path_fp8_gbps"):
+                print(f"  cold path, fp8 experts {zc['cold_path_fp8_gbps']:.1f} GB/s "
+                      f"= {100 * zc['cold_path_fp8_gbps'] / g:.0f}% of the probe's zero-copy read")
         else:
             print("  no zero_copy_read median in probe.json; compare by hand")
 br = load("bench_runtime.json")

@@ -22,7 +22,7 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from runtime.device import choose_device  # noqa: E402
-from runtime.hf.fp8 import FP8, Fp8Format, dequantize  # noqa: E402
+from runtime.fp8 import FP8, Fp8Format, dequantize  # noqa: E402
 from runtime.hf.loader import load_model, load_tokenizer  # noqa: E402
 from tests.test_hf_models import SENTENCES, build_checkpoint, reference  # noqa: E402
 

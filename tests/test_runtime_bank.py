@@ -12,7 +12,8 @@ import torch
 
 from runtime.device import choose_device
 from runtime.engine import ArraySource, Engine
-from runtime.moe import MoEGeometry, dense_reference
+from runtime.fp8 import FP8, Fp8Format, dequantize, quantize
+from runtime.moe import MoEGeometry, dense_reference, make_layer_weights
 from runtime.selftest import build_pair, random_hot, random_moves, tolerances
 
 torch.set_num_threads(1)
@@ -37,6 +38,48 @@ def test_random_hot_sets_equal_reference(router, shared, seed):
     model, ref = build_pair(g, 3, random_hot(3, 8, rng.random(), rng), CPU, torch.float32, seed)
     x = torch.randn(7, g.hidden, generator=torch.Generator().manual_seed(seed))
     torch.testing.assert_close(model.step(x), ref.step(x), **tolerances(torch.float32))
+
+
+# Blocks that leave partial blocks in every dimension (hidden 32, inter 16 per gate/up half).
+FP8_BLOCKS = Fp8Format((8, 12))
+
+
+@pytest.mark.parametrize("fmt", [FP8_BLOCKS, Fp8Format(None)], ids=["blocks", "per-tensor"])
+def test_fp8_experts_equal_reference_on_their_dequantised_values(fmt):
+    rng = np.random.default_rng(5)
+    g = geom("sigmoid")
+    model, ref = build_pair(g, 2, random_hot(2, 8, 0.5, rng), CPU, torch.float32, fp8=fmt)
+    bank = model.banks[0]
+    assert bank.cold_EB.dtype == torch.uint8 and bank.compute_dtype == torch.float32
+    assert bank.fp8_meta is not None and bank.w2_offset == 2 * 16 * 32  # fp8 w13 bytes
+    for step in range(4):
+        x = torch.randn(6, g.hidden, generator=torch.Generator().manual_seed(step))
+        torch.testing.assert_close(model.step(x), ref.step(x), **tolerances(torch.float32))
+        model.begin_swaps(random_moves(model, 2, rng))
+    # Quantised values really are fp8: the reference's weights are dequantised e4m3.
+    w = ref.layers[0].w13_EIH
+    assert not torch.equal(w, make_layer_weights(g, 0, torch.float32).w13_EIH)
+
+
+def test_fp8_quantize_round_trips_within_e4m3_precision():
+    w = torch.randn(20, 30, generator=torch.Generator().manual_seed(0))
+    q, s = quantize(w, FP8_BLOCKS)
+    assert q.dtype == FP8 and s.shape == (3, 3)
+    back = dequantize(q, s, FP8_BLOCKS, torch.float32)
+    assert ((back - w).abs() <= w.abs() * 2 ** -3 + 1e-6).all()  # e4m3 keeps 3 mantissa bits
+    assert torch.equal(dequantize(*quantize(back, FP8_BLOCKS), FP8_BLOCKS, torch.float32), back)
+
+
+def test_cold_path_measure_reads_every_expert_once():
+    from runtime.selftest import cold_path_gbps
+
+    g = geom("softmax", shared=False, num_experts=8, top_k=4)
+    gbps, n_bytes = cold_path_gbps(CPU, g, reps=2)
+    gbps8, n_bytes8 = cold_path_gbps(CPU, g, FP8_BLOCKS, reps=2)
+    assert gbps > 0 and gbps8 > 0
+    assert n_bytes == 8 * 3 * 32 * 16 * 2  # bf16
+    # e4m3 w13 [32, 32] and w2 [32, 16], float32 scales [2, 2, 3] and [4, 2]: 1536 + 48 + 32 bytes
+    assert n_bytes8 == 8 * (3 * 32 * 16 + 2 * 2 * 3 * 4 + 4 * 2 * 4)
 
 
 def test_bf16_equal_reference_within_dtype_tolerance():
@@ -169,9 +212,10 @@ def test_align_blocks_all_padding_has_no_live_block():
     assert b.count_N.tolist() == [0] * b.num_blocks and b.expert_N.tolist() == [-1] * b.num_blocks
 
 
-def _kernel_case(hot_fraction, dtype=torch.float32, seed=0):
+def _kernel_case(hot_fraction, dtype=torch.float32, seed=0, fp8=None):
     g = geom("softmax", shared=False, hidden=48, inter=24)
-    model, ref = build_pair(g, 1, random_hot(1, 8, hot_fraction, np.random.default_rng(seed)), CPU, dtype, seed)
+    model, ref = build_pair(g, 1, random_hot(1, 8, hot_fraction, np.random.default_rng(seed)), CPU, dtype, seed,
+                            fp8=fp8)
     lw = ref.layers[0]
     return g, model.banks[0], lambda x, ids, w: dense_reference(x, ids, w, lw.w13_EIH, lw.w2_EHI)
 
@@ -233,6 +277,21 @@ def test_triton_grouped_kernels_float16_multiply_in_weight_dtype(triton_interpre
     ids = torch.randint(0, 8, (19, 2), generator=gen)
     w, x = torch.rand(19, 2, generator=gen), torch.randn(19, g.hidden, generator=gen).half()
     torch.testing.assert_close(compute(x, ids, w, bank), reference(x, ids, w), **tolerances(torch.float16))
+
+
+@pytest.mark.parametrize("fmt", [FP8_BLOCKS, Fp8Format(None)], ids=["blocks", "per-tensor"])
+@pytest.mark.parametrize("split_h", [1, 3])
+def test_triton_grouped_kernels_fp8_dequantise_tiles_as_they_read_them(triton_interpreted, fmt, split_h):
+    from runtime.kernels import TritonExperts
+
+    g, bank, reference = _kernel_case(0.5, fp8=fmt)
+    assert bank.fp8_meta is not None
+    gen = torch.Generator().manual_seed(6)
+    ids = torch.randint(0, 8, (9, 2), generator=gen)
+    w, x = torch.rand(9, 2, generator=gen), torch.randn(9, g.hidden, generator=gen)
+    for blocks in BLOCKS.values():
+        compute = TritonExperts(**blocks, block_i_down=blocks["block_i"], split_h=split_h)
+        torch.testing.assert_close(compute(x, ids, w, bank), reference(x, ids, w), **tolerances(torch.float32))
 
 
 @pytest.mark.parametrize("split_h", [2, 3, 8])

@@ -71,7 +71,8 @@ def run(
     pdoc = prepared.to_doc()
     say = out.note if json_out else out.print
     say(f"{rec.name}: {prepared.steps} steps on {prepared.info.name} ({pdoc['kernel']}"
-        f"{', CUDA graph' if pdoc['cuda_graph'] else ''}), traffic: {prepared.traffic}")
+        f"{', CUDA graph' if pdoc['cuda_graph'] else ''}; experts {prepared.expert_format}),"
+        f" traffic: {prepared.traffic}")
     say(f"cold bank: {gib(prepared.allocator.requested_bytes)} {'pinned' if prepared.info.pinned else 'pageable'}"
         f" host memory, {prepared.allocator.placement.describe()}")
     say(f"plan: {pdoc['plan']['hot_experts']} hot experts, {gib(prepared.plan.hot_bytes)} real"

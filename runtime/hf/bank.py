@@ -22,17 +22,15 @@ Shape letters: T = tokens, K = top_k, E = experts, S = hot slots, B = elements o
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from ..bank import BlobBank
+from ..bank import BlobBank, BlobLayout, swiglu_fp8_parts
 from ..device import DeviceInfo
-from ..kernels import FP8Meta
+from ..fp8 import FP8, Fp8Format, dequantize
 from ..moe import expert_groups
 from ..pinned import PinnedAllocator, plan_placement
-from .fp8 import FP8, Fp8Format, dequantize
 
 PARTS = ("w1", "w2", "b1", "b2")
 
@@ -55,16 +53,13 @@ class ExpertLayout:
         if self.has_bias:
             two_i = self.w1_shape[1] if self.transposed else self.w1_shape[0]
             shapes.update(b1=(two_i,), b2=(self.hidden,))
-        if self.fp8 is not None:  # gate and up keep their own scales: I need not be a whole block
-            shapes.update(s1=(2, *self.fp8.scale_shape(self.inter, self.hidden)),
-                          s2=self.fp8.scale_shape(*self.w2_shape))
         return shapes
 
-    def part_dtype(self, name: str, dtype: torch.dtype) -> torch.dtype:
-        """What a part holds: the model dtype, or fp8 weights with float32 scales."""
-        if self.fp8 is None:
-            return dtype
-        return FP8 if name in ("w1", "w2") else torch.float32
+    def blob_parts(self, dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        """The parts of one expert's blob: as stored in `dtype`, or fp8 weights and their scales."""
+        if self.fp8 is not None:
+            return swiglu_fp8_parts(self.w1_shape[0], self.hidden, self.fp8)
+        return [(name, shape, dtype) for name, shape in self.part_shapes.items()]
 
     @property
     def inter(self) -> int:
@@ -113,33 +108,19 @@ class HFExpertBank(BlobBank):
         allocator = allocator or PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
         if kernel is not None and not layout.plain_swiglu:
             raise ValueError("the Triton experts compute the plain SwiGLU layout only")
-        # A blob of one dtype holds the parts as they are; one of mixed dtypes (fp8 weights,
-        # float32 scales) is bytes, each part 16-byte aligned so that it can be viewed in its dtype.
-        storage = dtype if layout.fp8 is None else torch.uint8
-        self._offsets: dict[str, tuple[int, tuple[int, ...], torch.dtype]] = {}
-        off = 0
-        for name, shape in layout.part_shapes.items():
-            part = layout.part_dtype(name, dtype)
-            self._offsets[name] = (off, shape, part)
-            n = math.prod(shape) * part.itemsize // storage.itemsize
-            off += n if storage == part else -(-n // 16) * 16
-        super().__init__(num_experts, off, storage, info, allocator, swap_stream=swap_stream)
+        self.blob_layout = BlobLayout.of(layout.blob_parts(dtype))
+        super().__init__(num_experts, self.blob_layout.elems, self.blob_layout.storage, info, allocator,
+                         swap_stream=swap_stream)
         self.layout, self.kernel, self.compute_dtype = layout, kernel, dtype
         # What the kernels read (the plain layout only): sizes, where w2 starts in a blob, and
-        # for fp8 where the scales are (per-tensor scales: one block covering everything).
+        # for fp8 where the scales are.
         self.hidden, self.inter = layout.hidden, layout.inter
-        self.w2_offset = self._offsets["w2"][0]
-        self.fp8_meta = None
+        self.w2_offset = self.blob_layout.offsets["w2"][0]
         if layout.fp8 is not None:
-            bm, bn = layout.fp8.block or (1 << 30, 1 << 30)
-            (s1, s1_shape, _), (s2, s2_shape, _) = self._offsets["s1"], self._offsets["s2"]
-            self.fp8_meta = FP8Meta(bm, bn, s1, s1_shape[1], s1_shape[2], s2, s2_shape[1])
+            self.fp8_meta = self.blob_layout.fp8_meta(layout.fp8)
 
     def _part(self, blob_B: torch.Tensor, name: str) -> torch.Tensor:
-        off, shape, part = self._offsets[name]
-        n = math.prod(shape) * part.itemsize // blob_B.element_size()
-        view = blob_B[off:off + n]
-        return (view if view.dtype == part else view.view(part)).view(shape)
+        return self.blob_layout.view(blob_B, name)
 
     # ---- filling the cold bank ----
 
@@ -160,7 +141,7 @@ class HFExpertBank(BlobBank):
         blob = self.hot_SB[slot] if slot >= 0 else self.cold_read_EB[e]
         if blob.device != self.info.device:  # CUDA without zero-copy: an explicit copy
             blob = blob.to(self.info.device, non_blocking=True)
-        return {name: self._part(blob, name) for name in self._offsets}
+        return {name: self._part(blob, name) for name in self.blob_layout.offsets}
 
     def weights_of(self, e: int) -> dict[str, torch.Tensor]:
         """Expert e's tensors ready to compute with: fp8 weights dequantised (in the model dtype,

@@ -24,11 +24,11 @@ import torch
 from hotsplit_cli.errors import InputFileError, UsageError
 
 from ..device import DeviceInfo
+from ..fp8 import FP8, dequantize, fp8_format_of
 from ..kernels import TritonExperts
 from ..pinned import PinnedAllocator, plan_placement
 from .adapter import MoELayerInfo, RoutingCounter, find_moe_layers, install
 from .bank import ExpertLayout, HFExpertBank
-from .fp8 import FP8, dequantize, fp8_format_of
 
 # model_type values whose experts this adapter has been checked against (tests/test_hf_*.py).
 FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "glm4_moe", "mimo_v2_flash", "gpt_oss")

@@ -1,0 +1,137 @@
+"""Block-scaled fp8 checkpoints (DeepSeek-V3 / R1, Qwen3 "FP8" releases, GLM-4.5-FP8).
+
+Format (config.json `quantization_config`: `quant_method: fp8`, `fmt: e4m3`,
+`weight_block_size: [bm, bn]`): each quantised linear weight `W` [rows, cols] is stored as
+float8_e4m3fn next to `weight_scale_inv` [ceil(rows / bm), ceil(cols / bn)] (float32, or
+float8_e8m0fnu in newer releases), and W = fp8 value x the scale of its block. Without
+`weight_block_size`, one scale per tensor.
+
+hotsplit keeps routed experts in fp8 in the cold bank (half the bytes a bf16 expert crosses
+PCIe with) and dequantises an expert's tiles when it computes; every other quantised weight of
+a checkpoint is dequantised once, at load, to the model's dtype. A synthetic recipe with
+`expert_dtype: fp8` quantises its random experts the same way (`quantize`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hotsplit_cli.errors import UsageError
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3 value
+
+
+@dataclass(frozen=True)
+class Fp8Format:
+    block: tuple[int, int] | None  # (bm, bn) rows x columns per scale; None: one scale per tensor
+
+    def scale_shape(self, rows: int, cols: int) -> tuple[int, int]:
+        if self.block is None:
+            return (1, 1)
+        bm, bn = self.block
+        return (-(-rows // bm), -(-cols // bn))
+
+
+def fp8_format_of(config, where: str) -> Fp8Format | None:
+    """The checkpoint's fp8 format, None when it is not quantised; UsageError for any other
+    quantisation (MXFP4, GPTQ, AWQ, bitsandbytes, static activation scales)."""
+    q = getattr(config, "quantization_config", None)
+    if not q:
+        return None
+    q = q if isinstance(q, dict) else q.to_dict()
+    method = q.get("quant_method", "?")
+    if method != "fp8":
+        raise UsageError(f"{where}: quantised checkpoint ({method}) is not supported",
+                         "use a bf16 or block-scaled fp8 checkpoint")
+    fmt = q.get("fmt", "e4m3")
+    if fmt not in ("e4m3", "float8_e4m3fn"):
+        raise UsageError(f"{where}: fp8 format {fmt!r} is not supported", "only e4m3 weights are read")
+    if q.get("activation_scheme", "dynamic") != "dynamic":
+        raise UsageError(f"{where}: fp8 with static activation scales is not supported")
+    block = q.get("weight_block_size")
+    if block is not None:
+        if len(block) != 2 or not all(isinstance(b, int) and b > 0 for b in block):
+            raise UsageError(f"{where}: weight_block_size must be two positive ints, got {block!r}")
+        block = (int(block[0]), int(block[1]))
+    return Fp8Format(block)
+
+
+def dequantize(w: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format, dtype: torch.dtype) -> torch.Tensor:
+    """W [rows, cols] in `dtype` from its fp8 values and block scales, as transformers dequantises
+    (value x scale, computed in `dtype`)."""
+    rows, cols = w.shape
+    s = scale.to(dtype)
+    if fmt.block is None:
+        return w.to(dtype) * s.reshape(())
+    want = fmt.scale_shape(rows, cols)
+    if tuple(s.shape) != want:
+        raise ValueError(f"scale shape {tuple(s.shape)} does not match weight {rows} x {cols} in blocks of "
+                         f"{fmt.block} (want {want})")
+    bm, bn = fmt.block
+    s_full = s.repeat_interleave(bm, dim=0)[:rows].repeat_interleave(bn, dim=1)[:, :cols]
+    return w.to(dtype) * s_full
+
+
+def quantize(w: torch.Tensor, fmt: Fp8Format) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 values and float32 scales of W [rows, cols], one scale per block (amax / 448, the
+    releases' recipe): the inverse of `dequantize` up to fp8 rounding."""
+    rows, cols = w.shape
+    bm, bn = fmt.block or (rows, cols)
+    R, C = -(-rows // bm), -(-cols // bn)
+    pad = torch.zeros(R * bm, C * bn, dtype=torch.float32)
+    pad[:rows, :cols] = w.float()
+    blocks = pad.view(R, bm, C, bn)
+    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_MAX
+    q = (blocks / scale[:, None, :, None]).view(R * bm, C * bn)[:rows, :cols].to(FP8)
+    return q, scale if fmt.block is not None else scale.reshape(1)
+
+
+@dataclass(frozen=True)
+class FP8Meta:
+    """Where a block-scaled fp8 blob keeps its scales, for the kernels (offsets in bytes):
+    w13 e4m3 [2I, H] at 0, w2 e4m3 [H, I] at w2_offset, float32 scales of gate and up
+    [2, s1_rows, s1_cols] at s1_offset and of w2 [.., s2_cols] at s2_offset; a scale covers
+    bm rows x bn columns (a whole matrix for per-tensor scales)."""
+
+    bm: int
+    bn: int
+    s1_offset: int
+    s1_rows: int
+    s1_cols: int
+    s2_offset: int
+    s2_cols: int
+
+
+@dataclass(frozen=True)
+class Fp8Experts:
+    """A layer's experts quantised to block-scaled fp8: e4m3 values and float32 scales (gate and
+    up scaled apart, as in the checkpoints' per-projection tensors)."""
+
+    fmt: Fp8Format
+    q13_EIH: torch.Tensor  # e4m3 [E, 2I, H]
+    s13_E2RC: torch.Tensor  # float32 [E, 2, ceil(I / bm), ceil(H / bn)]
+    q2_EHI: torch.Tensor  # e4m3 [E, H, I]
+    s2_ERC: torch.Tensor  # float32 [E, ceil(H / bm), ceil(I / bn)]
+
+    @classmethod
+    def quantize(cls, w13_EIH: torch.Tensor, w2_EHI: torch.Tensor, fmt: Fp8Format) -> Fp8Experts:
+        inter = w13_EIH.shape[1] // 2
+        q13, s13, q2, s2 = [], [], [], []
+        for w13, w2 in zip(w13_EIH, w2_EHI, strict=True):
+            (qg, sg), (qu, su), (qd, sd) = quantize(w13[:inter], fmt), quantize(w13[inter:], fmt), quantize(w2, fmt)
+            q13.append(torch.cat([qg, qu]))
+            s13.append(torch.stack([sg, su]).reshape(2, *fmt.scale_shape(inter, w13.shape[1])))
+            q2.append(qd)
+            s2.append(sd.reshape(fmt.scale_shape(*w2.shape)))
+        return cls(fmt, torch.stack(q13), torch.stack(s13), torch.stack(q2), torch.stack(s2))
+
+    def dequantized(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w13 [E, 2I, H], w2 [E, H, I]) as the kernels and the torch path compute with them."""
+        inter = self.q13_EIH.shape[1] // 2
+        w13 = [torch.cat([dequantize(q[:inter], s[0], self.fmt, dtype), dequantize(q[inter:], s[1], self.fmt, dtype)])
+               for q, s in zip(self.q13_EIH, self.s13_E2RC, strict=True)]
+        w2 = [dequantize(q, s, self.fmt, dtype) for q, s in zip(self.q2_EHI, self.s2_ERC, strict=True)]
+        return torch.stack(w13), torch.stack(w2)
