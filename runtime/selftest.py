@@ -232,9 +232,9 @@ def cold_path_gbps(info: DeviceInfo, g: MoEGeometry, fp8: Fp8Format | None = Non
         w13, w2, q = torch.full((E, I2, H), 0.01, dtype=bf), torch.full((E, H, g.inter), 0.01, dtype=bf), None
     else:  # shape-only stand-ins for the bf16 weights: the bank reads the fp8 values and scales
         w13, w2 = torch.empty((), dtype=bf).expand(E, I2, H), torch.empty((), dtype=bf).expand(E, H, g.inter)
-        s13 = (2, *fp8.scale_shape(g.inter, H))
-        q = Fp8Experts(fp8, torch.full((E, I2, H), 0.01).to(FP8), torch.full((E, *s13), 1e-3),
-                       torch.full((E, H, g.inter), 0.01).to(FP8), torch.full((E, *fp8.scale_shape(H, g.inter)), 1e-3))
+        s13, s2 = (E, 2, *fp8.scale_shape(g.inter, H)), (E, *fp8.scale_shape(H, g.inter))
+        q = Fp8Experts(fp8, torch.full((E, I2, H), 0.01, dtype=FP8), torch.full(s13, 1e-3),
+                       torch.full((E, H, g.inter), 0.01, dtype=FP8), torch.full(s2, 1e-3))
     lw = LayerWeights(w13, w2, Router(torch.zeros(E, H), None, g), None, None, q)
     alloc = PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
     model = HotColdMoE([lw], g, np.zeros((1, E), dtype=bool), info, alloc, choose_compute(info))
