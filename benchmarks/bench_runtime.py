@@ -17,6 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hotsplit_cli.recipe import load_recipe  # noqa: E402
 from runtime.device import choose_device, tune_cpu_threads  # noqa: E402
+from runtime.fp8 import Fp8Format  # noqa: E402
+from runtime.from_recipe import FP8_BLOCK  # noqa: E402
 from runtime.moe import MoEGeometry  # noqa: E402
 from runtime.selftest import step_time_ratio  # noqa: E402
 
@@ -38,14 +40,19 @@ def main(argv: list[str] | None = None) -> int:
     geom = MoEGeometry.from_recipe(recipe, recipe.run.scale if args.scale is None else args.scale)
     layers = args.layers or min(4, recipe.model.num_moe_layers)
     dtype = torch.bfloat16 if info.is_cuda else torch.float32
-    rows = [step_time_ratio(info, dtype, batch, hot, reps=args.reps, geom=geom, num_layers=layers)
+    name = str(dtype).replace("torch.", "")
+    # fp8 recipes keep their experts fp8 where the kernels run, as `hotsplit run` does.
+    fp8 = Fp8Format(FP8_BLOCK) if recipe.model.expert_dtype == "fp8" and info.triton else None
+    rows = [step_time_ratio(info, dtype, batch, hot, reps=args.reps, geom=geom, num_layers=layers, fp8=fp8)
             for batch in (1, 8, 64) for hot in (1.0, 0.5, 0.1)]
     doc = {"recipe": recipe.name, "device": info.name, "kernel": "triton" if info.triton else "torch-grouped",
-           "geometry": geom.__dict__, "layers": layers, "dtype": str(dtype), "rows": rows}
+           "geometry": geom.__dict__, "layers": layers, "dtype": str(dtype),
+           "experts": "fp8 e4m3, 128x128 block scales" if fp8 else name, "rows": rows}
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
-    print(f"{recipe.name} on {info.name} ({doc['kernel']}, {dtype}), {layers} MoE layers, hidden {geom.hidden}, "
+    print(f"{recipe.name} on {info.name} ({doc['kernel']}, experts {doc['experts']}), {layers} MoE layers, "
+          f"hidden {geom.hidden}, "
           f"inter {geom.inter}, {geom.num_experts} experts, top-{geom.top_k}; median of {args.reps}")
     print("| batch | hot | runtime ms | reference ms | runtime / reference |")
     print("| ---: | ---: | ---: | ---: | ---: |")

@@ -250,12 +250,14 @@ def cold_path_gbps(info: DeviceInfo, g: MoEGeometry, fp8: Fp8Format | None = Non
 
 
 def step_time_ratio(info: DeviceInfo, dtype: torch.dtype, batch: int, hot_fraction: float, reps: int = 30,
-                    geom: MoEGeometry | None = None, num_layers: int = 4, seed: int = 0) -> dict:
-    """Median step time of the hot/cold runtime and of the reference, interleaved in one process."""
+                    geom: MoEGeometry | None = None, num_layers: int = 4, seed: int = 0,
+                    fp8: Fp8Format | None = None) -> dict:
+    """Median step time of the hot/cold runtime and of the reference, interleaved in one process
+    (`fp8`: the runtime's experts in block-scaled fp8, the reference's dequantised in `dtype`)."""
     g = geom or _geom(info, "sigmoid", shared=True)
     rng = np.random.default_rng(seed)
     model, ref = build_pair(g, num_layers, random_hot(num_layers, g.num_experts, hot_fraction, rng), info, dtype,
-                            seed)
+                            seed, fp8=fp8)
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, g.hidden, generator=gen).to(info.device, dtype)
     ids_LTK = torch.stack([torch.stack([torch.randperm(g.num_experts, generator=gen)[:g.top_k] for _ in range(batch)])
