@@ -277,6 +277,7 @@ class TritonExperts:
             raise ValueError(f"split_h must be >= 1, got {split_h}")
         self.block_t, self.block_i, self.block_h, self.block_i_down = block_t, block_i, block_h, block_i_down
         self.split_h = split_h
+        self._sms: int | None = None  # multiprocessors of the GPU, read once
         self.use_dot = min(block_t, block_i, block_h) >= 16  # tl.dot's smallest shape
         self.use_dot_down = min(block_t, block_i_down, block_h) >= 16
         _build_kernels()
@@ -287,8 +288,9 @@ class TritonExperts:
             return min(self.split_h, h_tiles)
         if device.type != "cuda":
             return 1
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        return split_for(programs, h_tiles, PROGRAMS_PER_SM * sms)
+        if self._sms is None:
+            self._sms = torch.cuda.get_device_properties(device).multi_processor_count
+        return split_for(programs, h_tiles, PROGRAMS_PER_SM * self._sms)
 
     def native_dot(self, dtype: torch.dtype) -> bool:
         """16-bit weights multiply in their own dtype on tensor cores (float32 accumulation; the
