@@ -190,3 +190,20 @@ def test_fp8_triton_kernels_dequantise_to_float16_for_16_bit_dots_in_the_interpr
         want = torch_path.model(input_ids=ids).logits.float()
         got = kernel_path.model(input_ids=ids).logits.float()
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_fp8_scale_of_the_wrong_shape_is_refused_naming_the_weight(pairs, tmp_path):
+    from hotsplit_cli.errors import InputFileError
+
+    fp8_dir, _ = pairs["deepseek_v3"]
+    for victim in ("self_attn.o_proj.weight_scale_inv", "experts.2.gate_proj.weight_scale_inv"):
+        broken = tmp_path / victim.split(".")[1]
+        shutil.copytree(fp8_dir, broken)
+        f = broken / "model.safetensors"
+        with safe_open(str(f), framework="pt") as h:
+            tensors = {k: h.get_tensor(k) for k in h.keys()}
+        key = next(k for k in tensors if k.endswith(victim))
+        tensors[key] = tensors[key][:1]  # one row of blocks short
+        save_file(tensors, str(f))
+        with pytest.raises(InputFileError, match=key.removesuffix("_scale_inv").replace(".", "\\.")):
+            load_model(broken, choose_device("cpu"), torch.float32)

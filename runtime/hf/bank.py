@@ -131,7 +131,11 @@ class HFExpertBank(BlobBank):
         want = view.dtype
         if tensor.dtype != want and (want == FP8 or tensor.dtype == FP8):
             raise ValueError(f"{part} holds {want}, the checkpoint gives {tensor.dtype}")
-        (view if rows is None else view[rows]).copy_(tensor)
+        target = view if rows is None else view[rows]
+        if tuple(tensor.shape) != tuple(target.shape):  # copy_ would broadcast a short tensor silently
+            raise ValueError(f"{part} of expert {e}: shape {tuple(tensor.shape)}, the model's layout holds "
+                             f"{tuple(target.shape)}")
+        target.copy_(tensor)
 
     # ---- compute ----
 

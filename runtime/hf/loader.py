@@ -240,8 +240,11 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
                         raise InputFileError(f"{path}: {key}: fused fp8 experts are not supported",
                                              "use a checkpoint with per-expert weights")
                     sl = f.get_slice(key)
-                    for e in range(by_layer[lid].num_experts):  # one expert at a time: no full copy
-                        bank_of[lid].load_part(e, _FUSED_PART[m["name"]], sl[e])
+                    try:
+                        for e in range(by_layer[lid].num_experts):  # one expert at a time: no full copy
+                            bank_of[lid].load_part(e, _FUSED_PART[m["name"]], sl[e])
+                    except (ValueError, RuntimeError) as exc:
+                        raise InputFileError(f"{path}: {key}: {exc}") from None
                     loaded[by_layer[lid].row] += {"gate_up_proj": 2, "down_proj": 1}.get(m["name"], 0)
                     continue
                 name = key
@@ -256,7 +259,10 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
                 if t.dtype == FP8:
                     if scales is None:
                         raise InputFileError(f"{path}: {key} is fp8 but config.json names no fp8 quantization")
-                    t = dequantize(t, scales.of(key), fp8, torch.float32)
+                    try:
+                        t = dequantize(t, scales.of(key), fp8, torch.float32)
+                    except ValueError as exc:
+                        raise InputFileError(f"{path}: {key}: {exc}") from None
                 _set_tensor(model, name, t, info.device, want)
                 seen.add(name)
     if scales is not None:
