@@ -260,6 +260,23 @@ def test_greedy_generation_identical(checkpoints, cpu, family):
     assert got.tolist() == want.tolist()
 
 
+def test_loader_refuses_tensors_of_another_shape_naming_them(checkpoints, cpu, tmp_path):
+    """A config.json that does not describe its weights: refused, not broadcast or half-loaded."""
+    import json
+    import shutil
+
+    from hotsplit_cli.errors import InputFileError
+
+    for edit, key in ((dict(intermediate_size=48), r"layers\.0\.mlp\.(gate|up|down)_proj\.weight"),
+                      (dict(moe_intermediate_size=8), r"layers\.\d\.mlp\.experts\.\d+\.(gate|up|down)_proj")):
+        q = tmp_path / next(iter(edit))
+        shutil.copytree(checkpoints["qwen3_moe"], q)
+        cfg = json.loads((q / "config.json").read_text())
+        (q / "config.json").write_text(json.dumps({**cfg, **edit}))
+        with pytest.raises(InputFileError, match=key + ".*shape"):
+            load_model(q, cpu)
+
+
 def test_loader_keeps_experts_out_of_the_model(checkpoints, cpu):
     hm = load_model(checkpoints["qwen3_moe"], cpu, torch.float32)
     for info in hm.layers:

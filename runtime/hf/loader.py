@@ -165,8 +165,12 @@ def _fp32_names(model: torch.nn.Module, dtype: torch.dtype) -> list[str]:
 
 
 def _set_tensor(model: torch.nn.Module, name: str, tensor: torch.Tensor, device, dtype) -> None:
+    """Put a checkpoint tensor in place of the skeleton's parameter or buffer of the same shape."""
     module_name, _, attr = name.rpartition(".")
     module = model.get_submodule(module_name)
+    old = module._parameters.get(attr, module._buffers.get(attr))
+    if old is not None and tuple(old.shape) != tuple(tensor.shape):
+        raise ValueError(f"shape {tuple(tensor.shape)}, the model expects {tuple(old.shape)}")
     if attr in module._parameters:
         module._parameters[attr] = torch.nn.Parameter(tensor.to(device=device, dtype=dtype), requires_grad=False)
     elif attr in module._buffers:
@@ -263,7 +267,10 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
                         t = dequantize(t, scales.of(key), fp8, torch.float32)
                     except ValueError as exc:
                         raise InputFileError(f"{path}: {key}: {exc}") from None
-                _set_tensor(model, name, t, info.device, want)
+                try:
+                    _set_tensor(model, name, t, info.device, want)
+                except ValueError as exc:
+                    raise InputFileError(f"{path}: {key}: {exc}", "is config.json the checkpoint's own?") from None
                 seen.add(name)
     if scales is not None:
         scales.close()
