@@ -137,7 +137,7 @@ def _build_kernels():
 
     @triton.jit
     def gate_up_kernel(x_ptr, order_ptr, blk_expert_ptr, blk_start_ptr, blk_count_ptr, e2s_ptr, hot_ptr, cold_ptr,
-                       out_ptr, H, INTER, blob_stride, s_off, s_rows, s_cols, K: tl.constexpr,
+                       out_ptr, H, INTER, blob_stride, tiles, s_off, s_rows, s_cols, K: tl.constexpr,
                        BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, USE_DOT: tl.constexpr,
                        NATIVE: tl.constexpr, SPLIT: tl.constexpr, FP8: tl.constexpr, BM: tl.constexpr,
                        BN: tl.constexpr):
@@ -165,10 +165,10 @@ def _build_kernels():
         mask_i = offs_i < INTER
         acc_g = tl.zeros([BLOCK_T, BLOCK_I], dtype=tl.float32)
         acc_u = tl.zeros([BLOCK_T, BLOCK_I], dtype=tl.float32)
-        h_chunk = tl.cdiv(tl.cdiv(H, BLOCK_H), SPLIT) * BLOCK_H  # a whole number of tiles per split
-        h_lo = pid_s * h_chunk
-        for h0 in range(h_lo, tl.minimum(h_lo + h_chunk, H), BLOCK_H):
-            offs_h = h0 + tl.arange(0, BLOCK_H)
+        # `tiles` H tiles per split, ceil(ceil(H / BLOCK_H) / SPLIT), from the host (shapes only);
+        # the last split's tiles past H are masked.
+        for t in range(0, tiles):
+            offs_h = (pid_s * tiles + t) * BLOCK_H + tl.arange(0, BLOCK_H)
             mask_h = offs_h < H
             xv = tl.load(x_ptr + tok[:, None] * H + offs_h[None, :], mask=mask_t[:, None] & mask_h[None, :],
                          other=0.0)
@@ -325,8 +325,9 @@ class TritonExperts:
         else:  # partial sums of gate and up land here; the activation follows in torch
             gu = torch.zeros(A, 2 * INTER, dtype=torch.float32, device=x.device)
         meta = (blocks.order_A, blocks.expert_N, blocks.start_N, blocks.count_N)
+        tiles_per_split = -(-k["cdiv"](H, self.block_h) // split)
         k["gate_up"][(N, i_tiles, split)](
-            x, *meta, bank.expert2slot_E, bank.hot_SB, bank.cold_read_EB, gu, H, INTER, blob_stride,
+            x, *meta, bank.expert2slot_E, bank.hot_SB, bank.cold_read_EB, gu, H, INTER, blob_stride, tiles_per_split,
             fp8.s1_offset if fp8 else 0, fp8.s1_rows if fp8 else 0, fp8.s1_cols if fp8 else 0,
             K=K, BLOCK_T=self.block_t, BLOCK_I=self.block_i, BLOCK_H=self.block_h, USE_DOT=self.use_dot,
             NATIVE=native, SPLIT=split, **f8)

@@ -32,7 +32,7 @@ def _common(w: str, fp8: bool) -> dict:
     blob = "*u8" if fp8 else WEIGHT[w]  # an fp8 blob is bytes: e4m3 weights, then float32 scales
     return {"order_ptr": "*i64", "blk_expert_ptr": "*i32", "blk_start_ptr": "*i64", "blk_count_ptr": "*i32",
             "e2s_ptr": "*i32", "hot_ptr": blob, "cold_ptr": blob, "H": "i32", "INTER": "i32",
-            "blob_stride": "i32", "s_off": "i32", "s_rows": "i32", "s_cols": "i32"}
+            "blob_stride": "i32", "tiles": "i32", "s_off": "i32", "s_rows": "i32", "s_cols": "i32"}
 
 
 # (weights, native 16-bit dot, blocks t/i/h): what TritonExperts launches for each dtype.
@@ -58,6 +58,6 @@ def test_down_kernel_compiles_for_hopper(w, native, blocks, fp8):
     bt, _, bh = blocks
     bi = 64 if min(blocks) >= 16 else 8
     types = {**_common(w, fp8), "act_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "w2_offset": "i32"}
-    del types["s_rows"]
+    del types["s_rows"], types["tiles"]
     _compile(k["down"], types, dict(BLOCK_T=bt, BLOCK_H=bh, BLOCK_I=bi, USE_DOT=min(bt, bi, bh) >= 16,
                                     NATIVE=native, FP8=fp8, BM=128, BN=128, BF16=w == "bf16"))
