@@ -72,6 +72,11 @@ if [ -f recipes/deepseek-v3.yaml ] && "$PY" -c "import sys, torch; sys.exit(not 
   BENCH_ARGS+=(--recipe deepseek-v3 --scale 0.25 --layers 2)
 fi
 run_check bench_runtime 150 bench_runtime.json "$PY" benchmarks/bench_runtime.py --json "${BENCH_ARGS[@]}"
+# The test files whose CUDA-only tests skip on a CPU (zero-copy views, graph replay, swaps in flight,
+# pinned cold banks of real checkpoints, probe measurements): here they run.
+run_check cuda_tests 180 cuda_tests.txt "$PY" -m pytest -p no:cacheprovider -x -k "cuda or gpu" \
+  tests/test_runtime_bank.py tests/test_runtime_core.py tests/test_run_cli.py tests/test_probe_gpu.py \
+  tests/test_probe_cli.py tests/test_hf_models.py
 
 # The short table: selftest checks, zero-copy numbers vs the probe's, runtime ratios.
 "$PY" - "$OUT_DIR" <<'PYEOF'
@@ -118,6 +123,10 @@ if br:
         print(f"  batch {r['batch']:>3} hot {100 * r['hot_fraction']:>3.0f}%  runtime {r['runtime_ms']:8.3f} ms"
               f"  reference {r['reference_ms']:8.3f} ms  ratio {r['ratio']:.3f}")
 PYEOF
+if [ -f "$OUT_DIR/cuda_tests.txt" ]; then
+  echo
+  echo "CUDA tests: $(tail -n 1 "$OUT_DIR/cuda_tests.txt")"
+fi
 if [ -f "$OUT_DIR/bench_probe.txt" ]; then
   echo
   cat "$OUT_DIR/bench_probe.txt"
