@@ -78,6 +78,9 @@ def test_run_checkpoint_generates_the_same_greedy_text_and_logs_hit_rates(checkp
     assert {"step", "hit_rate_window", "hit_rate_total", "swaps", "bytes_copied", "copy_ms"} <= set(records[0])
     assert doc["hit_rate"] == records[-1]["hit_rate_total"] and 0 <= doc["hit_rate"] <= 1
     assert doc["tokens"] > 0 and doc["steps"] == records[-1]["step"]
+    assert doc["kernel"] == "torch per expert" and doc["numa"]["policy"] == "preferred"
+    assert doc["copy_ms"] == pytest.approx(sum(r["copy_ms"] for r in records))
+    assert doc["bytes_copied"] == sum(r["bytes_copied"] for r in records)
 
 
 def test_run_checkpoint_refuses_a_recipe_that_does_not_match(ckpt, tmp_path, capsys):
@@ -87,3 +90,16 @@ def test_run_checkpoint_refuses_a_recipe_that_does_not_match(ckpt, tmp_path, cap
     code = main(["run", str(recipe)])
     err = capsys.readouterr().err
     assert code == 1 and "8 experts" in err and "recipe 'tiny-ckpt' says" in err
+
+
+def test_run_checkpoint_human_summary_and_plot(ckpt, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(SENTENCES[0] + "\n")
+    plot = tmp_path / "hits.png"
+    code = main(["run", str(_recipe(tmp_path, ckpt, prompts, 4, _geometry(ckpt))), "--plot", str(plot)])
+    out = capsys.readouterr().out
+    assert code == 0
+    for row in ("device", "torch per expert", "plan", "cold bank", "numa_policy", "copy time", "hit rate (overall)"):
+        assert row in out, row
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
