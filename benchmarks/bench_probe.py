@@ -21,14 +21,26 @@ MIB = 1 << 20
 
 
 def plain_pinned(size_bytes: int, node: int | None):
-    """A torch pinned (cudaHostAlloc) uint8 tensor whose pages sit on `node`, like the probe's
-    buffer: a plain `pin_memory=True` tensor lands wherever the calling thread runs, and on a
-    two-socket host a remote buffer copies measurably slower, so the comparison would not be
-    like for like. Returns (tensor, placement document)."""
-    from runtime.pinned import PinnedAllocator, plan_placement
+    """A plain torch pinned tensor (`pin_memory=True`: cudaHostAlloc) whose pages sit on `node`,
+    like the probe's buffer: left alone it lands wherever the calling thread runs, and on a
+    two-socket host a remote buffer copies measurably slower, so the comparison would not be like
+    for like. The thread's memory policy prefers `node` while the pages are first touched.
+    Returns (tensor, placement document: where its pages were found)."""
+    import torch
 
-    alloc = PinnedAllocator(pin=True, placement=plan_placement("preferred", node))
-    return alloc.alloc(size_bytes)[:size_bytes], alloc.placement.to_doc()
+    from runtime.pinned import MPOL_DEFAULT, MPOL_PREFERRED, _set_mempolicy, page_nodes, plan_placement
+
+    placement = plan_placement("preferred", node)
+    err = _set_mempolicy(MPOL_PREFERRED, node) if placement.applied else None
+    try:
+        t = torch.empty(size_bytes, dtype=torch.uint8, pin_memory=True).zero_()
+    finally:
+        if placement.applied and err is None:
+            _set_mempolicy(MPOL_DEFAULT, None)
+    placement.pages_by_node, placement.located = page_nodes(t.data_ptr(), size_bytes)
+    if err:
+        placement.applied, placement.reason = False, err
+    return t, placement.to_doc()
 
 
 def plain_torch_h2d_gbps(torch, size_bytes: int, gpu: int, samples: int = 10, iters: int = 4,

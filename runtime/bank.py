@@ -71,14 +71,16 @@ class _ZeroCopyArray:
                                          "version": 3, "strides": None}
 
 
-def zero_copy_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A CUDA tensor aliasing the pinned host tensor `host` (same bytes, read in place over PCIe).
-    The caller keeps `host` alive for as long as the view is used."""
-    if not host.is_pinned():
+def zero_copy_view(host: torch.Tensor, device: torch.device, device_address: int | None = None) -> torch.Tensor:
+    """A CUDA tensor aliasing the page-locked host tensor `host` (same bytes, read in place over
+    PCIe). `device_address`: where the device sees `host` (cudaHostGetDevicePointer; under UVA
+    the host address, the default). The caller keeps `host` alive for as long as the view is used."""
+    if device_address is None and not host.is_pinned():
         raise ValueError("zero-copy needs pinned host memory")
+    address = host.data_ptr() if device_address is None else device_address
     n_bytes = host.numel() * host.element_size()
-    flat = torch.as_tensor(_ZeroCopyArray(host.data_ptr(), n_bytes), device=device)
-    if flat.data_ptr() != host.data_ptr():  # torch < 2.9 copies when the pointer's device differs
+    flat = torch.as_tensor(_ZeroCopyArray(address, n_bytes), device=device)
+    if flat.data_ptr() != address:  # torch < 2.9 copies when the pointer's device differs
         raise RuntimeError(f"torch copied the pinned cold bank to {flat.device} instead of viewing it in place")
     return flat.view(host.dtype).view(host.shape)
 
@@ -154,7 +156,8 @@ class BlobBank:
         n_bytes = E * B * torch.empty((), dtype=dtype).element_size()
         self.cold_EB = allocator.alloc(n_bytes)[:n_bytes].view(dtype).view(E, B)  # in host memory
         # What kernels read for a cold expert: the zero-copy device view on CUDA, else the host rows.
-        self.cold_read_EB = zero_copy_view(self.cold_EB, info.device) if info.zero_copy else self.cold_EB
+        self.cold_read_EB = (zero_copy_view(self.cold_EB, info.device, allocator.device_address(self.cold_EB))
+                             if info.zero_copy else self.cold_EB)
         # A device row (int32 [E]); the synthetic model owns one [L, E] map and passes its rows.
         self.expert2slot_E = (torch.empty(E, dtype=torch.int32, device=info.device)
                               if expert2slot_E is None else expert2slot_E)

@@ -1,19 +1,26 @@
 """Pinned host slabs for the cold bank, placed on a NUMA node per the `numa_policy` knob.
 
-Every allocation is rounded up to a power of two (the same classes as torch's caching host
-allocator, so a freed slab is reused whole instead of fragmenting page-locked memory).
+On a GPU a slab is an anonymous mapping of exactly the bytes asked for (page-rounded), faulted in
+under the memory policy, then page-locked and mapped for the device with
+`cudaHostRegister(Portable | Mapped)`. torch's own pinned allocator rounds every allocation up to
+a power of two: a DeepSeek-V3 layer of fp8 experts (11.3 GB) would lock 16 GiB, 42% more host
+memory than the bank holds. Where registration fails, the slab falls back to torch's pinned
+allocator (power of two) and the reason is recorded. Without CUDA a slab is plain memory of the
+exact size. Slabs live as long as the process (or until `release`).
+
 Placement: `preferred` asks the kernel for pages on the GPU's node and falls back elsewhere,
 `bind` insists on it, `off` leaves the default (first touch). It is applied with the
-set_mempolicy system call around the allocation (pages are faulted in while the policy holds)
-and restored afterwards. Whatever cannot be done is recorded with a reason, never raised.
-Every slab's pages are then located (move_pages(2) in query mode, on a sample of pages), so the
-report says where the cold bank really is, policy or not.
+set_mempolicy system call around the first touch of the pages and restored afterwards. Every
+slab's pages are then located (move_pages(2) in query mode, on a sample of pages), so the
+report says where the cold bank really is, policy or not. Whatever cannot be done is recorded
+with a reason, never raised.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
 import os
 import platform
 from dataclasses import dataclass, field
@@ -138,19 +145,37 @@ def plan_placement(policy: str, node: int | None, node_reason: str | None = None
     return NumaPlacement(policy, node, True, None)
 
 
+_CUDA_HOST_REGISTER_PORTABLE, _CUDA_HOST_REGISTER_MAPPED = 1, 2
+
+
+@dataclass
+class _Slab:
+    tensor: torch.Tensor  # uint8, host memory
+    host_address: int
+    device_address: int | None  # where kernels read it (None: not mapped for a device)
+    n_bytes: int
+    mapping: mmap.mmap | None  # the anonymous mapping of a registered slab
+
+
 @dataclass
 class PinnedAllocator:
-    """Allocates the cold bank's slabs: page-locked when `pin`, power-of-two sized, NUMA-placed."""
+    """Allocates the cold bank's slabs: page-locked and device-mapped when `pin`, NUMA-placed.
+
+    `method` says how the last slab was made: "cudaHostRegister" (exact size), "torch pinned"
+    (power of two, when registration failed: `fallback` says why) or "pageable" (no CUDA)."""
 
     pin: bool
     placement: NumaPlacement
     requested_bytes: int = 0
     reserved_bytes: int = 0
-    slabs: list[torch.Tensor] = field(default_factory=list)
+    method: str = ""
+    fallback: str | None = None
+    slabs: list[_Slab] = field(default_factory=list)
 
     def alloc(self, n_bytes: int) -> torch.Tensor:
-        """A uint8 host tensor of at least n_bytes (its length is the power of two reserved)."""
-        size = round_up_pow2(n_bytes)
+        """A uint8 host tensor of at least n_bytes, its pages placed and located."""
+        page = mmap.PAGESIZE
+        size = max(page, -(-n_bytes // page) * page)
         applied = False
         if self.placement.applied:
             mode = MPOL_BIND if self.placement.policy == "bind" else MPOL_PREFERRED
@@ -159,17 +184,83 @@ class PinnedAllocator:
                 self.placement.applied, self.placement.reason = False, err
             else:
                 applied = True
-        try:
-            slab = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
-            slab.zero_()  # fault every page in while the policy holds
+        try:  # pages are faulted in (zeroed) while the policy holds
+            slab = self._registered(size) if self.pin and self.fallback is None else None
+            if slab is None and self.pin:
+                size = round_up_pow2(n_bytes)
+                t = _torch_pinned(size)
+                slab = _Slab(t, t.data_ptr(), t.data_ptr(), size, None)  # cudaHostAlloc: mapped, UVA
+                self.method = "torch pinned"
+            elif slab is None:
+                t = torch.zeros(n_bytes, dtype=torch.uint8)
+                size, slab = n_bytes, _Slab(t, t.data_ptr(), None, n_bytes, None)
+                self.method = "pageable"
         finally:
             if applied:
                 _set_mempolicy(MPOL_DEFAULT, None)
-        found, why = page_nodes(slab.data_ptr(), size)
+        found, why = page_nodes(slab.host_address, size)
         for node, n in found.items():
             self.placement.pages_by_node[node] = self.placement.pages_by_node.get(node, 0) + n
         self.placement.located = self.placement.located or why
         self.requested_bytes += n_bytes
         self.reserved_bytes += size
         self.slabs.append(slab)
-        return slab
+        return slab.tensor
+
+    def _registered(self, size: int) -> _Slab | None:
+        """An exact-size mapping, touched, then registered with CUDA; None (and `fallback` set) if
+        registration fails here (the first failure stops further attempts)."""
+        mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        t = torch.frombuffer(mapping, dtype=torch.uint8)
+        t.zero_()
+        address = t.data_ptr()
+        rc = int(torch.cuda.cudart().cudaHostRegister(address, size, _CUDA_HOST_REGISTER_PORTABLE
+                                                      | _CUDA_HOST_REGISTER_MAPPED))
+        if rc != 0:
+            _clear_cuda_error()
+            self.fallback = f"cudaHostRegister failed with cudaError {rc}: torch's pinned allocator (power of two)"
+            del t
+            mapping.close()
+            return None
+        self.method = "cudaHostRegister"
+        return _Slab(t, address, _device_pointer(address), size, mapping)
+
+    def device_address(self, host_tensor: torch.Tensor) -> int:
+        """Where the device reads `host_tensor` (a view into one of the slabs)."""
+        ptr = host_tensor.data_ptr()
+        for s in self.slabs:
+            if s.host_address <= ptr < s.host_address + s.n_bytes:
+                if s.device_address is None:
+                    raise ValueError("the slab is not mapped for a device (pageable memory)")
+                return s.device_address + (ptr - s.host_address)
+        raise ValueError("the tensor is not in a slab of this allocator")
+
+    def release(self) -> None:
+        """Unregister and unmap every registered slab. Only when nothing reads them any more."""
+        for s in self.slabs:
+            if s.mapping is not None:
+                torch.cuda.synchronize()
+                torch.cuda.cudart().cudaHostUnregister(s.host_address)
+                s.tensor = None
+                try:
+                    s.mapping.close()
+                except BufferError:  # a view still exports it: the mapping stays until it dies
+                    pass
+        self.slabs.clear()
+
+
+def _torch_pinned(size: int) -> torch.Tensor:
+    """torch's pinned allocator (cudaHostAlloc, rounded up to a power of two), zeroed."""
+    return torch.empty(size, dtype=torch.uint8, pin_memory=True).zero_()
+
+
+def _device_pointer(host_address: int) -> int:
+    from probes.bandwidth import device_pointer
+
+    return device_pointer(host_address)
+
+
+def _clear_cuda_error() -> None:
+    from probes.bandwidth import clear_cuda_error
+
+    clear_cuda_error()

@@ -258,11 +258,12 @@ def test_bench_probe_reference_buffer_is_pinned_on_the_probe_node(monkeypatch):
         calls.append(("alloc", pin_memory))
         return real_empty(size, dtype=dtype)
 
-    monkeypatch.setattr(pinned, "torch", SimpleNamespace(empty=empty, uint8=torch.uint8))
+    monkeypatch.setattr(torch, "empty", empty)  # a plain torch pinned tensor, as a CPU can make one
     buf, placed = bench.plain_pinned(3000, 1)
     assert buf.numel() == 3000
     assert calls == [("policy", pinned.MPOL_PREFERRED, 1), ("alloc", True), ("policy", pinned.MPOL_DEFAULT, None)]
     assert placed["applied"] and placed["node"] == 1 and placed["policy"] == "preferred"
+    assert sum(placed["share_by_node"].values()) == pytest.approx(1.0)  # its pages were located
 
 
 def test_an_expert_swapped_out_and_back_in_waits_for_its_own_copy(fake):

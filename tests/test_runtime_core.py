@@ -77,10 +77,57 @@ def test_round_up_pow2(n, want):
     assert round_up_pow2(n) == want
 
 
-def test_allocator_rounds_every_slab_to_a_power_of_two():
+def test_pageable_slabs_have_the_exact_size():
     a = PinnedAllocator(pin=False, placement=plan_placement("off", None))
     slab = a.alloc(3000)
-    assert slab.numel() == 4096 and a.requested_bytes == 3000 and a.reserved_bytes == 4096
+    assert slab.numel() == 3000 and a.requested_bytes == a.reserved_bytes == 3000 and a.method == "pageable"
+    with pytest.raises(ValueError, match="not mapped for a device"):
+        a.device_address(slab[10:])
+
+
+class FakeCudart:
+    def __init__(self, rc: int = 0):
+        self.rc, self.registered, self.unregistered = rc, [], []
+
+    def cudaHostRegister(self, address, size, flags):  # noqa: N802 - CUDA's name
+        self.registered.append((address, size, flags))
+        return self.rc
+
+    def cudaHostUnregister(self, address):  # noqa: N802
+        self.unregistered.append(address)
+        return 0
+
+
+def test_pinned_slabs_are_registered_at_their_own_size(monkeypatch):
+    """On a GPU: an exact-size mapping registered Portable|Mapped, not a power of two."""
+    from runtime import pinned
+
+    cudart = FakeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(pinned, "_device_pointer", lambda host: host + (1 << 40))  # a non-UVA mapping
+    a = PinnedAllocator(pin=True, placement=plan_placement("off", None))
+    slab = a.alloc(3 * 4096 + 1)
+    assert slab.numel() == 4 * 4096 and a.reserved_bytes == 4 * 4096 and a.method == "cudaHostRegister"
+    assert cudart.registered == [(slab.data_ptr(), 4 * 4096, 3)]
+    assert a.device_address(slab[100:]) == slab.data_ptr() + 100 + (1 << 40)
+    assert int(slab.sum()) == 0 and sum(a.placement.pages_by_node.values()) == 4
+    a.release()
+    assert cudart.unregistered == [cudart.registered[0][0]] and a.slabs == []
+
+
+def test_a_failed_registration_falls_back_to_torch_pinned_and_says_why(monkeypatch):
+    from runtime import pinned
+
+    cudart = FakeCudart(rc=2)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    monkeypatch.setattr(pinned, "_clear_cuda_error", lambda: None)
+    monkeypatch.setattr(pinned, "_torch_pinned", lambda size: torch.zeros(size, dtype=torch.uint8))
+    a = PinnedAllocator(pin=True, placement=plan_placement("off", None))
+    slab = a.alloc(3000)
+    assert slab.numel() == 4096 and a.method == "torch pinned" and "cudaError 2" in a.fallback
+    a.alloc(5000)  # no second attempt once registration failed
+    assert len(cudart.registered) == 1 and a.reserved_bytes == 4096 + 8192
 
 
 def test_numa_placement_records_why_it_is_not_applied():

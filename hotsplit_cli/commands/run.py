@@ -73,8 +73,9 @@ def run(
     say(f"{rec.name}: {prepared.steps} steps on {prepared.info.name} ({pdoc['kernel']}"
         f"{', CUDA graph' if pdoc['cuda_graph'] else ''}; experts {prepared.expert_format}),"
         f" traffic: {prepared.traffic}")
-    say(f"cold bank: {gib(prepared.allocator.requested_bytes)} {'pinned' if prepared.info.pinned else 'pageable'}"
-        f" host memory, {prepared.allocator.placement.describe()}")
+    alloc = prepared.allocator
+    how = alloc.method + (f"; {alloc.fallback}" if alloc.fallback else "")
+    say(f"cold bank: {gib(alloc.requested_bytes)} of host memory ({how}), {alloc.placement.describe()}")
     say(f"plan: {pdoc['plan']['hot_experts']} hot experts, {gib(prepared.plan.hot_bytes)} real"
         f" ({prepared.plan.source}); expected hit rate {pct(prepared.plan.expected_hit_rate)}")
 
