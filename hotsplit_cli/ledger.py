@@ -71,6 +71,7 @@ class MemoryLedger:
     expert_bytes_full: int  # one whole expert (tp = 1)
     bank_bytes_total: int  # every routed expert of the model, whole
     bank_bytes_per_rank: int  # the routed experts one rank is responsible for
+    host_bytes_all_ranks: int  # page-locked host memory of every rank's cold bank together
     experts_per_rank: int  # (layer, expert) pairs one rank holds a share of
     gpu_mem_gib: float | None  # per GPU; None = unknown
     dense_gib: float  # non-expert weights per rank
@@ -205,6 +206,7 @@ def memory_ledger(
         expert_bytes_full=expert_full,
         bank_bytes_total=expert_full * m.num_experts * m.num_moe_layers,
         bank_bytes_per_rank=bank_rank,
+        host_bytes_all_ranks=bank_rank * par.ranks,
         experts_per_rank=experts_per_rank,
         gpu_mem_gib=hw.gpu_mem_gib,
         dense_gib=dense_gib,

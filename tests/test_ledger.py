@@ -15,7 +15,7 @@ from hotsplit_cli.cli import main
 from hotsplit_cli.errors import UsageError
 from hotsplit_cli.hist import Histogram, save_hist
 from hotsplit_cli.ledger import CommModel, a2a_ledger, build_ledger, find_hot_experts, memory_ledger, with_ep
-from hotsplit_cli.recipe import GIB, parse_recipe
+from hotsplit_cli.recipe import GIB, load_recipe, parse_recipe
 
 
 @pytest.fixture(autouse=True)
@@ -82,6 +82,7 @@ def test_memory_ledger_by_hand():
     assert (m.expert_bytes, m.expert_bytes_full) == (EXPERT_BYTES, EXPERT_FULL)
     assert m.bank_bytes_total == EXPERT_FULL * 16 * 3
     assert m.bank_bytes_per_rank == EXPERT_BYTES * 16 * 3
+    assert m.host_bytes_all_ranks == 2 * EXPERT_BYTES * 16 * 3  # both TP ranks' slices: every expert once
     assert m.experts_per_rank == 48
     assert m.dense_gib * GIB == pytest.approx(DENSE_BYTES)
     assert m.room_gib * GIB == pytest.approx(ROOM_BYTES)
@@ -327,3 +328,12 @@ def test_runs_without_torch(small_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # any `import torch` now raises ImportError
     rc, out, _ = _run(capsys, small_path, "--json")
     assert rc == 0 and json.loads(out)["recipe"] == "small"
+
+
+def test_deepseek_v3_host_memory_for_the_cold_banks(capsys):
+    m = memory_ledger(load_recipe("deepseek-v3"), reserve_gib=2.0)
+    # 8 TP ranks x 14848 expert slices of 5,506,368 B (fp8 + block scales): 609.15 GiB on the host
+    assert m.host_bytes_all_ranks == 8 * 14848 * 5_506_368
+    assert main(["ledger", "deepseek-v3"]) == 0
+    out = capsys.readouterr().out
+    assert "Host memory" in out and "all 8 ranks (one host)" in out and "609.15 GiB" in out

@@ -155,6 +155,11 @@ def _render(out: Output, led: Ledger) -> None:
     t.add_row(f"per rank ({m.experts_per_rank} experts)", _gib(m.bank_bytes_per_rank / GIB))
     out.print(t)
 
+    t = out.table("cold banks", "GiB", title="Host memory (every expert of every rank, page-locked)")
+    t.add_row("per rank", _gib(m.bank_bytes_per_rank / GIB))
+    t.add_row(f"all {m.ranks} ranks (one host)", _gib(m.host_bytes_all_ranks / GIB))
+    out.print(t)
+
     t = out.table("per rank", "GiB", title="GPU memory per rank")
     t.add_row("GPU memory", _gib(m.gpu_mem_gib))
     t.add_row("- dense weights (/tp)", _gib(m.dense_gib))
