@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from hotsplit_cli.errors import InputFileError, UsageError
+from hotsplit_cli.output import gib
 
 from ..device import DeviceInfo
 from ..fp8 import FP8, dequantize, fp8_format_of
@@ -179,6 +180,33 @@ def _set_tensor(model: torch.nn.Module, name: str, tensor: torch.Tensor, device,
         raise KeyError(name)
 
 
+HOST_MEMORY_SHARE = 0.9  # of the available host memory the cold banks may take
+
+
+def _check_memory(path: Path, model: torch.nn.Module, layers: list[MoELayerInfo], layouts: list[ExpertLayout],
+                  dtype: torch.dtype, info: DeviceInfo) -> None:
+    """Refuse before loading a byte when the cold banks do not fit in host memory or the rest of
+    the model (on the device) does not fit in the GPU's free memory."""
+    import psutil
+
+    from ..bank import BlobLayout
+
+    blobs = [BlobLayout.of(lay.blob_parts(dtype)) for lay in layouts]
+    bank = sum(i.num_experts * b.elems * b.storage.itemsize for i, b in zip(layers, blobs, strict=True))
+    avail = psutil.virtual_memory().available
+    if bank > HOST_MEMORY_SHARE * avail:
+        raise InputFileError(f"{path}: the cold banks need {gib(bank)} of host memory, {gib(avail)} is available",
+                             "use a machine with more RAM, or a smaller model")
+    if info.is_cuda:
+        experts = {id(p) for i in layers for p in i.experts.parameters()}
+        dense = sum(p.numel() * dtype.itemsize for p in model.parameters() if id(p) not in experts)
+        free, _ = torch.cuda.mem_get_info(info.device)
+        if dense > free:
+            raise InputFileError(f"{path}: the weights that stay on {info.name} (attention, embeddings, dense and "
+                                 f"shared MLPs) need {gib(dense)}, {gib(free)} is free",
+                                 "use a GPU with more memory")
+
+
 def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = None,
                keep_trace: bool = False, allocator: PinnedAllocator | None = None) -> HFModel:
     """Load the checkpoint at `path` with every routed expert in a pinned cold bank (all cold;
@@ -199,12 +227,13 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
     if not layers:
         raise UsageError(f"{path}: no MoE layer found in {type(model).__name__}")
     by_layer = {i.layer_id: i for i in layers}
+    fp8 = config.hotsplit_fp8
+    layouts = [ExpertLayout.of_module(i.experts, fp8) for i in layers]
+    _check_memory(path, model, layers, layouts, dtype, info)
     allocator = allocator or PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
     swap_stream = torch.cuda.Stream(info.device) if info.is_cuda else None
     banks = []
-    fp8 = config.hotsplit_fp8
-    for i in layers:
-        layout = ExpertLayout.of_module(i.experts, fp8)
+    for i, layout in zip(layers, layouts, strict=True):
         # The plain SwiGLU layout runs the expert-grouped kernels wherever Triton does.
         kernel = TritonExperts() if info.triton and layout.plain_swiglu else None
         banks.append(HFExpertBank(layout, i.num_experts, dtype, info, allocator, swap_stream, kernel))
