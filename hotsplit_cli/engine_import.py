@@ -62,21 +62,6 @@ def _as_array(x: object, where: str, name: str) -> np.ndarray:
     return a
 
 
-def _load_pt(path: Path) -> object:
-    import pickle
-
-    import torch
-
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputFileError(
-            f"{path}: refused: not a tensors-only torch file ({first[:160]})",
-            "hotsplit reads .pt files with weights_only=True and never unpickles arbitrary objects",
-        ) from None
-
-
 def _load_json(path: Path) -> object:
     import orjson
 
@@ -93,7 +78,9 @@ def _open(path: Path) -> object:
     if suffix == ".json":
         return _load_json(path)
     if suffix in (".pt", ".pth"):
-        return _load_pt(path)
+        from runtime.torch_files import load_tensors_only  # torch lives in the runtime package
+
+        return load_tensors_only(path)
     raise InputFileError(f"{path}: unknown file type {suffix or '(none)'}",
                          "expected SGLang's .json (logical_count) or a recorder dump .pt")
 

@@ -93,12 +93,12 @@ def balance_cmd(
 
 def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, windows_steps, keep_trace,
                      device, dtype):
-    try:
-        import torch
-        import transformers  # noqa: F401
-    except ImportError as exc:
-        raise UsageError(f"balance --model needs torch and transformers ({exc.name} is missing)",
-                         "pip install 'hotsplit[hf]'") from None
+    import importlib.util
+
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f"balance --model needs torch and transformers ({missing[0]} is missing)",
+                         "pip install 'hotsplit[hf]'")
     if prompts is None and rec is not None and rec.traffic.kind == "prompts":
         prompts = rec.traffic.path
     if prompts is None:
@@ -112,9 +112,10 @@ def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, w
     from runtime.device import choose_device
     from runtime.hf.capture import capture, trace_of
     from runtime.hf.loader import load_model, load_tokenizer
+    from runtime.moe import DTYPES as TORCH_DTYPES
 
     info = choose_device(device)
-    hm = load_model(model_dir, info, None if dtype == "auto" else getattr(torch, dtype), keep_trace=keep_trace)
+    hm = load_model(model_dir, info, None if dtype == "auto" else TORCH_DTYPES[dtype], keep_trace=keep_trace)
     tok = load_tokenizer(model_dir)
     with out.progress("balance", len(prompt_list)) as advance:
         capture(hm, tok, prompt_list, max_new_tokens, batch_size, advance)
