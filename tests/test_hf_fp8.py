@@ -82,6 +82,25 @@ def pairs(tmp_path_factory):
     return {f: fp8_pair(root / f, f) for f in ("deepseek_v3", "qwen3_moe")}
 
 
+def _batch_and_reference(pair, texts):
+    """A left-padded batch of `texts` and transformers' logits on the dequantised checkpoint."""
+    fp8_dir, deq_dir = pair
+    tok = load_tokenizer(fp8_dir)
+    tok.padding_side = "left"
+    enc = tok(texts, return_tensors="pt", padding=True)
+    batch = dict(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
+    with torch.no_grad():
+        return batch, reference(deq_dir)(**batch).logits
+
+
+def _logits_for_hot_sets(hm, batch, hot_sets):
+    for hot in hot_sets:
+        for b in hm.banks:
+            b.set_hot(hot)
+        with torch.no_grad():
+            yield hm.model(**batch).logits
+
+
 def test_dequantize_multiplies_each_block_by_its_scale():
     w = torch.arange(6 * 5, dtype=torch.float32).view(6, 5).to(FP8)
     s = torch.tensor([[1.0, 10.0], [100.0, 1000.0]])
@@ -95,13 +114,8 @@ def test_dequantize_multiplies_each_block_by_its_scale():
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_moe"])
 def test_fp8_checkpoint_equals_transformers_on_the_dequantised_weights(pairs, family):
-    fp8_dir, deq_dir = pairs[family]
-    tok = load_tokenizer(fp8_dir)
-    tok.padding_side = "left"
-    enc = tok([SENTENCES[1], SENTENCES[2][:20]], return_tensors="pt", padding=True)
-    with torch.no_grad():
-        want = reference(deq_dir)(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
-    hm = load_model(fp8_dir, choose_device("cpu"), torch.float32)
+    batch, want = _batch_and_reference(pairs[family], [SENTENCES[1], SENTENCES[2][:20]])
+    hm = load_model(pairs[family][0], choose_device("cpu"), torch.float32)
     bank = hm.banks[0]
     assert bank.layout.fp8 == Fp8Format(BLOCK) and bank.layout.plain_swiglu
     assert bank.kernel is None  # no Triton on this CPU process: dequantised per expert in torch
@@ -112,11 +126,7 @@ def test_fp8_checkpoint_equals_transformers_on_the_dequantised_weights(pairs, fa
     p = bank.parts_of(3)
     assert p["w1"].dtype == FP8 and p["s1"].shape == (2, 2, 3) and p["s2"].shape == (4, 2)
     E = hm.num_experts
-    for hot in (np.zeros(E, bool), np.arange(E) % 2 == 0, np.ones(E, bool)):
-        for b in hm.banks:
-            b.set_hot(hot)
-        with torch.no_grad():
-            got = hm.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+    for got in _logits_for_hot_sets(hm, batch, (np.zeros(E, bool), np.arange(E) % 2 == 0, np.ones(E, bool))):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -125,20 +135,11 @@ def test_fp8_triton_kernel_banks_equal_transformers_in_the_interpreter(triton_in
     """Where Triton runs, fp8 banks use the grouped kernels, which dequantise each tile as they read it."""
     import dataclasses
 
-    fp8_dir, deq_dir = pairs[family]
-    tok = load_tokenizer(fp8_dir)
-    tok.padding_side = "left"
-    enc = tok([SENTENCES[3], SENTENCES[4][:12]], return_tensors="pt", padding=True)
-    with torch.no_grad():
-        want = reference(deq_dir)(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
-    hm = load_model(fp8_dir, dataclasses.replace(choose_device("cpu"), triton=True), torch.float32)
+    batch, want = _batch_and_reference(pairs[family], [SENTENCES[3], SENTENCES[4][:12]])
+    hm = load_model(pairs[family][0], dataclasses.replace(choose_device("cpu"), triton=True), torch.float32)
     assert all(b.kernel is not None and b.fp8_meta is not None for b in hm.banks)
     E = hm.num_experts
-    for hot in (np.zeros(E, bool), np.arange(E) % 3 == 0):
-        for b in hm.banks:
-            b.set_hot(hot)
-        with torch.no_grad():
-            got = hm.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+    for got in _logits_for_hot_sets(hm, batch, (np.zeros(E, bool), np.arange(E) % 3 == 0)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
