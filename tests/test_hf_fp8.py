@@ -23,6 +23,7 @@ from safetensors.torch import save_file  # noqa: E402
 
 from runtime.device import choose_device  # noqa: E402
 from runtime.fp8 import FP8, Fp8Format, dequantize  # noqa: E402
+from runtime.fp8 import quantize as fp8_quantize  # noqa: E402
 from runtime.hf.loader import load_model, load_tokenizer  # noqa: E402
 from tests.test_hf_models import SENTENCES, build_checkpoint, reference  # noqa: E402
 
@@ -208,3 +209,31 @@ def test_fp8_scale_of_the_wrong_shape_is_refused_naming_the_weight(pairs, tmp_pa
         save_file(tensors, str(f))
         with pytest.raises(InputFileError, match=key.removesuffix("_scale_inv").replace(".", "\\.")):
             load_model(broken, choose_device("cpu"), torch.float32)
+
+
+def test_fp8_per_tensor_scales_stored_as_scalars(tmp_path):
+    """Without weight_block_size each weight has one scale, which checkpoints store as a scalar."""
+    plain = build_checkpoint(tmp_path / "plain", "qwen3_moe")
+    fp8_dir = tmp_path / "fp8"
+    shutil.copytree(plain, fp8_dir)
+    tensors = {}
+    f = next(fp8_dir.glob("*.safetensors"))
+    with safe_open(str(f), framework="pt") as h:
+        for k in h.keys():
+            t = h.get_tensor(k)
+            if _quantised(k, t):
+                q, s = fp8_quantize(t, Fp8Format(None))
+                tensors[k], tensors[k + "_scale_inv"] = q, s.reshape(())
+            else:
+                tensors[k] = t
+    save_file(tensors, str(f))
+    cfg = json.loads((fp8_dir / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    (fp8_dir / "config.json").write_text(json.dumps(cfg))
+    hm = load_model(fp8_dir, choose_device("cpu"), torch.float32)
+    assert hm.banks[0].layout.fp8 == Fp8Format(None)
+    key = next(k for k in tensors if k.endswith("experts.3.down_proj.weight"))
+    want = tensors[key].float() * tensors[key + "_scale_inv"]
+    layer = int(key.split("layers.")[1].split(".")[0])
+    got = hm.banks[hm.layer_ids.index(layer)].weights_of(3)["w2"]
+    assert torch.equal(got, want)

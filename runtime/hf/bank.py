@@ -132,6 +132,8 @@ class HFExpertBank(BlobBank):
         if tensor.dtype != want and (want == FP8 or tensor.dtype == FP8):
             raise ValueError(f"{part} holds {want}, the checkpoint gives {tensor.dtype}")
         target = view if rows is None else view[rows]
+        if part in ("s1", "s2") and tensor.numel() == target.numel():
+            tensor = tensor.reshape(target.shape)  # a per-tensor scale may be stored as [] or [1]
         if tuple(tensor.shape) != tuple(target.shape):  # copy_ would broadcast a short tensor silently
             raise ValueError(f"{part} of expert {e}: shape {tuple(tensor.shape)}, the model's layout holds "
                              f"{tuple(target.shape)}")
