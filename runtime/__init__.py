@@ -11,16 +11,19 @@ Glossary (the words used throughout this package):
 - **slot**: one expert-sized row of a layer's hot bank. `expert2slot[e]` is the slot of expert
   `e`, or -1 when it is cold; `slot2expert[s]` is its inverse.
 - **bank**: one per MoE layer, the cold bank (all experts) plus the hot slots and the map.
-- **blob**: one expert's weights as one contiguous row, `w13` [2I, H] then `w2` [H, I], so a
-  swap is a single copy.
+- **blob**: one expert's weights as one contiguous row, `w13` [2I, H] then `w2` [H, I] (for
+  block-scaled fp8: the two in e4m3, then their float32 scales), so a swap is a single copy.
 
 Shape letters: T = tokens of a step, K = top_k, E = routed experts, S = hot slots of a layer,
 H = hidden size, I = expert intermediate size, B = elements of one blob, L = MoE layers.
 
-Layout: device.py chooses the device once; pinned.py allocates pinned slabs with NUMA placement;
-bank.py keeps slot bookkeeping (SlotTable) apart from byte movement (ExpertBank); moe.py holds
-the router, SwiGLU and the all-resident reference; kernels.py the expert compute (Triton on a
-GPU, a torch path of the same computation on a CPU); model.py stacks layers; engine.py drives
-steps, counters and dynamic swaps; from_recipe.py turns a recipe into a ready engine; log.py the
-hit-rate records; selftest.py checks the runtime on this machine's device.
+Layout: device.py chooses the device once; pinned.py allocates page-locked slabs of their own
+size with NUMA placement; bank.py keeps slot bookkeeping (SlotTable) apart from byte movement
+(BlobBank, BlobLayout; ExpertBank is the synthetic SwiGLU layout); fp8.py the block-scaled fp8
+format; moe.py holds the router, SwiGLU and the all-resident reference; kernels.py the expert
+compute (Triton on a GPU, a torch path of the same computation on a CPU); model.py stacks
+layers; engine.py drives steps and the CUDA graph; windows.py the hit-rate accounting, dynamic
+swaps and run summary shared with checkpoint serving (hf/); from_recipe.py turns a recipe into a
+ready engine; log.py the hit-rate records; selftest.py checks the runtime on this machine's
+device; torch_files.py reads tensors-only .pt files.
 """
