@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..moe import expert_counts
+
 IMPL_NAME = "hotsplit"
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -78,7 +80,7 @@ class RoutingCounter:
     trace_steps: list[np.ndarray] = field(init=False, default_factory=list)  # [L, T, K] per step
     tokens: int = field(init=False, default=0)
     _ids: list[torch.Tensor | None] = field(init=False, default_factory=list)
-    _step_tokens: int = field(init=False, default=0)
+    _tokens_dev: torch.Tensor | None = field(init=False, default=None)  # this step's tokens, on the device
 
     def __post_init__(self):
         self.counts_LE = np.zeros((self.num_layers, self.num_experts), dtype=np.int64)
@@ -90,18 +92,22 @@ class RoutingCounter:
         self._ids = [None] * self.num_layers
 
     def record(self, row: int, ids_TK: torch.Tensor) -> None:
+        """Count one layer's routing of this step on its device, without a host synchronisation
+        (the step's counts are read once, in `end_step`)."""
         if self.step_LE is None:
             self.step_LE = torch.zeros(self.num_layers, self.num_experts, dtype=torch.int64, device=ids_TK.device)
+            self._tokens_dev = torch.zeros((), dtype=torch.int64, device=ids_TK.device)
         ids = ids_TK
         if self.token_mask_T is not None:
-            mask = self.token_mask_T.to(ids.device)
+            if self.token_mask_T.device != ids.device:  # moved once per step, not once per layer
+                self.token_mask_T = self.token_mask_T.to(ids.device)
+            mask = self.token_mask_T
             if mask.numel() != ids.shape[0]:
                 raise RuntimeError(f"token mask has {mask.numel()} entries but the layer saw {ids.shape[0]} tokens")
             ids = torch.where(mask[:, None], ids, -1)
         if row == 0:  # every token passes every MoE layer once: count tokens at the first
-            self._step_tokens = int((ids[:, 0] >= 0).sum())
-        flat = ids.reshape(-1)
-        self.step_LE[row] += torch.bincount(flat[flat >= 0].long(), minlength=self.num_experts)
+            self._tokens_dev += (ids[:, 0] >= 0).sum()
+        self.step_LE[row] += expert_counts(ids, self.num_experts)
         if self.keep_trace:
             self._ids[row] = ids.detach().to("cpu", torch.int32)
 
@@ -111,10 +117,9 @@ class RoutingCounter:
             step = np.zeros((self.num_layers, self.num_experts), dtype=np.int64)
         else:
             step = self.step_LE.cpu().numpy()
+            self.tokens += int(self._tokens_dev)
         self.counts_LE += step
         self.steps_SLE.append(step)
-        self.tokens += self._step_tokens
-        self._step_tokens = 0
         if self.keep_trace:
             ids = [x for x in self._ids if x is not None]
             if ids:
