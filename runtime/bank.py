@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .device import DeviceInfo
-from .fp8 import FP8, Fp8Experts, Fp8Format, FP8Meta, dequantize
+from .fp8 import FP8, Fp8Experts, Fp8Format, FP8Meta, dequantize_swiglu
 from .pinned import PinnedAllocator
 
 
@@ -306,6 +306,4 @@ class ExpertBank(BlobBank):
         if self.fp8 is None:
             return views
         w1, w2, s1, s2 = views
-        fmt, dt, inter = self.fp8.fmt, self.compute_dtype, self.inter
-        return (torch.cat([dequantize(w1[:inter], s1[0], fmt, dt), dequantize(w1[inter:], s1[1], fmt, dt)]),
-                dequantize(w2, s2, fmt, dt))
+        return dequantize_swiglu(w1, s1, w2, s2, self.fp8.fmt, self.compute_dtype)

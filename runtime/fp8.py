@@ -75,6 +75,15 @@ def dequantize(w: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format, dtype: torc
     return w.to(dtype) * s_full
 
 
+def dequantize_swiglu(w1: torch.Tensor, s1: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor, fmt: Fp8Format,
+                      dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """One SwiGLU expert from e4m3: (w13 [2I, H], w2 [H, I]) in `dtype`. Gate and up rows of
+    `w1` carry their own scales (`s1` [2, ...]): I need not be a whole block."""
+    inter = w1.shape[0] // 2
+    w13 = torch.cat([dequantize(w1[:inter], s1[0], fmt, dtype), dequantize(w1[inter:], s1[1], fmt, dtype)])
+    return w13, dequantize(w2, s2, fmt, dtype)
+
+
 def quantize(w: torch.Tensor, fmt: Fp8Format) -> tuple[torch.Tensor, torch.Tensor]:
     """e4m3 values and float32 scales of W [rows, cols], one scale per block (amax / 448, the
     releases' recipe): the inverse of `dequantize` up to fp8 rounding."""
@@ -130,8 +139,6 @@ class Fp8Experts:
 
     def dequantized(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [E, 2I, H], w2 [E, H, I]) as the kernels and the torch path compute with them."""
-        inter = self.q13_EIH.shape[1] // 2
-        w13 = [torch.cat([dequantize(q[:inter], s[0], self.fmt, dtype), dequantize(q[inter:], s[1], self.fmt, dtype)])
-               for q, s in zip(self.q13_EIH, self.s13_E2RC, strict=True)]
-        w2 = [dequantize(q, s, self.fmt, dtype) for q, s in zip(self.q2_EHI, self.s2_ERC, strict=True)]
+        w13, w2 = zip(*(dequantize_swiglu(*e, self.fmt, dtype) for e in zip(
+            self.q13_EIH, self.s13_E2RC, self.q2_EHI, self.s2_ERC, strict=True)), strict=True)
         return torch.stack(w13), torch.stack(w2)

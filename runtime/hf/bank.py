@@ -28,7 +28,7 @@ import torch
 
 from ..bank import BlobBank, BlobLayout, swiglu_fp8_parts
 from ..device import DeviceInfo
-from ..fp8 import FP8, Fp8Format, dequantize
+from ..fp8 import FP8, Fp8Format, dequantize_swiglu
 from ..moe import expert_groups
 from ..pinned import PinnedAllocator, plan_placement
 
@@ -156,10 +156,8 @@ class HFExpertBank(BlobBank):
         fmt = self.layout.fp8
         if fmt is None:
             return p
-        dt, inter = self.compute_dtype, self.layout.inter
-        w1 = torch.cat([dequantize(p["w1"][:inter], p["s1"][0], fmt, dt),
-                        dequantize(p["w1"][inter:], p["s1"][1], fmt, dt)])
-        return {"w1": w1, "w2": dequantize(p["w2"], p["s2"], fmt, dt)}
+        w1, w2 = dequantize_swiglu(p["w1"], p["s1"], p["w2"], p["s2"], fmt, self.compute_dtype)
+        return {"w1": w1, "w2": w2}
 
     def forward(self, experts: torch.nn.Module, x_TH: torch.Tensor, ids_TK: torch.Tensor,
                 w_TK: torch.Tensor) -> torch.Tensor:
