@@ -6,7 +6,7 @@ the device. Attention, norms, embeddings, routers and dense / shared MLPs stay t
 Checkpoint keys are the hub's: per-expert `...experts.{e}.{gate_proj|up_proj|down_proj}.weight`
 (Mixtral: `block_sparse_moe.experts.{e}.{w1|w3|w2}.weight`), or fused `...experts.gate_up_proj`
 [E, ...] / `down_proj` (+ `_bias`, gpt-oss). Other quantised checkpoints (MXFP4
-blocks/scales, bitsandbytes, GPTQ/AWQ) are refused, except block-scaled fp8 (runtime/hf/fp8.py):
+blocks/scales, bitsandbytes, GPTQ/AWQ) are refused, except block-scaled fp8 (runtime/fp8.py):
 its experts stay fp8 in the cold bank, every other quantised weight is dequantised at load.
 """
 
@@ -24,6 +24,7 @@ import torch
 from hotsplit_cli.errors import InputFileError, UsageError
 from hotsplit_cli.output import gib
 
+from ..bank import BlobLayout
 from ..device import DeviceInfo
 from ..fp8 import FP8, dequantize, fp8_format_of
 from ..kernels import TritonExperts
@@ -189,8 +190,6 @@ def _check_memory(path: Path, model: torch.nn.Module, layers: list[MoELayerInfo]
     the model (on the device) does not fit in the GPU's free memory."""
     import psutil
 
-    from ..bank import BlobLayout
-
     blobs = [BlobLayout.of(lay.blob_parts(dtype)) for lay in layouts]
     bank = sum(i.num_experts * b.elems * b.storage.itemsize for i, b in zip(layers, blobs, strict=True))
     avail = psutil.virtual_memory().available
@@ -246,63 +245,65 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
     seen: set[str] = set()
     files = _checkpoint_files(path)
     scales = _ScaleReader(files, path) if fp8 is not None else None
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for key in f.keys():
-                if scales is not None and key.endswith(SCALE_SUFFIX):
-                    continue  # read with its weight
-                m = _PER_EXPERT.match(key)
-                if m and int(m["layer"]) in by_layer:
-                    lid, e = int(m["layer"]), int(m["e"])
-                    part, half = _PROJ[m["proj"]]
-                    bank = bank_of[lid]
+    try:
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():
+                    if scales is not None and key.endswith(SCALE_SUFFIX):
+                        continue  # read with its weight
+                    m = _PER_EXPERT.match(key)
+                    if m and int(m["layer"]) in by_layer:
+                        lid, e = int(m["layer"]), int(m["e"])
+                        part, half = _PROJ[m["proj"]]
+                        bank = bank_of[lid]
+                        t = f.get_tensor(key)
+                        rows = None if half is None else slice(half * t.shape[0], (half + 1) * t.shape[0])
+                        try:
+                            bank.load_part(e, part, t, rows)
+                            if fp8 is not None:  # the block scales of this projection, kept beside it
+                                bank.load_part(e, "s1" if part == "w1" else "s2", scales.of(key), half)
+                        except (ValueError, RuntimeError) as exc:
+                            raise InputFileError(f"{path}: {key}: {exc}") from None
+                        loaded[by_layer[lid].row, e] += 1
+                        continue
+                    m = _FUSED.match(key)
+                    if m and int(m["layer"]) in by_layer:
+                        lid = int(m["layer"])
+                        if fp8 is not None:
+                            raise InputFileError(f"{path}: {key}: fused fp8 experts are not supported",
+                                                 "use a checkpoint with per-expert weights")
+                        sl = f.get_slice(key)
+                        try:
+                            for e in range(by_layer[lid].num_experts):  # one expert at a time: no full copy
+                                bank_of[lid].load_part(e, _FUSED_PART[m["name"]], sl[e])
+                        except (ValueError, RuntimeError) as exc:
+                            raise InputFileError(f"{path}: {key}: {exc}") from None
+                        loaded[by_layer[lid].row] += {"gate_up_proj": 2, "down_proj": 1}.get(m["name"], 0)
+                        continue
+                    name = key
+                    for old, new in renames:
+                        name = name.replace(old, new)
+                    if name not in params:
+                        continue  # e.g. MTP layers a causal-LM skeleton does not build
+                    want = torch.float32 if any(p in name for p in fp32) else dtype
+                    if params[name].dtype.is_floating_point is False:
+                        want = params[name].dtype
                     t = f.get_tensor(key)
-                    rows = None if half is None else slice(half * t.shape[0], (half + 1) * t.shape[0])
+                    if t.dtype == FP8:
+                        if scales is None:
+                            raise InputFileError(f"{path}: {key} is fp8 but config.json names no fp8 quantization")
+                        try:
+                            t = dequantize(t, scales.of(key), fp8, torch.float32)
+                        except ValueError as exc:
+                            raise InputFileError(f"{path}: {key}: {exc}") from None
                     try:
-                        bank.load_part(e, part, t, rows)
-                        if fp8 is not None:  # the block scales of this projection, kept beside it
-                            bank.load_part(e, "s1" if part == "w1" else "s2", scales.of(key), half)
-                    except (ValueError, RuntimeError) as exc:
-                        raise InputFileError(f"{path}: {key}: {exc}") from None
-                    loaded[by_layer[lid].row, e] += 1
-                    continue
-                m = _FUSED.match(key)
-                if m and int(m["layer"]) in by_layer:
-                    lid = int(m["layer"])
-                    if fp8 is not None:
-                        raise InputFileError(f"{path}: {key}: fused fp8 experts are not supported",
-                                             "use a checkpoint with per-expert weights")
-                    sl = f.get_slice(key)
-                    try:
-                        for e in range(by_layer[lid].num_experts):  # one expert at a time: no full copy
-                            bank_of[lid].load_part(e, _FUSED_PART[m["name"]], sl[e])
-                    except (ValueError, RuntimeError) as exc:
-                        raise InputFileError(f"{path}: {key}: {exc}") from None
-                    loaded[by_layer[lid].row] += {"gate_up_proj": 2, "down_proj": 1}.get(m["name"], 0)
-                    continue
-                name = key
-                for old, new in renames:
-                    name = name.replace(old, new)
-                if name not in params:
-                    continue  # e.g. MTP layers a causal-LM skeleton does not build
-                want = torch.float32 if any(p in name for p in fp32) else dtype
-                if params[name].dtype.is_floating_point is False:
-                    want = params[name].dtype
-                t = f.get_tensor(key)
-                if t.dtype == FP8:
-                    if scales is None:
-                        raise InputFileError(f"{path}: {key} is fp8 but config.json names no fp8 quantization")
-                    try:
-                        t = dequantize(t, scales.of(key), fp8, torch.float32)
+                        _set_tensor(model, name, t, info.device, want)
                     except ValueError as exc:
-                        raise InputFileError(f"{path}: {key}: {exc}") from None
-                try:
-                    _set_tensor(model, name, t, info.device, want)
-                except ValueError as exc:
-                    raise InputFileError(f"{path}: {key}: {exc}", "is config.json the checkpoint's own?") from None
-                seen.add(name)
-    if scales is not None:
-        scales.close()
+                        raise InputFileError(f"{path}: {key}: {exc}", "is config.json the checkpoint's own?") from None
+                    seen.add(name)
+    finally:
+        if scales is not None:
+            scales.close()
     short = np.argwhere(loaded < 3)
     if len(short):
         li, e = short[0]
