@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from .bank import ExpertBank
 from .device import DeviceInfo
+from .fp8 import FP8Meta
 from .moe import grouped_experts
 
 
@@ -259,6 +260,9 @@ def split_for(programs: int, h_tiles: int, target: int) -> int:
     return max(1, min(h_tiles, -(-target // max(programs, 1))))
 
 
+_NO_FP8 = FP8Meta(1, 1, 0, 0, 0, 0, 0)  # the scale arguments of a bank in its model dtype (unused)
+
+
 class TritonExperts:
     name = "triton"
     capturable = True
@@ -315,8 +319,8 @@ class TritonExperts:
         blob_stride = bank.hot_SB.stride(0)
         compute_dtype = bank.compute_dtype
         native = self.native_dot(compute_dtype)
-        fp8 = getattr(bank, "fp8_meta", None)  # FP8Meta of a block-scaled fp8 bank, else None
-        f8 = dict(FP8=fp8 is not None, BM=fp8.bm if fp8 else 1, BN=fp8.bn if fp8 else 1)
+        fp8 = bank.fp8_meta or _NO_FP8  # where a block-scaled fp8 blob keeps its scales
+        f8 = dict(FP8=bank.fp8_meta is not None, BM=fp8.bm, BN=fp8.bn)
         N = blocks.num_blocks
         i_tiles = k["cdiv"](INTER, self.block_i)
         split = self._split(N * i_tiles, H, x.device)
@@ -328,14 +332,14 @@ class TritonExperts:
         tiles_per_split = -(-k["cdiv"](H, self.block_h) // split)
         k["gate_up"][(N, i_tiles, split)](
             x, *meta, bank.expert2slot_E, bank.hot_SB, bank.cold_read_EB, gu, H, INTER, blob_stride, tiles_per_split,
-            fp8.s1_offset if fp8 else 0, fp8.s1_rows if fp8 else 0, fp8.s1_cols if fp8 else 0,
+            fp8.s1_offset, fp8.s1_rows, fp8.s1_cols,
             K=K, BLOCK_T=self.block_t, BLOCK_I=self.block_i, BLOCK_H=self.block_h, USE_DOT=self.use_dot,
             NATIVE=native, SPLIT=split, **f8)
         if split > 1:
             act = (F.silu(gu[:, :INTER]) * gu[:, INTER:]).contiguous()
         k["down"][(N, k["cdiv"](H, self.block_h))](
             act, blocks.order_A, wts, *meta[1:], bank.expert2slot_E, bank.hot_SB, bank.cold_read_EB, out, H, INTER,
-            blob_stride, bank.w2_offset, fp8.s2_offset if fp8 else 0, fp8.s2_cols if fp8 else 0,
+            blob_stride, bank.w2_offset, fp8.s2_offset, fp8.s2_cols,
             BLOCK_T=self.block_t, BLOCK_H=self.block_h, BLOCK_I=self.block_i_down, USE_DOT=self.use_dot_down,
             NATIVE=native, BF16=compute_dtype == torch.bfloat16, **f8)
         return out.view(T, K, H).sum(dim=1).to(x_TH.dtype)
