@@ -237,15 +237,16 @@ class PinnedAllocator:
 
     def release(self) -> None:
         """Unregister and unmap every registered slab. Only when nothing reads them any more."""
-        for s in self.slabs:
-            if s.mapping is not None:
-                torch.cuda.synchronize()
-                torch.cuda.cudart().cudaHostUnregister(s.host_address)
-                s.tensor = None
-                try:
-                    s.mapping.close()
-                except BufferError:  # a view still exports it: the mapping stays until it dies
-                    pass
+        registered = [s for s in self.slabs if s.mapping is not None]
+        if registered:
+            torch.cuda.synchronize()  # no copy or kernel still reads them
+        for s in registered:
+            torch.cuda.cudart().cudaHostUnregister(s.host_address)
+            s.tensor = None
+            try:
+                s.mapping.close()
+            except BufferError:  # a view still exports it: the mapping stays until it dies
+                pass
         self.slabs.clear()
 
 
