@@ -24,8 +24,6 @@ from .log import HitRateRecord
 from .model import HotColdMoE
 from .windows import Propose, RunSummary, WindowBook, moves_by_layer
 
-__all__ = ["ArraySource", "Engine", "RouterSource", "RunSummary", "synthetic_source", "trace_source"]
-
 
 class RouterSource:
     """Routing by the model's own router on the generated hidden states."""
