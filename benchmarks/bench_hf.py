@@ -48,6 +48,8 @@ def save_fp8(src: Path, dst: Path, block=(128, 128)) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
+    from runtime.fp8 import Fp8Format, quantize
+
     shutil.copytree(src, dst)
     tensors = {}
     for f in sorted(dst.glob("*.safetensors")):
@@ -56,14 +58,7 @@ def save_fp8(src: Path, dst: Path, block=(128, 128)) -> None:
                 t = h.get_tensor(k)
                 leaf = k.rsplit(".", 2)[-2] if k.endswith(".weight") else ""
                 if t.dim() == 2 and "proj" in leaf:
-                    rows, cols = t.shape
-                    bm, bn = block
-                    R, C = -(-rows // bm), -(-cols // bn)
-                    pad = torch.zeros(R * bm, C * bn)
-                    pad[:rows, :cols] = t
-                    s = pad.view(R, bm, C, bn).abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
-                    q = (pad.view(R, bm, C, bn) / s[:, None, :, None]).view(R * bm, C * bn)[:rows, :cols]
-                    tensors[k], tensors[k + "_scale_inv"] = q.to(torch.float8_e4m3fn), s
+                    tensors[k], tensors[k + "_scale_inv"] = quantize(t, Fp8Format(block))
                 else:
                     tensors[k] = t
         f.unlink()

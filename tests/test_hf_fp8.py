@@ -9,7 +9,6 @@ transformers computes on the dequantised one, with the experts kept fp8 in the c
 from __future__ import annotations
 
 import json
-import math
 import shutil
 
 import numpy as np
@@ -22,8 +21,7 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from runtime.device import choose_device  # noqa: E402
-from runtime.fp8 import FP8, Fp8Format, dequantize  # noqa: E402
-from runtime.fp8 import quantize as fp8_quantize  # noqa: E402
+from runtime.fp8 import FP8, Fp8Format, dequantize, quantize  # noqa: E402
 from runtime.hf.loader import load_model, load_tokenizer  # noqa: E402
 from tests.test_hf_models import SENTENCES, build_checkpoint, reference  # noqa: E402
 
@@ -32,28 +30,17 @@ from tests.test_hf_models import SENTENCES, build_checkpoint, reference  # noqa:
 BLOCK = (8, 12)
 
 
-def quantize(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """e4m3 values and float32 block scales (amax / 448 per block), as the fp8 releases store them."""
-    bm, bn = block
-    rows, cols = w.shape
-    R, C = math.ceil(rows / bm), math.ceil(cols / bn)
-    pad = torch.zeros(R * bm, C * bn)
-    pad[:rows, :cols] = w.float()
-    scale = pad.view(R, bm, C, bn).abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
-    q = (pad.view(R, bm, C, bn) / scale[:, None, :, None]).view(R * bm, C * bn)[:rows, :cols]
-    return q.to(FP8), scale
-
-
 def _quantised(name: str, t: torch.Tensor) -> bool:
     leaf = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
     return t.dim() == 2 and ("proj" in leaf or leaf in ("w1", "w2", "w3"))
 
 
-def fp8_pair(root, family: str):
-    """(fp8 checkpoint, the same weights dequantised to float32) of a tiny `family` model."""
-    plain = build_checkpoint(root / "plain", family)
-    fp8_dir, deq_dir = root / "fp8", root / "deq"
-    for d in (fp8_dir, deq_dir):
+def write_fp8(plain, fp8_dir, fmt: Fp8Format, deq_dir=None, scalar_scales: bool = False) -> dict:
+    """Quantise the checkpoint `plain` into `fp8_dir` as the fp8 releases are (every linear weight
+    but routers, embeddings and lm_head), with `deq_dir` (optional) holding the same weights
+    dequantised to float32. Returns the fp8 checkpoint's tensors."""
+    dirs = [d for d in (fp8_dir, deq_dir) if d is not None]
+    for d in dirs:
         shutil.copytree(plain, d)
         for f in d.glob("*.safetensors"):
             f.unlink()
@@ -63,18 +50,27 @@ def fp8_pair(root, family: str):
             for k in h.keys():
                 t = h.get_tensor(k)
                 if _quantised(k, t):
-                    q, s = quantize(t, BLOCK)
-                    fp8_t[k], fp8_t[k + "_scale_inv"] = q, s
-                    deq_t[k] = dequantize(q, s, Fp8Format(BLOCK), torch.float32)
+                    q, sc = quantize(t, fmt)
+                    fp8_t[k], fp8_t[k + "_scale_inv"] = q, sc.reshape(()) if scalar_scales else sc
+                    deq_t[k] = dequantize(q, sc, fmt, torch.float32)
                 else:
                     fp8_t[k] = deq_t[k] = t
     save_file(fp8_t, str(fp8_dir / "model.safetensors"))
-    save_file(deq_t, str(deq_dir / "model.safetensors"))
+    if deq_dir is not None:
+        save_file(deq_t, str(deq_dir / "model.safetensors"))
     cfg = json.loads((fp8_dir / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                  "weight_block_size": list(BLOCK)}
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
+    if fmt.block is not None:
+        cfg["quantization_config"]["weight_block_size"] = list(fmt.block)
     (fp8_dir / "config.json").write_text(json.dumps(cfg))
-    return fp8_dir, deq_dir
+    return fp8_t
+
+
+def fp8_pair(root, family: str):
+    """(fp8 checkpoint, the same weights dequantised to float32) of a tiny `family` model."""
+    plain = build_checkpoint(root / "plain", family)
+    write_fp8(plain, root / "fp8", Fp8Format(BLOCK), root / "deq")
+    return root / "fp8", root / "deq"
 
 
 @pytest.fixture(scope="module")
@@ -213,23 +209,8 @@ def test_fp8_scale_of_the_wrong_shape_is_refused_naming_the_weight(pairs, tmp_pa
 
 def test_fp8_per_tensor_scales_stored_as_scalars(tmp_path):
     """Without weight_block_size each weight has one scale, which checkpoints store as a scalar."""
-    plain = build_checkpoint(tmp_path / "plain", "qwen3_moe")
     fp8_dir = tmp_path / "fp8"
-    shutil.copytree(plain, fp8_dir)
-    tensors = {}
-    f = next(fp8_dir.glob("*.safetensors"))
-    with safe_open(str(f), framework="pt") as h:
-        for k in h.keys():
-            t = h.get_tensor(k)
-            if _quantised(k, t):
-                q, s = fp8_quantize(t, Fp8Format(None))
-                tensors[k], tensors[k + "_scale_inv"] = q, s.reshape(())
-            else:
-                tensors[k] = t
-    save_file(tensors, str(f))
-    cfg = json.loads((fp8_dir / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
-    (fp8_dir / "config.json").write_text(json.dumps(cfg))
+    tensors = write_fp8(build_checkpoint(tmp_path / "plain", "qwen3_moe"), fp8_dir, Fp8Format(None), scalar_scales=True)
     hm = load_model(fp8_dir, choose_device("cpu"), torch.float32)
     assert hm.banks[0].layout.fp8 == Fp8Format(None)
     key = next(k for k in tensors if k.endswith("experts.3.down_proj.weight"))
