@@ -192,8 +192,8 @@ ZERO_COPY_METHOD = ("zero-copy read: torch sum() over a CUDA tensor aliasing pin
                     "(cudaHostRegister Portable|Mapped, UVA device pointer); copies: torch copy_(non_blocking) "
                     "from/to the same registered buffer; timed with CUDA events")
 
-_CUDA_HOST_REGISTER_PORTABLE = 1
-_CUDA_HOST_REGISTER_MAPPED = 2
+# cudaHostRegister flags: usable from every CUDA context, and mapped into the device's address space.
+HOST_REGISTER_FLAGS = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
 
 
 def _libcudart() -> ctypes.CDLL | None:
@@ -314,8 +314,7 @@ def measure_gpu(cuda_index: int, nodes: Sequence[int | None], local_node: int | 
         dst = torch.empty(top, dtype=torch.uint8, device=device)
         for node in nodes:
             with HostBuffer(top, node) as buf:
-                rc = int(cudart.cudaHostRegister(buf.address, top, _CUDA_HOST_REGISTER_PORTABLE
-                                                 | _CUDA_HOST_REGISTER_MAPPED))
+                rc = int(cudart.cudaHostRegister(buf.address, top, HOST_REGISTER_FLAGS))
                 local = None if local_node is None or node is None else node == local_node
                 if rc != 0:
                     clear_cuda_error()

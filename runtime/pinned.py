@@ -145,9 +145,6 @@ def plan_placement(policy: str, node: int | None, node_reason: str | None = None
     return NumaPlacement(policy, node, True, None)
 
 
-_CUDA_HOST_REGISTER_PORTABLE, _CUDA_HOST_REGISTER_MAPPED = 1, 2
-
-
 @dataclass
 class _Slab:
     tensor: torch.Tensor  # uint8, host memory
@@ -214,8 +211,9 @@ class PinnedAllocator:
         t = torch.frombuffer(mapping, dtype=torch.uint8)
         t.zero_()
         address = t.data_ptr()
-        rc = int(torch.cuda.cudart().cudaHostRegister(address, size, _CUDA_HOST_REGISTER_PORTABLE
-                                                      | _CUDA_HOST_REGISTER_MAPPED))
+        from probes.bandwidth import HOST_REGISTER_FLAGS  # the probe registers its buffers the same way
+
+        rc = int(torch.cuda.cudart().cudaHostRegister(address, size, HOST_REGISTER_FLAGS))
         if rc != 0:
             _clear_cuda_error()
             self.fallback = f"cudaHostRegister failed with cudaError {rc}: torch's pinned allocator (power of two)"
