@@ -28,16 +28,17 @@ def plain_pinned(size_bytes: int, node: int | None):
     Returns (tensor, placement document: where its pages were found)."""
     import torch
 
-    from runtime.pinned import MPOL_DEFAULT, MPOL_PREFERRED, _set_mempolicy, page_nodes, plan_placement
+    from probes import hostmem
+    from runtime.pinned import plan_placement
 
     placement = plan_placement("preferred", node)
-    err = _set_mempolicy(MPOL_PREFERRED, node) if placement.applied else None
+    err = hostmem.set_mempolicy(hostmem.MPOL_PREFERRED, node) if placement.applied else None
     try:
         t = torch.empty(size_bytes, dtype=torch.uint8, pin_memory=True).zero_()
     finally:
         if placement.applied and err is None:
-            _set_mempolicy(MPOL_DEFAULT, None)
-    placement.pages_by_node, placement.located = page_nodes(t.data_ptr(), size_bytes)
+            hostmem.set_mempolicy(hostmem.MPOL_DEFAULT, None)
+    placement.pages_by_node, placement.located = hostmem.page_nodes(t.data_ptr(), size_bytes)
     if err:
         placement.applied, placement.reason = False, err
     return t, placement.to_doc()

@@ -5,17 +5,15 @@ GB/s means 1e9 bytes per second. Each figure is the median of `samples` timed sa
 after `warmup` untimed ones; a sample times `iterations` back-to-back operations of one size,
 so small sizes include the per-operation overhead that collapses their bandwidth in practice.
 
-Zero-copy read: the host buffer (an mmap placed on one NUMA node, see `placement.py`) is
-registered with `cudaHostRegister(Portable | Mapped)` through `torch.cuda.cudart()`, and its
-device address (`cudaHostGetDevicePointer` via ctypes on the libcudart torch loaded; under UVA
-it equals the host address) is wrapped as a CUDA tensor through `__cuda_array_interface__`.
+Zero-copy read: the host buffer (`hostmem.HostPages`: placed on one NUMA node and registered
+with `cudaHostRegister(Portable | Mapped)`, the cold bank's own kind of memory) is wrapped at its
+device address as a CUDA tensor through `__cuda_array_interface__`.
 A `sum` over that tensor is an SM kernel whose loads travel over PCIe: no copy engine, no
 staging buffer, exactly how the runtime's cold experts are read. torch is imported lazily.
 """
 
 from __future__ import annotations
 
-import ctypes
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .common import Reason, median
-from .placement import HostBuffer, Placement
+from .hostmem import HostPages, PageLocation
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 Tick = Callable[[int], None]
@@ -138,7 +136,7 @@ class HostCopyNode:
     """memcpy bandwidth from a buffer on `node` into a buffer local to the measuring thread."""
 
     node: int | None
-    placement: Placement
+    placement: PageLocation
     copy: tuple[Measurement, ...]
 
 
@@ -148,17 +146,19 @@ def measure_host_copy(nodes: Sequence[int | None], plan: SweepPlan,
     tick = tick or (lambda n: None)
     top = max(plan.sizes_bytes)
     out = []
-    with HostBuffer(top, None) as dst:
-        for node in nodes:
-            with HostBuffer(top, node) as src:
-                cells = []
-                for size in plan.sizes_bytes:
-                    a, b = dst.array[:size], src.array[:size]
-                    iters = plan.iterations(size)
-                    seconds = time_samples(lambda a=a, b=b: np.copyto(a, b), iters, plan, wall_clock)
-                    cells.append(summarize(size, iters, rates_gbps(size, iters, seconds)))
-                    tick(1)
-                out.append(HostCopyNode(node, src.placement, tuple(cells)))
+    dst = HostPages(top, fill=1).array()
+    for node in nodes:
+        src_pages = HostPages(top, node, fill=1)
+        src = src_pages.array()
+        cells = []
+        for size in plan.sizes_bytes:
+            a, b = dst[:size], src[:size]
+            iters = plan.iterations(size)
+            seconds = time_samples(lambda a=a, b=b: np.copyto(a, b), iters, plan, wall_clock)
+            cells.append(summarize(size, iters, rates_gbps(size, iters, seconds)))
+            tick(1)
+        out.append(HostCopyNode(node, src_pages.location, tuple(cells)))
+        del a, b, src, src_pages  # this node's buffer is unmapped before the next one is made
     return tuple(out)
 
 
@@ -171,7 +171,7 @@ class NodeBandwidth:
 
     node: int | None
     local: bool | None  # the GPU's own node (None: the GPU's node is unknown)
-    placement: Placement
+    placement: PageLocation
     h2d: tuple[Measurement, ...] | None  # copy engine, pinned host -> device
     d2h: tuple[Measurement, ...] | None  # copy engine, device -> pinned host
     zero_copy_read: tuple[Measurement, ...] | None  # SM loads from pinned host memory (UVA)
@@ -191,61 +191,6 @@ class GpuBandwidth:
 ZERO_COPY_METHOD = ("zero-copy read: torch sum() over a CUDA tensor aliasing pinned host memory "
                     "(cudaHostRegister Portable|Mapped, UVA device pointer); copies: torch copy_(non_blocking) "
                     "from/to the same registered buffer; timed with CUDA events")
-
-# cudaHostRegister flags: usable from every CUDA context, and mapped into the device's address space.
-HOST_REGISTER_FLAGS = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
-
-
-def _libcudart() -> ctypes.CDLL | None:
-    """The CUDA runtime library torch already loaded (found in /proc/self/maps), or None."""
-    try:
-        with open("/proc/self/maps") as fh:
-            for line in fh:
-                path = line.split()[-1]
-                if "libcudart.so" in path:
-                    return ctypes.CDLL(path)
-    except OSError:
-        return None
-    return None
-
-
-def clear_cuda_error() -> None:
-    """Reset the CUDA runtime's last error after a call that failed without poisoning the context
-    (cudaHostRegister): torch's bindings leave it set, and the next torch kernel launch check
-    (cudaGetLastError) would then raise it from an unrelated operation."""
-    lib = _libcudart()
-    if lib is not None:
-        lib.cudaGetLastError()
-
-
-def device_pointer(host_address: int) -> int:
-    """The device address of registered host memory (cudaHostGetDevicePointer). Without a
-    loadable libcudart, the host address: under UVA (every 64-bit Linux system CUDA supports)
-    registered memory has the same address on host and device."""
-    lib = _libcudart()
-    if lib is None:
-        return host_address
-    ptr = ctypes.c_void_p()
-    rc = lib.cudaHostGetDevicePointer(ctypes.byref(ptr), ctypes.c_void_p(host_address), ctypes.c_uint(0))
-    return int(ptr.value) if rc == 0 and ptr.value else host_address
-
-
-class _CudaArray:
-    """Exposes raw device memory to torch.as_tensor without a copy."""
-
-    def __init__(self, address: int, size_bytes: int):
-        self.__cuda_array_interface__ = {"shape": (size_bytes,), "typestr": "|u1", "data": (address, False),
-                                         "strides": None, "version": 3}
-
-
-def uva_view(torch: Any, address: int, size_bytes: int, device: Any) -> Any:
-    """A uint8 CUDA tensor over registered host memory; raises RuntimeError if torch copied it."""
-    dev_ptr = device_pointer(address)
-    view = torch.as_tensor(_CudaArray(dev_ptr, size_bytes), device=device)
-    if view.data_ptr() != dev_ptr:
-        raise RuntimeError("torch copied the host buffer instead of viewing it")
-    return view
-
 
 def _cuda_clock(torch: Any) -> Callable[[Callable[[], None]], float]:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -313,26 +258,20 @@ def measure_gpu(cuda_index: int, nodes: Sequence[int | None], local_node: int | 
     with torch.cuda.device(device):
         dst = torch.empty(top, dtype=torch.uint8, device=device)
         for node in nodes:
-            with HostBuffer(top, node) as buf:
-                rc = int(cudart.cudaHostRegister(buf.address, top, HOST_REGISTER_FLAGS))
-                local = None if local_node is None or node is None else node == local_node
-                if rc != 0:
-                    clear_cuda_error()
-                    why = f"cudaHostRegister failed with cudaError {rc}"
-                    by_node.append(NodeBandwidth(node, local, buf.placement, None, None, None,
-                                                 tuple(Reason(k, why) for k in ("h2d", "d2h", "zero_copy_read"))))
-                    tick(3 * len(fitting.sizes_bytes))
-                    continue
-                try:
-                    cell = _measure_node(torch, dst, buf, node, local, fitting, clock, tick)
-                    by_node.append(cell)
-                    if sample_link is not None and link == (None, None) and local in (True, None):
-                        host = torch.from_numpy(buf.array)
-                        rate = cell.h2d[-1].median_gbps if cell.h2d else None
-                        link = _sample_link_under_load(torch, dst, host, sample_link, rate)
-                finally:
-                    torch.cuda.synchronize(device)
-                    cudart.cudaHostUnregister(buf.address)
+            buf = HostPages(top, node, cudart=cudart, fill=1)
+            local = None if local_node is None or node is None else node == local_node
+            if not buf.registered:
+                why = buf.register_error or "not registered"
+                by_node.append(NodeBandwidth(node, local, buf.location, None, None, None,
+                                             tuple(Reason(k, why) for k in ("h2d", "d2h", "zero_copy_read"))))
+                tick(3 * len(fitting.sizes_bytes))
+                continue
+            with buf:  # unregistered on the way out, once the device is idle
+                cell = _measure_node(torch, dst, buf, node, local, fitting, clock, tick)
+                by_node.append(cell)
+                if sample_link is not None and link == (None, None) and local in (True, None):
+                    rate = cell.h2d[-1].median_gbps if cell.h2d else None
+                    link = _sample_link_under_load(torch, dst, buf.tensor(), sample_link, rate)
         del dst
     if sample_link is not None and link == (None, None):
         reasons.append(Reason("link_gen_under_load", "the link state could not be read while copying"))
@@ -341,12 +280,12 @@ def measure_gpu(cuda_index: int, nodes: Sequence[int | None], local_node: int | 
     return GpuBandwidth(cuda_index, ZERO_COPY_METHOD, tuple(by_node), link[0], link[1], tuple(reasons))
 
 
-def _measure_node(torch: Any, dst: Any, buf: HostBuffer, node: int | None, local: bool | None, plan: SweepPlan,
+def _measure_node(torch: Any, dst: Any, buf: HostPages, node: int | None, local: bool | None, plan: SweepPlan,
                   clock: Callable[[Callable[[], None]], float], tick: Tick) -> NodeBandwidth:
-    host = torch.from_numpy(buf.array)  # CPU tensor on the registered (pinned) pages
+    host = buf.tensor()  # CPU tensor on the registered (pinned) pages
     reasons: list[Reason] = []
     try:
-        view = uva_view(torch, buf.address, buf.size_bytes, dst.device).view(torch.float32)
+        view = buf.device_view(torch, dst.device).view(torch.float32)
     except (RuntimeError, TypeError, ValueError) as exc:
         view = None
         reasons.append(Reason("zero_copy_read", f"no UVA view of pinned memory: {exc}"))
@@ -363,5 +302,5 @@ def _measure_node(torch: Any, dst: Any, buf: HostBuffer, node: int | None, local
             s = time_samples(lambda v=v: v.sum(), iters, plan, clock)
             zc.append(summarize(size, iters, rates_gbps(size, iters, s)))
         tick(3)
-    return NodeBandwidth(node, local, buf.placement, tuple(h2d), tuple(d2h), tuple(zc) if view is not None else None,
+    return NodeBandwidth(node, local, buf.location, tuple(h2d), tuple(d2h), tuple(zc) if view is not None else None,
                          tuple(reasons))

@@ -29,10 +29,10 @@ from .bandwidth import (
 from .common import DriverReport, GpuDevice, Reason, collect_reasons, to_doc
 from .cuda import CudaReport, list_cuda_devices, same_bus
 from .host import HostInfo, probe_host
+from .hostmem import SYS_MBIND
 from .numastat import ToolOutput, parse_numastat, parse_numastat_table, run_numastat
 from .nvidia_smi import probe_nvidia_smi
 from .nvml import probe_nvml, read_link_state
-from .placement import SYS_MBIND
 from .sysfs import NumaNode, PciLink, link_rate_gbps, read_numa_nodes, read_pci_link
 
 SCHEMA = "hotsplit.platform/1"

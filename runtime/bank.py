@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from probes.hostmem import uva_view
+
 from .device import DeviceInfo
 from .fp8 import FP8, Fp8Experts, Fp8Format, FP8Meta, dequantize_swiglu
 from .pinned import PinnedAllocator
@@ -62,26 +64,14 @@ class SlotTable:
         return slot
 
 
-class _ZeroCopyArray:
-    """Presents a host pointer through __cuda_array_interface__ so torch wraps it as a CUDA
-    tensor without copying (UVA: pinned memory is mapped at the same address on the device)."""
-
-    def __init__(self, ptr: int, n_bytes: int):
-        self.__cuda_array_interface__ = {"shape": (n_bytes,), "typestr": "|u1", "data": (ptr, False),
-                                         "version": 3, "strides": None}
-
-
 def zero_copy_view(host: torch.Tensor, device: torch.device, device_address: int | None = None) -> torch.Tensor:
     """A CUDA tensor aliasing the page-locked host tensor `host` (same bytes, read in place over
     PCIe). `device_address`: where the device sees `host` (cudaHostGetDevicePointer; under UVA
-    the host address, the default). The caller keeps `host` alive for as long as the view is used."""
+    the host address, the default). The view holds `host`, so the pages live as long as it does."""
     if device_address is None and not host.is_pinned():
         raise ValueError("zero-copy needs pinned host memory")
     address = host.data_ptr() if device_address is None else device_address
-    n_bytes = host.numel() * host.element_size()
-    flat = torch.as_tensor(_ZeroCopyArray(address, n_bytes), device=device)
-    if flat.data_ptr() != address:  # torch < 2.9 copies when the pointer's device differs
-        raise RuntimeError(f"torch copied the pinned cold bank to {flat.device} instead of viewing it in place")
+    flat = uva_view(torch, address, host.numel() * host.element_size(), device, keep=host)
     return flat.view(host.dtype).view(host.shape)
 
 

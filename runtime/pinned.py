@@ -1,37 +1,39 @@
-"""Pinned host slabs for the cold bank, placed on a NUMA node per the `numa_policy` knob.
+"""The cold bank's host slabs: page-locked and device-mapped on a GPU, NUMA-placed per the
+`numa_policy` knob, with a lifetime that cannot outlive their CUDA registration.
 
-On a GPU a slab is an anonymous mapping of exactly the bytes asked for (page-rounded), faulted in
-under the memory policy, then page-locked and mapped for the device with
+On a GPU a slab is `probes.hostmem.HostPages`: an anonymous mapping of exactly the bytes asked
+for (page-rounded), its pages placed with mbind before the first touch, then registered with
 `cudaHostRegister(Portable | Mapped)`. torch's own pinned allocator rounds every allocation up to
 a power of two: a DeepSeek-V3 layer of fp8 experts (11.3 GB) would lock 16 GiB, 42% more host
 memory than the bank holds. Where registration fails, the slab falls back to torch's pinned
-allocator (power of two) and the reason is recorded. Without CUDA a slab is plain memory of the
-exact size. Slabs live as long as the process (or until `release`).
+allocator (power of two, placed by the thread's memory policy) and the reason is recorded.
+Without CUDA a slab is the same kind of mapping, pageable.
+
+A slab lives as long as any tensor or device view of it: dropping a model returns its memory,
+unregistered before it is unmapped (see probes/hostmem.py for why the order matters).
 
 Placement: `preferred` asks the kernel for pages on the GPU's node and falls back elsewhere,
-`bind` insists on it, `off` leaves the default (first touch). It is applied with the
-set_mempolicy system call around the first touch of the pages and restored afterwards. Every
-slab's pages are then located (move_pages(2) in query mode, on a sample of pages), so the
-report says where the cold bank really is, policy or not. Whatever cannot be done is recorded
-with a reason, never raised.
+`bind` insists on it, `off` leaves the default (first touch). Every slab's pages are then
+located (move_pages(2) in query mode, on a sample of pages), so the report says where the cold
+bank really is, policy or not. Whatever cannot be done is recorded with a reason, never raised.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import mmap
-import os
-import platform
 from dataclasses import dataclass, field
 
 import torch
 
-MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND = 0, 1, 2
-_SYS_SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237, "ppc64le": 261}
-_SYS_MOVE_PAGES = {"x86_64": 279, "aarch64": 239, "ppc64le": 301}
-PAGE_SAMPLES = 256  # pages located per slab
-VERIFIED_SHARE = 0.99  # share of located pages that must sit on the target node
+from probes.hostmem import (
+    MPOL_BIND,
+    MPOL_DEFAULT,
+    MPOL_PREFERRED,
+    VERIFIED_SHARE,
+    HostPages,
+    page_nodes,
+    set_mempolicy,
+)
+from probes.sysfs import list_numa_nodes
 
 
 def round_up_pow2(n_bytes: int) -> int:
@@ -78,64 +80,13 @@ class NumaPlacement:
                 "verified": self.verified, "located": self.located}
 
 
-def page_nodes(address: int, n_bytes: int, samples: int = PAGE_SAMPLES) -> tuple[dict[int, int], str | None]:
-    """NUMA node of up to `samples` pages spread evenly over [address, address + n_bytes):
-    ({node: pages}, None), or ({}, why not). Pages not faulted in yet are not counted."""
-    nr = _SYS_MOVE_PAGES.get(platform.machine())
-    if nr is None:
-        return {}, f"move_pages syscall number unknown on {platform.machine()}"
-    page = os.sysconf("SC_PAGE_SIZE")
-    first, last = address // page, (address + max(n_bytes, 1) - 1) // page
-    count = min(samples, last - first + 1)
-    step = (last - first + 1) / count
-    pages = (ctypes.c_void_p * count)(*[(first + int(i * step)) * page for i in range(count)])
-    status = (ctypes.c_int * count)()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    rc = libc.syscall(ctypes.c_long(nr), ctypes.c_int(0), ctypes.c_ulong(count), pages, None, status, ctypes.c_int(0))
-    if rc != 0:
-        return {}, f"move_pages failed: {os.strerror(ctypes.get_errno())}"
-    found: dict[int, int] = {}
-    for st in status:
-        if st >= 0:  # negative: -errno, e.g. -ENOENT for a page not present
-            found[st] = found.get(st, 0) + 1
-    return found, None if found else "no page of the slab is present"
-
-
-def _numa_nodes() -> list[int]:
-    try:
-        names = os.listdir("/sys/devices/system/node")
-    except OSError:
-        return []
-    return sorted(int(n[4:]) for n in names if n.startswith("node") and n[4:].isdigit())
-
-
-def _set_mempolicy(mode: int, node: int | None) -> str | None:
-    """Set the calling thread's memory policy; returns an error text or None."""
-    nr = _SYS_SET_MEMPOLICY.get(platform.machine())
-    if nr is None:
-        return f"set_mempolicy syscall number unknown on {platform.machine()}"
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    if node is None:
-        rc = libc.syscall(nr, ctypes.c_int(mode), None, ctypes.c_ulong(0))
-    else:
-        words = node // 64 + 1
-        mask = (ctypes.c_ulong * words)()
-        mask[node // 64] = 1 << (node % 64)
-        rc = libc.syscall(nr, ctypes.c_int(mode), mask, ctypes.c_ulong(words * 64 + 1))
-    if rc != 0:
-        err = ctypes.get_errno()
-        return f"set_mempolicy failed: {os.strerror(err)}"
-    return None
-
-
 def plan_placement(policy: str, node: int | None, node_reason: str | None = None) -> NumaPlacement:
     """Decide whether a policy can be applied on this host (without applying it)."""
     if policy == "off":
         return NumaPlacement(policy, None, False, "numa_policy is off")
     if node is None:
         return NumaPlacement(policy, None, False, node_reason or "the GPU's NUMA node is unknown")
-    nodes = _numa_nodes()
+    nodes = list(list_numa_nodes("/") or ())
     if not nodes:
         return NumaPlacement(policy, node, False, "no NUMA information in /sys/devices/system/node")
     if node not in nodes:
@@ -147,11 +98,11 @@ def plan_placement(policy: str, node: int | None, node_reason: str | None = None
 
 @dataclass
 class _Slab:
-    tensor: torch.Tensor  # uint8, host memory
+    tensor: torch.Tensor  # uint8, host memory; keeps the pages alive
     host_address: int
     device_address: int | None  # where kernels read it (None: not mapped for a device)
     n_bytes: int
-    mapping: mmap.mmap | None  # the anonymous mapping of a registered slab
+    pages: HostPages | None  # None: torch's pinned allocator owns the memory
 
 
 @dataclass
@@ -159,7 +110,8 @@ class PinnedAllocator:
     """Allocates the cold bank's slabs: page-locked and device-mapped when `pin`, NUMA-placed.
 
     `method` says how the last slab was made: "cudaHostRegister" (exact size), "torch pinned"
-    (power of two, when registration failed: `fallback` says why) or "pageable" (no CUDA)."""
+    (power of two, when registration failed: `fallback` says why) or "pageable" (no CUDA).
+    The allocator does not own the memory: each slab lives as long as the tensors made from it."""
 
     pin: bool
     placement: NumaPlacement
@@ -170,58 +122,58 @@ class PinnedAllocator:
     slabs: list[_Slab] = field(default_factory=list)
 
     def alloc(self, n_bytes: int) -> torch.Tensor:
-        """A uint8 host tensor of at least n_bytes, its pages placed and located."""
-        page = mmap.PAGESIZE
-        size = max(page, -(-n_bytes // page) * page)
-        applied = False
-        if self.placement.applied:
-            mode = MPOL_BIND if self.placement.policy == "bind" else MPOL_PREFERRED
-            err = _set_mempolicy(mode, self.placement.node)
-            if err:
-                self.placement.applied, self.placement.reason = False, err
-            else:
-                applied = True
-        try:  # pages are faulted in (zeroed) while the policy holds
-            slab = self._registered(size) if self.pin and self.fallback is None else None
-            if slab is None and self.pin:
-                size = round_up_pow2(n_bytes)
-                t = _torch_pinned(size)
-                slab = _Slab(t, t.data_ptr(), t.data_ptr(), size, None)  # cudaHostAlloc: mapped, UVA
-                self.method = "torch pinned"
-            elif slab is None:
-                t = torch.zeros(n_bytes, dtype=torch.uint8)
-                size, slab = n_bytes, _Slab(t, t.data_ptr(), None, n_bytes, None)
-                self.method = "pageable"
-        finally:
-            if applied:
-                _set_mempolicy(MPOL_DEFAULT, None)
-        found, why = page_nodes(slab.host_address, size)
+        """A uint8 host tensor of at least n_bytes, zeroed, its pages placed and located."""
+        slab = self._registered(n_bytes) if self.pin and self.fallback is None else None
+        if slab is None and self.pin:
+            slab = self._torch_pinned(n_bytes)
+        elif slab is None:
+            pages = HostPages(n_bytes, *self._node_mode())
+            self._note_bind(pages.bind_error)
+            slab = _Slab(pages.tensor(), pages.address, None, pages.size_bytes, pages)
+            self.method = "pageable"
+        found, why = page_nodes(slab.host_address, slab.n_bytes)
         for node, n in found.items():
             self.placement.pages_by_node[node] = self.placement.pages_by_node.get(node, 0) + n
         self.placement.located = self.placement.located or why
         self.requested_bytes += n_bytes
-        self.reserved_bytes += size
+        self.reserved_bytes += slab.n_bytes
         self.slabs.append(slab)
         return slab.tensor
 
-    def _registered(self, size: int) -> _Slab | None:
-        """An exact-size mapping, touched, then registered with CUDA; None (and `fallback` set) if
-        registration fails here (the first failure stops further attempts)."""
-        mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        t = torch.frombuffer(mapping, dtype=torch.uint8)
-        t.zero_()
-        address = t.data_ptr()
-        from probes.bandwidth import HOST_REGISTER_FLAGS  # the probe registers its buffers the same way
+    def _node_mode(self) -> tuple[int | None, int]:
+        """(node, mbind mode) for the next slab: no node when the policy is not applied."""
+        if not self.placement.applied:
+            return None, MPOL_PREFERRED
+        return self.placement.node, MPOL_BIND if self.placement.policy == "bind" else MPOL_PREFERRED
 
-        rc = int(torch.cuda.cudart().cudaHostRegister(address, size, HOST_REGISTER_FLAGS))
-        if rc != 0:
-            _clear_cuda_error()
-            self.fallback = f"cudaHostRegister failed with cudaError {rc}: torch's pinned allocator (power of two)"
-            del t
-            mapping.close()
-            return None
+    def _note_bind(self, error: str | None) -> None:
+        if error:
+            self.placement.applied, self.placement.reason = False, error
+
+    def _registered(self, n_bytes: int) -> _Slab | None:
+        """Exact-size pages registered with CUDA; None (and `fallback` set) if registration fails
+        here (the first failure stops further attempts)."""
+        pages = HostPages(n_bytes, *self._node_mode(), cudart=torch.cuda.cudart())
+        self._note_bind(pages.bind_error)
+        if not pages.registered:
+            self.fallback = f"{pages.register_error}: torch's pinned allocator (power of two)"
+            return None  # the mapping goes with `pages`
         self.method = "cudaHostRegister"
-        return _Slab(t, address, _device_pointer(address), size, mapping)
+        return _Slab(pages.tensor(), pages.address, pages.device_address, pages.size_bytes, pages)
+
+    def _torch_pinned(self, n_bytes: int) -> _Slab:
+        """torch's pinned allocator (cudaHostAlloc, rounded up to a power of two, mapped under UVA),
+        its pages placed by the thread's memory policy while they are first touched."""
+        node, mode = self._node_mode()
+        err = set_mempolicy(mode, node) if node is not None else None
+        self._note_bind(err)
+        try:
+            t = _torch_pinned(round_up_pow2(n_bytes))
+        finally:
+            if node is not None and err is None:
+                set_mempolicy(MPOL_DEFAULT, None)
+        self.method = "torch pinned"
+        return _Slab(t, t.data_ptr(), t.data_ptr(), t.numel(), None)
 
     def device_address(self, host_tensor: torch.Tensor) -> int:
         """Where the device reads `host_tensor` (a view into one of the slabs)."""
@@ -234,32 +186,11 @@ class PinnedAllocator:
         raise ValueError("the tensor is not in a slab of this allocator")
 
     def release(self) -> None:
-        """Unregister and unmap every registered slab. Only when nothing reads them any more."""
-        registered = [s for s in self.slabs if s.mapping is not None]
-        if registered:
-            torch.cuda.synchronize()  # no copy or kernel still reads them
-        for s in registered:
-            torch.cuda.cudart().cudaHostUnregister(s.host_address)
-            s.tensor = None
-            try:
-                s.mapping.close()
-            except BufferError:  # a view still exports it: the mapping stays until it dies
-                pass
+        """Let go of every slab: each is unregistered and unmapped as soon as the last tensor or
+        device view made from it is gone (at once when the caller holds none)."""
         self.slabs.clear()
 
 
 def _torch_pinned(size: int) -> torch.Tensor:
     """torch's pinned allocator (cudaHostAlloc, rounded up to a power of two), zeroed."""
     return torch.empty(size, dtype=torch.uint8, pin_memory=True).zero_()
-
-
-def _device_pointer(host_address: int) -> int:
-    from probes.bandwidth import device_pointer
-
-    return device_pointer(host_address)
-
-
-def _clear_cuda_error() -> None:
-    from probes.bandwidth import clear_cuda_error
-
-    clear_cuda_error()

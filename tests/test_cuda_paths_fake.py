@@ -228,14 +228,14 @@ def test_link_sampling_queues_the_load_before_sampling():
 
 
 def test_failed_host_register_clears_the_cuda_error(monkeypatch):
-    from probes import bandwidth
+    from probes import hostmem
 
     calls = []
-    monkeypatch.setattr(bandwidth, "_libcudart", lambda: SimpleNamespace(cudaGetLastError=lambda: calls.append(1)))
-    bandwidth.clear_cuda_error()
+    monkeypatch.setattr(hostmem, "libcudart", lambda: SimpleNamespace(cudaGetLastError=lambda: calls.append(1)))
+    hostmem.clear_cuda_error()
     assert calls == [1]
-    monkeypatch.setattr(bandwidth, "_libcudart", lambda: None)
-    bandwidth.clear_cuda_error()  # no libcudart loaded: nothing to clear, no error
+    monkeypatch.setattr(hostmem, "libcudart", lambda: None)
+    hostmem.clear_cuda_error()  # no libcudart loaded: nothing to clear, no error
 
 
 def _load_bench_probe():
@@ -248,10 +248,12 @@ def _load_bench_probe():
 
 
 def test_bench_probe_reference_buffer_is_pinned_on_the_probe_node(monkeypatch):
+    from probes import hostmem
+
     bench = _load_bench_probe()
     calls = []
-    monkeypatch.setattr(pinned, "_numa_nodes", lambda: [0, 1])
-    monkeypatch.setattr(pinned, "_set_mempolicy", lambda mode, node: calls.append(("policy", mode, node)))
+    monkeypatch.setattr(pinned, "list_numa_nodes", lambda root: (0, 1))
+    monkeypatch.setattr(hostmem, "set_mempolicy", lambda mode, node: calls.append(("policy", mode, node)))
     real_empty = torch.empty
 
     def empty(size, dtype, pin_memory):
@@ -261,7 +263,7 @@ def test_bench_probe_reference_buffer_is_pinned_on_the_probe_node(monkeypatch):
     monkeypatch.setattr(torch, "empty", empty)  # a plain torch pinned tensor, as a CPU can make one
     buf, placed = bench.plain_pinned(3000, 1)
     assert buf.numel() == 3000
-    assert calls == [("policy", pinned.MPOL_PREFERRED, 1), ("alloc", True), ("policy", pinned.MPOL_DEFAULT, None)]
+    assert calls == [("policy", hostmem.MPOL_PREFERRED, 1), ("alloc", True), ("policy", hostmem.MPOL_DEFAULT, None)]
     assert placed["applied"] and placed["node"] == 1 and placed["policy"] == "preferred"
     assert sum(placed["share_by_node"].values()) == pytest.approx(1.0)  # its pages were located
 
@@ -303,3 +305,221 @@ def test_staged_upload_never_rewrites_a_buffer_a_copy_may_still_read(fake):
         # Step s reuses the buffer of step s - 2: that copy must have finished first, and no newer one.
         assert [e.synchronized for e in events] == [i <= step - 2 for i in range(step + 1)]
     assert [e[1] for e in fake.entries("record")] == ["compute"] * 4  # copies ordered on the compute stream
+
+
+# ----------------------------------------------------------------------------- host memory lifetime
+
+
+def _mapped_intervals() -> list[tuple[int, int]]:
+    """[start, end) of every mapping of this process, merged where they touch."""
+    spans = []
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            lo, hi = line.split()[0].split("-")
+            spans.append((int(lo, 16), int(hi, 16)))
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _is_mapped(address: int, size: int) -> bool:
+    return any(lo <= address and address + size <= hi for lo, hi in _mapped_intervals())
+
+
+class RangeCudart:
+    """torch.cuda.cudart() with CUDA's rules for registered host ranges, recorded rather than crashed on:
+    a range registered twice (cudaErrorHostMemoryAlreadyRegistered), unregistered when it was never
+    registered, or unmapped while still registered; and a pageable copy spanning a registered range
+    (cudaErrorInvalidValue: what crashed selftest on a GPU)."""
+
+    def __init__(self):
+        self.ranges: dict[int, int] = {}  # address -> bytes, registered now
+        self.violations: list[str] = []
+        self.registrations = 0
+
+    def cudaHostRegister(self, address, size, flags):  # noqa: N802 - CUDA's name
+        self.check_mapped()
+        for a, n in self.ranges.items():
+            if address < a + n and a < address + size:
+                self.violations.append(f"{address:#x}+{size} registered twice (overlaps {a:#x}+{n})")
+                return 712
+        self.ranges[address] = size
+        self.registrations += 1
+        return 0
+
+    def cudaHostUnregister(self, address):  # noqa: N802
+        if address not in self.ranges:
+            self.violations.append(f"{address:#x} unregistered but not registered")
+            return 713
+        size = self.ranges.pop(address)
+        if not _is_mapped(address, size):
+            self.violations.append(f"{address:#x}+{size} was unmapped before it was unregistered")
+        return 0
+
+    def check_mapped(self) -> None:
+        """Every registered range must still be mapped."""
+        for a, n in list(self.ranges.items()):
+            if not _is_mapped(a, n):
+                self.violations.append(f"{a:#x}+{n} unmapped while still registered")
+                del self.ranges[a]
+
+    def pageable_copy(self, t: torch.Tensor) -> None:
+        """What `t.to("cuda")` of a pageable tensor asks of CUDA."""
+        lo, hi = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+        for a, n in self.ranges.items():
+            if lo < a + n and a < hi:
+                self.violations.append(f"pageable copy of {lo:#x}+{hi - lo} spans the registered {a:#x}+{n}")
+
+
+@pytest.fixture
+def cudart(monkeypatch) -> RangeCudart:
+    fake = RangeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    return fake
+
+
+def _pinned_cpu():
+    """The CPU device with the pinned (registered) cold bank a GPU gets."""
+    import dataclasses
+
+    return dataclasses.replace(CPU, pinned=True)
+
+
+def _cheap_model(info, seed: int):
+    """A two-layer hot/cold model with 2 x 48 MiB cold banks (above malloc's mmap threshold, so
+    freed ranges are reused by the next large allocation, as on a GPU host)."""
+    from runtime.kernels import choose_compute
+    from runtime.model import HotColdMoE
+    from runtime.moe import LayerWeights, MoEGeometry, Router
+
+    g = MoEGeometry(hidden=1024, inter=512, num_experts=8, top_k=2, shared_inter=0, router="softmax")
+    layers = [LayerWeights(torch.full((8, 1024, 1024), float(seed)), torch.full((8, 1024, 512), 1.0),
+                           Router(torch.zeros(8, 1024), None, g), None, None) for _ in range(2)]
+    hot = np.zeros((2, 8), dtype=bool)
+    hot[:, :2] = True
+    alloc = PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
+    return HotColdMoE(layers, g, hot, info, alloc, choose_compute(info))
+
+
+def test_fake_cudart_catches_each_rule(cudart):
+    """The fake must fail the tests below on exactly the mistakes CUDA punishes."""
+    import mmap
+
+    m = mmap.mmap(-1, 1 << 16, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    address = torch.frombuffer(m, dtype=torch.uint8).data_ptr()
+    assert cudart.cudaHostRegister(address, 1 << 16, 3) == 0
+    assert cudart.cudaHostRegister(address + 4096, 4096, 3) != 0
+    cudart.pageable_copy(torch.frombuffer(m, dtype=torch.uint8)[100:200])
+    assert len(cudart.violations) == 2
+    cudart.ranges.clear()
+    cudart.violations.clear()
+    assert cudart.cudaHostUnregister(address) != 0 and len(cudart.violations) == 1
+
+
+def test_models_built_and_dropped_leave_no_stale_registration(cudart):
+    """Build and drop 20 models, each registering its cold banks, then copy large pageable buffers:
+    every registration was undone before its memory was unmapped, and no freed range stays registered."""
+    import gc
+
+    info = _pinned_cpu()
+    for i in range(20):
+        model = _cheap_model(info, i)
+        assert len(cudart.ranges) == 2 and all(b.cold_EB.data_ptr() in cudart.ranges for b in model.banks)
+        x = torch.ones(3, 1024)
+        model.step(x)
+        del model, x
+        cudart.check_mapped()
+        assert cudart.violations == [] and cudart.ranges == {}, f"model {i}"
+        # The next large pageable allocation tends to reuse the freed range: CUDA would refuse its copy
+        # if that range were still registered.
+        cudart.pageable_copy(torch.full((8, 1024, 1024), 1.0))
+    gc.collect()
+    cudart.check_mapped()
+    assert cudart.registrations == 40 and cudart.ranges == {} and cudart.violations == []
+
+
+def test_selftest_pairs_built_in_a_loop_leave_no_stale_registration(cudart):
+    """What selftest's reference check does (8 models, dropped one after another)."""
+    from runtime.selftest import check_reference
+
+    assert check_reference(_pinned_cpu(), torch.float32).ok
+    import gc
+
+    gc.collect()
+    cudart.check_mapped()
+    assert cudart.registrations >= 8 and cudart.ranges == {} and cudart.violations == []
+
+
+def test_a_failed_build_leaves_no_registration(cudart):
+    """An exception after the cold bank was registered (weights of the wrong shape) releases it."""
+    from runtime.bank import ExpertBank
+
+    w13 = torch.zeros(4, 8, 16)
+    with pytest.raises(RuntimeError):
+        ExpertBank(w13, torch.zeros(4, 16, 5), np.zeros(4, dtype=bool), _pinned_cpu(),
+                   PinnedAllocator(pin=True, placement=plan_placement("off", None)))
+    assert cudart.registrations == 1
+    import gc
+
+    gc.collect()  # the traceback's frames held the bank
+    assert cudart.ranges == {} and cudart.violations == []
+
+
+def test_pages_dropped_during_a_graph_capture_are_released_after_it(cudart, monkeypatch):
+    from probes import hostmem
+
+    pages = hostmem.HostPages(1 << 16, cudart=cudart)
+    address = pages.address
+    monkeypatch.setattr(hostmem, "_capturing", lambda: True)
+    del pages  # no synchronisation or unregistration inside a capture
+    assert address in cudart.ranges and _is_mapped(address, 1 << 16)
+    monkeypatch.setattr(hostmem, "_capturing", lambda: False)
+    assert hostmem.release_deferred() == 1
+    assert cudart.ranges == {} and cudart.violations == [] and not _is_mapped(address, 1 << 16)
+
+
+def test_a_device_view_keeps_the_pages_alive(cudart, monkeypatch):
+    """A zero-copy view outliving every host tensor still reads mapped, registered memory."""
+    from probes import hostmem
+
+    seen = []
+    monkeypatch.setattr(torch, "as_tensor", lambda obj, device: seen.append(obj) or torch.empty(0))
+    pages = hostmem.HostPages(1 << 16, cudart=cudart)
+    address = pages.address
+    with pytest.raises(RuntimeError, match="copied"):  # the stand-in tensor is not at the address
+        pages.device_view(torch, "cuda")
+    (interface,) = seen
+    del pages
+    assert address in cudart.ranges  # the interface object torch keeps holds the owner
+    del interface, seen[:]
+    assert cudart.ranges == {} and cudart.violations == []
+
+
+def test_registrations_alive_at_exit_are_undone(tmp_path):
+    """The process ends with a registered range still in use: it is unregistered at exit."""
+    import subprocess
+
+    log = tmp_path / "calls.txt"
+    code = f"""
+import torch
+from probes import hostmem
+
+class Cudart:
+    def cudaHostRegister(self, address, size, flags):
+        return 0
+    def cudaHostUnregister(self, address):
+        open({str(log)!r}, "a").write(f"unregister {{address}}\\n")
+        return 0
+
+pages = hostmem.HostPages(1 << 16, cudart=Cudart())
+keep = pages.array()
+open({str(log)!r}, "w").write(f"register {{pages.address}}\\n")
+"""
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": ""})
+    lines = log.read_text().split()
+    assert lines[0] == "register" and lines[2] == "unregister" and lines[1] == lines[3]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from probes.host import parse_meminfo
-from probes.placement import HostBuffer
+from probes.hostmem import HostPages
 from probes.sysfs import list_numa_nodes
 
 LINUX = Path("/proc/meminfo").exists()
@@ -103,13 +103,13 @@ def test_recipe_on_cpu_machine_reports_budget_reason(cli, tmp_path):
         assert any(x["field"] == "gpus[*].hot_budget" for x in doc["reasons"])
 
 
-@pytest.mark.skipif(not Path("/proc/self/numa_maps").exists(), reason="needs /proc/self/numa_maps")
-def test_host_buffer_is_placed_and_verified():
+def test_host_pages_are_placed_and_verified():
     nodes = list_numa_nodes("/") or (0,)
-    with HostBuffer(4 << 20, nodes[0]) as buf:
-        assert buf.array.nbytes == 4 << 20 and int(buf.array[123]) == 1
-        assert buf.placement.wanted_node == nodes[0]
-        if buf.bind_error is None:
-            assert buf.placement.verified is True and buf.placement.share_by_node[nodes[0]] >= 0.99
-    with HostBuffer(1 << 20, None) as buf:
-        assert buf.placement.verified is None and buf.placement.detail == "not bound to a node"
+    buf = HostPages(4 << 20, nodes[0], fill=1)
+    assert buf.array().nbytes == 4 << 20 and int(buf.array()[123]) == 1
+    assert buf.location.wanted_node == nodes[0]
+    if buf.bind_error is None:
+        assert buf.location.verified is True and buf.location.share_by_node[nodes[0]] >= 0.99
+    loose = HostPages(1 << 20, None)
+    assert loose.location.verified is None and loose.location.detail == "not bound to a node"
+    assert sum(loose.location.share_by_node.values()) == pytest.approx(1.0)

@@ -9,23 +9,18 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def test_uva_view_aliases_pinned_host_memory():
-    from probes.bandwidth import uva_view
-    from probes.placement import HostBuffer
+    from probes.hostmem import HostPages
 
-    cudart = torch.cuda.cudart()
-    with HostBuffer(1 << 20, None) as buf:
-        assert int(cudart.cudaHostRegister(buf.address, buf.size_bytes, 3)) == 0
-        try:
-            buf.array[:] = 0
-            buf.array[:4] = 7
-            view = uva_view(torch, buf.address, buf.size_bytes, torch.device("cuda", 0))
-            assert view.is_cuda and int(view[:4].sum().item()) == 28  # the GPU reads the host bytes in place
-            buf.array[:4] = 1
-            assert int(view[:4].sum().item()) == 4
-            del view
-        finally:
-            torch.cuda.synchronize()
-            cudart.cudaHostUnregister(buf.address)
+    with HostPages(1 << 20, None, cudart=torch.cuda.cudart()) as buf:
+        assert buf.registered, buf.register_error
+        host = buf.array()
+        host[:4] = 7
+        view = buf.device_view(torch, torch.device("cuda", 0))
+        assert view.is_cuda and int(view[:4].sum().item()) == 28  # the GPU reads the host bytes in place
+        host[:4] = 1
+        assert int(view[:4].sum().item()) == 4
+        del view
+    assert not buf.registered
 
 
 def test_measure_gpu_small_sweep():

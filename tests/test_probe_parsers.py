@@ -11,7 +11,6 @@ from probes.common import collect_reasons, mask_to_ids, parse_cpulist
 from probes.host import count_sockets, parse_cpu_model, parse_meminfo
 from probes.numastat import parse_numastat, parse_numastat_table, run_numastat
 from probes.nvidia_smi import BASIC_FIELDS, gpus_from_queries, parse_query_csv, probe_nvidia_smi
-from probes.placement import node_pages_at, parse_numa_maps
 from probes.sysfs import link_rate_gbps, parse_link_speed, parse_node_meminfo, speed_to_gen, sysfs_bdf
 
 DATA = Path(__file__).parent / "data" / "numastat"
@@ -180,24 +179,6 @@ def test_cpu_model_and_sockets():
 def test_meminfo():
     m = parse_meminfo("MemTotal:       24684084 kB\nMemAvailable:   23508772 kB\nHugePages_Total:       0\n")
     assert m == {"MemTotal": 24684084 * 1024, "MemAvailable": 23508772 * 1024, "HugePages_Total": 0}
-
-
-# ----------------------------------------------------------------------------- numa_maps
-
-
-NUMA_MAPS = """\
-55d0c0a00000 default file=/usr/bin/python3.11 mapped=200 N0=200 kernelpagesize_kB=4
-7fca98a00000 prefer:1 anon=2048 dirty=2048 active=0 N0=16 N1=2032 kernelpagesize_kB=4
-7fca99200000 default anon=10 dirty=10 N0=10 kernelpagesize_kB=4
-"""
-
-
-def test_numa_maps_placement_lookup():
-    entries = parse_numa_maps(NUMA_MAPS)
-    assert entries[1] == (0x7FCA98A00000, "prefer:1", {0: 16, 1: 2032})
-    assert node_pages_at(NUMA_MAPS, 0x7FCA98A00000 + 4096 * 100) == {0: 16, 1: 2032}
-    assert node_pages_at(NUMA_MAPS, 0x7FCA99200000) == {0: 10}
-    assert node_pages_at(NUMA_MAPS, 0x1000) is None
 
 
 # ----------------------------------------------------------------------------- nvidia-smi text

@@ -15,9 +15,9 @@ from probes.bandwidth import GpuBandwidth, HostCopyNode, NodeBandwidth, SweepPla
 from probes.common import DriverReport
 from probes.cuda import CudaDevice, CudaReport, same_bus
 from probes.host import HostInfo
+from probes.hostmem import PageLocation
 from probes.numastat import ToolOutput
 from probes.nvml import probe_nvml
-from probes.placement import Placement
 from probes.platform import Sources, link_verdict, measure_platform, take_inventory
 from tests.test_probe_nvml import FakeNvml
 from tests.test_probe_sysfs import make_node, write
@@ -51,14 +51,14 @@ def fake_gpu_bandwidth(cuda_index, nodes, local_node, plan: SweepPlan, sample_li
                          for s in plan.sizes_bytes)
 
         tick(3 * len(plan.sizes_bytes))
-        by_node.append(NodeBandwidth(node, node == local_node, Placement(node, {node: 1.0}, True), sweep(50.0),
+        by_node.append(NodeBandwidth(node, node == local_node, PageLocation(node, {node: 1.0}, True), sweep(50.0),
                                      sweep(48.0), sweep(40.0)))
     return GpuBandwidth(cuda_index, "fake", tuple(by_node), link[0], link[1])
 
 
 def fake_host_copy(nodes, plan, tick=None):
     tick(len(nodes) * len(plan.sizes_bytes))
-    return tuple(HostCopyNode(n, Placement(n, {n: 1.0}, True),
+    return tuple(HostCopyNode(n, PageLocation(n, {n: 1.0}, True),
                               tuple(summarize(s, 1, [20.0] * plan.samples) for s in plan.sizes_bytes)) for n in nodes)
 
 

@@ -77,10 +77,11 @@ def test_round_up_pow2(n, want):
     assert round_up_pow2(n) == want
 
 
-def test_pageable_slabs_have_the_exact_size():
+def test_pageable_slabs_are_whole_pages():
     a = PinnedAllocator(pin=False, placement=plan_placement("off", None))
     slab = a.alloc(3000)
-    assert slab.numel() == 3000 and a.requested_bytes == a.reserved_bytes == 3000 and a.method == "pageable"
+    assert slab.numel() == 4096 and a.requested_bytes == 3000 and a.reserved_bytes == 4096 and a.method == "pageable"
+    assert int(slab.sum()) == 0
     with pytest.raises(ValueError, match="not mapped for a device"):
         a.device_address(slab[10:])
 
@@ -100,34 +101,38 @@ class FakeCudart:
 
 def test_pinned_slabs_are_registered_at_their_own_size(monkeypatch):
     """On a GPU: an exact-size mapping registered Portable|Mapped, not a power of two."""
-    from runtime import pinned
+    from probes import hostmem
 
     cudart = FakeCudart()
     monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(pinned, "_device_pointer", lambda host: host + (1 << 40))  # a non-UVA mapping
+    monkeypatch.setattr(hostmem, "device_pointer", lambda host: host + (1 << 40))  # a non-UVA mapping
     a = PinnedAllocator(pin=True, placement=plan_placement("off", None))
     slab = a.alloc(3 * 4096 + 1)
     assert slab.numel() == 4 * 4096 and a.reserved_bytes == 4 * 4096 and a.method == "cudaHostRegister"
-    assert cudart.registered == [(slab.data_ptr(), 4 * 4096, 3)]
-    assert a.device_address(slab[100:]) == slab.data_ptr() + 100 + (1 << 40)
+    address = slab.data_ptr()
+    assert cudart.registered == [(address, 4 * 4096, 3)]
+    assert a.device_address(slab[100:]) == address + 100 + (1 << 40)
     assert int(slab.sum()) == 0 and sum(a.placement.pages_by_node.values()) == 4
     a.release()
-    assert cudart.unregistered == [cudart.registered[0][0]] and a.slabs == []
+    assert cudart.unregistered == []  # the slab is still in use
+    del slab
+    assert cudart.unregistered == [address] and a.slabs == []
 
 
 def test_a_failed_registration_falls_back_to_torch_pinned_and_says_why(monkeypatch):
+    from probes import hostmem
     from runtime import pinned
 
     cudart = FakeCudart(rc=2)
     monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
-    monkeypatch.setattr(pinned, "_clear_cuda_error", lambda: None)
+    monkeypatch.setattr(hostmem, "clear_cuda_error", lambda: None)
     monkeypatch.setattr(pinned, "_torch_pinned", lambda size: torch.zeros(size, dtype=torch.uint8))
     a = PinnedAllocator(pin=True, placement=plan_placement("off", None))
     slab = a.alloc(3000)
     assert slab.numel() == 4096 and a.method == "torch pinned" and "cudaError 2" in a.fallback
     a.alloc(5000)  # no second attempt once registration failed
     assert len(cudart.registered) == 1 and a.reserved_bytes == 4096 + 8192
+    assert cudart.unregistered == []  # a failed registration is never undone
 
 
 def test_numa_placement_records_why_it_is_not_applied():
