@@ -19,12 +19,12 @@ H = hidden size, I = expert intermediate size, B = elements of one blob, L = MoE
 
 Layout: device.py chooses the device once; pinned.py allocates page-locked slabs of their own
 size with NUMA placement (the pages and their lifetime are probes/hostmem.py's); bank.py keeps
-slot bookkeeping (SlotTable) apart from byte movement
-(BlobBank, BlobLayout; ExpertBank is the synthetic SwiGLU layout); fp8.py the block-scaled fp8
-format; moe.py holds the router, SwiGLU and the all-resident reference; kernels.py the expert
-compute (Triton on a GPU, a torch path of the same computation on a CPU); model.py stacks
-layers; engine.py drives steps and the CUDA graph; windows.py the hit-rate accounting, dynamic
-swaps and run summary shared with checkpoint serving (hf/); from_recipe.py turns a recipe into a
-ready engine; log.py the hit-rate records; selftest.py checks the runtime on this machine's
-device; torch_files.py reads tensors-only .pt files.
+slot bookkeeping (SlotTable) apart from byte movement (BlobBank, BlobLayout; ExpertBank is the
+synthetic SwiGLU layout); fp8.py the block-scaled fp8 format; moe.py holds the router, SwiGLU
+and the all-resident reference; kernels.py the expert compute (Triton on a GPU, a torch path of
+the same computation on a CPU); model.py stacks layers; engine.py drives steps and the CUDA
+graph; windows.py the hit-rate accounting, dynamic swaps and run summary shared with checkpoint
+serving (hf/); from_recipe.py turns a recipe into a ready engine; log.py the hit-rate records;
+selftest.py checks the runtime on this machine's device; torch_files.py reads tensors-only .pt
+files.
 """
