@@ -23,6 +23,16 @@ def _mxfp4_bytes(rows: int, cols: int) -> int:
     return rows * cols // 2 + rows * math.ceil(cols / 32)
 
 
+# What one expert computes in on a CPU: fp8 and mxfp4 experts are dequantised to bf16 first.
+COMPUTE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16", "mxfp4": "bfloat16"}
+
+
+def expert_compute_shape(recipe: Recipe) -> tuple[int, int, str]:
+    """(hidden, this rank's moe_intermediate, torch dtype name) of one routed expert as computed."""
+    m = recipe.model
+    return m.hidden_size, m.moe_intermediate_size // recipe.parallel.tp, COMPUTE_DTYPES[m.expert_dtype]
+
+
 def expert_bytes_per_rank(recipe: Recipe) -> int:
     """Bytes one rank holds of one routed expert: gate, up [I/tp, H] and down [H, I/tp] (+ scales).
 

@@ -27,6 +27,7 @@ from .bandwidth import (
     with_link,
 )
 from .common import DriverReport, GpuDevice, Reason, collect_reasons, to_doc
+from .cpu_expert import DEFAULT_SHAPE, QUICK_POOL_BYTES, TOKENS, CpuExpertRate, ExpertShape, measure_cpu_expert
 from .cuda import CudaReport, list_cuda_devices, same_bus
 from .host import HostInfo, probe_host
 from .hostmem import SYS_MBIND
@@ -50,6 +51,7 @@ class Sources:
     host: Callable[[Path], HostInfo] = probe_host
     host_copy: Callable[..., tuple[HostCopyNode, ...]] = measure_host_copy
     gpu_bandwidth: Callable[..., GpuBandwidth] = measure_gpu
+    cpu_expert: Callable[..., CpuExpertRate] = measure_cpu_expert
     link_state: Callable[[str], tuple[int | None, int | None]] = read_link_state
     machine: str | None = None  # override platform.machine() (mbind support)
 
@@ -73,6 +75,7 @@ class Host:
     copy_method: str
     copy: tuple[HostCopyNode, ...] | None  # memcpy sweep per source node
     copy_gbps: float | None  # best node's median at the largest size: what a CPU runtime reads at
+    cpu_expert: tuple[CpuExpertRate, ...] | None  # CPU expert rate with each GPU node's threads
     reasons: tuple[Reason, ...] = ()
 
 
@@ -238,6 +241,7 @@ class Inventory:
     host_plan: SweepPlan
     gpu_plan: SweepPlan
     bind_nodes: tuple[int | None, ...]  # host buffer placements to time
+    expert_shape: ExpertShape = DEFAULT_SHAPE  # what the CPU expert rate computes
     reasons: tuple[Reason, ...] = field(default=())  # JSON paths from the top of platform.json
 
     @property
@@ -248,10 +252,18 @@ class Inventory:
 
     @property
     def measurement_steps(self) -> int:
-        """Progress units: one per (node, size) host copy, three per (GPU, node, size)."""
+        """Progress units: one per (node, size) host copy, three per (GPU, node, size), one per
+        token count of the CPU expert rate (once per GPU node at most)."""
         host = len(self.bind_nodes) * len(self.host_plan.sizes_bytes)
         gpu = 3 * self.gpu_count_to_measure * len(self.bind_nodes) * len(self.gpu_plan.sizes_bytes)
-        return host + gpu
+        return host + gpu + len(TOKENS) * max(1, len(self.gpu_nodes))
+
+    @property
+    def gpu_nodes(self) -> list[int]:
+        """The NUMA nodes of the GPUs, each once: where the CPU expert rate is measured."""
+        gpus = self.driver.gpus if self.driver else ()
+        nodes = {_gpu_numa_node(g, self.links.get(g.index), self.numa_nodes)[0] for g in gpus}
+        return sorted(n for n in nodes if n is not None)
 
 
 def _cuda_match(gpu: GpuDevice, cuda: CudaReport) -> int | None:
@@ -280,8 +292,10 @@ def _node_memory_mismatch(nodes: tuple[NumaNode, ...], mem_total_bytes: int | No
             "the per-node and the global view of memory disagree (a VM or container?)")
 
 
-def take_inventory(mode: str = "quick", expert_bytes: int | None = None, sources: Sources = Sources()) -> Inventory:
-    """Host, NUMA nodes, GPUs and links: read, not timed."""
+def take_inventory(mode: str = "quick", expert_bytes: int | None = None, sources: Sources = Sources(),
+                   expert_shape: ExpertShape | None = None) -> Inventory:
+    """Host, NUMA nodes, GPUs and links: read, not timed. `expert_shape`: the expert the CPU
+    expert rate computes (a recipe's; DeepSeek-V3's when None)."""
     import platform as _platform
 
     reasons: list[Reason] = []
@@ -338,7 +352,7 @@ def take_inventory(mode: str = "quick", expert_bytes: int | None = None, sources
                                                "the available RAM"))
         host_plan = fitted
     return Inventory(mode, expert_bytes, host, nodes, numa_source, driver, cuda, links, host_plan,
-                     sweep_plan(mode, "gpu", extra), bind_nodes, tuple(reasons))
+                     sweep_plan(mode, "gpu", extra), bind_nodes, expert_shape or DEFAULT_SHAPE, tuple(reasons))
 
 
 # ----------------------------------------------------------------------------- phase 2: measure
@@ -400,6 +414,28 @@ def _build_gpu(inv: Inventory, g: GpuDevice, sources: Sources, tick: Callable[[i
                gen_load, width_load, rate, max_rate, verdict, detail, g.source, bw, summary, tuple(reasons))
 
 
+def _measure_cpu_expert(inv: Inventory, gpus: tuple, sources: Sources, tick: Callable[[int], None],
+                        reasons: list[Reason]) -> tuple[CpuExpertRate, ...] | None:
+    """The CPU expert rate with the threads and memory of each GPU's NUMA node (the cold bank's);
+    unbound when no GPU's node is known."""
+    nodes = inv.gpu_nodes
+    if not nodes:
+        why = "no GPU" if not gpus else "the GPUs' NUMA node is unknown"
+        reasons.append(Reason("cpu_expert[*].node", f"{why}: measured with every CPU and unplaced memory"))
+    cpus_of = {n.node: n.cpus for n in inv.numa_nodes}
+    pool = QUICK_POOL_BYTES if inv.mode == "quick" else None
+    out = []
+    for node in nodes or [None]:
+        kwargs = {"tick": tick} if pool is None else {"tick": tick, "pool_bytes": pool, "samples": 3}
+        try:
+            out.append(sources.cpu_expert(inv.expert_shape, node, cpus_of.get(node), **kwargs))
+        except Exception as exc:  # noqa: BLE001 - a failed measurement is a reason, not a lost report
+            reasons.append(Reason("cpu_expert", f"CPU expert rate not measured: {type(exc).__name__}: {exc}"))
+            tick(len(TOKENS) * (len(nodes or [None]) - len(out)))
+            return None
+    return tuple(out)
+
+
 def measure_platform(inv: Inventory, sources: Sources = Sources(), tick: Callable[[int], None] | None = None,
                      created: str | None = None) -> Platform:
     """Time host copies and every CUDA-visible GPU; assemble the report."""
@@ -415,11 +451,12 @@ def measure_platform(inv: Inventory, sources: Sources = Sources(), tick: Callabl
         host_reasons.append(Reason("copy", f"host copy measurement failed: {type(exc).__name__}: {exc}"))
     if copy_gbps is None:
         host_reasons.append(Reason("copy_gbps", "host copy bandwidth not measured"))
+    gpus = tuple(_build_gpu(inv, g, sources, tick) for g in (inv.driver.gpus if inv.driver else ()))
+    cpu_expert = _measure_cpu_expert(inv, gpus, sources, tick, host_reasons)
     info = {f.name: getattr(inv.host, f.name) for f in dataclasses.fields(HostInfo) if f.name != "reasons"}
     host = Host(**info, numa_source=inv.numa_source, numa_nodes=inv.numa_nodes,
                 copy_method="numpy.copyto between page-aligned buffers, source placed on each node; wall clock",
-                copy=copy, copy_gbps=copy_gbps, reasons=tuple(host_reasons))
-    gpus = tuple(_build_gpu(inv, g, sources, tick) for g in (inv.driver.gpus if inv.driver else ()))
+                copy=copy, copy_gbps=copy_gbps, cpu_expert=cpu_expert, reasons=tuple(host_reasons))
     if inv.driver is not None and inv.cuda is not None and not inv.cuda.available:
         reasons.append(Reason("gpus[*].bandwidth", inv.cuda.reason or "CUDA unavailable"))
     cuda = {"torch": inv.cuda.torch_version if inv.cuda else None,

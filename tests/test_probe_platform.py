@@ -62,6 +62,19 @@ def fake_host_copy(nodes, plan, tick=None):
                               tuple(summarize(s, 1, [20.0] * plan.samples) for s in plan.sizes_bytes)) for n in nodes)
 
 
+CPU_EXPERT_CALLS = []
+
+
+def fake_cpu_expert(shape, node, cpus, pool_bytes=None, samples=None, tick=None):
+    """10 GB/s at one token, falling with more tokens (the CPU turns compute-bound)."""
+    from probes.cpu_expert import CpuExpertRate
+
+    CPU_EXPERT_CALLS.append((shape, node, cpus))
+    tick(3)
+    cells = tuple((t, summarize(shape.expert_bytes, 4, [10.0 / t ** 0.5] * 3)) for t in (1, 4, 16))
+    return CpuExpertRate(node, cpus, len(cpus or ()) or 2, shape, shape.expert_bytes, 4, cells)
+
+
 def fake_cuda() -> CudaReport:
     # CUDA enumerates the GPUs in the opposite order to the driver: matched by bus id.
     return CudaReport(True, "2.13.0", "12.8", (
@@ -80,7 +93,8 @@ def gpu_sources(tmp_path) -> Sources:
     return Sources(root=tmp_path, nvml=lambda: probe_nvml(lambda: FakeNvml()),
                    nvidia_smi=lambda: pytest.fail("nvidia-smi must not run when NVML works"),
                    numastat=numastat_from_captures, cuda=fake_cuda, host=fake_host, host_copy=fake_host_copy,
-                   gpu_bandwidth=fake_gpu_bandwidth, link_state=lambda bus: (4, 16), machine="x86_64")
+                   gpu_bandwidth=fake_gpu_bandwidth, link_state=lambda bus: (4, 16), machine="x86_64",
+                   cpu_expert=fake_cpu_expert)
 
 
 def fields(doc) -> dict[str, str]:
@@ -116,6 +130,37 @@ def test_fake_gpu_machine_report(gpu_sources):
     local = next(n for n in g1["bandwidth"]["by_node"] if n["local"])
     assert local["zero_copy_read"][-1]["pct_of_link"] == pytest.approx(40.0 / 31.5, abs=0.01)
     assert "host.numa_source" not in fields(doc)
+    # The CPU expert rate: once per GPU node, with that node's CPUs, for the recipe's expert shape.
+    cpu = host["cpu_expert"]
+    assert [c["node"] for c in cpu] == [0, 1] and cpu[1]["cpus"] == list(plat.host.numa_nodes[1].cpus)
+    assert [t for t, _ in cpu[0]["by_tokens"]] == [1, 4, 16] and cpu[0]["by_tokens"][0][1]["median_gbps"] == 10.0
+    assert plat.host.cpu_expert[0].gbps(2) == pytest.approx(10.0 - (10.0 - 5.0) / 3)  # between 1 and 4 tokens
+    assert plat.host.cpu_expert[0].gbps(64) == pytest.approx(2.5)
+
+
+def test_cpu_expert_rate_shape_comes_from_the_inventory(gpu_sources):
+    from probes.cpu_expert import DEFAULT_SHAPE, ExpertShape
+
+    CPU_EXPERT_CALLS.clear()
+    measure_platform(take_inventory("quick", None, gpu_sources), gpu_sources)
+    assert {c[0] for c in CPU_EXPERT_CALLS} == {DEFAULT_SHAPE}
+    CPU_EXPERT_CALLS.clear()
+    shape = ExpertShape(2048, 1408, "float16")
+    measure_platform(take_inventory("quick", None, gpu_sources, shape), gpu_sources)
+    assert {c[0] for c in CPU_EXPERT_CALLS} == {shape}
+
+
+def test_a_failed_cpu_expert_rate_is_a_reason(gpu_sources):
+    def broken(*a, tick=None, **kw):
+        raise OSError("sched_setaffinity: Invalid argument")
+
+    src = dataclasses.replace(gpu_sources, cpu_expert=broken)
+    inv = take_inventory("quick", None, src)
+    ticks = []
+    doc = measure_platform(inv, src, tick=ticks.append).to_doc()
+    assert doc["host"]["cpu_expert"] is None
+    assert "sched_setaffinity" in fields(doc)["host.cpu_expert"]
+    assert sum(ticks) == inv.measurement_steps  # the progress bar still ends
 
 
 def test_verdicts():
@@ -149,7 +194,8 @@ def test_cuda_unavailable_keeps_driver_fields(gpu_sources):
     src = dataclasses.replace(gpu_sources, cuda=lambda: CudaReport(False, "2.13.0+cpu", None, (),
                                                                   "torch 2.13.0+cpu is a CPU-only build (no CUDA)"))
     inv = take_inventory("quick", None, src)
-    assert inv.measurement_steps == 2 * len(inv.host_plan.sizes_bytes)  # host copies only
+    # host copies, and the CPU expert rate on each GPU node (the nodes are known without CUDA)
+    assert inv.measurement_steps == 2 * len(inv.host_plan.sizes_bytes) + 2 * 3
     doc = measure_platform(inv, src).to_doc()
     g = doc["gpus"][0]
     assert g["bandwidth"] is None and g["summary"]["h2d_gbps"] is None and g["mem_total_bytes"] == 80 * GIB

@@ -20,7 +20,7 @@ from ..knobs import resolve_knobs
 from ..options import JsonOpt, OutOpt, RecipeOpt
 from ..output import Output, gib
 from ..recipe import GIB, Recipe, load_recipe
-from ..sizes import dense_bytes_per_rank, derive_hot_budget, expert_bytes_per_rank
+from ..sizes import dense_bytes_per_rank, derive_hot_budget, expert_bytes_per_rank, expert_compute_shape
 
 QuickOpt = Annotated[bool, typer.Option("--quick", help="A short sweep in seconds (the default).")]
 FullOpt = Annotated[bool, typer.Option("--full", help="Sweep 64 KiB..1 GiB with 10 samples per size (minutes).")]
@@ -97,6 +97,8 @@ def _render(out: Output, doc: dict[str, Any]) -> None:
         for j, m in enumerate(host["copy"][0]["copy"]):
             t.add_row(_size(m["size_bytes"]), *(_gbps(c["copy"][j]["median_gbps"]) for c in host["copy"]))
         out.print(t)
+    if host.get("cpu_expert"):
+        _render_cpu_expert(out, host["cpu_expert"])
     if not doc["gpus"]:
         why = next((r["reason"] for r in doc["reasons"] if r["field"] == "gpus"), "none found")
         out.print(f"GPUs: none ({why})")
@@ -109,6 +111,17 @@ def _render(out: Output, doc: dict[str, Any]) -> None:
         for r in doc["reasons"]:
             t.add_row(r["field"], r["reason"])
         out.print(t)
+
+
+def _render_cpu_expert(out: Output, rates: list[dict[str, Any]]) -> None:
+    shape = rates[0]["shape"]
+    t = out.table("tokens per expert", *(f"node {r['node']} ({r['threads']} threads)" if r["node"] is not None
+                                         else f"unbound ({r['threads']} threads)" for r in rates),
+                  title=f"CPU expert rate, GB/s of weights (SwiGLU {shape['hidden']}x{shape['inter']} "
+                        f"{shape['dtype']}, {_size(rates[0]['expert_bytes'])} per expert)")
+    for j, (tokens, _) in enumerate(rates[0]["by_tokens"]):
+        t.add_row(str(tokens), *(_gbps(r["by_tokens"][j][1]["median_gbps"]) for r in rates))
+    out.print(t)
 
 
 def _render_gpus(out: Output, doc: dict[str, Any]) -> None:
@@ -213,10 +226,12 @@ def probe_cmd(
     if recipe is not None:
         rec = load_recipe(recipe)
         knobs = resolve_knobs(rec.knobs, os.environ)
+    from probes.cpu_expert import ExpertShape
     from probes.platform import measure_platform, take_inventory
 
     sources = _sources()
-    inv = take_inventory("full" if full else "quick", expert_bytes_per_rank(rec) if rec else None, sources)
+    shape = ExpertShape(*expert_compute_shape(rec)) if rec else None
+    inv = take_inventory("full" if full else "quick", expert_bytes_per_rank(rec) if rec else None, sources, shape)
     with out.progress("measuring bandwidth", inv.measurement_steps) as advance:
         platform = measure_platform(inv, sources, tick=advance)
     doc = platform.to_doc()

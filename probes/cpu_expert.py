@@ -1,0 +1,153 @@
+"""How fast this host's CPU computes routed experts read from host memory: the rate of the CPU cold
+path, in GB/s of expert weights streamed (1e9 B/s).
+
+An expert is SwiGLU: gate and up [2I, H], then down [H, I], computed with torch on the CPU in the
+cold bank's dtype for 1, 4 and 16 tokens. A cold expert's weights are not in any cache, so the
+probe computes a pool of distinct experts, together many times the last-level cache, one after
+another: each is streamed from DRAM, as a cold expert would be. The pool sits on the GPU's NUMA
+node (where the cold bank is pinned) and the threads are that node's CPUs (sched_setaffinity
+and torch's intra-op threads), restored afterwards. A sample times one pass over the pool; the
+figure is the median of `samples` samples after one warm-up pass.
+
+torch is imported lazily. Whatever cannot be done (no torch, no CPU list for the node) is a
+reason, and the measurement falls back to what it can do, saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .bandwidth import MIB, Measurement, summarize
+from .common import Reason
+from .hostmem import HostPages
+
+TOKENS = (1, 4, 16)
+POOL_BYTES = 512 * MIB  # 16x a 32 MiB last-level cache: every expert streams from DRAM
+QUICK_POOL_BYTES = 256 * MIB
+METHOD = ("torch on the CPU: x @ w13.T, silu(gate) * up, @ w2.T for each expert of a pool of distinct experts "
+          "(several times the last-level cache) on the GPU's NUMA node, threads of that node; one pass per sample, "
+          "wall clock; GB/s = expert weight bytes / time")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class ExpertShape:
+    """One routed expert as the cold bank holds it (one rank's slice under TP)."""
+
+    hidden: int
+    inter: int
+    dtype: str  # float32 | bfloat16 | float16
+
+    @property
+    def expert_bytes(self) -> int:
+        return 3 * self.hidden * self.inter * DTYPE_BYTES[self.dtype]
+
+
+# DeepSeek-V3's routed expert (hidden 7168, moe_intermediate_size 2048, bf16 compute: deepseek-ai/DeepSeek-V3
+# config.json): the shape measured when no recipe says otherwise.
+DEFAULT_SHAPE = ExpertShape(7168, 2048, "bfloat16")
+
+
+@dataclass(frozen=True)
+class CpuExpertRate:
+    """The CPU expert rate of one NUMA node's threads, per token count."""
+
+    node: int | None  # where the pool's pages and the threads were (None: unbound)
+    cpus: tuple[int, ...] | None  # the threads' CPUs (None: left as the process had them)
+    threads: int
+    shape: ExpertShape
+    expert_bytes: int  # weight bytes one expert streams
+    pool_experts: int
+    by_tokens: tuple[tuple[int, Measurement], ...]  # (tokens per expert, GB/s of weights streamed)
+    method: str = METHOD
+    reasons: tuple[Reason, ...] = ()
+
+    def gbps(self, tokens: int) -> float | None:
+        """The median rate for `tokens` tokens per expert, interpolated between the measured counts
+        (flat beyond them)."""
+        pts = sorted((t, m.median_gbps) for t, m in self.by_tokens)
+        if not pts:
+            return None
+        if tokens <= pts[0][0]:
+            return pts[0][1]
+        for (t0, g0), (t1, g1) in zip(pts, pts[1:], strict=False):
+            if tokens <= t1:
+                return g0 + (g1 - g0) * (tokens - t0) / (t1 - t0)
+        return pts[-1][1]
+
+
+def pool_size(shape: ExpertShape, pool_bytes: int) -> int:
+    """Distinct experts in the pool: enough to fill `pool_bytes`, at least 2."""
+    return max(2, pool_bytes // shape.expert_bytes)
+
+
+def swiglu_expert(torch: Any, x_TH: Any, w13_IH: Any, w2_HI: Any) -> Any:
+    """One expert's output [T, H]: w2 @ (silu(gate) * up), gate and up the halves of w13 @ x."""
+    h = torch.nn.functional.linear(x_TH, w13_IH)
+    gate, up = h.chunk(2, dim=-1)
+    return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w2_HI)
+
+
+class _Threads:
+    """Pin this process to `cpus` and give torch as many intra-op threads; restore on exit."""
+
+    def __init__(self, torch: Any, cpus: Sequence[int] | None):
+        self.torch, self.cpus = torch, tuple(cpus) if cpus else None
+
+    def __enter__(self) -> int:
+        self.saved_affinity = os.sched_getaffinity(0)
+        self.saved_threads = self.torch.get_num_threads()
+        if self.cpus:
+            os.sched_setaffinity(0, self.cpus)
+        n = len(os.sched_getaffinity(0))
+        self.torch.set_num_threads(n)
+        return n
+
+    def __exit__(self, *exc) -> None:
+        os.sched_setaffinity(0, self.saved_affinity)
+        self.torch.set_num_threads(self.saved_threads)
+
+
+def measure_cpu_expert(shape: ExpertShape, node: int | None, cpus: Sequence[int] | None,
+                       pool_bytes: int = POOL_BYTES, tokens: Sequence[int] = TOKENS, samples: int = 5,
+                       tick: Callable[[int], None] | None = None) -> CpuExpertRate:
+    """Time the expert pool for each token count on `node`'s memory with `cpus` as threads."""
+    import torch
+
+    tick = tick or (lambda n: None)
+    dtype = getattr(torch, shape.dtype)
+    reasons: list[Reason] = []
+    n = pool_size(shape, pool_bytes)
+    H, inter = shape.hidden, shape.inter
+    pages = HostPages(n * shape.expert_bytes, node)
+    if pages.location.detail and node is not None:
+        reasons.append(Reason("node", pages.location.detail))
+    flat = pages.tensor()[: n * shape.expert_bytes].view(dtype)
+    w13 = flat[: n * 2 * inter * H].view(n, 2 * inter, H)
+    w2 = flat[n * 2 * inter * H:].view(n, H, inter)
+    w13.fill_(0.01)
+    w2.fill_(0.01)
+    cells = []
+    with _Threads(torch, cpus) as threads:
+        for t in tokens:
+            x = torch.full((t, H), 0.5, dtype=dtype)
+
+            def one_pass(x=x) -> None:
+                for e in range(n):
+                    swiglu_expert(torch, x, w13[e], w2[e])
+
+            one_pass()  # warm-up: first-use costs (thread pool start, kernel selection)
+            seconds = []
+            for _ in range(samples):
+                t0 = time.perf_counter()
+                one_pass()
+                seconds.append(time.perf_counter() - t0)
+            gbps = [n * shape.expert_bytes / s / 1e9 for s in seconds]
+            cells.append((t, summarize(n * shape.expert_bytes, n, gbps)))
+            tick(1)
+    return CpuExpertRate(node, tuple(cpus) if cpus else None, threads, shape, shape.expert_bytes, n, tuple(cells),
+                         reasons=tuple(reasons))

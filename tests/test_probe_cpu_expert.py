@@ -1,0 +1,77 @@
+"""The CPU expert rate: the probe's figure against a plain torch loop timing the same experts, and
+its expert function against the runtime's SwiGLU."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from probes.cpu_expert import ExpertShape, measure_cpu_expert, pool_size, swiglu_expert  # noqa: E402
+
+MIB = 1 << 20
+
+
+def test_the_probe_computes_the_runtime_expert():
+    from runtime.moe import swiglu
+
+    gen = torch.Generator().manual_seed(0)
+    x, w13, w2 = torch.randn(3, 32, generator=gen), torch.randn(2 * 16, 32, generator=gen), torch.randn(32, 16,
+                                                                                                      generator=gen)
+    torch.testing.assert_close(swiglu_expert(torch, x, w13, w2), swiglu(x, w13, w2))
+
+
+def test_pool_holds_distinct_experts_past_the_cache():
+    shape = ExpertShape(7168, 2048, "bfloat16")
+    assert shape.expert_bytes == 3 * 7168 * 2048 * 2
+    assert pool_size(shape, 512 * MIB) == 512 * MIB // shape.expert_bytes
+    assert pool_size(shape, 1) == 2  # never a single expert, which the cache would hold
+
+
+def _plain_loop_gbps(shape: ExpertShape, n: int, tokens: int, samples: int) -> float:
+    """The same experts, timed the simplest way: torch tensors, a Python loop, wall clock."""
+    dtype = getattr(torch, shape.dtype)
+    w13 = torch.full((n, 2 * shape.inter, shape.hidden), 0.01, dtype=dtype)
+    w2 = torch.full((n, shape.hidden, shape.inter), 0.01, dtype=dtype)
+    x = torch.full((tokens, shape.hidden), 0.5, dtype=dtype)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(len(os.sched_getaffinity(0)))  # the probe's threads: every CPU it may use
+    try:
+        rates = []
+        for i in range(samples + 1):
+            t0 = time.perf_counter()
+            for e in range(n):
+                h = torch.nn.functional.linear(x, w13[e])
+                g, u = h.chunk(2, dim=-1)
+                torch.nn.functional.linear(torch.nn.functional.silu(g) * u, w2[e])
+            if i:  # the first pass warms up
+                rates.append(n * shape.expert_bytes / (time.perf_counter() - t0) / 1e9)
+    finally:
+        torch.set_num_threads(saved)
+    return statistics.median(rates)
+
+
+@pytest.mark.parametrize("tokens", [1, 16])
+def test_probe_rate_is_within_25_percent_of_a_plain_torch_loop(tokens):
+    shape = ExpertShape(1024, 512, "float32")  # 6 MiB per expert; the pool is 16 of them
+    pool = 16 * shape.expert_bytes
+    probe, plain = [], []
+    for _ in range(3):  # interleaved, so that machine noise hits both alike
+        r = measure_cpu_expert(shape, None, None, pool_bytes=pool, tokens=(tokens,), samples=5)
+        probe.append(r.by_tokens[0][1].median_gbps)
+        plain.append(_plain_loop_gbps(shape, r.pool_experts, tokens, 5))
+    ratio = statistics.median(probe) / statistics.median(plain)
+    assert 0.75 <= ratio <= 1.25, f"probe {probe} GB/s vs plain torch {plain} GB/s"
+
+
+def test_threads_and_affinity_are_restored():
+    before_threads, before_cpus = torch.get_num_threads(), os.sched_getaffinity(0)
+    cpus = sorted(before_cpus)[:1]
+    r = measure_cpu_expert(ExpertShape(64, 32, "float32"), None, cpus, pool_bytes=1 * MIB, tokens=(1, 4), samples=2)
+    assert r.threads == 1 and r.cpus == tuple(cpus)
+    assert [t for t, _ in r.by_tokens] == [1, 4] and all(m.median_gbps > 0 for _, m in r.by_tokens)
+    assert torch.get_num_threads() == before_threads and os.sched_getaffinity(0) == before_cpus
