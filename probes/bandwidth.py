@@ -186,6 +186,7 @@ class GpuBandwidth:
     link_gen_under_load: int | None  # idle links train down: sampled while copies run
     link_width_under_load: int | None
     reasons: tuple[Reason, ...] = ()
+    roundtrip_ms: float | None = None  # a step's activations to the host and back (the GPU side of a CPU cold path)
 
 
 ZERO_COPY_METHOD = ("zero-copy read: torch sum() over a CUDA tensor aliasing pinned host memory "
@@ -272,12 +273,37 @@ def measure_gpu(cuda_index: int, nodes: Sequence[int | None], local_node: int | 
                 if sample_link is not None and link == (None, None) and local in (True, None):
                     rate = cell.h2d[-1].median_gbps if cell.h2d else None
                     link = _sample_link_under_load(torch, dst, buf.tensor(), sample_link, rate)
+        roundtrip = measure_roundtrip_ms(torch, device)
         del dst
     if sample_link is not None and link == (None, None):
         reasons.append(Reason("link_gen_under_load", "the link state could not be read while copying"))
     elif sample_link is None:
         reasons.append(Reason("link_gen_under_load", "no NVML to read the link state"))
-    return GpuBandwidth(cuda_index, ZERO_COPY_METHOD, tuple(by_node), link[0], link[1], tuple(reasons))
+    return GpuBandwidth(cuda_index, ZERO_COPY_METHOD, tuple(by_node), link[0], link[1], tuple(reasons), roundtrip)
+
+
+ROUNDTRIP_BYTES = 16 * 7168 * 2  # 16 tokens of DeepSeek-V3 activations in bf16
+
+
+def measure_roundtrip_ms(torch: Any, device: Any, n_bytes: int = ROUNDTRIP_BYTES, samples: int = 50) -> float:
+    """Median ms for a device buffer to reach pinned host memory, be seen by the host, and go back:
+    what a CPU cold path pays per layer besides its compute (routing and activations down, the
+    CPU's outputs up)."""
+    dev = torch.empty(n_bytes, dtype=torch.uint8, device=device)
+    host = torch.empty(n_bytes, dtype=torch.uint8, pin_memory=True)
+    done = torch.cuda.Event()
+    times = []
+    for i in range(samples + 5):
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        host.copy_(dev, non_blocking=True)
+        done.record()
+        done.synchronize()
+        dev.copy_(host, non_blocking=True)
+        torch.cuda.synchronize(device)
+        if i >= 5:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return median(times)
 
 
 def _measure_node(torch: Any, dst: Any, buf: HostPages, node: int | None, local: bool | None, plan: SweepPlan,

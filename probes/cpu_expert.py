@@ -16,6 +16,7 @@ reason, and the measurement falls back to what it can do, saying so.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -63,21 +64,27 @@ class CpuExpertRate:
     expert_bytes: int  # weight bytes one expert streams
     pool_experts: int
     by_tokens: tuple[tuple[int, Measurement], ...]  # (tokens per expert, GB/s of weights streamed)
+    handoff_ms: float | None = None  # median round trip of a task to a worker thread and back
     method: str = METHOD
     reasons: tuple[Reason, ...] = ()
 
-    def gbps(self, tokens: int) -> float | None:
-        """The median rate for `tokens` tokens per expert, interpolated between the measured counts
-        (flat beyond them)."""
-        pts = sorted((t, m.median_gbps) for t, m in self.by_tokens)
-        if not pts:
-            return None
-        if tokens <= pts[0][0]:
-            return pts[0][1]
-        for (t0, g0), (t1, g1) in zip(pts, pts[1:], strict=False):
-            if tokens <= t1:
-                return g0 + (g1 - g0) * (tokens - t0) / (t1 - t0)
-        return pts[-1][1]
+    def gbps(self, tokens: float) -> float | None:
+        """The median rate for `tokens` tokens per expert (see `interpolate_gbps`)."""
+        return interpolate_gbps([(t, m.median_gbps) for t, m in self.by_tokens], tokens)
+
+
+def interpolate_gbps(points: Sequence[tuple[float, float]], tokens: float) -> float | None:
+    """A rate at `tokens` tokens per expert from measured (tokens, GB/s) points: linear between
+    them, flat beyond them; None without points."""
+    pts = sorted(points)
+    if not pts:
+        return None
+    if tokens <= pts[0][0]:
+        return pts[0][1]
+    for (t0, g0), (t1, g1) in zip(pts, pts[1:], strict=False):
+        if tokens <= t1:
+            return g0 + (g1 - g0) * (tokens - t0) / (t1 - t0)
+    return pts[-1][1]
 
 
 def pool_size(shape: ExpertShape, pool_bytes: int) -> int:
@@ -110,6 +117,21 @@ class _Threads:
     def __exit__(self, *exc) -> None:
         os.sched_setaffinity(0, self.saved_affinity)
         self.torch.set_num_threads(self.saved_threads)
+
+
+def measure_handoff_ms(samples: int = 200) -> float:
+    """Median ms to hand a task to a worker thread and get its result back: the CPU side of the
+    per-layer synchronisation a CPU cold path pays (the GPU side is the probe's round trip)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(int).result()  # the thread starts here, not in a sample
+        times = []
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            pool.submit(int).result()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
 
 
 def measure_cpu_expert(shape: ExpertShape, node: int | None, cpus: Sequence[int] | None,
@@ -149,5 +171,6 @@ def measure_cpu_expert(shape: ExpertShape, node: int | None, cpus: Sequence[int]
             gbps = [n * shape.expert_bytes / s / 1e9 for s in seconds]
             cells.append((t, summarize(n * shape.expert_bytes, n, gbps)))
             tick(1)
+        handoff = measure_handoff_ms()
     return CpuExpertRate(node, tuple(cpus) if cpus else None, threads, shape, shape.expert_bytes, n, tuple(cells),
-                         reasons=tuple(reasons))
+                         handoff, reasons=tuple(reasons))

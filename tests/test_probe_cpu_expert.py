@@ -4,7 +4,6 @@ its expert function against the runtime's SwiGLU."""
 from __future__ import annotations
 
 import os
-import statistics
 import time
 
 import pytest
@@ -32,7 +31,7 @@ def test_pool_holds_distinct_experts_past_the_cache():
     assert pool_size(shape, 1) == 2  # never a single expert, which the cache would hold
 
 
-def _plain_loop_gbps(shape: ExpertShape, n: int, tokens: int, samples: int) -> float:
+def _plain_loop_gbps(shape: ExpertShape, n: int, tokens: int, samples: int) -> list[float]:
     """The same experts, timed the simplest way: torch tensors, a Python loop, wall clock."""
     dtype = getattr(torch, shape.dtype)
     w13 = torch.full((n, 2 * shape.inter, shape.hidden), 0.01, dtype=dtype)
@@ -52,7 +51,7 @@ def _plain_loop_gbps(shape: ExpertShape, n: int, tokens: int, samples: int) -> f
                 rates.append(n * shape.expert_bytes / (time.perf_counter() - t0) / 1e9)
     finally:
         torch.set_num_threads(saved)
-    return statistics.median(rates)
+    return rates
 
 
 @pytest.mark.parametrize("tokens", [1, 16])
@@ -62,9 +61,10 @@ def test_probe_rate_is_within_25_percent_of_a_plain_torch_loop(tokens):
     probe, plain = [], []
     for _ in range(3):  # interleaved, so that machine noise hits both alike
         r = measure_cpu_expert(shape, None, None, pool_bytes=pool, tokens=(tokens,), samples=5)
-        probe.append(r.by_tokens[0][1].median_gbps)
-        plain.append(_plain_loop_gbps(shape, r.pool_experts, tokens, 5))
-    ratio = statistics.median(probe) / statistics.median(plain)
+        probe.append(r.by_tokens[0][1].max_gbps)
+        plain += _plain_loop_gbps(shape, r.pool_experts, tokens, 5)
+    # Noise from other processes only slows a pass down: the best passes are the comparable ones.
+    ratio = max(probe) / max(plain)
     assert 0.75 <= ratio <= 1.25, f"probe {probe} GB/s vs plain torch {plain} GB/s"
 
 
