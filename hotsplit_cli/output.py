@@ -8,7 +8,7 @@ hints always go to stderr.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -19,15 +19,27 @@ from rich.table import Table
 from .jsonio import dumps
 
 
+def _no_progress(n: float = 1) -> None:
+    pass
+
+
 class Output:
+    """`out` and `err` are files (default: stdout, stderr) or ready rich Consoles."""
+
     def __init__(self, json_mode: bool = False, out=None, err=None):
         self.json_mode = json_mode
-        self.out = Console(file=out or sys.stdout, highlight=False, soft_wrap=True)
-        self.err = Console(file=err or sys.stderr, highlight=False, soft_wrap=True)
+        self.out = _console(out or sys.stdout)
+        self.err = _console(err or sys.stderr)
+        self._above_bar: Console | None = None  # while a progress bar is live on a shared terminal
 
     @property
     def fancy(self) -> bool:
         return self.out.is_terminal
+
+    @property
+    def shows_progress(self) -> bool:
+        """Progress bars are drawn on stderr only on a terminal, and never under --json."""
+        return not self.json_mode and self.err.is_terminal
 
     def table(self, *columns: str, title: str | None = None) -> Table:
         """A table that is boxed on a terminal and plain aligned columns when piped."""
@@ -40,7 +52,7 @@ class Output:
     def print(self, *things: Any) -> None:
         """Human output (suppressed in JSON mode)."""
         if not self.json_mode:
-            self.out.print(*things)
+            (self._above_bar or self.out).print(*things)
 
     def emit(self, doc: Any, render: Callable[[], None] | None = None) -> None:
         """The command's result: JSON document in JSON mode, else the human rendering."""
@@ -57,17 +69,31 @@ class Output:
         self.err.print(msg)
 
     @contextmanager
-    def progress(self, description: str, total: float | None):
-        """A rich progress bar on stderr (only on a terminal); yields advance(n)."""
-        if not self.err.is_terminal:
-            yield lambda n=1: None
+    def progress(self, description: str, total: float | None) -> Iterator[Callable[[float], None]]:
+        """A transient rich progress bar on stderr; yields `advance(n)`, the callback library code
+        takes. Off (a no-op `advance`) under --json and when stderr is not a terminal. While the
+        bar is live and stdout is the terminal too, human lines are printed above the bar."""
+        if not self.shows_progress:
+            yield _no_progress
             return
-        from rich.progress import BarColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
 
-        with Progress("[progress.description]{task.description}", BarColumn(), "{task.completed}/{task.total}",
-                      TimeElapsedColumn(), TimeRemainingColumn(), console=self.err, transient=True) as p:
+        with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TimeRemainingColumn(), console=self.err, transient=True,
+                      redirect_stdout=False, redirect_stderr=False) as p:
             task = p.add_task(description, total=total)
-            yield lambda n=1: p.advance(task, n)
+            if self.out.is_terminal:
+                self._above_bar = self.err
+            try:
+                yield lambda n=1: p.advance(task, n)
+            finally:
+                self._above_bar = None
+
+
+def _console(target) -> Console:
+    if isinstance(target, Console):
+        return target
+    return Console(file=target, highlight=False, soft_wrap=True)
 
 
 def pct(x: float | None, digits: int = 1) -> str:

@@ -77,7 +77,13 @@ def plan_for_placement(hist: Histogram, recipe: Recipe, budget_bytes: int, place
     if recipe.parallel.tp != 1:
         raise PlanError(f"--placement is for expert parallelism, but recipe {recipe.name!r} "
                         f"has tp={recipe.parallel.tp}",
-                        "use a recipe with tp: 1")
+                        "use a recipe with tp: 1 and ep > 1 (e.g. the shipped deepseek-v3-ep8)")
+    if placement.num_ranks != recipe.parallel.ep:
+        # The recipe's hardware and dense weights are per rank of its own layout: its budget
+        # would not fit a placement on another number of ranks.
+        raise PlanError(f"the placement spreads the experts over {placement.num_ranks} ranks, recipe "
+                        f"{recipe.name!r} has ep={recipe.parallel.ep}",
+                        f"place with --ranks {recipe.parallel.ep}, or use a recipe with ep: {placement.num_ranks}")
     values_LP, rank_LP = physical_counts(hist.counts_LE, placement)
     phys = plan_hot_set(values_LP, expert_bytes_per_rank(recipe), budget_bytes, rank_of_LE=rank_LP,
                         num_ranks=placement.num_ranks)

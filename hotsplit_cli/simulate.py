@@ -26,6 +26,7 @@ How each policy splits the slots across layers:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +42,13 @@ LAYER_SPLIT = {
     "lfu": "equal slots per layer",
     "oracle": "planner greedy over all layers, per window",
 }
+
+
+Advance = Callable[[int], None]  # told how many more steps a policy has replayed (progress)
+
+
+def _ignore(n: int) -> None:
+    pass
 
 
 @dataclass(frozen=True)
@@ -84,13 +92,14 @@ def _static_stats(counts_SLE: np.ndarray, hot_LE: np.ndarray) -> tuple[np.ndarra
     return hits, cold
 
 
-def run_static(counts_SLE: np.ndarray, hot_LE: np.ndarray) -> PolicyRun:
+def run_static(counts_SLE: np.ndarray, hot_LE: np.ndarray, advance: Advance = _ignore) -> PolicyRun:
     hits, cold = _static_stats(counts_SLE, hot_LE)
+    advance(len(hits))
     return PolicyRun("static", hits, cold, np.zeros(len(hits), dtype=np.int64))
 
 
 def run_dynamic(counts_SLE: np.ndarray, hot_LE: np.ndarray, dyn_steps: int, max_swaps: int,
-                margin: float) -> PolicyRun:
+                margin: float, advance: Advance = _ignore) -> PolicyRun:
     """The runtime's rule: every `dyn_steps` steps, `propose_swaps` on the last window's counts."""
     S = counts_SLE.shape[0]
     hot = np.array(hot_LE, dtype=bool)
@@ -100,6 +109,7 @@ def run_dynamic(counts_SLE: np.ndarray, hot_LE: np.ndarray, dyn_steps: int, max_
     for start in range(0, S, dyn_steps):
         chunk = counts_SLE[start:start + dyn_steps]
         hits[start:start + len(chunk)], cold[start:start + len(chunk)] = _static_stats(chunk, hot)
+        advance(len(chunk))
         end = start + len(chunk)
         if end >= S:
             break
@@ -118,7 +128,7 @@ def equal_split(num_slots: int, num_layers: int, num_experts: int) -> np.ndarray
     return np.minimum(cap, num_experts)
 
 
-def run_cache(counts_SLE: np.ndarray, cap_L: np.ndarray, kind: str) -> PolicyRun:
+def run_cache(counts_SLE: np.ndarray, cap_L: np.ndarray, kind: str, advance: Advance = _ignore) -> PolicyRun:
     """Per-layer LRU or LFU caches that fill on a miss, vectorised across layers."""
     if kind not in ("lru", "lfu"):
         raise PlanError(f"unknown cache policy {kind!r}")
@@ -152,6 +162,7 @@ def run_cache(counts_SLE: np.ndarray, cap_L: np.ndarray, kind: str) -> PolicyRun
         copied[s] = filled.sum()
         cold[s] = (missed & ~filled).sum()  # misses that did not enter were read in place
         in_cache = new_cache
+        advance(1)
     return PolicyRun(kind, hits, cold, copied)
 
 
@@ -159,7 +170,8 @@ def window_bounds(num_steps: int, window_steps: int) -> list[tuple[int, int]]:
     return [(a, min(a + window_steps, num_steps)) for a in range(0, num_steps, window_steps)]
 
 
-def run_oracle(counts_SLE: np.ndarray, expert_bytes, budget_bytes: int, window_steps: int) -> PolicyRun:
+def run_oracle(counts_SLE: np.ndarray, expert_bytes, budget_bytes: int, window_steps: int,
+               advance: Advance = _ignore) -> PolicyRun:
     """Best hot set of each window in hindsight; switching copies the newly hot experts."""
     S, L, E = counts_SLE.shape
     hits = np.zeros(S)
@@ -175,6 +187,7 @@ def run_oracle(counts_SLE: np.ndarray, expert_bytes, budget_bytes: int, window_s
         if prev is not None:
             copied[a] = (hot & ~prev).sum()
         prev = hot
+        advance(b - a)
     return PolicyRun("oracle", hits, cold, copied)
 
 
@@ -225,8 +238,9 @@ class SimConfig:
 
 
 def simulate(counts_SLE: np.ndarray, static_hot_LE: np.ndarray, cfg: SimConfig,
-             policies=POLICIES) -> dict[str, PolicyRun]:
-    """Run each named policy on the per-step counts (float [S, L, E])."""
+             policies=POLICIES, advance: Advance = _ignore) -> dict[str, PolicyRun]:
+    """Run each named policy on the per-step counts (float [S, L, E]); `advance` is told of
+    every replayed step of every policy (S x len(policies) in all)."""
     counts_SLE = np.asarray(counts_SLE, dtype=np.float64)
     S, L, E = counts_SLE.shape
     if static_hot_LE.shape != (L, E):
@@ -234,13 +248,14 @@ def simulate(counts_SLE: np.ndarray, static_hot_LE: np.ndarray, cfg: SimConfig,
     out: dict[str, PolicyRun] = {}
     for name in policies:
         if name == "static":
-            out[name] = run_static(counts_SLE, static_hot_LE)
+            out[name] = run_static(counts_SLE, static_hot_LE, advance)
         elif name == "dynamic":
-            out[name] = run_dynamic(counts_SLE, static_hot_LE, cfg.dyn_steps, cfg.dyn_max_swaps, cfg.dyn_margin)
+            out[name] = run_dynamic(counts_SLE, static_hot_LE, cfg.dyn_steps, cfg.dyn_max_swaps, cfg.dyn_margin,
+                                    advance)
         elif name in ("lru", "lfu"):
-            out[name] = run_cache(counts_SLE, equal_split(cfg.hot_slots, L, E), name)
+            out[name] = run_cache(counts_SLE, equal_split(cfg.hot_slots, L, E), name, advance)
         elif name == "oracle":
-            out[name] = run_oracle(counts_SLE, cfg.expert_bytes, cfg.budget_bytes, cfg.window_steps)
+            out[name] = run_oracle(counts_SLE, cfg.expert_bytes, cfg.budget_bytes, cfg.window_steps, advance)
         else:
             raise PlanError(f"unknown policy {name!r}", f"policies are: {', '.join(POLICIES)}")
     return out

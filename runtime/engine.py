@@ -170,8 +170,10 @@ class Engine:
                                len(swaps), copy_ms, error)
 
     # -- the run --------------------------------------------------------------------------
-    def run(self, steps: int, on_record: Callable[[HitRateRecord], None] | None = None) -> RunSummary:
-        """Run up to `steps` steps (fewer if a trace ends); Ctrl-C stops with the summary so far."""
+    def run(self, steps: int, on_record: Callable[[HitRateRecord], None] | None = None,
+            advance: Callable[[int], None] | None = None) -> RunSummary:
+        """Run up to `steps` steps (fewer if a trace ends); Ctrl-C stops with the summary so far.
+        `on_record` gets each window's record, `advance(1)` is called after every step."""
         dyn = self.knobs.dyn_steps
         interrupted = False
         t0 = time.perf_counter()
@@ -180,6 +182,8 @@ class Engine:
                 if self.step_count >= steps:
                     break
                 self.step(routed)
+                if advance:
+                    advance(1)
                 if self.step_count % dyn == 0:
                     rec = self.close_window(update=self.knobs.dynamic)
                     if on_record:

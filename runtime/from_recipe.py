@@ -6,6 +6,7 @@ Plans and hit rates always use the recipe's true expert bytes (`expert_bytes_per
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,8 +110,9 @@ def _check_memory(geom: MoEGeometry, layers: int, dtype: torch.dtype, info: Devi
 
 def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = None,
                 trace_path: str | Path | None = None, steps: int | None = None, scale: float | None = None,
-                dtype: torch.dtype | None = None) -> Prepared:
-    """Build everything a run needs; every check that can refuse happens before allocation."""
+                dtype: torch.dtype | None = None, advance: Callable[[int], None] | None = None) -> Prepared:
+    """Build everything a run needs; every check that can refuse happens before allocation.
+    `advance(1)` is called as each MoE layer's weights are made (the slow part of a large recipe)."""
     scale = recipe.run.scale if scale is None else scale
     if not 0 < scale <= 1:
         raise UsageError(f"--scale: must be in (0, 1], got {scale}")
@@ -134,7 +136,11 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
                      else f"{name} (fp8 values, dequantised)" if fp8 else name)
     if m.expert_dtype == "mxfp4":
         notes.append(f"the runtime has no mxfp4 experts: they run in {name} (plans keep mxfp4 bytes)")
-    layers = [make_layer_weights(geom, recipe.run.seed * 1000 + li, dtype, fp8) for li in range(L)]
+    layers = []
+    for li in range(L):
+        layers.append(make_layer_weights(geom, recipe.run.seed * 1000 + li, dtype, fp8))
+        if advance:
+            advance(1)
     if fp8 is not None and not fp8_banks:
         for lw in layers:
             lw.fp8 = None

@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -198,6 +199,45 @@ def test_plan_with_placement_plans_each_rank_among_its_replicas(cli, tmp_path):
         assert all(v == [5] for v in rank["hot"].values())  # each rank serves its replica of expert 5
     assert doc["hit_rate"] == pytest.approx(4000 / counts.sum())
     assert doc["placement"]["physical_experts"] == 34
+
+
+@pytest.fixture
+def ds3_hist(tmp_path):
+    """A DeepSeek-V3 histogram (MoE layers 3..60, 256 experts, top-8) with 4 windows."""
+    rng = np.random.default_rng(3)
+    windows = rng.zipf(1.5, size=(4, 58, 256)).clip(max=1000).astype(np.float64)
+    hist = make_hist(windows.sum(0), layers=range(3, 61), top_k=8, model="deepseek-ai/DeepSeek-V3")
+    path = tmp_path / "ds3-hist.json"
+    save_hist(path, replace(hist, windows_WLE=windows, steps_per_window=8))
+    return path
+
+
+def test_plan_placement_with_the_shipped_expert_parallel_deepseek_v3(cli, ds3_hist, tmp_path):
+    placement, plan = tmp_path / "placement.json", tmp_path / "plan.json"
+    r = cli("place", ds3_hist, "--recipe", "deepseek-v3-ep8", "--ranks", "8", "--redundant", "32", "-o", placement)
+    assert r.code == 0, r.err
+    r = cli("plan", ds3_hist, "--recipe", "deepseek-v3-ep8", "--placement", placement, "-o", plan, "--json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert doc == json.loads(plan.read_text())
+    assert doc["parallel"] == {"tp": 1, "ep": 8, "ranks": 8} and len(doc["ranks"]) == 8
+    assert doc["placement"]["physical_experts"] == 288 and doc["expert_bytes"] == 44_050_944
+    assert doc["budget_source"] == "auto"  # the recipe's hardware: 79.6 - 17.77 - 8 - 2 GiB
+    for rank in doc["ranks"]:
+        assert 0 < rank["hot_bytes"] <= doc["budget_bytes"]
+
+
+def test_plan_placement_refuses_a_tp_recipe_or_another_rank_count(cli, ds3_hist, tmp_path):
+    placement, plan = tmp_path / "placement.json", tmp_path / "plan.json"
+    assert cli("place", ds3_hist, "--ranks", "4", "-o", placement).code == 0
+    r = cli("plan", ds3_hist, "--recipe", "deepseek-v3", "--placement", placement, "-o", plan)
+    assert r.code == 1 and r.out == "" and not plan.exists()
+    assert r.err.strip() == ("error: --placement is for expert parallelism, but recipe 'deepseek-v3' has tp=8; "
+                             "use a recipe with tp: 1 and ep > 1 (e.g. the shipped deepseek-v3-ep8)")
+    r = cli("plan", ds3_hist, "--recipe", "deepseek-v3-ep8", "--placement", placement, "-o", plan)
+    assert r.code == 1 and r.out == "" and not plan.exists()
+    assert r.err.strip() == ("error: the placement spreads the experts over 4 ranks, recipe 'deepseek-v3-ep8' has "
+                             "ep=8; place with --ranks 8, or use a recipe with ep: 4")
 
 
 def test_plan_with_platform_predicts_cold_reads_per_batch(cli, tiny_hist, tmp_path):

@@ -85,6 +85,7 @@ def test_scaled_cpu_run_allocates_well_under_one_gib(name):
 # Routed parameters written out: 3 (gate, up, down) x hidden x moe_intermediate x experts x MoE layers.
 ROUTED = {
     "deepseek-v3": (3 * 7168 * 2048 * 256 * 58, 653_908_770_816),
+    "deepseek-v3-ep8": (3 * 7168 * 2048 * 256 * 58, 653_908_770_816),
     "deepseek-v2-lite": (3 * 2048 * 1408 * 64 * 26, 14_394_851_328),
     "glm-4.5": (3 * 5120 * 1536 * 160 * 89, 335_963_750_400),
     "glm-4.5-air": (3 * 4096 * 1408 * 128 * 45, 99_656_663_040),
@@ -135,6 +136,19 @@ def test_deepseek_v3_fp8_expert_bytes_by_hand():
     assert expert_bytes_per_rank(whole) == 3 * 7168 * 2048 + 3 * 16 * 56 * 4 == 44_050_944
     # bank per rank: every expert of the 58 MoE layers, sliced 1/8
     assert bank_bytes_per_rank(rec) == 5_506_368 * 256 * 58
+
+
+def test_deepseek_v3_ep8_is_the_same_model_served_expert_parallel():
+    ep8, tp8 = _raw("deepseek-v3-ep8"), _raw("deepseek-v3")
+    assert ep8["model"] == tp8["model"] and ep8["parallel"] == {"tp": 1, "ep": 8}
+    rec = load_recipe("deepseek-v3-ep8")
+    # Whole experts (tp 1) with 3 x 16 x 56 block scales; 256 / 8 = 32 of them per layer and rank.
+    assert expert_bytes_per_rank(rec) == 44_050_944
+    assert bank_bytes_per_rank(rec) == 44_050_944 * 32 * 58
+    assert dense_bytes_per_rank(rec) == 19.08e9  # attention and dense weights on every rank
+    budget = derive_hot_budget(rec, 2.0)  # 79.6 - 17.77 - 8 - 2 GiB
+    assert budget.hot_gib == pytest.approx(79.6 - 19.08e9 / GIB - 8 - 2)
+    assert int(budget.hot_gib * GIB) // expert_bytes_per_rank(rec) == 1263  # of 1856 per rank
 
 
 def test_deepseek_v3_dense_bytes_are_the_mixed_fp8_bf16_total():

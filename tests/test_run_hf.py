@@ -103,3 +103,14 @@ def test_run_checkpoint_human_summary_and_plot(ckpt, tmp_path, capsys):
     for row in ("device", "torch per expert", "plan", "cold bank", "numa_policy", "copy time", "hit rate (overall)"):
         assert row in out, row
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_run_checkpoint_draws_a_bar_per_prompt_on_a_terminal(ckpt, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich then treats stdout and stderr as a terminal
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("".join(s + "\n" for s in SENTENCES[:3]))
+    code = main(["run", str(_recipe(tmp_path, ckpt, prompts, 4, _geometry(ckpt)))])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "tiny-ckpt: prompts" in err and "3/3" in err

@@ -64,7 +64,9 @@ def run(
     from runtime.device import tune_cpu_threads  # torch is imported only from here on
     from runtime.from_recipe import prepare_run
 
-    prepared = prepare_run(rec, knobs, plan_path=plan, trace_path=trace, steps=steps, scale=scale)
+    with out.progress(f"building {rec.model.num_moe_layers} MoE layers", rec.model.num_moe_layers) as advance:
+        prepared = prepare_run(rec, knobs, plan_path=plan, trace_path=trace, steps=steps, scale=scale,
+                               advance=advance)
     tune_cpu_threads(prepared.info)
     for note in prepared.notes:
         out.note(f"note: {note}")
@@ -79,7 +81,8 @@ def run(
     say(f"plan: {pdoc['plan']['hot_experts']} hot experts, {gib(prepared.plan.hot_bytes)} real"
         f" ({prepared.plan.source}); expected hit rate {pct(prepared.plan.expected_hit_rate)}")
 
-    summary = _logged(say, log_jsonl, lambda on_record: prepared.engine.run(prepared.steps, on_record))
+    with out.progress(f"{rec.name}: steps", prepared.steps) as advance:
+        summary = _logged(say, log_jsonl, lambda on_record: prepared.engine.run(prepared.steps, on_record, advance))
 
     doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), **pdoc,
            "summary": summary.to_doc()}
@@ -128,7 +131,11 @@ def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path 
 
     say = out.note if json_out else out.print
     say(f"{rec.name}: {rec.model.family} checkpoint {rec.model.path}, prompts {rec.traffic.path}")
-    result = _logged(say, log_jsonl, lambda on_record: run_checkpoint(rec, knobs, plan, on_record))
+    from ..prompts import read_prompts
+
+    total = len(read_prompts(rec.traffic.path)) if rec.traffic.kind == "prompts" else None
+    with out.progress(f"{rec.name}: prompts", total) as advance:
+        result = _logged(say, log_jsonl, lambda on_record: run_checkpoint(rec, knobs, plan, on_record, advance))
     doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), "summary": result.to_doc()}
     if plot is not None:
         _plot(plot, result.summary, rec.name)

@@ -142,7 +142,9 @@ def simulate_cmd(
         static_hot = plan_hot_set(fit_counts, size, budget_bytes).hot_RLE[0]
 
     cfg = SimConfig(size, budget_bytes, wsteps, knobs.dyn_steps, knobs.dyn_max_swaps, knobs.dyn_margin)
-    runs = simulate(counts_SLE, static_hot, cfg, names)
+    total_steps = tr.num_steps * len(names)
+    with out.progress(f"replaying {tr.num_steps} steps x {len(names)} policies", total_steps) as advance:
+        runs = simulate(counts_SLE, static_hot, cfg, names, advance)
     sums = {n: summarise(r, assignments_S, size, wsteps, read_gbps, h2d_gbps) for n, r in runs.items()}
     doc = {
         "trace": str(trace),

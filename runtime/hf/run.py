@@ -50,8 +50,10 @@ class CheckpointRun:
 
 
 def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = None,
-                   on_record: Callable[[HitRateRecord], None] | None = None) -> CheckpointRun:
-    """Generate greedy text for the recipe's prompts on the hot/cold banks, logging hit rates."""
+                   on_record: Callable[[HitRateRecord], None] | None = None,
+                   advance: Callable[[int], None] | None = None) -> CheckpointRun:
+    """Generate greedy text for the recipe's prompts on the hot/cold banks, logging hit rates;
+    `advance(n)` after each batch of n prompts is generated."""
     m, t = recipe.model, recipe.traffic
     if t.kind != "prompts" or t.path is None:
         raise UsageError(f"recipe {recipe.name!r}: a checkpoint run needs traffic.kind: prompts with a path",
@@ -86,7 +88,7 @@ def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = 
     serve = HFServe(hm, knobs, expert_bytes, on_record)
     tokens_before = hm.counter.tokens
     t0 = time.perf_counter()
-    texts = serve.generate(tok, prompts, t.max_new_tokens, t.batch)
+    texts = serve.generate(tok, prompts, t.max_new_tokens, t.batch, advance)
     elapsed = time.perf_counter() - t0
     return CheckpointRun(
         texts=texts, summary=serve.summary(hm.counter.tokens - tokens_before, elapsed, expected),
