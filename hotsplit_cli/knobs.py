@@ -14,6 +14,7 @@ from typing import Any
 from .errors import UsageError
 
 NUMA_POLICIES = ("preferred", "bind", "off")
+COLD_PATHS = ("gpu", "cpu", "split")  # who computes cold experts: see coldpath.py
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ KNOBS = (
     KnobSpec("dyn_margin", "HOTSPLIT_DYN_MARGIN", float, 1.25, minimum=1.0),
     KnobSpec("vram_reserve_gib", "HOTSPLIT_VRAM_RESERVE_GIB", float, 2.0, minimum=0.0),
     KnobSpec("numa_policy", "HOTSPLIT_NUMA_POLICY", str, "preferred", choices=NUMA_POLICIES),
+    KnobSpec("cold_path", "HOTSPLIT_COLD_PATH", str, "gpu", choices=COLD_PATHS),
 )
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 
@@ -48,6 +50,7 @@ class Knobs:
     dyn_margin: float
     vram_reserve_gib: float
     numa_policy: str
+    cold_path: str  # gpu | cpu | split
     sources: Mapping[str, str]  # knob -> "flag" | "env" | "recipe" | "default"
 
     def to_doc(self) -> dict:

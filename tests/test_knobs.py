@@ -6,8 +6,8 @@ from hotsplit_cli.knobs import KNOBS, resolve_knobs
 
 def test_defaults():
     k = resolve_knobs({}, {}, {})
-    assert (k.hot_gib, k.dynamic, k.dyn_steps, k.dyn_max_swaps, k.dyn_margin, k.vram_reserve_gib, k.numa_policy) == (
-        None, True, 2000, 2, 1.25, 2.0, "preferred")
+    assert (k.hot_gib, k.dynamic, k.dyn_steps, k.dyn_max_swaps, k.dyn_margin, k.vram_reserve_gib, k.numa_policy,
+            k.cold_path) == (None, True, 2000, 2, 1.25, 2.0, "preferred", "gpu")
     assert set(k.sources.values()) == {"default"}
 
 
@@ -30,7 +30,15 @@ BAD = [
     ("dyn_steps", "0", ">= 1"), ("dyn_steps", "1.5", "integer"), ("dyn_steps", "", "must be set"),
     ("dyn_max_swaps", "-1", ">= 0"), ("dyn_margin", "0.9", ">= 1"), ("dyn_margin", "inf", "finite"),
     ("vram_reserve_gib", "-0.5", ">= 0"), ("numa_policy", "everywhere", "preferred, bind, off"),
+    ("cold_path", "gpus", "gpu, cpu, split"), ("cold_path", "", "must be set"),
 ]
+
+
+def test_cold_path_precedence():
+    k = resolve_knobs({"cold_path": "cpu"}, {"HOTSPLIT_COLD_PATH": "split"}, {})
+    assert (k.cold_path, k.sources["cold_path"]) == ("split", "env")
+    assert resolve_knobs({"cold_path": "cpu"}, {"HOTSPLIT_COLD_PATH": "split"}, {"cold_path": "gpu"}).cold_path == "gpu"
+    assert resolve_knobs({"cold_path": "cpu"}, {}, {}).cold_path == "cpu"
 
 
 @pytest.mark.parametrize("name, value, message", BAD)

@@ -1,0 +1,93 @@
+"""The cold-path cost model and split rule (hotsplit_cli/coldpath.py)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hotsplit_cli.coldpath import ColdRates, predict_cold_paths, split_cold
+from hotsplit_cli.errors import UsageError
+
+MB = 1e6
+
+
+def test_equal_rates_halve_the_bytes():
+    rates = ColdRates(10.0, ((1, 10.0), (16, 10.0)))
+    s = split_cold([MB] * 6, [1] * 6, rates)
+    assert s.to_cpu_N.sum() == 3
+    assert s.gpu_s == pytest.approx(3 * MB / 10e9) and s.cpu_s == pytest.approx(3 * MB / 10e9)
+
+
+def test_no_cpu_rate_sends_nothing_to_the_cpu():
+    for points in ((), ((1, 0.0), (16, 0.0))):
+        s = split_cold([MB] * 4, [1] * 4, ColdRates(25.0, points))
+        assert not s.to_cpu_N.any() and s.cpu_s == 0.0 and s.gpu_s == pytest.approx(4 * MB / 25e9)
+
+
+def test_an_expert_with_many_tokens_goes_to_the_gpu():
+    # The CPU streams 1-token experts as fast as the link, but is compute-bound at 64 tokens.
+    rates = ColdRates(20.0, ((1, 20.0), (4, 12.0), (64, 2.0)))
+    tokens = [1, 64, 1, 1]
+    s = split_cold([MB] * 4, tokens, rates)
+    assert not s.to_cpu_N[1] and s.to_cpu_N.sum() == 2  # two light experts each way, the heavy one on the GPU
+
+
+def test_the_sync_cost_keeps_small_layers_on_the_gpu():
+    rates = ColdRates(20.0, ((1, 20.0),), sync_ms=1.0)  # 1 ms per layer dwarfs 0.05 ms of reading
+    assert not split_cold([MB], [1], rates).to_cpu_N.any()
+    big = split_cold([100 * MB] * 4, [1] * 4, rates)  # 20 ms of reading: worth the 1 ms
+    assert big.to_cpu_N.sum() == 2 and big.cpu_s == pytest.approx(2 * 100 * MB / 20e9 + 1e-3)
+
+
+def test_without_a_gpu_rate_split_gives_everything_to_the_cpu():
+    s = split_cold([MB] * 3, [1] * 3, ColdRates(None, ((1, 5.0),)))
+    assert s.to_cpu_N.all() and s.gpu_s == 0.0
+
+
+def test_fixed_modes_and_bad_mode():
+    rates = ColdRates(20.0, ((1, 20.0),), sync_ms=0.5)
+    assert not split_cold([MB] * 2, [1, 1], rates, "gpu").to_cpu_N.any()
+    cpu = split_cold([MB] * 2, [1, 1], rates, "cpu")
+    assert cpu.to_cpu_N.all() and cpu.cpu_s == pytest.approx(2 * MB / 20e9 + 0.5e-3)
+    empty = split_cold([], [], rates, "cpu")
+    assert empty.seconds == 0.0 and empty.to_cpu_N.shape == (0,)
+    with pytest.raises(UsageError, match="cold_path"):
+        split_cold([MB], [1], rates, "tpu")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 50), st.integers(1, 32)), min_size=1, max_size=7),
+       st.floats(1.0, 60.0), st.floats(0.5, 60.0), st.floats(0.0, 2.0))
+def test_split_is_never_worse_than_one_path_and_near_the_best_partition(items, zc, cpu, sync_ms):
+    bytes_N = np.array([b * MB for b, _ in items])
+    tokens_N = np.array([t for _, t in items])
+    rates = ColdRates(zc, ((1, cpu), (32, cpu / 4)), sync_ms)
+    s = split_cold(bytes_N, tokens_N, rates)
+    gpu, cpu_only = split_cold(bytes_N, tokens_N, rates, "gpu"), split_cold(bytes_N, tokens_N, rates, "cpu")
+    assert s.seconds <= min(gpu.seconds, cpu_only.seconds) + 1e-12
+    g, c = rates.gpu_seconds(bytes_N), rates.cpu_seconds(bytes_N, tokens_N)
+    best = min(max(g[~m].sum(), c[m].sum() + (sync_ms / 1e3 if m.any() else 0.0))
+               for m in (np.array(bits, dtype=bool) for bits in itertools.product([0, 1], repeat=len(items))))
+    assert s.seconds <= best + max(g.max(), c.max()) + 1e-12  # within one expert of the exact optimum
+
+
+def test_prediction_per_batch_picks_the_fastest_path():
+    pi = np.full((2, 16), 2 / 16)  # top-2 of 16, uniform
+    hot = np.zeros((2, 16), dtype=bool)
+    hot[:, :8] = True
+    rates = ColdRates(20.0, ((1, 20.0), (4, 5.0), (64, 5.0)))
+    (one, many) = predict_cold_paths(pi, hot, int(MB), rates, [1, 64])
+    # batch 1: each cold expert is read with p = 1/8, by one token: equal rates, so the split halves
+    assert one.gpu_ms == pytest.approx(2 * 8 * MB / 8 / 20e9 * 1e3)
+    assert one.split_ms == pytest.approx(one.gpu_ms / 2) and one.cpu_share == pytest.approx(0.5)
+    assert one.fastest == "split"
+    # batch 64: every cold expert is read (by ~8 tokens), where the CPU is 4x slower than the link:
+    # one expert of 8 to the CPU (4 units) while the GPU reads 7
+    assert many.cpu_ms == pytest.approx(4 * many.gpu_ms, rel=1e-3)
+    assert many.split_ms == pytest.approx(many.gpu_ms * 7 / 8, rel=1e-3) and many.fastest == "split"
+    assert many.cpu_share == pytest.approx(1 / 8, rel=1e-3)
+    assert predict_cold_paths(pi, hot, int(MB), ColdRates(20.0, ()), [8])[0].fastest == "gpu"
