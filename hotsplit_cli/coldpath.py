@@ -118,6 +118,20 @@ class ModeTimes:
                 "split_cpu_share": self.cpu_share, "fastest": self.fastest}
 
 
+def rates_from_platform(platform, gpu_index: int = 0) -> tuple[ColdRates, str]:
+    """The cost model's rates from platform.json (`platform_file.PlatformInfo`): GPU `gpu_index`'s
+    zero-copy read, the CPU expert rate measured on its NUMA node, and the per-layer sync cost
+    (worker hand-off + activations' round trip). Returns (rates, where they came from)."""
+    gpu = next((g for g in platform.gpus if g.index == gpu_index), None)
+    cpu = platform.cpu_expert_near(gpu.numa_node if gpu else None)
+    sync = ((cpu.handoff_ms or 0.0) if cpu else 0.0) + ((gpu.roundtrip_ms or 0.0) if gpu else 0.0)
+    rates = ColdRates(gpu.zero_copy_read_gbps if gpu else None, cpu.points if cpu else (), sync)
+    parts = [f"zero-copy {rates.zero_copy_gbps:.1f} GB/s" if rates.zero_copy_gbps else "no zero-copy rate",
+             f"CPU {cpu.points[0][1]:.1f} GB/s at 1 token ({cpu.shape})" if cpu and cpu.points
+             else "no CPU expert rate", f"sync {sync:.3f} ms/layer"]
+    return rates, f"{platform.path}: " + ", ".join(parts)
+
+
 def _finite_ms(seconds: float) -> float | None:
     return seconds * 1e3 if np.isfinite(seconds) else None
 

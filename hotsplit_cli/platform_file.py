@@ -1,7 +1,8 @@
 """Read platform.json (`hotsplit.platform/1`, written by `hotsplit probe`) for other commands.
 
 Only the figures planning needs, validated: per GPU free/total memory and the measured
-zero-copy read and host->device copy rates; for CPU-only machines the host copy rate.
+zero-copy read and host->device copy rates; for CPU-only machines the host copy rate; the CPU
+expert rate per NUMA node and the synchronisation costs of a CPU cold path.
 Every number is checked (finite, >= 0, or null) and an error names the file and field.
 """
 
@@ -32,6 +33,17 @@ class GpuInfo:
     h2d_gbps: float | None  # copy-engine pinned host -> device, same node and size
     numa_node: int | None
     link_rate_gbps: float | None  # theoretical PCIe rate the link ran at under load
+    roundtrip_ms: float | None = None  # activations to the host and back (a CPU cold path's per-layer cost)
+
+
+@dataclass(frozen=True)
+class CpuExpertInfo:
+    """The probe's CPU expert rate with one NUMA node's threads (GB/s of expert weights)."""
+
+    node: int | None
+    points: tuple[tuple[float, float], ...]  # (tokens per expert, median GB/s)
+    handoff_ms: float | None  # a task to a worker thread and back
+    shape: str  # the expert it computed, for the report
 
 
 @dataclass(frozen=True)
@@ -43,6 +55,11 @@ class PlatformInfo:
     host_mem_available_bytes: int | None
     numa_nodes: int
     reasons: tuple[str, ...]  # "field: why", for every figure the probe could not measure
+    cpu_expert: tuple[CpuExpertInfo, ...] = ()  # empty when the probe did not measure it
+
+    def cpu_expert_near(self, node: int | None) -> CpuExpertInfo | None:
+        """The CPU expert rate measured on `node` (a GPU's node), else the first one measured."""
+        return next((c for c in self.cpu_expert if c.node == node), self.cpu_expert[0] if self.cpu_expert else None)
 
     def gpu(self, index: int = 0) -> GpuInfo:
         """The GPU with driver index `index`; InputFileError when the file has none."""
@@ -103,6 +120,7 @@ def load_platform(path: str | os.PathLike) -> PlatformInfo:
             h2d_gbps=_number(summary.get("h2d_gbps"), f"{where}.summary.h2d_gbps"),
             numa_node=_number(g.get("numa_node"), f"{where}.numa_node", integer=True),
             link_rate_gbps=_number(g.get("link_rate_gbps"), f"{where}.link_rate_gbps"),
+            roundtrip_ms=_number((g.get("bandwidth") or {}).get("roundtrip_ms"), f"{where}.bandwidth.roundtrip_ms"),
         ))
     if not isinstance(doc["reasons"], list):
         raise InputFileError(f"{path}: reasons: must be a list")
@@ -122,4 +140,32 @@ def load_platform(path: str | os.PathLike) -> PlatformInfo:
                                          integer=True),
         numa_nodes=len(nodes),
         reasons=tuple(reasons),
+        cpu_expert=_cpu_expert(host.get("cpu_expert"), f"{path}: host.cpu_expert"),
     )
+
+
+def _cpu_expert(raw: Any, where: str) -> tuple[CpuExpertInfo, ...]:
+    """host.cpu_expert (absent in files of older probes, null when not measured)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise InputFileError(f"{where}: must be a list or null")
+    out = []
+    for i, entry in enumerate(raw):
+        e = _object(entry, f"{where}[{i}]")
+        cells = e.get("by_tokens")
+        if not isinstance(cells, list):
+            raise InputFileError(f"{where}[{i}].by_tokens: must be a list")
+        points = []
+        for j, cell in enumerate(cells):
+            if not (isinstance(cell, list) and len(cell) == 2 and isinstance(cell[1], dict)):
+                raise InputFileError(f"{where}[{i}].by_tokens[{j}]: must be [tokens, measurement]")
+            tokens = _number(cell[0], f"{where}[{i}].by_tokens[{j}][0]", integer=True)
+            gbps = _number(cell[1].get("median_gbps"), f"{where}[{i}].by_tokens[{j}].median_gbps")
+            if tokens is not None and gbps is not None:
+                points.append((float(tokens), float(gbps)))
+        shape = e.get("shape") if isinstance(e.get("shape"), dict) else {}
+        out.append(CpuExpertInfo(_number(e.get("node"), f"{where}[{i}].node", integer=True), tuple(points),
+                                 _number(e.get("handoff_ms"), f"{where}[{i}].handoff_ms"),
+                                 f"{shape.get('hidden')}x{shape.get('inter')} {shape.get('dtype')}"))
+    return tuple(out)

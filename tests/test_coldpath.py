@@ -15,6 +15,14 @@ from hotsplit_cli.errors import UsageError
 MB = 1e6
 
 
+@pytest.fixture
+def gpu_sources(tmp_path):
+    """The probe's fake two-GPU, two-node machine (tests/test_probe_platform.py)."""
+    from tests import test_probe_platform as fakes
+
+    return fakes.gpu_sources.__wrapped__(tmp_path)
+
+
 def test_equal_rates_halve_the_bytes():
     rates = ColdRates(10.0, ((1, 10.0), (16, 10.0)))
     s = split_cold([MB] * 6, [1] * 6, rates)
@@ -91,3 +99,40 @@ def test_prediction_per_batch_picks_the_fastest_path():
     assert many.split_ms == pytest.approx(many.gpu_ms * 7 / 8, rel=1e-3) and many.fastest == "split"
     assert many.cpu_share == pytest.approx(1 / 8, rel=1e-3)
     assert predict_cold_paths(pi, hot, int(MB), ColdRates(20.0, ()), [8])[0].fastest == "gpu"
+
+
+def test_rates_come_from_the_probes_platform_file(tmp_path, gpu_sources):
+    """platform.json as the probe writes it (fake GPUs and CPU rates) gives the cost model its rates."""
+    from hotsplit_cli.coldpath import rates_from_platform
+    from hotsplit_cli.jsonio import write_json_atomic
+    from hotsplit_cli.platform_file import load_platform
+    from probes.platform import measure_platform, take_inventory
+
+    doc = measure_platform(take_inventory("quick", None, gpu_sources), gpu_sources).to_doc()
+    doc["gpus"][1]["bandwidth"]["roundtrip_ms"] = 0.04
+    doc["host"]["cpu_expert"][1]["handoff_ms"] = 0.01
+    write_json_atomic(tmp_path / "platform.json", doc)
+    plat = load_platform(tmp_path / "platform.json")
+    rates, where = rates_from_platform(plat, gpu_index=1)  # GPU 1 sits on node 1
+    assert rates.zero_copy_gbps == 40.0 and rates.sync_ms == pytest.approx(0.05)
+    assert rates.cpu_points == ((1.0, 10.0), (4.0, 5.0), (16.0, 2.5))
+    assert "zero-copy 40.0 GB/s" in where and "CPU 10.0 GB/s at 1 token" in where
+    # A file from an older probe, without the CPU expert rate: the CPU path is simply unavailable.
+    del doc["host"]["cpu_expert"]
+    write_json_atomic(tmp_path / "old.json", doc)
+    rates, where = rates_from_platform(load_platform(tmp_path / "old.json"))
+    assert rates.cpu_points == () and "no CPU expert rate" in where
+    assert not split_cold([MB] * 4, [1] * 4, rates).to_cpu_N.any()
+
+
+def test_a_malformed_cpu_expert_rate_is_refused_naming_the_field(tmp_path, gpu_sources):
+    from hotsplit_cli.errors import InputFileError
+    from hotsplit_cli.jsonio import write_json_atomic
+    from hotsplit_cli.platform_file import load_platform
+    from probes.platform import measure_platform, take_inventory
+
+    doc = measure_platform(take_inventory("quick", None, gpu_sources), gpu_sources).to_doc()
+    doc["host"]["cpu_expert"][0]["by_tokens"][1][1]["median_gbps"] = -3
+    write_json_atomic(tmp_path / "platform.json", doc)
+    with pytest.raises(InputFileError, match=r"host.cpu_expert\[0\].by_tokens\[1\].median_gbps"):
+        load_platform(tmp_path / "platform.json")
