@@ -303,7 +303,7 @@ def test_histogram_of_another_model_is_refused(small_path, tmp_path, capsys):
     hist = _write_hist(tmp_path / "hist.json", num_experts=32)
     rc, out, err = _run(capsys, small_path, "--hist", hist)
     assert rc == 1 and out == ""
-    assert err.startswith("error: histogram has 32 experts per layer, recipe 'small' has 16")
+    assert err.startswith(f"error: {hist}: 32 experts per layer but recipe 'small' has 16")
 
 
 def test_missing_histogram_file_is_an_error(small_path, tmp_path, capsys):

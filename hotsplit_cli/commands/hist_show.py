@@ -24,10 +24,14 @@ def hist_show_cmd(
     hist = load_hist(file)
     expert_bytes = None
     if recipe is not None:
+        from ..planfile import check_hist_matches_recipe
         from ..recipe import load_recipe
         from ..sizes import expert_bytes_per_rank
 
-        expert_bytes = expert_bytes_per_rank(load_recipe(recipe))
+        rec = load_recipe(recipe)
+        for warning in check_hist_matches_recipe(hist, rec, file):
+            out.warn(warning)
+        expert_bytes = expert_bytes_per_rank(rec)
     report = hist_report(hist, expert_bytes)
     if plot is not None:
         plot_coverage(plot, report)

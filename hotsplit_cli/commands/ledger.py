@@ -107,6 +107,11 @@ def ledger(
         step_ms=step_ms,
     )
     histogram = load_hist(hist) if hist is not None else None
+    if histogram is not None:
+        from ..planfile import check_hist_matches_recipe
+
+        for warning in check_hist_matches_recipe(histogram, rec, hist):
+            out.warn(warning)
     result = build_ledger(
         rec,
         comm,

@@ -76,6 +76,12 @@ def rerank_cmd(
         knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib})
     ref = load_hist(ref_file)
     mine = load_hist(mine_file)
+    if rec is not None:
+        from ..planfile import check_hist_matches_recipe
+
+        for path, hist in ((ref_file, ref), (mine_file, mine)):
+            for warning in check_hist_matches_recipe(hist, rec, path):
+                out.warn(warning)
     result = rerank(ref, mine, tokens, mode)
     h = result.hist
     if rec is not None and knobs.hot_gib is not None:

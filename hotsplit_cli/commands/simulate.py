@@ -133,6 +133,10 @@ def simulate_cmd(
             if hist.num_experts != E or tuple(hist.layers) != tr.layers:
                 raise PlanError(f"{fit}: layers {list(hist.layers)} x {hist.num_experts} experts do not match the "
                                 f"trace ({list(tr.layers)} x {E})", "fit on a histogram of the same model")
+            from ..planfile import check_hist_matches_recipe
+
+            for warning in check_hist_matches_recipe(hist, rec, fit):
+                out.warn(warning)
             fit_counts, static_source = hist.counts_LE, f"fitted on {fit}"
         else:
             fit_counts = counts_SLE[:wsteps].sum(axis=0)
