@@ -143,7 +143,7 @@ def plan_doc(hist: Histogram, hist_path: str | os.PathLike, recipe: Recipe, knob
     doc = {
         "schema": schema_tag("plan"),
         "histogram": {"path": str(hist_path), "sha256": file_sha256(hist_path), "model": hist.model,
-                      "tokens": hist.tokens},
+                      "source": hist.source, "tokens": hist.tokens},
         "recipe": recipe.name,
         "model": recipe.model.name,
         "parallel": {"tp": tp, "ep": ep, "ranks": tp * ep},
@@ -185,6 +185,7 @@ class PlanFile:
     hit_rate: float | None
     expert_bytes: int | None
     budget_bytes: int | None
+    made_from: str | None = None  # the histogram the plan was made from, as a user reads it
 
     def hot_LE(self, layers, num_experts: int, rank: int = 0, model: str = "the model") -> np.ndarray:
         """Boolean hot mask [L, E] of one rank, rows in the order of `layers` (model layer ids)."""
@@ -232,4 +233,12 @@ def load_plan(path: str | os.PathLike) -> PlanFile:
     layers = doc.get("layers")
     layers = tuple(int(x) for x in layers) if isinstance(layers, list) else tuple(sorted(hot_by_rank[0]))
     return PlanFile(Path(path), layers, tuple(hot_by_rank), number("hit_rate", float),
-                    number("expert_bytes", int), number("budget_bytes", int))
+                    number("expert_bytes", int), number("budget_bytes", int), _made_from(doc.get("histogram")))
+
+
+def _made_from(hist: object) -> str | None:
+    """`histogram PATH (its source)` from a plan's `histogram` block; None when it has none."""
+    if not isinstance(hist, dict) or not isinstance(hist.get("path"), str):
+        return None
+    source = hist.get("source")
+    return f"histogram {hist['path']}" + (f" ({source})" if isinstance(source, str) and source else "")
