@@ -50,6 +50,9 @@ def render_hist_report(out: Output, report: HistReport) -> None:
         t.add_row(str(x.layer), f"{x.total:,.0f}", f"{x.mean:,.1f}", f"{x.max:,.0f}", f"{x.max_over_mean:.2f}",
                   pct(x.top10_share), f"{len(x.flagged)}: {flag}" if x.flagged else "0")
     out.print(t)
+    out.print(f"max/mean: the busiest expert's load over the layer's mean; top 10%: share of the layer's "
+              f"routed assignments on its hottest 10% of experts; > {HOT_FLAG_RATIO:g}x mean: how many experts "
+              f"carry more than {HOT_FLAG_RATIO:g}x the layer's mean load, and their ids")
     flagged = sum(len(x.flagged) for x in report.layers)
     if flagged:
         out.print(f"{flagged} experts are above {HOT_FLAG_RATIO:g}x their layer's mean load")

@@ -13,7 +13,7 @@ import typer
 from ..errors import UsageError
 from ..hist import load_hist, save_hist
 from ..options import HotGibOpt, JsonOpt, OutOpt, RecipeOpt
-from ..output import Output, pct
+from ..output import Output, gib, pct
 
 StrengthOpt = Annotated[
     str,
@@ -87,7 +87,7 @@ def rerank_cmd(
     if rec is not None and knobs.hot_gib is not None:
         size = expert_bytes_per_rank(rec)
         budget = int(knobs.hot_gib * GIB)
-        budget_desc = f"{knobs.hot_gib:g} GiB per rank ({rec.name}, expert {size / (1 << 20):.2f} MiB)"
+        budget_desc = f"{gib(budget)} per rank ({rec.name}, expert {gib(size)})"
     else:
         size = 1
         budget = max(1, int(hot_frac * h.num_layers * h.num_experts))
