@@ -56,6 +56,13 @@ class Knobs:
     def to_doc(self) -> dict:
         return {k: getattr(self, k) for k in KNOB_NAMES}
 
+    def origin(self, name: str) -> str:
+        """Where a knob's value came from, as the user wrote it: `--hot-gib`, `HOTSPLIT_HOT_GIB`,
+        `recipe hotsplit.hot_gib` or `default`."""
+        env = next(k.env for k in KNOBS if k.name == name)
+        return {"flag": f"--{name.replace('_', '-')}", "env": env,
+                "recipe": f"recipe hotsplit.{name}"}.get(self.sources[name], "default")
+
 
 def _convert(spec: KnobSpec, raw: Any, where: str) -> Any:
     """Parse a raw value (a string from env/flags, or a YAML scalar) and range-check it."""

@@ -29,10 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputFileError, UsageError
+from .errors import UsageError
 from .hist import Histogram
+from .planfile import check_hist_matches_recipe
 from .recipe import GIB, ParallelSpec, Recipe
-from .sizes import bank_bytes_per_rank, dense_bytes_per_rank, expert_bytes_per_rank
+from .sizes import bank_bytes_per_rank, dense_bytes_per_rank, expert_bytes_per_rank, over_gpu
 
 BYTES_PER_GB = 1e9  # link bandwidths are in GB/s = 1e9 B/s (not GiB)
 MS_PER_S = 1e3
@@ -312,17 +313,9 @@ def build_ledger(
                 f"weights, KV cache and reserve; add ranks or shrink the KV cache",
             )
         )
-    if mem.hot_gib is not None and mem.gpu_mem_gib is not None and mem.hot_source != "auto":
-        need = mem.hot_gib + mem.dense_gib + mem.kv_cache_gib + mem.reserve_gib
-        if need > mem.gpu_mem_gib:
-            flags.append(
-                Flag(
-                    "over_gpu",
-                    f"hot budget {mem.hot_gib:.2f} GiB + dense {mem.dense_gib:.2f} + KV "
-                    f"{mem.kv_cache_gib:.2f} + reserve {mem.reserve_gib:.2f} = {need:.2f} GiB "
-                    f"exceeds GPU memory {mem.gpu_mem_gib:.2f} GiB",
-                )
-            )
+    too_big = over_gpu(recipe, mem.hot_gib, reserve_gib) if mem.hot_source != "auto" else None
+    if too_big:
+        flags.append(Flag("over_gpu", too_big))
     if a2a.comm_share is not None and a2a.comm_share > COMM_SHARE_LIMIT:
         flags.append(
             Flag(
@@ -334,12 +327,7 @@ def build_ledger(
         )
     hot = None
     if hist is not None:
-        if hist.num_experts != recipe.model.num_experts:
-            raise InputFileError(
-                f"histogram has {hist.num_experts} experts per layer, recipe {recipe.name!r} "
-                f"has {recipe.model.num_experts}",
-                "give the histogram of this model",
-            )
+        check_hist_matches_recipe(hist, recipe)
         hot = find_hot_experts(hist.counts_LE, hist.layers)
         for h in hot:
             flags.append(

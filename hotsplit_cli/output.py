@@ -2,7 +2,7 @@
 
 Human output goes to stdout as rich tables on a terminal and plain aligned text when piped;
 `--json` prints exactly one JSON document on stdout and nothing else. Warnings, progress and
-hints always go to stderr.
+hints always go to stderr; under `--json` the warnings also go in the document's `warnings` list.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ class Output:
         self.out = _console(out or sys.stdout)
         self.err = _console(err or sys.stderr)
         self._above_bar: Console | None = None  # while a progress bar is live on a shared terminal
+        self.warnings: list[str] = []  # every warning so far, for the JSON document
 
     @property
     def fancy(self) -> bool:
@@ -55,15 +56,22 @@ class Output:
             (self._above_bar or self.out).print(*things)
 
     def emit(self, doc: Any, render: Callable[[], None] | None = None) -> None:
-        """The command's result: JSON document in JSON mode, else the human rendering."""
+        """The command's result: JSON document in JSON mode, else the human rendering.
+
+        A JSON object gets the warnings given before it, if any, as `warnings` (a list of strings);
+        without warnings the document is exactly what the command made (e.g. the file it wrote)."""
         if self.json_mode:
+            if isinstance(doc, dict) and self.warnings:
+                doc = {**doc, "warnings": list(self.warnings)}
             sys.stdout.write(dumps(doc).decode())
             sys.stdout.flush()
         elif render is not None:
             render()
 
     def warn(self, msg: str) -> None:
-        self.err.print(f"warning: {msg}")
+        """A warning on stderr, kept for the JSON document (give warnings before `emit`)."""
+        self.warnings.append(msg)
+        self.err.print(f"warning: {msg}", markup=False)
 
     def note(self, msg: str) -> None:
         self.err.print(msg)

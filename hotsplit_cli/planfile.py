@@ -33,20 +33,35 @@ class ColdCost:
     cold_ms: float | None  # cold_bytes at the measured zero-copy read rate
 
 
-def check_hist_matches_recipe(hist: Histogram, recipe: Recipe) -> None:
-    m = recipe.model
+def check_hist_matches_recipe(hist: Histogram, recipe: Recipe, where: str | os.PathLike | None = None) -> list[str]:
+    """Refuse a histogram whose shape is not the recipe's model's (experts per layer, MoE layer
+    ids); return warnings for what the shape cannot tell: a histogram that names another model."""
+    m, what = recipe.model, str(where or "histogram")
     if hist.num_experts != m.num_experts:
         raise PlanError(
-            f"histogram has {hist.num_experts} experts per layer but recipe {recipe.name!r} has {m.num_experts}",
+            f"{what}: {hist.num_experts} experts per layer but recipe {recipe.name!r} has {m.num_experts}",
             "use the recipe of the model the histogram was captured on",
         )
     unknown = [x for x in hist.layers if x not in m.moe_layer_ids]
     if unknown:
         raise PlanError(
-            f"histogram layer {unknown[0]} is not a MoE layer of recipe {recipe.name!r} "
+            f"{what}: layer {unknown[0]} is not a MoE layer of recipe {recipe.name!r} "
             f"(MoE layers {m.moe_layer_ids[0]}..{m.moe_layer_ids[-1]})",
             "check the recipe, or re-import the histogram with --recipe",
         )
+    if _same_model(hist.model, recipe):
+        return []
+    return [f"{what}: a histogram of model {hist.model!r}, but recipe {recipe.name!r} is {m.name!r} "
+            "(same shape: used as given; is it the right histogram?)"]
+
+
+def _same_model(hist_model: str, recipe: Recipe) -> bool:
+    """Names match by their last path part, ignoring case (a checkpoint folder `DeepSeek-V3` is
+    `deepseek-ai/DeepSeek-V3`); a histogram imported without a recipe names no model."""
+    def key(name: str) -> str:
+        return name.strip().rstrip("/").rsplit("/", 1)[-1].lower()
+
+    return key(hist_model) in ("", "unknown", key(recipe.model.name), key(recipe.name))
 
 
 def plan_for_recipe(hist: Histogram, recipe: Recipe, budget_bytes: int) -> Plan:
@@ -134,7 +149,7 @@ def plan_doc(hist: Histogram, hist_path: str | os.PathLike, recipe: Recipe, knob
     doc = {
         "schema": schema_tag("plan"),
         "histogram": {"path": str(hist_path), "sha256": file_sha256(hist_path), "model": hist.model,
-                      "tokens": hist.tokens},
+                      "source": hist.source, "tokens": hist.tokens},
         "recipe": recipe.name,
         "model": recipe.model.name,
         "parallel": {"tp": tp, "ep": ep, "ranks": tp * ep},
@@ -176,6 +191,7 @@ class PlanFile:
     hit_rate: float | None
     expert_bytes: int | None
     budget_bytes: int | None
+    made_from: str | None = None  # the histogram the plan was made from, as a user reads it
 
     def hot_LE(self, layers, num_experts: int, rank: int = 0, model: str = "the model") -> np.ndarray:
         """Boolean hot mask [L, E] of one rank, rows in the order of `layers` (model layer ids)."""
@@ -223,4 +239,12 @@ def load_plan(path: str | os.PathLike) -> PlanFile:
     layers = doc.get("layers")
     layers = tuple(int(x) for x in layers) if isinstance(layers, list) else tuple(sorted(hot_by_rank[0]))
     return PlanFile(Path(path), layers, tuple(hot_by_rank), number("hit_rate", float),
-                    number("expert_bytes", int), number("budget_bytes", int))
+                    number("expert_bytes", int), number("budget_bytes", int), _made_from(doc.get("histogram")))
+
+
+def _made_from(hist: object) -> str | None:
+    """`histogram PATH (its source)` from a plan's `histogram` block; None when it has none."""
+    if not isinstance(hist, dict) or not isinstance(hist.get("path"), str):
+        return None
+    source = hist.get("source")
+    return f"histogram {hist['path']}" + (f" ({source})" if isinstance(source, str) and source else "")

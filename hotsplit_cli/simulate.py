@@ -31,8 +31,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import PlanError
+from .errors import PlanError, UsageError
+from .knobs import Knobs
+from .planfile import PlanFile
 from .planner import plan_hot_set, propose_swaps
+from .recipe import GIB, Recipe
+from .sizes import derive_hot_budget
 
 POLICIES = ("static", "dynamic", "lru", "lfu", "oracle")
 LAYER_SPLIT = {
@@ -59,6 +63,7 @@ class PolicyRun:
     hits_S: np.ndarray  # routed assignments served by hot experts
     cold_experts_S: np.ndarray  # distinct cold experts read in place (zero-copy)
     copied_experts_S: np.ndarray  # experts copied host->GPU (swaps, fills, switches)
+    hot_slots: int  # the most experts it holds hot at once (<= the budget's slots)
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class PolicySummary:
     zero_copy_bytes_per_step: float
     copy_bytes_per_step: float
     copies: int  # experts copied in the whole trace
+    hot_slots: int
     layer_split: str
     step_ms: float | None  # predicted PCIe time per step, when the platform's rates are known
 
@@ -80,6 +86,7 @@ class PolicySummary:
             "zero_copy_bytes_per_step": self.zero_copy_bytes_per_step,
             "copy_bytes_per_step": self.copy_bytes_per_step,
             "copies": self.copies,
+            "hot_slots": self.hot_slots,
             "window_hit_rate": [float(x) for x in self.window_hit_rate_W],
             "layer_split": self.layer_split,
             "step_ms": self.step_ms,
@@ -95,7 +102,7 @@ def _static_stats(counts_SLE: np.ndarray, hot_LE: np.ndarray) -> tuple[np.ndarra
 def run_static(counts_SLE: np.ndarray, hot_LE: np.ndarray, advance: Advance = _ignore) -> PolicyRun:
     hits, cold = _static_stats(counts_SLE, hot_LE)
     advance(len(hits))
-    return PolicyRun("static", hits, cold, np.zeros(len(hits), dtype=np.int64))
+    return PolicyRun("static", hits, cold, np.zeros(len(hits), dtype=np.int64), int(hot_LE.sum()))
 
 
 def run_dynamic(counts_SLE: np.ndarray, hot_LE: np.ndarray, dyn_steps: int, max_swaps: int,
@@ -118,7 +125,7 @@ def run_dynamic(counts_SLE: np.ndarray, hot_LE: np.ndarray, dyn_steps: int, max_
             hot[s.layer, s.out_expert] = False
             hot[s.layer, s.in_expert] = True
         copied[end] = len(swaps)  # copies land before the next step runs
-    return PolicyRun("dynamic", hits, cold, copied)
+    return PolicyRun("dynamic", hits, cold, copied, int(hot_LE.sum()))
 
 
 def equal_split(num_slots: int, num_layers: int, num_experts: int) -> np.ndarray:
@@ -163,7 +170,7 @@ def run_cache(counts_SLE: np.ndarray, cap_L: np.ndarray, kind: str, advance: Adv
         cold[s] = (missed & ~filled).sum()  # misses that did not enter were read in place
         in_cache = new_cache
         advance(1)
-    return PolicyRun(kind, hits, cold, copied)
+    return PolicyRun(kind, hits, cold, copied, int(cap_L.sum()))
 
 
 def window_bounds(num_steps: int, window_steps: int) -> list[tuple[int, int]]:
@@ -178,6 +185,7 @@ def run_oracle(counts_SLE: np.ndarray, expert_bytes, budget_bytes: int, window_s
     cold = np.zeros(S, dtype=np.int64)
     copied = np.zeros(S, dtype=np.int64)
     prev = None
+    slots = 0
     for a, b in window_bounds(S, window_steps):
         chunk = counts_SLE[a:b]
         total = chunk.sum(axis=0)
@@ -188,7 +196,8 @@ def run_oracle(counts_SLE: np.ndarray, expert_bytes, budget_bytes: int, window_s
             copied[a] = (hot & ~prev).sum()
         prev = hot
         advance(b - a)
-    return PolicyRun("oracle", hits, cold, copied)
+        slots = max(slots, int(hot.sum()))
+    return PolicyRun("oracle", hits, cold, copied, slots)
 
 
 def summarise(run: PolicyRun, assignments_S: np.ndarray, expert_bytes: int, window_steps: int,
@@ -216,9 +225,42 @@ def summarise(run: PolicyRun, assignments_S: np.ndarray, expert_bytes: int, wind
         zero_copy_bytes_per_step=zc,
         copy_bytes_per_step=cp,
         copies=int(run.copied_experts_S.sum()),
+        hot_slots=run.hot_slots,
         layer_split=LAYER_SPLIT[run.name],
         step_ms=step_ms,
     )
+
+
+@dataclass(frozen=True)
+class SimBudget:
+    """The per-rank byte budget every policy gets, and where it came from."""
+
+    budget_bytes: int
+    source: str  # flag | env | recipe | auto | plan
+    origin: str  # as the user wrote it: --hot-gib, HOTSPLIT_HOT_GIB, ..., auto, plan PATH
+
+    @property
+    def hot_gib(self) -> float:
+        return self.budget_bytes / GIB
+
+
+def choose_budget(recipe: Recipe, knobs: Knobs, plan: PlanFile | None = None) -> SimBudget:
+    """The budget of a simulation: with a plan, the plan's own, so that every policy is compared
+    at the budget its hot set was made for (a --hot-gib that says otherwise is refused); else
+    --hot-gib > env > recipe > auto. A plan that records no budget takes --hot-gib."""
+    flag = knobs.sources["hot_gib"] == "flag"
+    if plan is None or (plan.budget_bytes is None and flag):
+        if knobs.hot_gib is not None:
+            return SimBudget(int(knobs.hot_gib * GIB), knobs.sources["hot_gib"], knobs.origin("hot_gib"))
+        return SimBudget(int(derive_hot_budget(recipe, knobs.vram_reserve_gib).hot_gib * GIB), "auto", "auto")
+    budget = plan.budget_bytes
+    if budget is None:
+        raise UsageError(f"{plan.path}: records no `budget_bytes`",
+                         "pass --hot-gib, or re-create the plan with `hotsplit plan`")
+    if flag and int(knobs.hot_gib * GIB) != budget:
+        raise UsageError(f"--hot-gib {knobs.hot_gib:g} disagrees with the budget of {plan.path} "
+                         f"({budget / GIB:g} GiB)", "drop --hot-gib: with --plan every policy gets the plan's budget")
+    return SimBudget(budget, "plan", f"plan {plan.path}")
 
 
 @dataclass(frozen=True)

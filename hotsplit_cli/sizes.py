@@ -89,6 +89,21 @@ def bank_bytes_per_rank(recipe: Recipe) -> int:
     return expert_bytes_per_rank(recipe) * m.num_experts // recipe.parallel.ep * m.num_moe_layers
 
 
+def over_gpu(recipe: Recipe, hot_gib: float, reserve_gib: float, gpu_mem_gib: float | None = None,
+             gpu_mem_source: str = "recipe hardware.gpu_mem_gib") -> str | None:
+    """Why a given hot budget cannot fit next to what must stay on the GPU (dense weights, KV
+    cache, reserve), or None when it fits or the GPU's memory is unknown."""
+    mem = gpu_mem_gib if gpu_mem_gib is not None else recipe.hardware.gpu_mem_gib
+    if mem is None:
+        return None
+    dense, kv = dense_bytes_per_rank(recipe) / GIB, recipe.hardware.kv_cache_gib
+    need = hot_gib + dense + kv + reserve_gib
+    if need <= mem:
+        return None
+    return (f"hot budget {hot_gib:.2f} GiB + dense {dense:.2f} + KV {kv:.2f} + reserve {reserve_gib:.2f} "
+            f"= {need:.2f} GiB exceeds GPU memory {mem:.2f} GiB ({gpu_mem_source})")
+
+
 def derive_hot_budget(recipe: Recipe, reserve_gib: float, gpu_mem_gib: float | None = None,
                       gpu_mem_source: str = "recipe") -> BudgetDerivation:
     """Auto budget: GPU memory - dense weights - KV cache - reserve; never more than the bank."""

@@ -21,7 +21,7 @@ from hotsplit_cli.planfile import load_plan
 from hotsplit_cli.planner import plan_hot_set
 from hotsplit_cli.recipe import GIB, Recipe
 from hotsplit_cli.sizes import derive_hot_budget, expert_bytes_per_rank
-from hotsplit_cli.trace import load_trace
+from hotsplit_cli.trace import Trace, load_trace
 from hotsplit_cli.traffic import SyntheticTraffic, inclusion_probs, zipf_shares
 
 from .device import DeviceInfo, choose_device
@@ -45,6 +45,7 @@ class PlanChoice:
     source: str  # "planned from <traffic>" | "<plan.json path>"
     budget_bytes: int | None
     hot_bytes: int  # real bytes
+    made_from: str  # the routing the hot set was chosen on: this run's traffic, or a plan's histogram
 
 
 @dataclass
@@ -60,12 +61,14 @@ class Prepared:
     scale: float
     notes: list[str] = field(default_factory=list)
     expert_format: str = ""  # how the routed experts are stored, e.g. "fp8 e4m3, 128x128 block scales"
+    trace_steps: int | None = None  # steps in the replayed trace (None: no trace)
 
     def to_doc(self) -> dict:
         g = self.geom
         return {
             "device": self.info.to_doc(), "kernel": self.engine.model.compute.name,
-            "cuda_graph": bool(self.engine.use_graph), "traffic": self.traffic, "scale": self.scale,
+            "cuda_graph": bool(self.engine.use_graph), "traffic": self.traffic, "trace_steps": self.trace_steps,
+            "scale": self.scale,
             "allocated": {"hidden": g.hidden, "inter": g.inter, "experts": g.num_experts, "top_k": g.top_k,
                           "dtype": str(self.engine.model.banks[0].compute_dtype).replace("torch.", ""),
                           "expert_format": self.expert_format,
@@ -73,17 +76,20 @@ class Prepared:
                           "cold_bank_reserved_bytes": self.allocator.reserved_bytes,
                           "cold_bank_method": self.allocator.method, "cold_bank_fallback": self.allocator.fallback},
             "numa": self.allocator.placement.to_doc(),
-            "plan": {"source": self.plan.source, "expected_hit_rate": self.plan.expected_hit_rate,
+            "plan": {"source": self.plan.source, "made_from": self.plan.made_from,
+                     "expected_hit_rate": self.plan.expected_hit_rate,
                      "budget_bytes": self.plan.budget_bytes, "hot_bytes": self.plan.hot_bytes,
                      "hot_experts": int(self.plan.hot_LE.sum()), "expert_bytes": self.expert_bytes},
         }
 
 
-def read_plan_file(path: str | Path, recipe: Recipe) -> tuple[np.ndarray, float | None]:
-    """Rank 0's hot set [L, E] and expected hit rate from a `hotsplit.plan/1` file."""
+def read_plan_file(path: str | Path, recipe: Recipe, expert_bytes: int) -> PlanChoice:
+    """Rank 0's hot set [L, E], expected hit rate and origin from a `hotsplit.plan/1` file."""
     m = recipe.model
     plan = load_plan(path)
-    return plan.hot_LE(m.moe_layer_ids, m.num_experts, model=recipe.name), plan.hit_rate
+    hot_LE = plan.hot_LE(m.moe_layer_ids, m.num_experts, model=recipe.name)
+    return PlanChoice(hot_LE, plan.hit_rate, str(path), None, int(hot_LE.sum()) * expert_bytes,
+                      plan.made_from or f"{path} (it records no histogram)")
 
 
 def _budget_bytes(recipe: Recipe, knobs: Knobs) -> int:
@@ -124,7 +130,7 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     info = choose_device(recipe.run.device)
     dtype = dtype or (torch.bfloat16 if info.is_cuda else torch.float32)
     notes: list[str] = []
-    n_steps = steps or recipe.run.steps
+    n_steps, trace_steps = steps or recipe.run.steps, None
     # fp8 experts are quantised as the fp8 releases are (e4m3, 128x128 block scales). Where the
     # Triton kernels run they stay fp8 in the banks (dequantised per tile as they are read); the
     # CPU torch path would dequantise every expert at every use, so there the banks hold the
@@ -152,11 +158,13 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
         if len(trace.layers) != L:
             raise InputFileError(f"{trace_file}: the trace has {len(trace.layers)} MoE layers, "
                                  f"{recipe.name} has {L}", "capture the trace with the same recipe")
-        source, counts_LE, traffic = trace_source(trace), trace.counts_LE(E), f"trace {trace_file}"
-        if n_steps > trace.num_steps:
-            if steps is not None:
-                notes.append(f"the trace has {trace.num_steps} steps; running {trace.num_steps}, not {n_steps}")
-            n_steps = trace.num_steps
+        if steps is not None and steps > trace.num_steps:
+            raise UsageError(f"--steps {steps}: the trace {trace_file} has {trace.num_steps} steps",
+                             f"pass --steps {trace.num_steps} or less, or drop --steps to replay the whole trace")
+        n_steps, trace_steps = steps or trace.num_steps, trace.num_steps  # the whole trace unless --steps
+        # The plan is made from the steps that are replayed.
+        source, counts_LE = trace_source(trace), Trace(trace.topk_ids_SLTK[:n_steps], trace.layers).counts_LE(E)
+        traffic = f"trace {trace_file} ({n_steps} of {trace_steps} trace steps)"
     elif t.kind in ("synthetic", "histogram"):
         if t.kind == "histogram":
             hist = load_hist(t.path)
@@ -179,18 +187,19 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
 
     expert_bytes = expert_bytes_per_rank(recipe)
     if plan_path is not None:
-        hot_LE, expected = read_plan_file(plan_path, recipe)
-        plan = PlanChoice(hot_LE, expected, str(plan_path), None, int(hot_LE.sum()) * expert_bytes)
+        plan = read_plan_file(plan_path, recipe, expert_bytes)
     else:
         budget = _budget_bytes(recipe, knobs)
         p = plan_hot_set(counts_LE, expert_bytes, budget)
-        plan = PlanChoice(p.hot_RLE[0], p.hit_rate, f"planned from {traffic}", budget, int(p.hot_bytes_R[0]))
+        plan = PlanChoice(p.hot_RLE[0], p.hit_rate, f"planned from {traffic}", budget, int(p.hot_bytes_R[0]),
+                          traffic)
     _check_memory(geom, L, torch.float8_e4m3fn if fp8_banks else dtype, info, int(plan.hot_LE.sum()))
     placement = plan_placement(knobs.numa_policy, info.numa_node, info.reasons.get("numa_node"))
     allocator = PinnedAllocator(pin=info.pinned, placement=placement)
     model = HotColdMoE(layers, geom, plan.hot_LE, info, allocator, choose_compute(info))
     engine = Engine(model, source, knobs, expert_bytes, seed=recipe.run.seed, expected_hit_rate=plan.expected_hit_rate)
-    return Prepared(engine, n_steps, info, geom, plan, allocator, expert_bytes, traffic, scale, notes, expert_format)
+    return Prepared(engine, n_steps, info, geom, plan, allocator, expert_bytes, traffic, scale, notes, expert_format,
+                    trace_steps)
 
 
 def _calibrate(layers, geom: MoEGeometry, batch: int, seed: int) -> np.ndarray:

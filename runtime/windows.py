@@ -22,6 +22,7 @@ from hotsplit_cli.planner import Swap, propose_swaps
 from .log import HitRateRecord
 
 MAX_PLANNER_FAILURES = 3
+EXPECTED_GAP_LIMIT = 0.10  # an achieved hit rate further than this from the plan's expectation is flagged
 
 Propose = Callable[[np.ndarray, np.ndarray, int, float], list[Swap]]
 
@@ -43,10 +44,34 @@ class RunSummary:
     interrupted: bool
     records: list[HitRateRecord] = field(default_factory=list)
 
+    @property
+    def expected_gap(self) -> float | None:
+        """Achieved minus expected hit rate (a fraction); None when the plan expected nothing."""
+        return None if self.expected_hit_rate is None else self.hit_rate - self.expected_hit_rate
+
     def to_doc(self) -> dict:
         doc = asdict(self)
         doc.pop("records")
-        return doc
+        return {**doc, "expected_gap": self.expected_gap}
+
+
+def gap_flagged(summary: RunSummary) -> bool:
+    """The achieved hit rate is more than EXPECTED_GAP_LIMIT from the plan's expectation."""
+    gap = summary.expected_gap
+    return gap is not None and round(abs(gap), 9) > EXPECTED_GAP_LIMIT  # 0.7 - 0.8 is not over 0.1
+
+
+def expectation_warning(summary: RunSummary, made_from: str, traffic: str) -> str | None:
+    """Why a hit rate more than EXPECTED_GAP_LIMIT from the plan's expectation may differ: the
+    routing the plan was made from next to the routing this run saw. None when within the limit."""
+    if not gap_flagged(summary):
+        return None
+    gap = summary.expected_gap
+    side = "below" if gap < 0 else "above"
+    why = (f"the plan was made before the run from its own traffic ({traffic})" if made_from == traffic
+           else f"the plan was made from {made_from}; this run's traffic: {traffic}")
+    return (f"hit rate {100 * summary.hit_rate:.1f}% is {100 * abs(gap):.1f} points {side} the "
+            f"{100 * summary.expected_hit_rate:.1f}% the plan expected: {why}")
 
 
 def moves_by_layer(swaps: list[Swap]) -> dict[int, list[tuple[int, int]]]:

@@ -32,6 +32,9 @@ def test_cli_text_json_and_plot(cli, tmp_path):
     save_hist(path, _hist())
     r = cli("hist", "show", path)
     assert r.code == 0 and "> 2x mean" in r.out and "1: 0" in r.out
+    legend = next(x for x in r.out.splitlines() if x.startswith("max/mean:"))
+    assert "> 2x mean: how many experts carry more than 2x the layer's mean load, and their ids" in legend
+    assert "top 10%: share of the layer's routed assignments on its hottest 10% of experts" in legend
     doc = json.loads(cli("hist", "show", path, "--json").out)
     assert doc["layers"][0]["flagged_experts"] == [0] and doc["cover_gib"] is None
     pytest.importorskip("matplotlib")

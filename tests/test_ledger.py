@@ -303,7 +303,7 @@ def test_histogram_of_another_model_is_refused(small_path, tmp_path, capsys):
     hist = _write_hist(tmp_path / "hist.json", num_experts=32)
     rc, out, err = _run(capsys, small_path, "--hist", hist)
     assert rc == 1 and out == ""
-    assert err.startswith("error: histogram has 32 experts per layer, recipe 'small' has 16")
+    assert err.startswith(f"error: {hist}: 32 experts per layer but recipe 'small' has 16")
 
 
 def test_missing_histogram_file_is_an_error(small_path, tmp_path, capsys):
@@ -336,4 +336,22 @@ def test_deepseek_v3_host_memory_for_the_cold_banks(capsys):
     assert m.host_bytes_all_ranks == 8 * 14848 * 5_506_368
     assert main(["ledger", "deepseek-v3"]) == 0
     out = capsys.readouterr().out
-    assert "Host memory" in out and "all 8 ranks (one host)" in out and "609.15 GiB" in out
+    assert "Host memory" in out and "all 8 ranks (tp 8 x ep 1), summed over their hosts" in out
+    assert "609.15 GiB" in out
+
+
+def test_ep_flag_rank_count_and_host_memory_wording(capsys):
+    rc, out, err = _run(capsys, "deepseek-v3", "--ep", "8")
+    assert rc == 0 and err == ""
+    # --ep keeps the recipe's tp 8: 64 ranks, which no single host holds
+    assert "tp 8 x ep 8 = 64 ranks" in out.splitlines()[0]
+    assert "one host" not in out
+    row = next(x for x in out.splitlines() if x.startswith("all 64 ranks"))
+    assert row.split() == ["all", "64", "ranks", "(tp", "8", "x", "ep", "8),", "summed", "over", "their", "hosts",
+                           "609.15", "GiB"]
+
+
+def test_hot_budget_row_shows_a_small_budget_in_its_unit(small_path, capsys):
+    rc, out, _ = _run(capsys, small_path, "--hot-gib", "0.001")
+    assert rc == 0
+    assert next(x for x in out.splitlines() if x.startswith("hot budget (flag)")).split()[-2:] == ["1.02", "MiB"]

@@ -270,3 +270,59 @@ def test_plan_without_platform_predicts_at_the_recipes_stated_rate(cli, tiny_his
         assert c["cold_read_ms"] == pytest.approx(c["cold_bytes"] / 25e9 * 1e3)
     r = cli("plan", tiny_hist, "--recipe", recipe)
     assert r.code == 0 and "at 25.0 GB/s (recipe hardware.pcie_gbps, not measured)" in r.out
+
+
+# ---- budgets larger than the GPU: a warning, and the plan still made ----
+
+
+@pytest.fixture
+def v3_hist(tmp_path):
+    """A histogram of DeepSeek-V3's shape (58 MoE layers 3..60 x 256 experts)."""
+    counts = np.random.default_rng(0).integers(1, 100, size=(58, 256)).astype(np.float64)
+    path = tmp_path / "v3.json"
+    save_hist(path, make_hist(counts, layers=range(3, 61), top_k=8, model="deepseek-ai/DeepSeek-V3"))
+    return path
+
+
+def test_budget_over_the_gpu_from_env_is_a_warning_not_a_refusal(cli, v3_hist, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOTSPLIT_HOT_GIB", "100")  # the recipe's H100 has 79.6 GiB
+    out = tmp_path / "plan.json"
+    r = cli("plan", v3_hist, "--recipe", "deepseek-v3", "--json", "-o", out)
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    want = ("hot budget 100.00 GiB + dense 2.22 + KV 8.00 + reserve 2.00 = 112.22 GiB exceeds GPU memory 79.60 GiB "
+            "(recipe hardware.gpu_mem_gib); planned anyway (for a larger GPU?)")
+    assert doc["warnings"] == [want] and r.err.splitlines() == [f"warning: {want}", f"wrote {out}"]
+    assert doc["hot_gib"] == 100 and doc["budget_source"] == "HOTSPLIT_HOT_GIB" and out.exists()
+    assert "warnings" not in json.loads(out.read_text())  # the plan file holds the plan only
+
+
+def test_budget_over_the_gpu_from_the_flag_warns_in_human_mode(cli, tiny_hist):
+    r = cli("plan", tiny_hist, "--recipe", "tiny", "--hot-gib", "1e9")  # tiny's GPU: 0.5 GiB
+    assert r.code == 0, r.err
+    assert r.err.startswith("warning: hot budget 1000000000.00 GiB + dense") and "exceeds GPU memory 0.50 GiB" in r.err
+    assert "hit rate 100.00%" in r.out
+
+
+def test_budget_within_the_gpu_or_auto_gives_no_warning(cli, tiny_hist, v3_hist):
+    assert cli("plan", tiny_hist, "--recipe", "tiny", "--hot-gib", "0.01").err == ""
+    assert cli("plan", v3_hist, "--recipe", "deepseek-v3").err == ""  # auto never exceeds the GPU
+
+
+def test_budget_over_the_gpu_counts_the_probed_free_memory(cli, tiny_hist, tmp_path):
+    platform = tmp_path / "platform.json"
+    platform.write_text(json.dumps({"schema": "hotsplit.platform/1", "created": "2026-01-01T00:00:00Z",
+                                    "host": {"numa_nodes": []}, "gpus": [{"index": 0, "mem_free_bytes": 1 << 28}],
+                                    "reasons": []}))
+    r = cli("plan", tiny_hist, "--recipe", "tiny", "--hot-gib", "0.3", "--platform", platform, "--json")
+    assert r.code == 0, r.err
+    (warning,) = json.loads(r.out)["warnings"]
+    assert f"exceeds GPU memory 0.25 GiB ({platform}: smallest free GPU memory)" in warning
+
+
+def test_small_budget_is_shown_in_the_unit_that_shows_it(cli, tiny_hist):
+    r = cli("plan", tiny_hist, "--recipe", "tiny", "--hot-gib", "0.001")
+    assert r.code == 0, r.err
+    assert "hot budget 1.02 MiB per rank (from --hot-gib)" in r.out.splitlines()
+    rank_row = next(x for x in r.out.splitlines() if x.startswith("0 "))
+    assert rank_row.split()[-3:-1] == ["1.02", "MiB"]  # the budget column, same unit and digits

@@ -255,6 +255,11 @@ def test_cli_renders_gpu_tables_and_budget(cli, fake_machine, tmp_path):
                  "hot budget", "downtrained", "NUMA nodes (from numastat)"):
         assert text in r.out, text
     assert "40.0*" in r.out  # local node marked in the GPU x node matrix
+    # the host's "available" next to a smaller node "free" is explained right under the NUMA table
+    lines = r.out.splitlines()
+    legend = lines.index(next(x for x in lines if x.startswith("node free:")))
+    assert "MemFree" in lines[legend] and "reclaim (MemAvailable)" in lines[legend]
+    assert lines[legend - 1].split()[0] == "1"  # the last NUMA node row (the fake has nodes 0 and 1)
     assert f"wrote {out}" in r.err
     doc = json.loads(out.read_text())
     b = doc["gpus"][0]["hot_budget"]

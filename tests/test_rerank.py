@@ -182,7 +182,8 @@ def test_cli_rerank_human_and_recipe_budget(pair, tmp_path, capsys):
     assert main(["rerank", str(ref), str(mine), "--strength", "auto-layer", "--recipe", str(recipe),
                  "--hot-gib", "0.001"]) == 0
     captured = capsys.readouterr()
-    assert "spearman" in captured.out and "GiB per rank" in captured.out
+    # The budget in the unit that shows it (0.001 GiB), as everywhere: not "0.00 GiB".
+    assert "spearman" in captured.out and "at 1.02 MiB per rank (toy, expert 12.00 KiB)" in captured.out
     assert "per layer" in captured.out
 
 

@@ -172,3 +172,113 @@ def test_run_executes_a_plan_made_by_hotsplit_plan(capsys, tmp_path, monkeypatch
     written = json.loads(plan.read_text())
     assert doc["plan"]["hot_experts"] == written["ranks"][0]["hot_experts"]
     assert doc["summary"]["expected_hit_rate"] == written["hit_rate"]
+
+
+# ---- --trace: the whole trace unless --steps says otherwise ----
+
+
+@pytest.fixture
+def short_recipe(tmp_path):
+    """tiny with run.steps 8, so that a 24-step trace is longer than the recipe's run."""
+    import yaml
+
+    doc = yaml.safe_load((Path(__file__).resolve().parent.parent / "recipes" / "tiny.yaml").read_text())
+    doc["run"].update(steps=8, scale=0.25)
+    path = tmp_path / "short.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture
+def trace24(tmp_path):
+    m = load_recipe("tiny").model
+    trace = synthetic_trace(zipf_shares(m.num_moe_layers, m.num_experts, 1.2, 3), m.moe_layer_ids, 24, 8, m.top_k,
+                            seed=5)
+    return save_trace(tmp_path / "trace24.npz", trace)
+
+
+def test_trace_is_replayed_whole_without_steps(capsys, short_recipe, trace24, monkeypatch):
+    monkeypatch.setenv("HOTSPLIT_DYNAMIC", "0")
+    assert main(["run", str(short_recipe), "--trace", str(trace24), "--json"]) == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["summary"]["steps"] == 24 and doc["trace_steps"] == 24
+    assert doc["traffic"] == f"trace {trace24} (24 of 24 trace steps)"
+    assert "24 steps on cpu" in err and "(24 of 24 trace steps)" in err  # the header
+    assert "warnings" not in doc  # a static plan made from the replayed steps hits exactly its expectation
+
+
+def test_steps_within_the_trace_say_how_much_is_replayed(capsys, short_recipe, trace24):
+    assert main(["run", str(short_recipe), "--trace", str(trace24), "--steps", "10", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["steps"] == 10 and doc["traffic"].endswith("(10 of 24 trace steps)")
+    assert doc["plan"]["source"] == f"planned from trace {trace24} (10 of 24 trace steps)"
+
+
+def test_steps_beyond_the_trace_are_refused_before_anything_is_written(capsys, short_recipe, trace24, tmp_path):
+    log = tmp_path / "log.jsonl"
+    code = main(["run", str(short_recipe), "--trace", str(trace24), "--steps", "25", "--log-jsonl", str(log)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and not log.exists()
+    assert err == (f"error: --steps 25: the trace {trace24} has 24 steps; pass --steps 24 or less, or drop "
+                   "--steps to replay the whole trace\n")
+
+
+# ---- a plan made from other traffic than the run's ----
+
+
+@pytest.fixture
+def mismatched_plan(capsys, tmp_path):
+    """A plan from a histogram that ranks tiny's synthetic traffic upside down (its coldest experts hot)."""
+    from hotsplit_cli.hist import save_hist
+    from tests.conftest import make_hist
+
+    m, t = load_recipe("tiny").model, load_recipe("tiny").traffic
+    shares = zipf_shares(m.num_moe_layers, m.num_experts, t.skew, t.seed)  # what `run tiny` routes
+    hist = tmp_path / "upside-down.json"
+    save_hist(hist, make_hist(1e4 / shares, layers=m.moe_layer_ids, top_k=m.top_k, model="tiny"))
+    plan = tmp_path / "plan.json"
+    assert main(["plan", str(hist), "--recipe", "tiny", "-o", str(plan)]) == 0
+    capsys.readouterr()
+    return hist, plan
+
+
+def test_gap_to_the_plans_expectation_is_flagged_with_both_sources(capsys, mismatched_plan, monkeypatch):
+    hist, plan = mismatched_plan
+    monkeypatch.setenv("HOTSPLIT_DYNAMIC", "0")
+    code, out, err = run(capsys, *FAST, "--plan", str(plan), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    made_from = f"histogram {hist} (generated in tests)"
+    assert doc["plan"]["made_from"] == made_from
+    s = doc["summary"]
+    assert s["expected_gap"] == pytest.approx(s["hit_rate"] - s["expected_hit_rate"]) and s["expected_gap"] < -0.10
+    (warning,) = doc["warnings"]
+    assert warning.startswith(f"hit rate {100 * s['hit_rate']:.1f}% is {-100 * s['expected_gap']:.1f} points below "
+                              f"the {100 * s['expected_hit_rate']:.1f}% the plan expected")
+    assert warning.endswith(f"the plan was made from {made_from}; this run's traffic: synthetic skew 1.1, "
+                            "hotspot moves every 150 steps")
+    assert f"warning: {warning}" in err
+
+    code, out, err = run(capsys, *FAST, "--plan", str(plan))
+    assert code == 0 and f"warning: {warning}" in err
+    lines = out.splitlines()
+    assert "points lower: see below)" in next(x for x in lines if x.startswith("hit rate expected by the plan"))
+    assert f"plan made from: {made_from}" in lines
+    assert "this run's traffic: synthetic skew 1.1, hotspot moves every 150 steps" in lines
+
+
+def test_expectation_warning_threshold():
+    from runtime.windows import RunSummary, expectation_warning
+
+    def summary(hit, expected):
+        return RunSummary(10, 80, 1.0, 80.0, hit, None, expected, 0, 0, 0.0, 0.0, [], False)
+
+    assert expectation_warning(summary(0.50, None), "a", "b") is None
+    assert expectation_warning(summary(0.70, 0.80), "a", "b") is None  # 10.0 points: not over 10
+    assert expectation_warning(summary(0.69, 0.80), "hist h.json", "trace t").endswith(
+        "11.0 points below the 80.0% the plan expected: the plan was made from hist h.json; this run's traffic: "
+        "trace t")
+    assert "points above" in expectation_warning(summary(0.95, 0.80), "a", "b")
+    assert expectation_warning(summary(0.5, 0.8), "t", "t").endswith(
+        "the plan was made before the run from its own traffic (t)")

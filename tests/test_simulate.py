@@ -159,3 +159,70 @@ def test_cli_simulate_errors_write_nothing(cli, drift_trace, tmp_path, extra, co
 def test_cli_simulate_missing_trace(cli, tmp_path):
     r = cli("simulate", "--trace", tmp_path / "none.npz", "--recipe", "tiny")
     assert r.code == 1 and "no such file" in r.err
+
+
+# ---- --plan: every policy at the plan's budget ----
+
+
+@pytest.fixture
+def small_plan(cli, tiny_hist, tmp_path):
+    """A plan at 0.005 GiB (27 experts): half the tiny recipe's own hot_gib of 0.01."""
+    path = tmp_path / "plan.json"
+    assert cli("plan", tiny_hist, "--recipe", "tiny", "--hot-gib", "0.005", "-o", path).code == 0
+    return path
+
+
+def test_cli_simulate_plan_gives_every_policy_the_plans_budget(cli, drift_trace, small_plan):
+    plan = json.loads(small_plan.read_text())
+    slots = plan["ranks"][0]["hot_experts"]
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--plan", small_plan, "--json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    budget = doc["budget"]
+    assert budget["budget_bytes"] == plan["budget_bytes"] and budget["source"] == "plan"
+    assert budget["hot_slots"] == slots == 27
+    assert {name: p["hot_slots"] for name, p in doc["policies"].items()} == dict.fromkeys(doc["policies"], slots)
+    human = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--plan", small_plan).out
+    assert f"budget 5.12 MiB per rank (from plan {small_plan}) = 27 hot experts" in human
+
+
+def test_cli_simulate_plan_accepts_its_own_budget_and_refuses_another(cli, drift_trace, small_plan, tmp_path):
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--plan", small_plan, "--hot-gib", "0.005",
+            "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["budget"]["hot_slots"] == 27
+    png = tmp_path / "never.png"
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--plan", small_plan, "--hot-gib", "0.01",
+            "--plot", png)
+    assert r.code == 2 and r.out == "" and not png.exists()
+    assert r.err == (f"error: --hot-gib 0.01 disagrees with the budget of {small_plan} (0.005 GiB); drop "
+                     "--hot-gib: with --plan every policy gets the plan's budget\n")
+
+
+def test_choose_budget_sources(tmp_path):
+    from hotsplit_cli.errors import UsageError
+    from hotsplit_cli.knobs import resolve_knobs
+    from hotsplit_cli.planfile import PlanFile
+    from hotsplit_cli.recipe import load_recipe
+    from hotsplit_cli.simulate import choose_budget
+
+    rec = load_recipe("tiny")  # hotsplit.hot_gib: 0.01
+    plan = PlanFile(tmp_path / "p.json", (1,), ({1: (0,)},), None, None, budget_bytes=123_456)
+    assert choose_budget(rec, resolve_knobs(rec.knobs, {}), None).origin == "recipe hotsplit.hot_gib"
+    assert choose_budget(rec, resolve_knobs(rec.knobs, {}, {"hot_gib": "0.02"})).origin == "--hot-gib"
+    b = choose_budget(rec, resolve_knobs(rec.knobs, {"HOTSPLIT_HOT_GIB": "0.5"}), plan)
+    assert (b.budget_bytes, b.source) == (123_456, "plan")  # the plan's budget beats env and recipe
+    unrecorded = PlanFile(tmp_path / "p.json", (1,), ({1: (0,)},), None, None, None)
+    with pytest.raises(UsageError, match="records no `budget_bytes`"):
+        choose_budget(rec, resolve_knobs(rec.knobs, {}), unrecorded)
+    b = choose_budget(rec, resolve_knobs(rec.knobs, {}, {"hot_gib": "0.02"}), unrecorded)
+    assert b.budget_bytes == int(0.02 * (1 << 30)) and b.source == "flag"
+
+
+def test_cli_simulate_columns_have_units_and_budget_its_unit(cli, drift_trace):
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--hot-gib", "0.001")
+    assert r.code == 0, r.err
+    lines = r.out.splitlines()
+    assert "budget 1.02 MiB per rank (from --hot-gib) = 5 hot experts of 0.19 MiB" in lines[1]
+    assert lines[2].split() == ["policy", "hit", "rate", "min", "window", "PCIe", "MiB/step", "zero-copy",
+                                "MiB/step", "experts", "copied"]

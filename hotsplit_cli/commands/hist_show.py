@@ -24,10 +24,14 @@ def hist_show_cmd(
     hist = load_hist(file)
     expert_bytes = None
     if recipe is not None:
+        from ..planfile import check_hist_matches_recipe
         from ..recipe import load_recipe
         from ..sizes import expert_bytes_per_rank
 
-        expert_bytes = expert_bytes_per_rank(load_recipe(recipe))
+        rec = load_recipe(recipe)
+        for warning in check_hist_matches_recipe(hist, rec, file):
+            out.warn(warning)
+        expert_bytes = expert_bytes_per_rank(rec)
     report = hist_report(hist, expert_bytes)
     if plot is not None:
         plot_coverage(plot, report)
@@ -46,6 +50,9 @@ def render_hist_report(out: Output, report: HistReport) -> None:
         t.add_row(str(x.layer), f"{x.total:,.0f}", f"{x.mean:,.1f}", f"{x.max:,.0f}", f"{x.max_over_mean:.2f}",
                   pct(x.top10_share), f"{len(x.flagged)}: {flag}" if x.flagged else "0")
     out.print(t)
+    out.print(f"max/mean: the busiest expert's load over the layer's mean; top 10%: share of the layer's "
+              f"routed assignments on its hottest 10% of experts; > {HOT_FLAG_RATIO:g}x mean: how many experts "
+              f"carry more than {HOT_FLAG_RATIO:g}x the layer's mean load, and their ids")
     flagged = sum(len(x.flagged) for x in report.layers)
     if flagged:
         out.print(f"{flagged} experts are above {HOT_FLAG_RATIO:g}x their layer's mean load")

@@ -21,7 +21,7 @@ from ..ledger import (
     with_ep,
 )
 from ..options import HotGibOpt, JsonOpt, RecipeArg
-from ..output import Output, pct
+from ..output import Output, gib, pct
 from ..recipe import GIB
 
 EpOpt = Annotated[
@@ -107,6 +107,11 @@ def ledger(
         step_ms=step_ms,
     )
     histogram = load_hist(hist) if hist is not None else None
+    if histogram is not None:
+        from ..planfile import check_hist_matches_recipe
+
+        for warning in check_hist_matches_recipe(histogram, rec, hist):
+            out.warn(warning)
     result = build_ledger(
         rec,
         comm,
@@ -157,16 +162,18 @@ def _render(out: Output, led: Ledger) -> None:
 
     t = out.table("cold banks", "GiB", title="Host memory (every expert of every rank, page-locked)")
     t.add_row("per rank", _gib(m.bank_bytes_per_rank / GIB))
-    t.add_row(f"all {m.ranks} ranks (one host)", _gib(m.host_bytes_all_ranks / GIB))
+    # Each host pins the banks of its own ranks; how ranks spread over hosts is not in the recipe.
+    t.add_row(f"all {m.ranks} ranks (tp {m.tp} x ep {m.ep}), summed over their hosts",
+              _gib(m.host_bytes_all_ranks / GIB))
     out.print(t)
 
-    t = out.table("per rank", "GiB", title="GPU memory per rank")
+    t = out.table("per rank", "memory", title="GPU memory per rank")
     t.add_row("GPU memory", _gib(m.gpu_mem_gib))
     t.add_row("- dense weights (/tp)", _gib(m.dense_gib))
     t.add_row("- KV cache", _gib(m.kv_cache_gib))
     t.add_row("- reserve", _gib(m.reserve_gib))
     t.add_row("= room for hot experts", _gib(m.room_gib))
-    t.add_row(f"hot budget ({m.hot_source})", _gib(m.hot_gib))
+    t.add_row(f"hot budget ({m.hot_source})", gib(None if m.hot_gib is None else m.hot_gib * GIB))
     held = (
         "-" if m.hot_experts is None else f"{m.hot_experts} of {m.experts_per_rank} ({pct(m.hot_fraction)})"
     )

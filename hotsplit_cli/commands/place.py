@@ -71,7 +71,8 @@ def place_cmd(
     if rec is not None:
         from ..planfile import check_hist_matches_recipe
 
-        check_hist_matches_recipe(hist, rec)
+        for warning in check_hist_matches_recipe(hist, rec, hist_file):
+            out.warn(warning)
     if groups is None:
         groups = rec.model.n_group if rec is not None and rec.model.n_group % max(nodes, 1) == 0 else max(nodes, 1)
     geo = Geometry(ranks, redundant, nodes, groups)

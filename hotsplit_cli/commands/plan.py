@@ -14,7 +14,7 @@ from ..knobs import resolve_knobs
 from ..options import HotGibOpt, JsonOpt, OutOpt, PlatformOpt, RecipeOpt
 from ..output import Output, gib, pct
 from ..recipe import GIB, load_recipe
-from ..sizes import BudgetDerivation, derive_hot_budget, expert_bytes_per_rank
+from ..sizes import BudgetDerivation, derive_hot_budget, expert_bytes_per_rank, over_gpu
 
 
 def plan_cmd(
@@ -36,24 +36,30 @@ def plan_cmd(
     rec = load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib})
     hist = load_hist(hist_file)
+    from ..planfile import check_hist_matches_recipe
+
+    for warning in check_hist_matches_recipe(hist, rec, hist_file):
+        out.warn(warning)
     plat = None
     if platform is not None:
         from ..platform_file import load_platform
 
         plat = load_platform(platform)
     derivation: BudgetDerivation | None = None
+    mem, mem_source = None, "recipe hardware.gpu_mem_gib"
+    free = [g.mem_free_bytes for g in plat.gpus if g.mem_free_bytes is not None] if plat is not None else []
+    if free:
+        mem, mem_source = min(free) / GIB, f"{platform}: smallest free GPU memory"
     if knobs.hot_gib is not None:
         budget_gib = knobs.hot_gib
-        source = {"flag": "--hot-gib", "env": "HOTSPLIT_HOT_GIB", "recipe": "recipe hotsplit.hot_gib"}[
-            knobs.sources["hot_gib"]]
+        source = knobs.origin("hot_gib")
+        too_big = over_gpu(rec, budget_gib, knobs.vram_reserve_gib, mem, mem_source)
+        if too_big:
+            out.warn(f"{too_big}; planned anyway (for a larger GPU?)")
     else:
-        mem, mem_source = None, "recipe hardware.gpu_mem_gib"
-        if plat is not None:
-            free = [g.mem_free_bytes for g in plat.gpus if g.mem_free_bytes is not None]
-            if not free:
-                raise PlanError(f"{platform} has no GPU with a measured free memory",
-                                "pass --hot-gib, or probe on the GPU machine")
-            mem, mem_source = min(free) / GIB, f"{platform}: smallest free GPU memory"
+        if plat is not None and not free:
+            raise PlanError(f"{platform} has no GPU with a measured free memory",
+                            "pass --hot-gib, or probe on the GPU machine")
         derivation = derive_hot_budget(rec, knobs.vram_reserve_gib, mem, mem_source)
         budget_gib, source = derivation.hot_gib, "auto"
     from ..planfile import cold_costs, plan_doc, plan_for_placement, plan_for_recipe
@@ -92,7 +98,7 @@ def plan_cmd(
         if derivation is not None:
             out.print(derivation.explain())
         else:
-            out.print(f"hot budget {budget_gib:.2f} GiB per rank (from {source})")
+            out.print(f"hot budget {gib(budget_bytes)} per rank (from {source})")
         t = out.table("layer", "hot experts", "hit rate")
         for i, layer in enumerate(hist.layers):
             t.add_row(str(layer), str(int(plan.hot_RLE[:, i].any(axis=0).sum())), pct(plan.layer_hit_rate_L[i], 2))

@@ -91,6 +91,9 @@ def _render(out: Output, doc: dict[str, Any]) -> None:
         t.add_row(str(n["node"]), id_ranges(n["cpus"]), gib(n["mem_total_bytes"], 1), gib(n["mem_free_bytes"], 1),
                   " ".join(map(str, n["distances"] or [])) or "-", huge, remote)
     out.print(t)
+    if host["numa_nodes"]:
+        out.print("node free: pages nobody uses (MemFree); host available: free pages plus page cache and other "
+                  "memory the kernel can reclaim (MemAvailable), so it is usually larger")
     if host["copy"]:
         t = out.table("size", *(f"from node {c['node']}" if c["node"] is not None else "unbound"
                                 for c in host["copy"]), title="host memory copy, GB/s (median)")
@@ -198,7 +201,7 @@ def _render_budget(out: Output, doc: dict[str, Any]) -> None:
         experts = int(b["hot_gib"] * GIB // r["expert_bytes"])
         capped = " (full bank)" if b["hot_gib"] >= b["bank_gib"] else ""
         t.add_row(str(g["index"]), f"{b['gpu_mem_gib']:.2f} GiB", f"{b['dense_gib']:.2f}", f"{b['kv_cache_gib']:.2f}",
-                  f"{b['reserve_gib']:.2f}", f"{b['hot_gib']:.2f} GiB{capped}", str(experts))
+                  f"{b['reserve_gib']:.2f}", f"{gib(b['hot_gib'] * GIB)}{capped}", str(experts))
     out.print(t)
 
 

@@ -13,7 +13,7 @@ import typer
 from ..errors import UsageError
 from ..hist import load_hist, save_hist
 from ..options import HotGibOpt, JsonOpt, OutOpt, RecipeOpt
-from ..output import Output, pct
+from ..output import Output, gib, pct
 
 StrengthOpt = Annotated[
     str,
@@ -76,12 +76,18 @@ def rerank_cmd(
         knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib})
     ref = load_hist(ref_file)
     mine = load_hist(mine_file)
+    if rec is not None:
+        from ..planfile import check_hist_matches_recipe
+
+        for path, hist in ((ref_file, ref), (mine_file, mine)):
+            for warning in check_hist_matches_recipe(hist, rec, path):
+                out.warn(warning)
     result = rerank(ref, mine, tokens, mode)
     h = result.hist
     if rec is not None and knobs.hot_gib is not None:
         size = expert_bytes_per_rank(rec)
         budget = int(knobs.hot_gib * GIB)
-        budget_desc = f"{knobs.hot_gib:g} GiB per rank ({rec.name}, expert {size / (1 << 20):.2f} MiB)"
+        budget_desc = f"{gib(budget)} per rank ({rec.name}, expert {gib(size)})"
     else:
         size = 1
         budget = max(1, int(hot_frac * h.num_layers * h.num_experts))

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from ..errors import HotsplitError, UsageError
 from ..jsonio import schema_tag, write_atomic
@@ -89,10 +90,11 @@ def run(
     if plot is not None:
         _plot(plot, summary, rec.name)
         doc["plot"] = str(plot)
+    origin = _origin(out, summary, prepared.plan.made_from, prepared.traffic)
 
     def render():
         title = f"hotsplit run {rec.name}" + (" (interrupted)" if summary.interrupted else "")
-        _render_summary(out, title, summary, [], [("copy time", f"{summary.copy_ms:,.2f} ms")])
+        _render_summary(out, title, summary, [], [("copy time", f"{summary.copy_ms:,.2f} ms")], origin)
         if plot is not None:
             out.print(f"plot: {plot}")
 
@@ -140,6 +142,7 @@ def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path 
     if plot is not None:
         _plot(plot, result.summary, rec.name)
         doc["plot"] = str(plot)
+    origin = _origin(out, result.summary, result.plan_made_from, f"prompts {rec.traffic.path}")
 
     def render():
         for i, text in enumerate(result.texts[:8]):
@@ -148,13 +151,31 @@ def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path 
         _render_summary(out, f"hotsplit run {rec.name}", result.summary,
                         [("device", f"{result.device} ({result.kernel})"), plan_row,
                          ("cold bank", result.numa.describe())],
-                        [("copy time", f"{result.summary.copy_ms:,.2f} ms")])
+                        [("copy time", f"{result.summary.copy_ms:,.2f} ms")], origin)
 
     out.emit(doc, render)
 
 
-def _render_summary(out: Output, title: str, s, first: list, extra: list) -> None:
-    """The summary table shared by synthetic and checkpoint runs (`s`: a RunSummary)."""
+def _origin(out: Output, summary, made_from: str, traffic: str) -> list[tuple[str, str]]:
+    """Summary rows naming the routing the plan was made from next to this run's traffic; a
+    warning when the achieved hit rate is far from the plan's expectation."""
+    from runtime.windows import expectation_warning
+
+    warning = expectation_warning(summary, made_from, traffic)
+    if warning:
+        out.warn(warning)
+    return [("plan made from", made_from), ("this run's traffic", traffic)]
+
+
+def _render_summary(out: Output, title: str, s, first: list, extra: list, origin: list) -> None:
+    """The summary table shared by synthetic and checkpoint runs (`s`: a RunSummary), then the
+    `origin` lines (what the plan was made from, this run's traffic)."""
+    from runtime.windows import gap_flagged
+
+    expected = pct(s.expected_hit_rate)
+    if gap_flagged(s):
+        side = "lower" if s.expected_gap < 0 else "higher"
+        expected += f" (achieved {100 * abs(s.expected_gap):.1f} points {side}: see below)"
     t = out.table("summary", "value", title=title)
     for row in [*first,
                 ("steps", f"{s.steps}"),
@@ -162,13 +183,15 @@ def _render_summary(out: Output, title: str, s, first: list, extra: list) -> Non
                 ("tokens/s", f"{s.tokens_per_s:,.1f}"),
                 ("hit rate (overall)", pct(s.hit_rate)),
                 ("hit rate (last window)", pct(s.hit_rate_last_window)),
-                ("hit rate expected by the plan", pct(s.expected_hit_rate)),
+                ("hit rate expected by the plan", expected),
                 ("swaps", f"{s.swaps}"),
                 ("bytes copied (real)", f"{s.bytes_copied / MIB:,.2f} MiB"),
                 *extra,
                 ("cold bytes read per step (real)", f"{s.cold_bytes_per_step / MIB:,.2f} MiB")]:
         t.add_row(*row)
     out.print(t)
+    for label, text in origin:
+        out.print(escape(f"{label}: {text}"))
 
 
 def _plot(path: Path, summary, title: str) -> None:

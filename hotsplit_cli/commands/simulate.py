@@ -12,7 +12,7 @@ import typer
 
 from ..errors import HotsplitError, PlanError, UsageError
 from ..options import HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeOpt
-from ..output import Output, pct
+from ..output import Output, gib, pct
 
 
 def _policies(text: str) -> tuple[str, ...]:
@@ -63,9 +63,9 @@ def simulate_cmd(
 ) -> None:
     """Replay a routing trace under hot-set policies and compare hit rate and PCIe bytes per step."""
     from ..knobs import resolve_knobs
-    from ..recipe import GIB, load_recipe
-    from ..simulate import LAYER_SPLIT, SimConfig, rebatch, simulate, summarise
-    from ..sizes import derive_hot_budget, expert_bytes_per_rank
+    from ..recipe import load_recipe
+    from ..simulate import LAYER_SPLIT, SimConfig, choose_budget, rebatch, simulate, summarise
+    from ..sizes import expert_bytes_per_rank
     from ..trace import Trace, load_trace
 
     out = Output(json)
@@ -99,11 +99,13 @@ def simulate_cmd(
     if not assignments_S.any():
         raise PlanError(f"{trace}: the trace routes no tokens (every id is padding)")
     size = expert_bytes_per_rank(rec)
-    if knobs.hot_gib is not None:
-        budget_gib, budget_source = knobs.hot_gib, knobs.sources["hot_gib"]
-    else:
-        budget_gib, budget_source = derive_hot_budget(rec, knobs.vram_reserve_gib).hot_gib, "auto"
-    budget_bytes = int(budget_gib * GIB)
+    pf = None
+    if plan is not None:
+        from ..planfile import load_plan
+
+        pf = load_plan(plan)
+    budget = choose_budget(rec, knobs, pf)
+    budget_bytes = budget.budget_bytes
     wsteps = min(window_steps or knobs.dyn_steps, tr.num_steps)
     read_gbps = h2d_gbps = None
     if platform is not None:
@@ -111,10 +113,7 @@ def simulate_cmd(
 
     from ..planner import plan_hot_set
 
-    if plan is not None:
-        from ..planfile import load_plan
-
-        pf = load_plan(plan)
+    if pf is not None:
         missing = [x for x in tr.layers if x not in pf.layers]
         if missing:
             raise PlanError(f"{plan}: has no hot set for trace layer {missing[0]}", "plan on a matching histogram")
@@ -122,8 +121,8 @@ def simulate_cmd(
             out.warn(f"{plan} was planned with {pf.expert_bytes} B experts, recipe {rec.name!r} has {size} B")
         static_hot = pf.hot_LE(tr.layers, E, model=rec.name)
         if int(static_hot.sum()) * size > budget_bytes:
-            raise PlanError(f"{plan}: its hot set ({int(static_hot.sum()) * size / GIB:.3f} GiB) exceeds the "
-                            f"budget of {budget_gib:.3f} GiB", "pass the plan's --hot-gib")
+            raise PlanError(f"{plan}: its hot set ({gib(int(static_hot.sum()) * size)}) exceeds the "
+                            f"budget of {gib(budget_bytes)}", "pass the plan's --hot-gib")
         static_source = f"plan {plan}"
     else:
         if fit is not None:
@@ -133,6 +132,10 @@ def simulate_cmd(
             if hist.num_experts != E or tuple(hist.layers) != tr.layers:
                 raise PlanError(f"{fit}: layers {list(hist.layers)} x {hist.num_experts} experts do not match the "
                                 f"trace ({list(tr.layers)} x {E})", "fit on a histogram of the same model")
+            from ..planfile import check_hist_matches_recipe
+
+            for warning in check_hist_matches_recipe(hist, rec, fit):
+                out.warn(warning)
             fit_counts, static_source = hist.counts_LE, f"fitted on {fit}"
         else:
             fit_counts = counts_SLE[:wsteps].sum(axis=0)
@@ -155,8 +158,8 @@ def simulate_cmd(
         "layers": list(tr.layers),
         "num_experts": E,
         "routed_assignments": float(assignments_S.sum()),
-        "budget": {"hot_gib": budget_gib, "source": budget_source, "budget_bytes": budget_bytes,
-                   "expert_bytes": size, "hot_slots": cfg.hot_slots},
+        "budget": {"hot_gib": budget.hot_gib, "source": budget.source, "origin": budget.origin,
+                   "budget_bytes": budget_bytes, "expert_bytes": size, "hot_slots": cfg.hot_slots},
         "static": static_source,
         "window_steps": wsteps,
         "knobs": {"dyn_steps": knobs.dyn_steps, "dyn_max_swaps": knobs.dyn_max_swaps, "dyn_margin": knobs.dyn_margin},
@@ -174,7 +177,7 @@ def simulate_cmd(
                         label=f"{n}: {100 * s.hit_rate:.1f}%, {s.pcie_bytes_per_step / (1 << 20):.1f} MiB/step")
             ax.set_xlabel(f"step (windows of {wsteps})")
             ax.set_ylabel("hit rate per window (%)")
-            ax.set_title(f"{rec.name}: {budget_gib:g} GiB hot, {cfg.hot_slots} slots; PCIe MiB/step in legend")
+            ax.set_title(f"{rec.name}: {gib(budget_bytes)} hot, {cfg.hot_slots} slots; PCIe MiB/step in legend")
             ax.legend(fontsize=8)
 
         save_png(plot, draw)
@@ -182,10 +185,10 @@ def simulate_cmd(
     def render() -> None:
         out.print(f"trace {trace}: {tr.num_steps} steps x {doc['tokens_per_step']} tokens x top-{tr.top_k}, "
                   f"{len(tr.layers)} layers x {E} experts")
-        out.print(f"budget {budget_gib:g} GiB per rank ({budget_source}) = {cfg.hot_slots} hot experts of "
+        out.print(f"budget {gib(budget_bytes)} per rank (from {budget.origin}) = {cfg.hot_slots} hot experts of "
                   f"{size / (1 << 20):.2f} MiB; static {static_source}; windows of {wsteps} steps; "
                   f"dyn_steps={knobs.dyn_steps} dyn_max_swaps={knobs.dyn_max_swaps} dyn_margin={knobs.dyn_margin:g}")
-        cols = ["policy", "hit rate", "worst window", "PCIe MiB/step", "zero-copy", "copies"]
+        cols = ["policy", "hit rate", "min window", "PCIe MiB/step", "zero-copy MiB/step", "experts copied"]
         if read_gbps:
             cols.insert(4, "step ms")
         t = out.table(*cols)

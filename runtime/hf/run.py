@@ -39,13 +39,15 @@ class CheckpointRun:
     texts: list[str]
     summary: RunSummary
     plan_source: str
+    plan_made_from: str  # the routing the hot set was chosen on
     hot_experts: int
     device: str
     kernel: str  # how the routed experts were computed
     numa: NumaPlacement  # where the cold bank was placed, and where its pages are
 
     def to_doc(self) -> dict:
-        return {**self.summary.to_doc(), "plan_source": self.plan_source, "hot_experts": self.hot_experts,
+        return {**self.summary.to_doc(), "plan_source": self.plan_source, "plan_made_from": self.plan_made_from,
+                "hot_experts": self.hot_experts,
                 "device": self.device, "kernel": self.kernel, "numa": self.numa.to_doc(), "texts": self.texts}
 
 
@@ -74,6 +76,7 @@ def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = 
         plan = load_plan(plan_path)
         hot_LE, expected, source = plan.hot_LE(hm.layer_ids, hm.num_experts, model=recipe.name), plan.hit_rate, \
             str(plan_path)
+        made_from = plan.made_from or f"{plan_path} (it records no histogram)"
     else:
         # Calibrate on the prefill of the prompts (counts only, no generation), then plan.
         steps_LE: list[np.ndarray] = []
@@ -83,6 +86,7 @@ def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = 
                       else derive_hot_budget(recipe, knobs.vram_reserve_gib).hot_gib) * GIB)
         p = plan_hot_set(counts_LE, expert_bytes, budget)
         hot_LE, expected, source = p.hot_RLE[0], p.hit_rate, "planned from the prompts' prefill routing"
+        made_from = f"the prefill routing of {t.path}"
     for row, bank in enumerate(hm.banks):
         bank.set_hot(hot_LE[row])
     serve = HFServe(hm, knobs, expert_bytes, on_record)
@@ -92,6 +96,6 @@ def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = 
     elapsed = time.perf_counter() - t0
     return CheckpointRun(
         texts=texts, summary=serve.summary(hm.counter.tokens - tokens_before, elapsed, expected),
-        plan_source=source, hot_experts=int(hot_LE.sum()), device=info.name,
+        plan_source=source, plan_made_from=made_from, hot_experts=int(hot_LE.sum()), device=info.name,
         kernel="triton" if hm.banks[0].kernel is not None else "torch per expert",
         numa=allocator.placement)
