@@ -18,4 +18,9 @@ HotGibOpt = Annotated[
 PlatformOpt = Annotated[
     Path | None, typer.Option("--platform", help="platform.json from `hotsplit probe` (measured budget and speeds).")
 ]
+ColdPathOpt = Annotated[
+    str | None,
+    typer.Option("--cold-path", help="Who computes cold experts: gpu (zero-copy), cpu, or split by the measured "
+                                     "cost model (overrides HOTSPLIT_COLD_PATH and the recipe)."),
+]
 PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Also draw a PNG here (needs matplotlib).")]

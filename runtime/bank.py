@@ -292,7 +292,13 @@ class ExpertBank(BlobBank):
     def weights_of(self, e: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [2I, H], w2 [H, I]) of expert e from its slot, or in place from the cold bank;
         fp8 experts dequantised (in the compute dtype)."""
-        views = self.hot_views[slot] if slot >= 0 else self.cold_views[e]
+        return self._weights(self.hot_views[slot] if slot >= 0 else self.cold_views[e])
+
+    def host_weights_of(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w13, w2) of expert e read where it lies in the host cold bank (the CPU cold path)."""
+        return self._weights(self._views(self.cold_EB[e]))
+
+    def _weights(self, views: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         if self.fp8 is None:
             return views
         w1, w2, s1, s2 = views

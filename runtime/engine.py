@@ -166,8 +166,9 @@ class Engine:
         if update:
             swaps, error = self.book.decide(c["counts_LE"], self.model.hot_LE(), self.step_count)
             copy_ms = self.model.begin_swaps(moves_by_layer(swaps))
+        split = getattr(self.model.compute, "split", None)
         return self.book.close(self.step_count, c["hits_L"], c["assigned_L"], int(c["cold_reads_L"].sum()),
-                               len(swaps), copy_ms, error)
+                               len(swaps), copy_ms, error, split.counters.cpu_experts if split else None)
 
     # -- the run --------------------------------------------------------------------------
     def run(self, steps: int, on_record: Callable[[HitRateRecord], None] | None = None,
@@ -198,5 +199,9 @@ class Engine:
             rec = self.close_window(update=False)
             if on_record:
                 on_record(rec)
-        return self.book.summary(self.step_count, self.step_count * self.source.tokens_per_step, elapsed,
-                                 self.expected_hit_rate, interrupted)
+        summary = self.book.summary(self.step_count, self.step_count * self.source.tokens_per_step, elapsed,
+                                    self.expected_hit_rate, interrupted)
+        split = getattr(self.model.compute, "split", None)
+        if split is not None:
+            summary.cold_paths = split.report(self.expert_bytes)
+        return summary

@@ -24,6 +24,7 @@ from hotsplit_cli.sizes import derive_hot_budget, expert_bytes_per_rank
 from hotsplit_cli.trace import Trace, load_trace
 from hotsplit_cli.traffic import SyntheticTraffic, inclusion_probs, zipf_shares
 
+from . import cold_split
 from .device import DeviceInfo, choose_device
 from .engine import Engine, RouterSource, synthetic_source, trace_source
 from .fp8 import Fp8Format
@@ -67,7 +68,8 @@ class Prepared:
         g = self.geom
         return {
             "device": self.info.to_doc(), "kernel": self.engine.model.compute.name,
-            "cuda_graph": bool(self.engine.use_graph), "traffic": self.traffic, "trace_steps": self.trace_steps,
+            "cuda_graph": bool(self.engine.use_graph), "cold_path": _cold_path_doc(self.engine),
+            "traffic": self.traffic, "trace_steps": self.trace_steps,
             "scale": self.scale,
             "allocated": {"hidden": g.hidden, "inter": g.inter, "experts": g.num_experts, "top_k": g.top_k,
                           "dtype": str(self.engine.model.banks[0].compute_dtype).replace("torch.", ""),
@@ -81,6 +83,11 @@ class Prepared:
                      "budget_bytes": self.plan.budget_bytes, "hot_bytes": self.plan.hot_bytes,
                      "hot_experts": int(self.plan.hot_LE.sum()), "expert_bytes": self.expert_bytes},
         }
+
+
+def _cold_path_doc(engine: Engine) -> dict:
+    split = getattr(engine.model.compute, "split", None)
+    return {"mode": split.mode if split else "gpu", "rates": split.rates_source if split else None}
 
 
 def read_plan_file(path: str | Path, recipe: Recipe, expert_bytes: int) -> PlanChoice:
@@ -116,7 +123,8 @@ def _check_memory(geom: MoEGeometry, layers: int, dtype: torch.dtype, info: Devi
 
 def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = None,
                 trace_path: str | Path | None = None, steps: int | None = None, scale: float | None = None,
-                dtype: torch.dtype | None = None, advance: Callable[[int], None] | None = None) -> Prepared:
+                dtype: torch.dtype | None = None, advance: Callable[[int], None] | None = None,
+                platform_path: str | Path | None = None) -> Prepared:
     """Build everything a run needs; every check that can refuse happens before allocation.
     `advance(1)` is called as each MoE layer's weights are made (the slow part of a large recipe)."""
     scale = recipe.run.scale if scale is None else scale
@@ -197,6 +205,9 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     placement = plan_placement(knobs.numa_policy, info.numa_node, info.reasons.get("numa_node"))
     allocator = PinnedAllocator(pin=info.pinned, placement=placement)
     model = HotColdMoE(layers, geom, plan.hot_LE, info, allocator, choose_compute(info))
+    split = cold_split.attach(model, knobs.cold_path, info, platform_path)
+    if split is not None and info.graphs:
+        notes.append(f"cold_path {knobs.cold_path}: no CUDA graph (the split reads each layer's routing on the host)")
     engine = Engine(model, source, knobs, expert_bytes, seed=recipe.run.seed, expected_hit_rate=plan.expected_hit_rate)
     return Prepared(engine, n_steps, info, geom, plan, allocator, expert_bytes, traffic, scale, notes, expert_format,
                     trace_steps)

@@ -24,6 +24,7 @@ class HitRateRecord:
     cold_bytes_per_step: float  # real bytes of distinct cold experts read per step, this window
     layer_hit_rate: list[float]  # per MoE layer, this window
     planner_error: str | None = None
+    cold_cpu_bytes_per_step: float | None = None  # of cold_bytes_per_step, what the CPU computed (cold_path cpu/split)
 
     def to_doc(self) -> dict:
         return asdict(self)
@@ -34,6 +35,8 @@ def format_line(r: HitRateRecord) -> str:
     line = (f"step {r.step:>7}  hit {100 * r.hit_rate_window:5.1f}% window {100 * r.hit_rate_total:5.1f}% total"
             f"  swaps {r.swaps:>3}  copied {r.bytes_copied / MIB:8.2f} MiB in {r.copy_ms:7.2f} ms"
             f"  cold {r.cold_bytes_per_step / MIB:8.2f} MiB/step")
+    if r.cold_cpu_bytes_per_step is not None:
+        line += f" ({r.cold_cpu_bytes_per_step / MIB:.2f} on the CPU)"
     if r.planner_error:
         line += f"  planner failed: {r.planner_error}"
     return line

@@ -43,6 +43,7 @@ class RunSummary:
     layer_hit_rate: list[float]
     interrupted: bool
     records: list[HitRateRecord] = field(default_factory=list)
+    cold_paths: dict | None = None  # cold_path cpu/split: bytes and ms per path, measured and predicted
 
     @property
     def expected_gap(self) -> float | None:
@@ -113,6 +114,7 @@ class WindowBook:
         self.swaps = self.bytes_copied = 0
         self.copy_ms = 0.0
         self._pending_ms = 0.0  # copy time of swaps that landed since the last record
+        self._cpu_reads = 0  # distinct cold experts the CPU computed, up to the last record
         self.window_start = 0
         self.records: list[HitRateRecord] = []
 
@@ -138,9 +140,14 @@ class WindowBook:
         return swaps, None
 
     def close(self, step: int, hits_L: np.ndarray, assigned_L: np.ndarray, cold_reads: int, swaps: int = 0,
-              copy_ms: float = 0.0, error: str | None = None) -> HitRateRecord:
+              copy_ms: float = 0.0, error: str | None = None, cpu_reads_total: int | None = None) -> HitRateRecord:
         """Close the window ending at `step`: hits and assignments per layer, distinct cold experts
-        read (summed over steps), swaps started now and their copy time when already done."""
+        read (summed over steps), swaps started now and their copy time when already done;
+        `cpu_reads_total`: distinct cold experts the CPU computed since the start (CPU cold path)."""
+        cpu_bytes = None
+        if cpu_reads_total is not None:
+            cpu_bytes = (cpu_reads_total - self._cpu_reads) * self.expert_bytes / max(1, step - self.window_start)
+            self._cpu_reads = cpu_reads_total
         hits_L, assigned_L = np.asarray(hits_L, dtype=np.float64), np.asarray(assigned_L, dtype=np.float64)
         n_steps = max(1, step - self.window_start)
         self.window_start = step
@@ -161,7 +168,7 @@ class WindowBook:
             hit_rate_total=self.hits / self.assigned if self.assigned else 0.0,
             swaps=swaps, swaps_total=self.swaps, bytes_copied=swaps * self.expert_bytes, copy_ms=copy_ms,
             cold_bytes_per_step=int(cold_reads) * self.expert_bytes / n_steps,
-            layer_hit_rate=[float(x) for x in layer], planner_error=error)
+            layer_hit_rate=[float(x) for x in layer], planner_error=error, cold_cpu_bytes_per_step=cpu_bytes)
         self.records.append(rec)
         return rec
 

@@ -12,7 +12,7 @@ from rich.markup import escape
 from ..errors import HotsplitError, UsageError
 from ..jsonio import schema_tag, write_atomic
 from ..knobs import resolve_knobs
-from ..options import HotGibOpt, JsonOpt, PlotOpt, RecipeArg
+from ..options import ColdPathOpt, HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeArg
 from ..output import Output, gib, pct
 from ..recipe import load_recipe
 
@@ -39,11 +39,15 @@ def run(
     log_jsonl: LogJsonlOpt = None,
     json_out: JsonOpt = False,
     plot: PlotOpt = None,
+    cold_path: ColdPathOpt = None,
+    platform: PlatformOpt = None,
 ) -> None:
     """Run the recipe's MoE on the hot/cold runtime: hit rate per update, then a summary."""
     out = Output(json_out)
     rec = load_recipe(recipe)
-    knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib})
+    knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path})
+    if platform is not None and not platform.is_file():
+        raise UsageError(f"--platform {platform}: no such file", "write one with `hotsplit probe -o platform.json`")
     if steps is not None and steps < 1:
         raise UsageError(f"--steps: must be >= 1, got {steps}")
     if scale is not None and not 0 < scale <= 1:
@@ -67,7 +71,7 @@ def run(
 
     with out.progress(f"building {rec.model.num_moe_layers} MoE layers", rec.model.num_moe_layers) as advance:
         prepared = prepare_run(rec, knobs, plan_path=plan, trace_path=trace, steps=steps, scale=scale,
-                               advance=advance)
+                               advance=advance, platform_path=platform)
     tune_cpu_threads(prepared.info)
     for note in prepared.notes:
         out.note(f"note: {note}")
@@ -81,6 +85,8 @@ def run(
     say(f"cold bank: {gib(alloc.requested_bytes)} of host memory ({how}), {alloc.placement.describe()}")
     say(f"plan: {pdoc['plan']['hot_experts']} hot experts, {gib(prepared.plan.hot_bytes)} real"
         f" ({prepared.plan.source}); expected hit rate {pct(prepared.plan.expected_hit_rate)}")
+    if pdoc["cold_path"]["rates"]:
+        say(escape(f"cold path: {pdoc['cold_path']['mode']} ({pdoc['cold_path']['rates']})"))
 
     with out.progress(f"{rec.name}: steps", prepared.steps) as advance:
         summary = _logged(say, log_jsonl, lambda on_record: prepared.engine.run(prepared.steps, on_record, advance))
@@ -94,7 +100,8 @@ def run(
 
     def render():
         title = f"hotsplit run {rec.name}" + (" (interrupted)" if summary.interrupted else "")
-        _render_summary(out, title, summary, [], [("copy time", f"{summary.copy_ms:,.2f} ms")], origin)
+        _render_summary(out, title, summary, [], [("copy time", f"{summary.copy_ms:,.2f} ms"),
+                                                  *_cold_path_rows(summary.cold_paths)], origin)
         if plot is not None:
             out.print(f"plot: {plot}")
 
@@ -154,6 +161,20 @@ def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path 
                         [("copy time", f"{result.summary.copy_ms:,.2f} ms")], origin)
 
     out.emit(doc, render)
+
+
+def _cold_path_rows(paths: dict | None) -> list[tuple[str, str]]:
+    """Summary rows of a CPU cold path: per path the cold bytes served and the time, achieved vs predicted."""
+    if not paths:
+        return []
+    rows = [("cold path", f"{paths['mode']}: the CPU computed {100 * paths['cpu_share']:.1f}% of the distinct cold "
+                          f"experts, in {paths['layers_with_cpu']} of {paths['layers']} layer calls")]
+    for key, label in (("gpu", "device (zero-copy)"), ("cpu", "CPU")):
+        p = paths[key]
+        what = " (with the hot experts)" if key == "gpu" else ""
+        rows.append((f"  {label}", f"{p['bytes'] / MIB:,.2f} MiB real; {p['ms']:,.2f} ms achieved{what} vs "
+                                   f"{p['predicted_ms']:,.2f} ms predicted for its cold share"))
+    return rows
 
 
 def _origin(out: Output, summary, made_from: str, traffic: str) -> list[tuple[str, str]]:

@@ -1,0 +1,229 @@
+"""The CPU cold path: per MoE layer and step, the distinct cold experts are divided between the
+device (reading their weights in place over PCIe, as ever) and a CPU worker that computes its
+share from the cold bank where it lies in host memory, by the cost model of
+hotsplit_cli/coldpath.py (`cold_path` = gpu | cpu | split).
+
+Only the CPU's tokens' activations go to the host and only its outputs come back: the weights
+never cross the link. The CPU work is handed to a worker thread first, the device work is
+launched while it runs, and the two partial outputs are summed. Deciding the split reads the
+step's routing on the host, so a step cannot be captured in a CUDA graph in cpu/split mode.
+Hot experts, swaps and hit accounting are untouched: a CPU-computed expert is a cold one.
+
+Counters say, per path, the cold expert bytes served and the time measured and predicted, so a
+run can print predicted vs achieved.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from hotsplit_cli.coldpath import ColdRates, split_cold
+
+from .device import DeviceInfo
+
+
+@dataclass
+class PathCounters:
+    """Cold work per path since the run began (bytes as allocated; ms measured and predicted)."""
+
+    layers: int = 0  # layer calls with any cold expert
+    cpu_layers: int = 0  # ... where the CPU took part
+    gpu_experts: int = 0  # distinct cold experts the device read
+    cpu_experts: int = 0  # ... the CPU computed
+    gpu_bytes: int = 0
+    cpu_bytes: int = 0
+    gpu_ms: float = 0.0  # the device's expert compute, hot experts included (measured)
+    cpu_ms: float = 0.0  # the CPU worker, hand-off and copies included (measured)
+    gpu_pred_ms: float = 0.0  # the cost model's cold time for the device's share
+    cpu_pred_ms: float = 0.0  # ... and for the CPU's (sync included)
+    _events: list = field(default_factory=list)  # (start, end) CUDA events not yet read
+
+    def settle(self) -> None:
+        """Fold the device time of finished layers in (reads CUDA events; no-op on a CPU)."""
+        for start, end in self._events:
+            end.synchronize()
+            self.gpu_ms += start.elapsed_time(end)
+        self._events.clear()
+
+    def to_doc(self) -> dict:
+        self.settle()
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+
+class ColdSplit:
+    """Divides each layer's cold experts between the device compute and a CPU worker."""
+
+    def __init__(self, mode: str, rates: ColdRates, info: DeviceInfo):
+        self.mode, self.rates, self.info = mode, rates, info
+        self.rates_source = ""  # where the rates came from, for the run's header
+        self.counters = PathCounters()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="hotsplit-cold-cpu")
+
+    def __call__(self, x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor, bank,
+                 device_compute: Callable[[torch.Tensor], torch.Tensor],
+                 cpu_compute: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The routed experts' output [T, H]. `device_compute(ids_TK)` computes the assignments of
+        `ids_TK` (others -1) on the device; `cpu_compute(x, ids, w)` the given host rows on the CPU."""
+        T, K = ids_TK.shape
+        flat_A = ids_TK.reshape(-1).cpu().numpy()  # the one host read of the layer: the routing
+        valid_A = flat_A >= 0
+        cold_A = valid_A & (bank.served_E[np.where(valid_A, flat_A, 0)] < 0)
+        experts, tokens = np.unique(flat_A[cold_A], return_counts=True)
+        if len(experts) == 0:
+            return self._device(device_compute, ids_TK)
+        expert_bytes = bank.expert_bytes
+        split = split_cold(np.full(len(experts), float(expert_bytes)), tokens, self.rates, self.mode)
+        c = self.counters
+        c.layers += 1
+        n_cpu = int(split.to_cpu_N.sum())
+        c.gpu_experts += len(experts) - n_cpu
+        c.cpu_experts += n_cpu
+        c.gpu_bytes += (len(experts) - n_cpu) * expert_bytes
+        c.cpu_bytes += n_cpu * expert_bytes
+        c.gpu_pred_ms += split.gpu_s * 1e3
+        c.cpu_pred_ms += split.cpu_s * 1e3
+        if n_cpu == 0:
+            return self._device(device_compute, ids_TK)
+        c.cpu_layers += 1
+        to_cpu_A = np.isin(flat_A, experts[split.to_cpu_N]) & valid_A
+        tok = np.unique(np.flatnonzero(to_cpu_A) // K)  # the tokens the CPU serves (some of their k)
+        dev = x_TH.device
+        tok_dev = torch.from_numpy(tok).to(dev)
+        ids_cpu = torch.from_numpy(np.where(to_cpu_A, flat_A, -1).reshape(T, K)[tok])
+        x_cpu, w_cpu = x_TH.index_select(0, tok_dev).cpu(), w_TK.index_select(0, tok_dev).cpu()
+        job = self.pool.submit(self._cpu, cpu_compute, x_cpu, ids_cpu, w_cpu)
+        ids_dev = ids_TK.masked_fill(torch.from_numpy(to_cpu_A.reshape(T, K)).to(dev), -1)
+        y_TH = self._device(device_compute, ids_dev)  # launched (on a GPU) while the CPU works
+        y_cpu = job.result()
+        return y_TH.index_add(0, tok_dev, y_cpu.to(dev, y_TH.dtype))
+
+    def report(self, real_expert_bytes: int) -> dict:
+        """Per path: distinct cold experts, their real bytes, ms achieved and predicted (for the
+        tensors as allocated), and the CPU's share of the cold bytes."""
+        c = self.counters
+        c.settle()
+        n = c.gpu_experts + c.cpu_experts
+        return {"mode": self.mode, "rates": self.rates_source, "layers": c.layers, "layers_with_cpu": c.cpu_layers,
+                "cpu_share": c.cpu_experts / n if n else 0.0,
+                "gpu": {"experts": c.gpu_experts, "bytes": c.gpu_experts * real_expert_bytes,
+                        "ms": c.gpu_ms, "predicted_ms": c.gpu_pred_ms},
+                "cpu": {"experts": c.cpu_experts, "bytes": c.cpu_experts * real_expert_bytes,
+                        "ms": c.cpu_ms, "predicted_ms": c.cpu_pred_ms}}
+
+    def _device(self, device_compute, ids_TK: torch.Tensor) -> torch.Tensor:
+        if self.info.is_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            y = device_compute(ids_TK)
+            end.record()
+            self.counters._events.append((start, end))
+            return y
+        t0 = time.perf_counter()
+        y = device_compute(ids_TK)
+        self.counters.gpu_ms += (time.perf_counter() - t0) * 1e3
+        return y
+
+    def _cpu(self, cpu_compute, x, ids, w) -> torch.Tensor:
+        t0 = time.perf_counter()
+        y = cpu_compute(x, ids, w)
+        self.counters.cpu_ms += (time.perf_counter() - t0) * 1e3
+        return y
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+class SplitExperts:
+    """An expert compute (TritonExperts or TorchExperts) with the cold experts divided by `split`:
+    the synthetic runtime's banks (ExpertBank)."""
+
+    capturable = False  # the split reads the routing on the host
+
+    def __init__(self, inner, split: ColdSplit):
+        self.inner, self.split = inner, split
+        self.name = f"{inner.name} + CPU cold path ({split.mode})"
+
+    def __call__(self, x_TH, ids_TK, w_TK, bank, counts_E=None) -> torch.Tensor:
+        from .moe import grouped_experts
+
+        return self.split(
+            x_TH, ids_TK, w_TK, bank,
+            lambda ids: self.inner(x_TH, ids, w_TK, bank, counts_E),
+            lambda x, ids, w: grouped_experts(x, ids, w, bank.host_weights_of, bank.num_experts))
+
+
+CALIBRATION_POOL_BYTES = 64 << 20  # a quick measurement at the start of a run: about a second
+
+
+def measure_rates(model, info: DeviceInfo) -> tuple[ColdRates, str]:
+    """The cost model's rates measured now, on this run's expert shape, when no platform.json is
+    given: the CPU expert rate (probes.cpu_expert) on the GPU's node, the zero-copy read of the
+    first cold bank (on a GPU) and the per-layer sync (hand-off, and the activations' round trip
+    on a GPU). On a CPU the device path is this same CPU: its rate is the CPU rate at one token."""
+    from probes.bandwidth import measure_roundtrip_ms
+    from probes.cpu_expert import ExpertShape, measure_cpu_expert, measure_handoff_ms
+
+    bank = model.banks[0]
+    shape = ExpertShape(bank.hidden, bank.inter, str(bank.compute_dtype).replace("torch.", ""))
+    cpu = measure_cpu_expert(shape, info.numa_node, None, pool_bytes=CALIBRATION_POOL_BYTES, samples=3)
+    points = tuple((float(t), m.median_gbps) for t, m in cpu.by_tokens)
+    sync_ms = cpu.handoff_ms or measure_handoff_ms()
+    if info.is_cuda:
+        sync_ms += measure_roundtrip_ms(torch, info.device)
+        zero_copy = _zero_copy_gbps(bank, info)
+        device = f"zero-copy {zero_copy:.1f} GB/s"
+    else:
+        zero_copy = points[0][1]
+        device = f"no GPU: the device path is this CPU ({zero_copy:.1f} GB/s)"
+    where = (f"measured now: {device}, CPU {points[0][1]:.1f} GB/s at 1 token ({shape.hidden}x{shape.inter} "
+             f"{shape.dtype}, {cpu.threads} threads), sync {sync_ms:.3f} ms/layer")
+    return ColdRates(zero_copy, points, sync_ms), where
+
+
+def _zero_copy_gbps(bank, info: DeviceInfo, reps: int = 5, max_bytes: int = 1 << 30) -> float:
+    """GB/s of a reduction over (up to 1 GiB of) the bank's cold blobs read in place, as the probe
+    reads its buffer: the bytes as float32 words, whatever they hold."""
+    flat = bank.cold_read_EB.reshape(-1).view(torch.uint8)
+    n = min(flat.numel(), max_bytes) // 4 * 4
+    words = flat[:n].view(torch.float32)
+    words.sum()  # warm-up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        words.sum()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return n / (sorted(times)[reps // 2] * 1e6)
+
+
+def attach(model, mode: str, info: DeviceInfo, platform_path=None) -> ColdSplit | None:
+    """Give `model` the CPU cold path of `mode` (nothing for `gpu`), its rates from platform.json
+    when given (the GPU this run uses), else measured now. Before any Engine is made: the engine
+    reads `capturable` to decide on the CUDA graph."""
+    if mode == "gpu":
+        return None
+    if platform_path is not None:
+        from hotsplit_cli.coldpath import rates_from_platform
+        from hotsplit_cli.platform_file import load_platform
+
+        platform = load_platform(platform_path)
+        cuda_index = info.device.index or 0
+        gpu = next((g for g in platform.gpus if g.cuda_index == cuda_index), None)
+        rates, where = rates_from_platform(platform, gpu.index if gpu else -1)
+        if not info.is_cuda:  # the device path of a CPU run is this CPU
+            rates = ColdRates(rates.cpu_gbps(1), rates.cpu_points, rates.sync_ms)
+            where += "; no GPU here: the device path is this CPU"
+    else:
+        rates, where = measure_rates(model, info)
+    split = ColdSplit(mode, rates, info)
+    split.rates_source = where
+    model.compute = SplitExperts(model.compute, split)
+    return split
