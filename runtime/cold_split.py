@@ -161,15 +161,14 @@ class SplitExperts:
 CALIBRATION_POOL_BYTES = 64 << 20  # a quick measurement at the start of a run: about a second
 
 
-def measure_rates(model, info: DeviceInfo) -> tuple[ColdRates, str]:
+def measure_rates(bank, info: DeviceInfo) -> tuple[ColdRates, str]:
     """The cost model's rates measured now, on this run's expert shape, when no platform.json is
     given: the CPU expert rate (probes.cpu_expert) on the GPU's node, the zero-copy read of the
-    first cold bank (on a GPU) and the per-layer sync (hand-off, and the activations' round trip
+    bank's cold blobs (on a GPU) and the per-layer sync (hand-off, and the activations' round trip
     on a GPU). On a CPU the device path is this same CPU: its rate is the CPU rate at one token."""
     from probes.bandwidth import measure_roundtrip_ms
     from probes.cpu_expert import ExpertShape, measure_cpu_expert, measure_handoff_ms
 
-    bank = model.banks[0]
     shape = ExpertShape(bank.hidden, bank.inter, str(bank.compute_dtype).replace("torch.", ""))
     cpu = measure_cpu_expert(shape, info.numa_node, None, pool_bytes=CALIBRATION_POOL_BYTES, samples=3)
     points = tuple((float(t), m.median_gbps) for t, m in cpu.by_tokens)
@@ -204,10 +203,9 @@ def _zero_copy_gbps(bank, info: DeviceInfo, reps: int = 5, max_bytes: int = 1 <<
     return n / (sorted(times)[reps // 2] * 1e6)
 
 
-def attach(model, mode: str, info: DeviceInfo, platform_path=None) -> ColdSplit | None:
-    """Give `model` the CPU cold path of `mode` (nothing for `gpu`), its rates from platform.json
-    when given (the GPU this run uses), else measured now. Before any Engine is made: the engine
-    reads `capturable` to decide on the CUDA graph."""
+def make_split(mode: str, info: DeviceInfo, bank, platform_path=None) -> ColdSplit | None:
+    """The CPU cold path of `mode` (None for `gpu`), its rates from platform.json when given (the
+    GPU this run uses), else measured now on `bank`'s expert shape."""
     if mode == "gpu":
         return None
     if platform_path is not None:
@@ -222,8 +220,16 @@ def attach(model, mode: str, info: DeviceInfo, platform_path=None) -> ColdSplit 
             rates = ColdRates(rates.cpu_gbps(1), rates.cpu_points, rates.sync_ms)
             where += "; no GPU here: the device path is this CPU"
     else:
-        rates, where = measure_rates(model, info)
+        rates, where = measure_rates(bank, info)
     split = ColdSplit(mode, rates, info)
     split.rates_source = where
-    model.compute = SplitExperts(model.compute, split)
+    return split
+
+
+def attach(model, mode: str, info: DeviceInfo, platform_path=None) -> ColdSplit | None:
+    """Give the synthetic `model` the CPU cold path of `mode`. Before any Engine is made: the
+    engine reads `capturable` to decide on the CUDA graph."""
+    split = make_split(mode, info, model.banks[0], platform_path)
+    if split is not None:
+        model.compute = SplitExperts(model.compute, split)
     return split

@@ -116,3 +116,32 @@ def test_run_checkpoint_draws_a_bar_per_prompt_on_a_terminal(ckpt, tmp_path, cap
     err = capsys.readouterr().err
     assert code == 0, err
     assert "tiny-ckpt: prompts" in err and "3/3" in err
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("cold_path", ["cpu", "split"])
+def test_checkpoint_runs_with_a_cpu_cold_path_generate_the_same_text(checkpoints, family, cold_path, tmp_path,  # noqa: F811
+                                                                     capsys, monkeypatch):
+    """Every family's layout (transposed, biased, interleaved gate/up) computed by the CPU from the
+    host cold bank gives transformers' greedy text."""
+    ckpt = checkpoints[family]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(orjson.dumps({"prompt": SENTENCES[0]}).decode() + "\n")
+    monkeypatch.setenv("HOTSPLIT_COLD_PATH", cold_path)
+    code = main(["run", str(_recipe(tmp_path, ckpt, prompts, 2, _geometry(ckpt))), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    doc = json.loads(captured.out)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    ids = tok(SENTENCES[0], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = reference(ckpt).generate(input_ids=ids, max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert doc["summary"]["texts"] == [tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)]
+    paths = doc["summary"]["cold_paths"]
+    assert doc["knobs"]["cold_path"] == cold_path and paths["mode"] == cold_path
+    assert paths["cpu"]["experts"] > 0
+    if cold_path == "cpu":
+        assert paths["gpu"]["experts"] == 0
+    assert f"CPU cold path ({cold_path}" in doc["summary"]["kernel"]

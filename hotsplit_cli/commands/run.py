@@ -64,7 +64,7 @@ def run(
         if trace is not None or steps is not None or scale is not None:
             raise UsageError("--trace, --steps and --scale apply to synthetic models",
                              "a checkpoint run generates from the recipe's prompts at full size")
-        return _run_checkpoint(out, rec, knobs, plan, log_jsonl, plot, json_out)
+        return _run_checkpoint(out, rec, knobs, plan, log_jsonl, plot, json_out, platform)
 
     from runtime.device import tune_cpu_threads  # torch is imported only from here on
     from runtime.from_recipe import prepare_run
@@ -130,7 +130,7 @@ def _logged(say, log_jsonl: Path | None, runner):
 
 
 def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path | None, plot: Path | None,
-                    json_out: bool) -> None:
+                    json_out: bool, platform: Path | None = None) -> None:
     """A real checkpoint: generate the recipe's prompts on the hot/cold banks, logging hit rates."""
     try:
         import transformers  # noqa: F401
@@ -144,7 +144,8 @@ def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path 
 
     total = len(read_prompts(rec.traffic.path)) if rec.traffic.kind == "prompts" else None
     with out.progress(f"{rec.name}: prompts", total) as advance:
-        result = _logged(say, log_jsonl, lambda on_record: run_checkpoint(rec, knobs, plan, on_record, advance))
+        result = _logged(say, log_jsonl, lambda on_record: run_checkpoint(rec, knobs, plan, on_record, advance,
+                                                                          platform))
     doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), "summary": result.to_doc()}
     if plot is not None:
         _plot(plot, result.summary, rec.name)
@@ -158,7 +159,8 @@ def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path 
         _render_summary(out, f"hotsplit run {rec.name}", result.summary,
                         [("device", f"{result.device} ({result.kernel})"), plan_row,
                          ("cold bank", result.numa.describe())],
-                        [("copy time", f"{result.summary.copy_ms:,.2f} ms")], origin)
+                        [("copy time", f"{result.summary.copy_ms:,.2f} ms"),
+                         *_cold_path_rows(result.summary.cold_paths)], origin)
 
     out.emit(doc, render)
 

@@ -112,6 +112,7 @@ class HFExpertBank(BlobBank):
         super().__init__(num_experts, self.blob_layout.elems, self.blob_layout.storage, info, allocator,
                          swap_stream=swap_stream)
         self.layout, self.kernel, self.compute_dtype = layout, kernel, dtype
+        self.cold_split = None  # a runtime.cold_split.ColdSplit: cold experts shared with the CPU
         # What the kernels read (the plain layout only): sizes, where w2 starts in a blob, and
         # for fp8 where the scales are.
         self.hidden, self.inter = layout.hidden, layout.inter
@@ -141,18 +142,22 @@ class HFExpertBank(BlobBank):
 
     # ---- compute ----
 
-    def parts_of(self, e: int) -> dict[str, torch.Tensor]:
-        """Expert e's tensors from the slot it is served from, or read in place from the cold bank."""
+    def parts_of(self, e: int, host: bool = False) -> dict[str, torch.Tensor]:
+        """Expert e's tensors from the slot it is served from, or read in place from the cold bank
+        (`host`: where the cold bank lies in host memory, for the CPU cold path)."""
         slot = int(self.served_E[e])
-        blob = self.hot_SB[slot] if slot >= 0 else self.cold_read_EB[e]
-        if blob.device != self.info.device:  # CUDA without zero-copy: an explicit copy
-            blob = blob.to(self.info.device, non_blocking=True)
+        if host:
+            blob = self.cold_EB[e]
+        else:
+            blob = self.hot_SB[slot] if slot >= 0 else self.cold_read_EB[e]
+            if blob.device != self.info.device:  # CUDA without zero-copy: an explicit copy
+                blob = blob.to(self.info.device, non_blocking=True)
         return {name: self._part(blob, name) for name in self.blob_layout.offsets}
 
-    def weights_of(self, e: int) -> dict[str, torch.Tensor]:
+    def weights_of(self, e: int, host: bool = False) -> dict[str, torch.Tensor]:
         """Expert e's tensors ready to compute with: fp8 weights dequantised (in the model dtype,
         as transformers does), the rest as stored."""
-        p = self.parts_of(e)
+        p = self.parts_of(e, host)
         fmt = self.layout.fp8
         if fmt is None:
             return p
@@ -163,14 +168,22 @@ class HFExpertBank(BlobBank):
                 w_TK: torch.Tensor) -> torch.Tensor:
         """The routed experts' output [T, H]. In torch this is transformers' eager experts:
         per expert, gate/up, the module's own `_apply_gate`, down, times the routing weight
-        (fp32 routing weights promote, as in transformers), summed per token."""
-        if self.kernel is not None:
+        (fp32 routing weights promote, as in transformers), summed per token. With a CPU cold
+        path, part of the cold experts are computed on the CPU from the host cold bank."""
+        if self.cold_split is not None:
+            return self.cold_split(x_TH, ids_TK, w_TK, self, lambda ids: self._forward(experts, x_TH, ids, w_TK),
+                                   lambda x, ids, w: self._forward(experts, x, ids, w, host=True))
+        return self._forward(experts, x_TH, ids_TK, w_TK)
+
+    def _forward(self, experts: torch.nn.Module, x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor,
+                 host: bool = False) -> torch.Tensor:
+        if self.kernel is not None and not host:
             return self.kernel(x_TH, ids_TK, w_TK, self)
         lay = self.layout
         out_TH = torch.zeros_like(x_TH)
         w_flat = w_TK.reshape(-1)
         for e, tok, idx in expert_groups(ids_TK, self.num_experts):
-            p = self.weights_of(e)
+            p = self.weights_of(e, host)
             x = x_TH[tok]
             if lay.transposed:
                 gu = x @ p["w1"]

@@ -22,6 +22,7 @@ from hotsplit_cli.prompts import read_prompts
 from hotsplit_cli.recipe import GIB, Recipe
 from hotsplit_cli.sizes import derive_hot_budget, expert_bytes_per_rank
 
+from ..cold_split import make_split
 from ..device import choose_device
 from ..log import HitRateRecord
 from ..pinned import NumaPlacement, PinnedAllocator, plan_placement
@@ -53,7 +54,8 @@ class CheckpointRun:
 
 def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = None,
                    on_record: Callable[[HitRateRecord], None] | None = None,
-                   advance: Callable[[int], None] | None = None) -> CheckpointRun:
+                   advance: Callable[[int], None] | None = None, platform_path: str | Path | None = None
+                   ) -> CheckpointRun:
     """Generate greedy text for the recipe's prompts on the hot/cold banks, logging hit rates;
     `advance(n)` after each batch of n prompts is generated."""
     m, t = recipe.model, recipe.traffic
@@ -87,8 +89,10 @@ def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = 
         p = plan_hot_set(counts_LE, expert_bytes, budget)
         hot_LE, expected, source = p.hot_RLE[0], p.hit_rate, "planned from the prompts' prefill routing"
         made_from = f"the prefill routing of {t.path}"
+    split = make_split(knobs.cold_path, info, hm.banks[0], platform_path)
     for row, bank in enumerate(hm.banks):
         bank.set_hot(hot_LE[row])
+        bank.cold_split = split
     serve = HFServe(hm, knobs, expert_bytes, on_record)
     tokens_before = hm.counter.tokens
     t0 = time.perf_counter()
@@ -97,5 +101,6 @@ def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = 
     return CheckpointRun(
         texts=texts, summary=serve.summary(hm.counter.tokens - tokens_before, elapsed, expected),
         plan_source=source, plan_made_from=made_from, hot_experts=int(hot_LE.sum()), device=info.name,
-        kernel="triton" if hm.banks[0].kernel is not None else "torch per expert",
+        kernel=("triton" if hm.banks[0].kernel is not None else "torch per expert")
+        + (f" + CPU cold path ({split.mode}; {split.rates_source})" if split else ""),
         numa=allocator.placement)

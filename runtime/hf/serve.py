@@ -69,7 +69,9 @@ class HFServe:
             swaps, error = self.book.decide(self.window_LE, self.hot_LE(), self.steps)
             for li, moves in moves_by_layer(swaps).items():
                 copy_ms += self.hm.banks[li].begin_swaps(moves)
-        rec = self.book.close(self.steps, self.hits_L, self.assigned_L, self.cold_reads, len(swaps), copy_ms, error)
+        split = self.hm.banks[0].cold_split
+        rec = self.book.close(self.steps, self.hits_L, self.assigned_L, self.cold_reads, len(swaps), copy_ms, error,
+                              split.counters.cpu_experts if split else None)
         self.window_LE[:] = 0
         self.hits_L[:] = 0
         self.assigned_L[:] = 0
@@ -88,4 +90,8 @@ class HFServe:
         return [tokenizer.decode(x, skip_special_tokens=True) for x in ids]
 
     def summary(self, tokens: int, elapsed_s: float, expected_hit_rate: float | None) -> RunSummary:
-        return self.book.summary(self.steps, tokens, elapsed_s, expected_hit_rate)
+        summary = self.book.summary(self.steps, tokens, elapsed_s, expected_hit_rate)
+        split = self.hm.banks[0].cold_split
+        if split is not None:
+            summary.cold_paths = split.report(self.book.expert_bytes)
+        return summary
