@@ -71,15 +71,15 @@ if [ -n "$(missing)" ]; then
   note "error: $PY lacks: $(missing) (no network? carry wheels in .whl/; see pip.log in the tarball)"
   exit 1
 fi
-timeout 60 "$PY" - >"$W/env.out" 2>&1 <<'PYEOF'
-import platform, torch
+HAS_CUDA=0
+timeout 60 "$PY" - >"$W/env.out" 2>&1 <<'PYEOF' && HAS_CUDA=1
+import platform, sys, torch
 gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
 print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), Python {platform.python_version()}, {gpu}")
+sys.exit(0 if torch.cuda.is_available() else 3)
 PYEOF
 command -v nvidia-smi >/dev/null && timeout 20 nvidia-smi >>"$W/env.out" 2>&1
-cat "$W/env.out" | head -n 1
-HAS_CUDA=0
-grep -q "no GPU" "$W/env.out" || HAS_CUDA=1
+head -n 1 "$W/env.out"
 # GPU_CHECKS_ALLOW_CPU=1 runs the whole script on a CPU (to check the script itself).
 if [ "$HAS_CUDA" = 0 ] && [ -z "${GPU_CHECKS_ALLOW_CPU:-}" ]; then
   note "error: $(head -n 1 "$W/env.out"): torch sees no CUDA GPU, and every check here needs one"
