@@ -1,13 +1,19 @@
 """`hotsplit selftest`: the runtime against the all-resident reference on this machine's device,
 and its speed (zero-copy read GB/s, step time vs the reference). Returns data; never prints.
+
+Each check runs isolated: any exception it raises (a mismatch, or a device error such as
+`torch.AcceleratorError: CUDA error: invalid argument`) becomes that check's FAIL row, naming the
+error and where it was raised, and the remaining checks still run.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -19,6 +25,14 @@ from .model import HotColdMoE
 from .moe import LayerWeights, MoEGeometry, ReferenceMoE, Router, make_layer_weights
 from .pinned import PinnedAllocator, plan_placement
 
+REFERENCE = "runtime = reference (random hot sets)"
+SWAPS = "runtime = reference (swaps mid-run)"
+FP8_EXPERTS = "runtime = reference (fp8 experts)"
+GRAPH = "CUDA graph replay"
+ZERO_COPY = "zero-copy read"
+STEP_TIME = "step time vs reference (batch 8, 100% hot)"
+_ROOT = Path(__file__).resolve().parent.parent
+
 
 @dataclass
 class Check:
@@ -26,9 +40,50 @@ class Check:
     ok: bool | None  # None: skipped
     value: str
     detail: str = ""
+    error: dict | None = None  # the exception that ended the check: type, message, where, traceback
 
     def to_doc(self) -> dict:
         return dict(self.__dict__)
+
+
+def error_line(exc: BaseException) -> str:
+    """`Type: first line of the message` (a CUDA error's message runs on for several lines)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def error_site(exc: BaseException) -> str | None:
+    """`path:line` of the innermost frame in hotsplit's own code (None when there is none)."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = Path(frame.filename).resolve()
+        if path.is_relative_to(_ROOT) and "site-packages" not in path.parts and path.is_file():
+            return f"{path.relative_to(_ROOT)}:{frame.lineno}"
+    return None
+
+
+def failed(name: str, exc: BaseException) -> Check:
+    """The FAIL row of check `name` that raised `exc`."""
+    site = error_site(exc)
+    detail = error_line(exc) + (f" (at {site})" if site else "")
+    tb = "".join(traceback.format_exception(exc)[-12:])  # the innermost frames, for a report
+    return Check(name, False, "error", detail,
+                 {"type": type(exc).__name__, "message": error_line(exc), "at": site, "traceback": tb})
+
+
+def _synchronize(info: DeviceInfo) -> None:
+    if info.is_cuda:
+        torch.cuda.synchronize(info.device)
+
+
+def isolated(name: str, run: Callable[[], Check], info: DeviceInfo) -> Check:
+    """Run one check; any exception becomes its FAIL row. The device is synchronised inside, so
+    an asynchronous device error is charged to the check whose work raised it."""
+    try:
+        check = run()
+        _synchronize(info)
+    except Exception as exc:  # every kind: an AssertionError, a CUDA error, a bug in the check
+        return failed(name, exc)
+    return check
 
 
 def tolerances(dtype: torch.dtype) -> dict:
@@ -94,14 +149,14 @@ def check_reference(info: DeviceInfo, dtype: torch.dtype, seed: int = 0) -> Chec
                 torch.testing.assert_close(got, want, **tolerances(dtype))
                 n += 1
     except AssertionError as exc:
-        return Check("runtime = reference (random hot sets)", False, f"max err {worst:.2e}", str(exc).splitlines()[0])
-    return Check("runtime = reference (random hot sets)", True, f"max err {worst:.2e}", f"{n} cases, 2 routers")
+        return Check(REFERENCE, False, f"max err {worst:.2e}", str(exc).splitlines()[0])
+    return Check(REFERENCE, True, f"max err {worst:.2e}", f"{n} cases, 2 routers")
 
 
 def check_fp8(info: DeviceInfo, dtype: torch.dtype, seed: int = 0) -> Check:
     """Block-scaled fp8 experts (dequantised per tile by the kernels, per expert by the torch
     path) against the reference on their dequantised values: hot sets, then swaps."""
-    name = "runtime = reference (fp8 experts)"
+    name = FP8_EXPERTS
     rng = np.random.default_rng(seed + 3)
     g = _geom(info, "sigmoid", shared=True)
     worst, n = 0.0, 0
@@ -146,13 +201,13 @@ def check_swaps(info: DeviceInfo, dtype: torch.dtype, seed: int = 0, steps: int 
             if not np.array_equal(b.expert2slot_E.cpu().numpy(), b.table.expert2slot_E):
                 raise AssertionError("device expert2slot differs from the slot table")
     except AssertionError as exc:
-        return Check("runtime = reference (swaps mid-run)", False, f"max err {worst:.2e}", str(exc).splitlines()[0])
-    return Check("runtime = reference (swaps mid-run)", True, f"max err {worst:.2e}", f"{swaps} swaps, {steps} steps")
+        return Check(SWAPS, False, f"max err {worst:.2e}", str(exc).splitlines()[0])
+    return Check(SWAPS, True, f"max err {worst:.2e}", f"{swaps} swaps, {steps} steps")
 
 
 def check_graph(info: DeviceInfo, dtype: torch.dtype, seed: int = 0) -> Check:
     """Capture one step in a CUDA graph; replay with new inputs and swaps between replays."""
-    name = "CUDA graph replay"
+    name = GRAPH
     if not (info.graphs and info.triton):
         return Check(name, None, "skipped", info.reasons.get("graphs") or info.reasons.get("triton", ""))
     rng = np.random.default_rng(seed + 2)
@@ -199,17 +254,21 @@ def _time_ms(fn: Callable[[], object], info: DeviceInfo, reps: int) -> float:
     return statistics.median(times)
 
 
-def measure_zero_copy(info: DeviceInfo, n_bytes: int = 1 << 30) -> dict:
-    """Raw zero-copy read GB/s (a reduction over a pinned buffer's device view) and the cold expert
-    path's GB/s (every expert cold, each read once by the expert kernels)."""
+def raw_zero_copy_gbps(info: DeviceInfo, n_bytes: int = 1 << 30) -> float:
+    """GB/s of the GPU reading pinned host memory in place: a reduction over a pinned buffer's
+    device view, median of 5."""
     from .bank import zero_copy_view
 
     host = torch.empty(n_bytes // 4, dtype=torch.float32, pin_memory=True).fill_(1.0)
     view = zero_copy_view(host, info.device)
     view.sum()
-    raw_ms = _time_ms(view.sum, info, 5)
-    raw_gbps = n_bytes / raw_ms / 1e6
-    del view, host
+    return n_bytes / _time_ms(view.sum, info, 5) / 1e6
+
+
+def measure_zero_copy(info: DeviceInfo, n_bytes: int = 1 << 30) -> dict:
+    """Raw zero-copy read GB/s (a reduction over a pinned buffer's device view) and the cold expert
+    path's GB/s (every expert cold, each read once by the expert kernels)."""
+    raw_gbps = raw_zero_copy_gbps(info, n_bytes)
     # The cold path: DeepSeek-V3-sized experts (hidden 7168, moe_intermediate 2048, from
     # deepseek-ai/DeepSeek-V3 config.json), 32 experts, one assignment each, all cold; in bf16
     # and in the release's own format, fp8 with 128x128 block scales.
@@ -276,25 +335,37 @@ def step_time_ratio(info: DeviceInfo, dtype: torch.dtype, batch: int, hot_fracti
     return {"batch": batch, "hot_fraction": hot_fraction, "runtime_ms": r, "reference_ms": f, "ratio": r / f}
 
 
+def check_zero_copy(info: DeviceInfo, measures: dict) -> Check:
+    """The zero-copy read and cold expert path GB/s (kept in `measures["zero_copy"]`)."""
+    if not info.zero_copy:
+        return Check(ZERO_COPY, None, "skipped", info.reasons.get("zero_copy", ""))
+    zc = measures["zero_copy"] = measure_zero_copy(info)
+    detail = (f"cold expert path {zc['cold_path_gbps']:.1f} GB/s ({100 * zc['cold_vs_raw']:.0f}% of raw), "
+              f"fp8 {zc['cold_path_fp8_gbps']:.1f} GB/s ({100 * zc['cold_fp8_vs_raw']:.0f}%)")
+    return Check(ZERO_COPY, True, f"{zc['raw_gbps']:.1f} GB/s raw", detail)
+
+
+def check_step_time(info: DeviceInfo, dtype: torch.dtype, measures: dict) -> Check:
+    """Step time vs the reference (kept in `measures["step_time"]`). Speed is reported, not
+    judged: a busy machine must not fail a correctness test."""
+    st = measures["step_time"] = step_time_ratio(info, dtype, batch=8, hot_fraction=1.0)
+    return Check(STEP_TIME, None, f"x{st['ratio']:.3f}", f"{st['runtime_ms']:.3f} ms vs {st['reference_ms']:.3f} ms")
+
+
 def run_selftest(info: DeviceInfo, seed: int = 0) -> dict:
-    """Every check; `ok` is False when any check failed (skips do not fail)."""
+    """Every check, each isolated (an exception is that check's FAIL); `ok` is False when any
+    check failed (skips do not fail). A measure that raised has no entry in `measures`."""
     dtype = torch.bfloat16 if info.is_cuda else torch.float32
-    checks = [check_reference(info, dtype, seed), check_swaps(info, dtype, seed), check_fp8(info, dtype, seed),
-              check_graph(info, dtype, seed)]
     measures: dict = {}
-    if info.zero_copy:
-        zc = measure_zero_copy(info)
-        measures["zero_copy"] = zc
-        detail = (f"cold expert path {zc['cold_path_gbps']:.1f} GB/s ({100 * zc['cold_vs_raw']:.0f}% of raw), "
-                  f"fp8 {zc['cold_path_fp8_gbps']:.1f} GB/s ({100 * zc['cold_fp8_vs_raw']:.0f}%)")
-        checks.append(Check("zero-copy read", True, f"{zc['raw_gbps']:.1f} GB/s raw", detail))
-    else:
-        checks.append(Check("zero-copy read", None, "skipped", info.reasons.get("zero_copy", "")))
-    st = step_time_ratio(info, dtype, batch=8, hot_fraction=1.0)
-    measures["step_time"] = st
-    # Speed is reported, not judged: a busy machine must not fail a correctness test.
-    checks.append(Check("step time vs reference (batch 8, 100% hot)", None, f"x{st['ratio']:.3f}",
-                        f"{st['runtime_ms']:.3f} ms vs {st['reference_ms']:.3f} ms"))
+    runs: list[tuple[str, Callable[[], Check]]] = [
+        (REFERENCE, lambda: check_reference(info, dtype, seed)),
+        (SWAPS, lambda: check_swaps(info, dtype, seed)),
+        (FP8_EXPERTS, lambda: check_fp8(info, dtype, seed)),
+        (GRAPH, lambda: check_graph(info, dtype, seed)),
+        (ZERO_COPY, lambda: check_zero_copy(info, measures)),
+        (STEP_TIME, lambda: check_step_time(info, dtype, measures)),
+    ]
+    checks = [isolated(name, run, info) for name, run in runs]
     ok = all(c.ok is not False for c in checks)
     return {"ok": ok, "device": info.to_doc(), "kernel": choose_compute(info).name,
             "checks": [c.to_doc() for c in checks], "measures": measures}

@@ -407,3 +407,38 @@ def test_cuda_cold_bank_zero_copy_matches_transformers(checkpoints, family):
                 bank.set_hot(hot)
             got = hm.model(input_ids=ids.cuda(), attention_mask=am.cuda()).logits
             torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+
+
+# A second checkpoint, then the first one again: a long-lived process loading checkpoint after
+# checkpoint, each dropped before the next (a plain-SwiGLU family and gpt-oss's own layout).
+RELOAD_ORDER = ("qwen3_moe", "gpt_oss", "qwen3_moe")
+
+
+def _load_run_drop_in_turn(checkpoints, info, **tol):
+    import gc
+
+    for family in RELOAD_ORDER:
+        folder = checkpoints[family]
+        ids, am = (t.to(info.device) for t in _hidden_batch(load_tokenizer(folder)))
+        with torch.no_grad():
+            want = reference(folder).to(info.device)(input_ids=ids, attention_mask=am).logits
+            hm = load_model(folder, info, torch.float32)
+            for bank in hm.banks:
+                bank.set_hot(np.arange(hm.num_experts) % 2 == 0)
+            got = hm.model(input_ids=ids, attention_mask=am).logits
+        torch.testing.assert_close(got, want, **tol)
+        del hm, got, want
+        gc.collect()  # the model, its banks and their allocator are gone
+        # A large pageable host->device copy right after: the copy a registration left behind by
+        # the dropped cold bank would make fail ("CUDA error: invalid argument").
+        n_bytes = 64 << 20
+        assert int(torch.ones(n_bytes, dtype=torch.uint8).to(info.device).sum()) == n_bytes
+
+
+def test_load_run_drop_then_load_another_checkpoint(checkpoints, cpu):
+    _load_run_drop_in_turn(checkpoints, cpu, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: pinned cold banks freed and made again")
+def test_cuda_load_run_drop_then_load_another_checkpoint(checkpoints):
+    _load_run_drop_in_turn(checkpoints, choose_device("cuda"), rtol=1e-3, atol=1e-4)

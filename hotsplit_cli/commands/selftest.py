@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from ..errors import HotsplitError
 from ..jsonio import schema_tag
@@ -17,7 +19,8 @@ def selftest(
     json_out: JsonOpt = False,
 ) -> None:
     """Check the hot/cold runtime against an all-resident reference; measure zero-copy GB/s and
-    step time vs the reference. Exits 1 on any mismatch."""
+    step time vs the reference. Every check runs, each isolated; the report is always printed.
+    Exits 1 when any check failed."""
     out = Output(json_out)
     from runtime.device import choose_device, tune_cpu_threads  # torch is imported only from here on
     from runtime.selftest import run_selftest
@@ -33,10 +36,19 @@ def selftest(
         for c in result["checks"]:
             t.add_row(c["name"], {True: "pass", False: "FAIL", None: "-"}[c["ok"]], c["value"], c["detail"])
         out.print(t)
+        for c in result["checks"]:  # each error on one unwrapped line, as plain text (no markup)
+            if c["error"]:
+                out.print(Text(f"FAIL {c['name']}: {c['detail']}"))
 
     out.emit(doc, render)
     if not result["ok"]:
         failed = [c["name"] for c in result["checks"] if c["ok"] is False]
+        from ..cli import _DEBUG  # set by --debug / HOTSPLIT_DEBUG=1
+
+        if _DEBUG["on"]:  # the tracebacks the checks caught, for a bug report
+            for c in result["checks"]:
+                if c["error"]:
+                    print(f"{c['name']}:\n{c['error']['traceback']}", file=sys.stderr)  # no markup
         raise HotsplitError(f"selftest failed: {', '.join(failed)}", "rerun with --json and report the document")
 
 

@@ -1,0 +1,152 @@
+"""scripts/gpu_checks.sh and the summary it prints (scripts/gpu_summary.py), on the CPU: the
+script's syntax and shape, the pytest log parsing, and a summary of a run where things failed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "gpu_checks.sh"
+
+
+def _summary_module():
+    spec = importlib.util.spec_from_file_location("gpu_summary_under_test", ROOT / "scripts" / "gpu_summary.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+gs = _summary_module()
+
+# `pytest -o addopts= -v -rfE` as the script runs it (captured, trimmed).
+LOG = """\
+============================= test session starts ==============================
+collecting ... collected 20 items / 16 deselected / 4 selected
+
+tests/test_runtime_bank.py::test_cuda_zero_copy_view_reads_pinned_memory_in_place PASSED [ 25%]
+tests/test_runtime_bank.py::test_cuda_swaps_in_flight_equal_reference FAILED [ 50%]
+tests/test_hf_models.py::test_cuda_cold_bank_zero_copy_matches_transformers[qwen3_moe] PASSED [ 75%]
+tests/test_hf_models.py::test_cuda_cold_bank_zero_copy_matches_transformers[gpt_oss] ERROR [100%]
+
+=================================== FAILURES ===================================
+E   torch.AcceleratorError: CUDA error: invalid argument
+=========================== short test summary info ============================
+FAILED tests/test_runtime_bank.py::test_cuda_swaps_in_flight_equal_reference - torch.AcceleratorError: CUDA error
+ERROR tests/test_hf_models.py::test_cuda_cold_bank_zero_copy_matches_transformers[gpt_oss] - RuntimeError
+============= 1 failed, 2 passed, 171 deselected, 1 error in 12.31s =============
+"""
+KILLED = """\
+collecting ... collected 9 items
+
+tests/test_runtime_bank.py::test_cuda_graph_replay_equals_reference FAILED [ 11%]
+tests/test_probe_gpu.py::test_measure_gpu_small_sweep
+"""
+
+
+def test_script_syntax_is_valid():
+    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
+def test_script_passes_shellcheck():
+    assert subprocess.run(["shellcheck", "-S", "warning", str(SCRIPT)]).returncode == 0
+
+
+def test_script_runs_every_cuda_test_and_bounds_every_step():
+    text = SCRIPT.read_text()
+    assert not re.search(r"pytest[^\n]*\s-x\b", text)  # no stop at the first failure
+    files = re.search(r"CUDA_TEST_FILES=\(([^)]*)\)", text).group(1).split()
+    assert files and all((ROOT / f).is_file() for f in files)
+    assert "CUDA_LAUNCH_BLOCKING=1 timeout" in text and 'timeout -k 5 "$limit" "$@"' in text
+    assert "bench_runtime.py \"${args[@]}\"" in text and "--full-size" in text
+    assert "[ -f benchmarks/bench_cold_path.py ]" in text
+    assert "trap finish EXIT" in text and "gpu_checks.tar.gz" in text and "summary.txt" in text
+
+
+def test_failed_ids_from_result_lines_and_short_summary_each_once():
+    assert gs.failed_test_ids(LOG) == [
+        "tests/test_runtime_bank.py::test_cuda_swaps_in_flight_equal_reference",
+        "tests/test_hf_models.py::test_cuda_cold_bank_zero_copy_matches_transformers[gpt_oss]"]
+    assert gs.pytest_counts(LOG) == "1 failed, 2 passed, 171 deselected, 1 error in 12.31s"
+    assert gs.stopped_during(LOG) is None
+
+
+def test_a_killed_run_names_its_failures_so_far_and_the_test_it_was_in():
+    assert gs.failed_test_ids(KILLED) == ["tests/test_runtime_bank.py::test_cuda_graph_replay_equals_reference"]
+    assert gs.pytest_counts(KILLED) is None
+    assert gs.stopped_during(KILLED) == "tests/test_probe_gpu.py::test_measure_gpu_small_sweep"
+
+
+def test_failed_tests_command_prints_one_id_a_line(tmp_path, capsys):
+    log = tmp_path / "cuda_tests.out"
+    log.write_text(LOG)
+    assert gs.main(["--failed-tests", str(log)]) == 0
+    assert capsys.readouterr().out.splitlines() == gs.failed_test_ids(LOG)
+
+
+def _selftest_doc(fail: str | None = None) -> dict:
+    checks = [{"name": "runtime = reference (random hot sets)", "ok": True, "value": "max err 0", "detail": "",
+               "error": None},
+              {"name": "zero-copy read", "ok": True, "value": "51.0 GB/s raw", "detail": "", "error": None}]
+    if fail:
+        checks.insert(1, {"name": "runtime = reference (swaps mid-run)", "ok": False, "value": "error",
+                          "detail": fail, "error": {"message": fail}})
+    return {"ok": fail is None, "kernel": "triton", "checks": checks,
+            "measures": {"zero_copy": {"raw_gbps": 51.0, "cold_path_gbps": 45.0, "cold_vs_raw": 45 / 51,
+                                       "cold_path_fp8_gbps": 38.0}}}
+
+
+def _platform(zero_copy_gbps: float) -> dict:
+    return {"schema": "hotsplit.platform/1", "created": "2026-01-01T00:00:00Z",
+            "host": {"numa_nodes": [{}]}, "reasons": [],
+            "gpus": [{"index": 0, "cuda_index": 0, "summary": {"zero_copy_read_gbps": zero_copy_gbps}}]}
+
+
+def test_summary_of_a_run_with_failures_skips_and_reruns(tmp_path):
+    w = tmp_path
+    (w / "status.tsv").write_text("\n".join("\t".join(r) for r in [
+        ("selftest", "first", "1", "40", "90", ""), ("probe", "first", "0", "30", "45", ""),
+        ("bench_full", "first", "124", "120", "120", "timed out after 120 s"),
+        ("cuda_tests", "first", "1", "50", "90", ""),
+        ("bench_runtime", "first", "skipped", "0", "30", "budget: 12 s left"),
+        ("selftest", "blocking", "1", "45", "90", ""), ("cuda_tests", "blocking", "1", "20", "90", "")]) + "\n")
+    first_line = "RuntimeError: CUDA error: invalid argument (at runtime/moe.py:222)"
+    (w / "selftest.out").write_text(json.dumps(_selftest_doc(first_line)))
+    (w / "selftest.blocking.out").write_text(json.dumps(_selftest_doc("RuntimeError: CUDA error: at the launch")))
+    (w / "probe.out").write_text(json.dumps(_platform(50.0)))
+    (w / "bench_full.out").write_text("")
+    (w / "bench_full.err").write_text("compiling\nstill compiling\n")
+    (w / "cuda_tests.out").write_text(LOG)
+    (w / "cuda_tests.blocking.out").write_text(KILLED)
+    text = gs.summary(w)
+    assert "selftest: ok False | kernel triton" in text
+    assert re.search(r"runtime = reference \(swaps mid-run\)\s+FAIL\s+error\s+" + re.escape(first_line), text)
+    assert "cold path 45.0 GB/s vs probe zero-copy read 50.0 GB/s = 90% (target >= 80%: ok)" in text
+    assert "cold path, fp8 experts 38.0 GB/s vs probe zero-copy read 50.0 GB/s = 76% (target >= 80%: MISSED)" in text
+    assert "bench_full: no JSON document (rc 124, timed out after 120 s); its stderr ends:\n    compiling" in text
+    assert "CUDA tests: 1 failed, 2 passed, 171 deselected, 1 error in 12.31s" in text
+    assert "  FAILED tests/test_hf_models.py::test_cuda_cold_bank_zero_copy_matches_transformers[gpt_oss]" in text
+    assert "CUDA tests re-run, blocking: did not finish" in text
+    assert "  stopped during tests/test_probe_gpu.py::test_measure_gpu_small_sweep" in text
+    assert "bench_runtime: skipped (budget: 12 s left)" in text
+    assert "selftest re-run with CUDA_LAUNCH_BLOCKING=1: rc 1" in text
+    assert "FAIL                   error  RuntimeError: CUDA error: at the launch" in text
+
+
+def test_an_unreadable_result_is_said_in_its_place_and_the_rest_still_shows(tmp_path):
+    (tmp_path / "status.tsv").write_text("selftest\tfirst\t0\t30\t90\t\n")
+    (tmp_path / "selftest.out").write_text('{"ok": true, "kernel"')  # truncated
+    (tmp_path / "cuda_tests.out").write_text(LOG)
+    text = gs.summary(tmp_path)
+    assert "selftest: unreadable (JSONDecodeError" in text
+    assert "CUDA tests: 1 failed" in text
+    assert "bench_full: not run" in text
