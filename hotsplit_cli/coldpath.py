@@ -162,3 +162,25 @@ def predict_cold_paths(pi_LE: np.ndarray, hot_LE: np.ndarray, expert_bytes: int,
         out.append(ModeTimes(batch, _finite_ms(totals["gpu"]), _finite_ms(totals["cpu"]), _finite_ms(totals["split"]),
                              cpu_bytes / all_bytes if all_bytes else 0.0))
     return out
+
+
+def replay_cold_paths(counts_SLE: np.ndarray, hot_LE: np.ndarray, expert_bytes: int, rates: ColdRates,
+                      batch: int) -> ModeTimes:
+    """Mean cold time per step of each cold path over a routing trace with a fixed hot set: each
+    step's distinct cold experts and their token counts, split as the runtime splits them."""
+    totals = {"gpu": 0.0, "cpu": 0.0, "split": 0.0}
+    cpu_bytes = all_bytes = 0.0
+    S = counts_SLE.shape[0]
+    for counts_LE in counts_SLE:
+        for counts_E, hot_E in zip(counts_LE, hot_LE, strict=True):
+            cold = (counts_E > 0) & ~hot_E
+            tokens = counts_E[cold]
+            b = np.full(len(tokens), float(expert_bytes))
+            for mode in COLD_PATHS:
+                s = split_cold(b, tokens, rates, mode)
+                totals[mode] += s.seconds
+                if mode == "split":
+                    cpu_bytes += float(b[s.to_cpu_N].sum())
+            all_bytes += float(b.sum())
+    return ModeTimes(batch, *(_finite_ms(totals[m] / max(S, 1)) for m in COLD_PATHS),
+                     cpu_bytes / all_bytes if all_bytes else 0.0)

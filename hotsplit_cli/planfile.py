@@ -109,14 +109,18 @@ def plan_for_placement(hist: Histogram, recipe: Recipe, budget_bytes: int, place
     return replace(phys, hot_RLE=hot)
 
 
+def routing_probs(hist: Histogram) -> np.ndarray:
+    """pi [L, E]: the chance one token routes to expert e of layer l (top_k x its share in the layer)."""
+    c = hist.counts_LE
+    row = c.sum(axis=1, keepdims=True)
+    return np.minimum(1.0, hist.top_k * np.divide(c, row, out=np.zeros_like(c), where=row > 0))
+
+
 def cold_costs(hist: Histogram, hot_LE: np.ndarray, expert_bytes: int, read_gbps: float | None,
                batches=BATCH_SIZES) -> list[ColdCost]:
     """Expected distinct cold experts per decode step: sum over cold e of 1 - (1 - pi_e)^B,
     where pi_e = top_k x share of e in its layer is the chance one token routes to e."""
-    c = hist.counts_LE
-    row = c.sum(axis=1, keepdims=True)
-    pi = np.minimum(1.0, hist.top_k * np.divide(c, row, out=np.zeros_like(c), where=row > 0))
-    cold_pi = pi[~hot_LE]
+    cold_pi = routing_probs(hist)[~hot_LE]
     out = []
     for b in batches:
         n = float((1.0 - (1.0 - cold_pi) ** b).sum())
@@ -179,6 +183,16 @@ def plan_doc(hist: Histogram, hist_path: str | os.PathLike, recipe: Recipe, knob
             for c in costs
         ]
     return doc
+
+
+def cold_path_prediction(hist: Histogram, hot_LE: np.ndarray, expert_bytes: int, platform) -> dict:
+    """plan.json's `cold_paths`: predicted cold time per decode step of gpu / cpu / split at each
+    batch size, from platform.json's measured rates, and the fastest path at each."""
+    from .coldpath import predict_cold_paths, rates_from_platform
+
+    rates, where = rates_from_platform(platform, platform.gpus[0].index if platform.gpus else -1)
+    times = predict_cold_paths(routing_probs(hist), hot_LE, expert_bytes, rates, BATCH_SIZES)
+    return {"rates": where, "by_batch": [t.to_doc() for t in times]}
 
 
 @dataclass(frozen=True)

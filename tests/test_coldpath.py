@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -136,3 +137,51 @@ def test_a_malformed_cpu_expert_rate_is_refused_naming_the_field(tmp_path, gpu_s
     write_json_atomic(tmp_path / "platform.json", doc)
     with pytest.raises(InputFileError, match=r"host.cpu_expert\[0\].by_tokens\[1\].median_gbps"):
         load_platform(tmp_path / "platform.json")
+
+
+# ----------------------------------------------------------------------------- plan and simulate
+
+
+@pytest.fixture
+def platform_file(tmp_path, gpu_sources):
+    """platform.json of the fake two-GPU machine: zero-copy 40 GB/s, CPU 10 GB/s at one token."""
+    from hotsplit_cli.jsonio import write_json_atomic
+    from probes.platform import measure_platform, take_inventory
+
+    doc = measure_platform(take_inventory("quick", None, gpu_sources), gpu_sources).to_doc()
+    path = tmp_path / "platform.json"
+    write_json_atomic(path, doc)
+    return path
+
+
+def test_plan_predicts_each_cold_path_per_batch(cli, tiny_hist, platform_file):
+    from hotsplit_cli.planfile import BATCH_SIZES
+
+    r = cli("plan", tiny_hist, "--recipe", "tiny", "--hot-gib", "0.004", "--platform", platform_file, "--json")
+    assert r.code == 0, r.err
+    paths = json.loads(r.out)["cold_paths"]
+    assert [b["batch"] for b in paths["by_batch"]] == list(BATCH_SIZES)
+    assert "CPU 10.0 GB/s at 1 token" in paths["rates"]
+    for b in paths["by_batch"]:
+        assert b["split_ms"] <= min(b["gpu_ms"], b["cpu_ms"]) + 1e-12
+        assert b["fastest"] == min(("gpu", "cpu", "split"), key=lambda m: (b[f"{m}_ms"], m != "gpu"))
+    # At one token the CPU streams at a quarter of the link (10 vs 40 GB/s): it takes a fifth of the bytes.
+    assert paths["by_batch"][0]["split_cpu_share"] == pytest.approx(0.2, abs=0.05)
+    human = cli("plan", tiny_hist, "--recipe", "tiny", "--hot-gib", "0.004", "--platform", platform_file)
+    assert human.code == 0 and "predicted cold time per decode step by cold path" in human.out
+    assert "fastest here: split (batch 1" in human.out
+
+
+def test_simulate_replays_each_cold_path_on_the_trace(cli, tmp_path, platform_file):
+    from hotsplit_cli.trace import save_trace
+    from hotsplit_cli.traffic import synthetic_trace, zipf_shares
+
+    trace = save_trace(tmp_path / "t.npz", synthetic_trace(zipf_shares(4, 32, 1.1, seed=0), (1, 2, 3, 4),
+                                                           steps=40, batch=16, top_k=4, drift_every=0, seed=0))
+    r = cli("simulate", "--trace", trace, "--recipe", "tiny", "--hot-gib", "0.004", "--platform", platform_file,
+            "--json", "--policies", "static")
+    assert r.code == 0, r.err
+    c = json.loads(r.out)["cold_paths"]
+    assert c["policy"] == "static" and c["batch"] == 16
+    assert c["split_ms"] <= min(c["gpu_ms"], c["cpu_ms"]) and c["fastest"] in ("gpu", "split")
+    assert c["gpu_ms"] > 0 and 0 < c["split_cpu_share"] < 1

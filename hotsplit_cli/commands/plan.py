@@ -85,6 +85,10 @@ def plan_cmd(
     doc = plan_doc(hist, hist_file, rec, knobs, plan, budget_gib, source, derivation, costs,
                    str(platform) if platform else None, layout, str(placement) if placement else None,
                    rate, rate_source or None)
+    if plat is not None:
+        from ..planfile import cold_path_prediction
+
+        doc["cold_paths"] = cold_path_prediction(hist, plan.hot_RLE[0], expert_bytes_per_rank(rec), plat)
     if output is not None:
         from ..jsonio import write_json_atomic
 
@@ -121,10 +125,34 @@ def plan_cmd(
                 t.add_row(str(c.batch), f"{c.cold_experts:.1f}", gib(c.cold_bytes),
                               "-" if c.cold_ms is None else f"{c.cold_ms:.2f}")
             out.print(t)
+        if "cold_paths" in doc:
+            _render_cold_paths(out, doc["cold_paths"])
 
     out.emit(doc, render)
     if output is not None:
         out.note(f"wrote {output}")
+
+
+def _render_cold_paths(out: Output, paths: dict) -> None:
+    """Predicted cold time per decode step of each cold path (the `cold_path` knob), fastest marked."""
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    out.print(f"predicted cold time per decode step by cold path ({paths['rates']}):")
+    t = out.table("batch", "gpu ms", "cpu ms", "split ms", "split: CPU share", "fastest")
+    for b in paths["by_batch"]:
+        t.add_row(str(b["batch"]), ms(b["gpu_ms"]), ms(b["cpu_ms"]), ms(b["split_ms"]),
+                  f"{100 * b['split_cpu_share']:.0f}%", b["fastest"] or "-")
+    out.print(t)
+    runs: list[list] = []  # [path, first batch, last batch] of consecutive batch sizes
+    for b in paths["by_batch"]:
+        if runs and runs[-1][0] == b["fastest"]:
+            runs[-1][2] = b["batch"]
+        else:
+            runs.append([b["fastest"], b["batch"], b["batch"]])
+    spans = [f"{p} (batch {lo}{'' if lo == hi else f'-{hi}'})" for p, lo, hi in runs if p]
+    if spans:
+        out.print(f"fastest here: {', '.join(spans)}; choose with run --cold-path or HOTSPLIT_COLD_PATH")
 
 
 def register(app: typer.Typer, hist_app: typer.Typer) -> None:

@@ -167,6 +167,14 @@ def simulate_cmd(
         if platform else None,
         "policies": {n: s.to_doc() for n, s in sums.items()},
     }
+    if platform is not None:
+        from ..coldpath import rates_from_platform, replay_cold_paths
+        from ..platform_file import load_platform
+
+        plat = load_platform(platform)
+        rates, where = rates_from_platform(plat, plat.gpus[0].index if plat.gpus else -1)
+        times = replay_cold_paths(counts_SLE, static_hot, size, rates, doc["tokens_per_step"])
+        doc["cold_paths"] = {"policy": "static", "rates": where, **times.to_doc()}
     if plot is not None:
         from ..plotting import save_png
 
@@ -202,6 +210,15 @@ def simulate_cmd(
         out.print(t)
         for n in sums:
             out.print(f"  {n}: {LAYER_SPLIT[n]}")
+        if "cold_paths" in doc:
+            c = doc["cold_paths"]
+
+            def ms(x):
+                return "-" if x is None else f"{x:.3f} ms"
+
+            out.print(f"cold time per step of the static hot set by cold path ({c['rates']}): gpu {ms(c['gpu_ms'])}, "
+                      f"cpu {ms(c['cpu_ms'])}, split {ms(c['split_ms'])} (CPU share {100 * c['split_cpu_share']:.0f}%)"
+                      f"; fastest here: {c['fastest'] or '-'}")
 
     out.emit(doc, render)
     if plot is not None:
