@@ -151,7 +151,12 @@ step_bench_runtime() {
   run_step bench_runtime "$1" 30 "$PY" benchmarks/bench_runtime.py "${args[@]}"
 }
 step_bench_probe() { run_step bench_probe "$1" 30 "$PY" benchmarks/bench_probe.py; }
-step_bench_cold_path() { run_step bench_cold_path "$1" 40 "$PY" benchmarks/bench_cold_path.py; }
+step_bench_cold_path() {
+  local args=()
+  [ "$HAS_CUDA" = 1 ] || args+=(--scale 0.1)  # a CPU checks the script CPU-sized
+  [ -s "$W/probe.out" ] && args+=(--platform "$W/probe.out")  # the probe's rates, as `run --platform` takes them
+  run_step bench_cold_path "$1" 40 "$PY" benchmarks/bench_cold_path.py "${args[@]}"
+}
 
 STEPS=(selftest probe bench_full cuda_tests bench_runtime bench_probe)
 [ -f benchmarks/bench_cold_path.py ] && STEPS+=(bench_cold_path)
