@@ -24,8 +24,14 @@ import numpy as np
 import torch
 
 from hotsplit_cli.coldpath import ColdRates, split_cold
+from hotsplit_cli.errors import UsageError
 
 from .device import DeviceInfo
+
+# Measured (docs/runtime.md): dequantising a block-scaled fp8 expert on the CPU and computing it
+# streams 0.07 GB/s of stored weights, against 3.2 GB/s for the same expert in bf16.
+FP8_REFUSAL = ("cold_path {mode}: the CPU cannot compute fp8 experts usefully (dequantising them streams ~45x "
+               "fewer bytes/s than bf16); use cold_path gpu, which reads fp8 tiles in place")
 
 
 @dataclass
@@ -208,6 +214,8 @@ def make_split(mode: str, info: DeviceInfo, bank, platform_path=None) -> ColdSpl
     GPU this run uses), else measured now on `bank`'s expert shape."""
     if mode == "gpu":
         return None
+    if getattr(bank, "fp8_meta", None) is not None:
+        raise UsageError(FP8_REFUSAL.format(mode=mode))
     if platform_path is not None:
         from hotsplit_cli.coldpath import rates_from_platform
         from hotsplit_cli.platform_file import load_platform

@@ -145,6 +145,8 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     # dequantised values: the same function, 3x faster on a CPU.
     fp8 = Fp8Format(FP8_BLOCK) if m.expert_dtype == "fp8" else None
     fp8_banks = fp8 is not None and info.triton
+    if fp8_banks and knobs.cold_path != "gpu":
+        raise UsageError(cold_split.FP8_REFUSAL.format(mode=knobs.cold_path))
     name = str(dtype).replace("torch.", "")
     expert_format = (f"fp8 e4m3, {FP8_BLOCK[0]}x{FP8_BLOCK[1]} block scales" if fp8_banks
                      else f"{name} (fp8 values, dequantised)" if fp8 else name)
