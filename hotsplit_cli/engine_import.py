@@ -24,6 +24,7 @@ only, never arbitrary pickled objects. Anything else is refused.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,16 +72,19 @@ def _load_json(path: Path) -> object:
         raise InputFileError(f"{path}: not valid JSON ({exc})", "was the file truncated?") from None
 
 
-def _open(path: Path) -> object:
+ReadPt = Callable[[Path], object]  # a tensors-only .pt reader (torch lives in the runtime package)
+
+
+def _open(path: Path, read_pt: ReadPt | None) -> object:
     if not path.is_file():
         raise InputFileError(f"{path}: no such file", "check the path")
     suffix = path.suffix.lower()
     if suffix == ".json":
         return _load_json(path)
     if suffix in (".pt", ".pth"):
-        from runtime.torch_files import load_tensors_only  # torch lives in the runtime package
-
-        return load_tensors_only(path)
+        if read_pt is None:
+            raise InputFileError(f"{path}: reading .pt files needs torch", "install torch")
+        return read_pt(path)
     raise InputFileError(f"{path}: unknown file type {suffix or '(none)'}",
                          "expected SGLang's .json (logical_count) or a recorder dump .pt")
 
@@ -108,12 +112,12 @@ def _physical_to_logical(count_RP: np.ndarray, p2l_RP: np.ndarray, where: str) -
     return out
 
 
-def read_sglang(paths: list[Path]) -> EngineCounts:
+def read_sglang(paths: list[Path], read_pt: ReadPt | None = None) -> EngineCounts:
     """SGLang's JSON or recorder `.pt` dumps (several per-rank dumps are summed)."""
     total: np.ndarray | None = None
     forms, steps = [], 0
     for path in paths:
-        doc = _open(path)
+        doc = _open(path, read_pt)
         where = str(path)
         if not isinstance(doc, dict):
             raise InputFileError(f"{where}: expected a dict/object, got {type(doc).__name__}")
@@ -158,7 +162,7 @@ def read_sglang(paths: list[Path]) -> EngineCounts:
     return EngineCounts(total, "model layers", "sglang " + "; ".join(forms), steps or None)
 
 
-def read_vllm(paths: list[Path]) -> EngineCounts:
+def read_vllm(paths: list[Path], read_pt: ReadPt | None = None) -> EngineCounts:
     """A `.pt` with vLLM's `expert_load_window` [W, L_moe, P] and `physical_to_logical_map` [L_moe, P]."""
     total, steps = None, 0
     for path in paths:
@@ -168,7 +172,7 @@ def read_vllm(paths: list[Path]) -> EngineCounts:
                 "save EplbModelState.expert_load_window and physical_to_logical_map with torch.save({...}) "
                 "to a .pt and import that (see docs/real-models.md)",
             )
-        doc = _open(path)
+        doc = _open(path, read_pt)
         where = str(path)
         if not isinstance(doc, dict) or "expert_load_window" not in doc:
             raise InputFileError(f"{where}: no `expert_load_window` tensor",
@@ -191,13 +195,14 @@ def read_vllm(paths: list[Path]) -> EngineCounts:
     return EngineCounts(total, "MoE layers", f"vllm expert_load_window ({names})", steps or None)
 
 
-def read_engine(engine: str, paths: list[str | os.PathLike]) -> EngineCounts:
+def read_engine(engine: str, paths: list[str | os.PathLike], read_pt: ReadPt | None = None) -> EngineCounts:
+    """What `engine` recorded in `paths`; `read_pt` reads `.pt` dumps (runtime.torch_files)."""
     if engine not in ENGINES:
         raise UsageError(f"--from: must be one of {', '.join(ENGINES)}, got {engine!r}")
     if not paths:
         raise UsageError("name at least one file to import")
     ps = [Path(p) for p in paths]
-    return read_sglang(ps) if engine == "sglang" else read_vllm(ps)
+    return read_sglang(ps, read_pt) if engine == "sglang" else read_vllm(ps, read_pt)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .jsonio import dumps
+from .units import gib, pct  # noqa: F401 - the commands take them from here with Output
 
 
 def _no_progress(n: float = 1) -> None:
@@ -104,15 +105,3 @@ def _console(target) -> Console:
     return Console(file=target, highlight=False, soft_wrap=True)
 
 
-def pct(x: float | None, digits: int = 1) -> str:
-    return "-" if x is None else f"{100 * x:.{digits}f}%"
-
-
-def gib(n_bytes: float | None, digits: int = 2) -> str:
-    """Bytes in GiB, or in MiB / KiB when that is the more readable unit."""
-    if n_bytes is None:
-        return "-"
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if abs(n_bytes) >= (1 << shift) or unit == "KiB":
-            return f"{n_bytes / (1 << shift):.{digits}f} {unit}"
-    return f"{n_bytes} B"

@@ -12,6 +12,7 @@ from hotsplit_cli.cli import main
 from hotsplit_cli.engine_import import logical_count_doc, read_engine, to_histogram
 from hotsplit_cli.errors import InputFileError, UsageError
 from hotsplit_cli.hist import load_hist
+from runtime.torch_files import load_tensors_only
 
 torch = pytest.importorskip("torch")
 
@@ -68,7 +69,7 @@ def test_sglang_stat_dump_pt(tmp_path, recipe):
     torch.save({"rank": 0, "logical_count": steps, "average_utilization_rate_over_window": None}, p)
     from hotsplit_cli.recipe import load_recipe
 
-    ec = read_engine("sglang", [p])
+    ec = read_engine("sglang", [p], load_tensors_only)
     assert ec.steps == 7
     h = to_histogram(ec, load_recipe(recipe).model).hist
     np.testing.assert_array_equal(h.counts_LE, steps.sum(0)[1:].numpy())
@@ -85,7 +86,7 @@ def test_sglang_per_pass_dumps_of_two_ranks_summed_through_map(tmp_path):
         f = tmp_path / f"expert_distribution_recorder_1_{rank}.pt"
         torch.save({"records": recs, "last_physical_to_logical_map": p2l}, f)
         files.append(f)
-    ec = read_engine("sglang", files)
+    ec = read_engine("sglang", files, load_tensors_only)
     # per logical expert: [1+4, 2, 3] and [0+1, 0, 5], x3 passes, x(1+2) ranks
     np.testing.assert_array_equal(ec.counts_RE, np.array([[5, 2, 3], [1, 0, 5]]) * 9)
     assert ec.steps == 6 and "per_pass" in ec.form
@@ -102,7 +103,7 @@ def test_vllm_window_with_map(tmp_path, recipe):
     torch.save({"expert_load_window": load, "physical_to_logical_map": p2l}, f)
     from hotsplit_cli.recipe import load_recipe
 
-    imp = to_histogram(read_engine("vllm", [f]), load_recipe(recipe).model)
+    imp = to_histogram(read_engine("vllm", [f], load_tensors_only), load_recipe(recipe).model)
     assert imp.hist.layers == (1, 2, 3, 4, 5)
     expected = np.full(16, 6.0)
     expected[:2] += 3

@@ -39,7 +39,9 @@ def import_cmd(
         from ..recipe import load_recipe
 
         spec = load_recipe(recipe).model
-    ec = read_engine(engine, files)
+    from runtime.torch_files import load_tensors_only  # .pt dumps need torch, which the runtime holds
+
+    ec = read_engine(engine, files, load_tensors_only)
     imp = to_histogram(ec, spec, top_k, model, where=", ".join(map(str, files)))
     save_hist(output, imp.hist)
     h = imp.hist

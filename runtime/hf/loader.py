@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from hotsplit_cli.errors import InputFileError, UsageError
-from hotsplit_cli.output import gib
+from hotsplit_cli.units import gib
 
 from ..bank import BlobLayout
 from ..device import DeviceInfo
