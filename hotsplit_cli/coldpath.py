@@ -146,21 +146,13 @@ def predict_cold_paths(pi_LE: np.ndarray, hot_LE: np.ndarray, expert_bytes: int,
     token count. Layers run one after another, so their times add up."""
     out = []
     for batch in batches:
-        totals = {"gpu": 0.0, "cpu": 0.0, "split": 0.0}
-        cpu_bytes = all_bytes = 0.0
+        layers = []
         for pi_E, hot_E in zip(pi_LE, hot_LE, strict=True):
             p = pi_E[~hot_E]
             q = 1.0 - (1.0 - p) ** batch
             read = q > 0
-            b, t = q[read] * expert_bytes, batch * p[read] / q[read]
-            for mode in COLD_PATHS:
-                s = split_cold(b, t, rates, mode)
-                totals[mode] += s.seconds
-                if mode == "split":
-                    cpu_bytes += float(b[s.to_cpu_N].sum())
-            all_bytes += float(b.sum())
-        out.append(ModeTimes(batch, _finite_ms(totals["gpu"]), _finite_ms(totals["cpu"]), _finite_ms(totals["split"]),
-                             cpu_bytes / all_bytes if all_bytes else 0.0))
+            layers.append((q[read] * expert_bytes, batch * p[read] / q[read]))
+        out.append(_times_of(layers, rates, batch, 1))
     return out
 
 
@@ -168,19 +160,24 @@ def replay_cold_paths(counts_SLE: np.ndarray, hot_LE: np.ndarray, expert_bytes: 
                       batch: int) -> ModeTimes:
     """Mean cold time per step of each cold path over a routing trace with a fixed hot set: each
     step's distinct cold experts and their token counts, split as the runtime splits them."""
-    totals = {"gpu": 0.0, "cpu": 0.0, "split": 0.0}
-    cpu_bytes = all_bytes = 0.0
-    S = counts_SLE.shape[0]
+    layers = []
     for counts_LE in counts_SLE:
         for counts_E, hot_E in zip(counts_LE, hot_LE, strict=True):
-            cold = (counts_E > 0) & ~hot_E
-            tokens = counts_E[cold]
-            b = np.full(len(tokens), float(expert_bytes))
-            for mode in COLD_PATHS:
-                s = split_cold(b, tokens, rates, mode)
-                totals[mode] += s.seconds
-                if mode == "split":
-                    cpu_bytes += float(b[s.to_cpu_N].sum())
-            all_bytes += float(b.sum())
-    return ModeTimes(batch, *(_finite_ms(totals[m] / max(S, 1)) for m in COLD_PATHS),
+            tokens = counts_E[(counts_E > 0) & ~hot_E]
+            layers.append((np.full(len(tokens), float(expert_bytes)), tokens))
+    return _times_of(layers, rates, batch, max(len(counts_SLE), 1))
+
+
+def _times_of(layers, rates: ColdRates, batch: int, steps: int) -> ModeTimes:
+    """Each path's time over `layers` [(bytes_N, tokens_N)], per step, and the split's CPU share."""
+    totals = dict.fromkeys(COLD_PATHS, 0.0)
+    cpu_bytes = all_bytes = 0.0
+    for b, t in layers:
+        for mode in COLD_PATHS:
+            s = split_cold(b, t, rates, mode)
+            totals[mode] += s.seconds
+            if mode == "split":
+                cpu_bytes += float(b[s.to_cpu_N].sum())
+        all_bytes += float(b.sum())
+    return ModeTimes(batch, *(_finite_ms(totals[m] / steps) for m in COLD_PATHS),
                      cpu_bytes / all_bytes if all_bytes else 0.0)
