@@ -20,20 +20,19 @@ With one window the greedy is exactly LPT (longest processing time first) under 
 windows, experts that peak together are split and experts that alternate may share a rank.
 Hierarchical mode first packs expert groups on nodes (equal groups per node) with the same
 primitive, then replicates and packs within each node. See docs/placement.md.
+
+How evenly a layout spreads traffic, the choice of what to fit on, and the baselines are in
+placement_eval.py; the files (`hotsplit.placement/1`, SGLang's map) in placement_file.py.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from .errors import InputFileError, PlanError, UsageError
-from .jsonio import read_json_doc, schema_tag, write_json_atomic
+from .errors import PlanError, UsageError
 
-KIND = "placement"
 REFINE_MAX_ROUNDS = 16  # later rounds gain < 0.5% balancedness on fitted data, none on later windows
 _REL_EPS = 1e-12
 
@@ -319,61 +318,18 @@ def place_experts(windows_WLE: np.ndarray, layers, geo: Geometry) -> Placement:
 
     windows_WLE: routed-assignment counts per window (float [W, L, E]; W = 1 for totals only).
     """
-    windows_WLE = _check_windows(windows_WLE)
+    windows_WLE = check_windows(windows_WLE)
     check_geometry(windows_WLE.shape[2], geo)
-    phy2log = _hierarchical(windows_WLE, geo, no_duplicates=True, replicate_cap=True, refine=True)
+    phy2log = hierarchical_phy2log(windows_WLE, geo, no_duplicates=True, replicate_cap=True, refine=True)
     return Placement(tuple(int(x) for x in layers), geo.num_ranks, phy2log, "hotsplit", geo.num_nodes)
 
 
-FIT_MODES = ("auto", "windows", "totals")
-MIN_WINDOWS_TO_VALIDATE = 4  # below this a held-out part is too small to choose on
-
-
-@dataclass(frozen=True)
-class FitChoice:
-    """Which traffic the layout is fitted on, and why."""
-
-    mode: str  # windows | totals
-    reason: str
-    held_out: dict | None  # {"windows": n, "windows_balancedness": b, "totals_balancedness": b}
-
-    def to_doc(self) -> dict:
-        return dict(self.__dict__)
-
-
-def choose_fit(windows_WLE: np.ndarray, layers, geo: Geometry, requested: str = "auto") -> FitChoice:
-    """Fit on every window (splits experts that peak together) or on the totals (robust to noisy
-    windows)? `auto` decides on held-out traffic: both are fitted on the earlier windows and
-    scored on the last quarter (windows are in time order), and the better one wins (ties:
-    totals, the simpler). With fewer than MIN_WINDOWS_TO_VALIDATE windows, totals."""
-    if requested not in FIT_MODES:
-        raise UsageError(f"--fit: must be one of {', '.join(FIT_MODES)}, got {requested!r}")
-    W = np.asarray(windows_WLE).shape[0]
-    if requested != "auto":
-        return FitChoice(requested, f"--fit {requested}", None)
-    if W < MIN_WINDOWS_TO_VALIDATE:
-        why = "one window" if W == 1 else f"{W} windows are too few to hold some out"
-        return FitChoice("totals", why, None)
-    n_out = max(1, W // 4)
-    early_WLE, late_WLE = windows_WLE[:W - n_out], windows_WLE[W - n_out:]
-    by_windows = evaluate(late_WLE, place_experts(early_WLE, layers, geo)).balancedness
-    by_totals = evaluate(late_WLE, place_experts(early_WLE.sum(axis=0, keepdims=True), layers, geo)).balancedness
-    mode = "windows" if by_windows > by_totals else "totals"
-    held = {"windows": n_out, "windows_balancedness": by_windows, "totals_balancedness": by_totals}
-    return FitChoice(mode, f"better on the last {n_out} of {W} windows held out "
-                           f"({by_windows:.4f} windows vs {by_totals:.4f} totals)", held)
-
-
-def eplb_layout(counts_LE: np.ndarray, layers, geo: Geometry) -> Placement:
-    """The EPLB-style baseline: totals only, greedy replication without a cap, LPT packing that
-    may put two replicas of one expert on a rank, no refinement. Hierarchical when nodes > 1."""
-    windows = _check_windows(np.asarray(counts_LE, dtype=np.float64)[None])
-    check_geometry(windows.shape[2], geo, no_duplicates=False)
-    phy2log = _hierarchical(windows, geo, no_duplicates=False, replicate_cap=False, refine=False)
-    return Placement(tuple(int(x) for x in layers), geo.num_ranks, phy2log, "totals-only", geo.num_nodes)
-
-
-def _hierarchical(windows_WLE, geo: Geometry, no_duplicates: bool, replicate_cap: bool, refine: bool):
+def hierarchical_phy2log(windows_WLE: np.ndarray, geo: Geometry, no_duplicates: bool, replicate_cap: bool,
+                         refine: bool) -> np.ndarray:
+    """phy2log [L, P] of checked counts [W, L, E]: expert groups packed on nodes (nodes > 1),
+    then replicas and packing on the ranks of each node. `no_duplicates`: never two replicas of
+    an expert on a rank; `replicate_cap`: never more replicas than ranks per node; `refine`:
+    pairwise swaps after the greedy packing."""
     W, L, E = windows_WLE.shape
     N = geo.num_nodes
     P = E + geo.num_redundant
@@ -400,153 +356,11 @@ def _hierarchical(windows_WLE, geo: Geometry, no_duplicates: bool, replicate_cap
     return np.take_along_axis(experts_XE, local_slots, 1).reshape(L, P)
 
 
-def trivial_layout(num_experts: int, layers, geo: Geometry) -> Placement:
-    """Slot p holds expert p mod E: experts in id order, redundant slots wrap around."""
-    P = num_experts + geo.num_redundant
-    phy2log = np.broadcast_to(np.arange(P) % num_experts, (len(layers), P)).copy()
-    return Placement(tuple(int(x) for x in layers), geo.num_ranks, phy2log, "trivial")
-
-
-def random_layout(num_experts: int, layers, geo: Geometry, seed: int = 0) -> Placement:
-    """Every expert once plus uniformly random redundant replicas, shuffled over the slots."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in layers:
-        extra = rng.choice(num_experts, size=geo.num_redundant, replace=geo.num_redundant > num_experts)
-        rows.append(rng.permutation(np.concatenate([np.arange(num_experts), extra])))
-    return Placement(tuple(int(x) for x in layers), geo.num_ranks, np.stack(rows).astype(np.int64), "random")
-
-
-def _check_windows(windows_WLE: np.ndarray) -> np.ndarray:
+def check_windows(windows_WLE: np.ndarray) -> np.ndarray:
+    """Counts as float [W, L, E], refused (PlanError) when not 3-d, empty, negative or not finite."""
     a = np.asarray(windows_WLE, dtype=np.float64)
     if a.ndim != 3 or 0 in a.shape:
         raise PlanError(f"expected counts [windows, layers, experts], got shape {a.shape}")
     if not np.all(np.isfinite(a)) or np.any(a < 0):
         raise PlanError("counts must be finite and >= 0")
     return a
-
-
-# ---- evaluation ------------------------------------------------------------------------------
-
-
-def rank_loads(windows_WLE: np.ndarray, placement: Placement) -> np.ndarray:
-    """Load of each rank (float [W, L, R]): sum over its slots of count / replicas."""
-    windows_WLE = np.asarray(windows_WLE, dtype=np.float64)
-    W, L, E = windows_WLE.shape
-    phy = placement.phy2log_LP
-    cnt = placement.logcnt_LE(E)
-    per_slot = np.take_along_axis(windows_WLE, phy[None], 2) / np.take_along_axis(cnt, phy, 1)[None]
-    return per_slot.reshape(W, L, placement.num_ranks, placement.slots_per_rank).sum(axis=3)
-
-
-@dataclass(frozen=True)
-class Balance:
-    """How evenly a layout spreads some traffic. Every (window, layer) is one all-to-all step."""
-
-    bottleneck: float  # sum over windows and layers of the busiest rank's load
-    imbalance: float  # bottleneck / sum of mean rank loads (1.0 = perfect)
-    balancedness: float  # 1 / imbalance: mean / max, EPLB's measure
-
-    def to_doc(self) -> dict:
-        return dict(self.__dict__)
-
-
-def evaluate(windows_WLE: np.ndarray, placement: Placement) -> Balance:
-    loads = rank_loads(windows_WLE, placement)
-    peak = float(loads.max(axis=2).sum())
-    mean = float(loads.mean(axis=2).sum())
-    if peak <= 0:
-        return Balance(0.0, 1.0, 1.0)
-    return Balance(peak, peak / mean, mean / peak)
-
-
-def duplicate_count(placement: Placement) -> int:
-    """Number of (layer, rank) pairs that hold two or more replicas of one expert."""
-    L = placement.phy2log_LP.shape[0]
-    per_rank = np.sort(placement.phy2log_LP.reshape(L, placement.num_ranks, placement.slots_per_rank), axis=2)
-    return int((np.diff(per_rank, axis=2) == 0).any(axis=2).sum())
-
-
-def physical_counts(counts_LE: np.ndarray, placement: Placement) -> tuple[np.ndarray, np.ndarray]:
-    """Traffic of each physical expert (float [L, P]: count / replicas) and its rank (int [L, P]).
-
-    Feeds `plan_hot_set(values_LP, expert_bytes, budget, rank_of_LE=rank_LP, num_ranks=R)`: each
-    rank then chooses hot experts among the physical experts placed on it.
-    """
-    counts_LE = np.asarray(counts_LE, dtype=np.float64)
-    L, E = counts_LE.shape
-    if placement.phy2log_LP.shape[0] != L:
-        raise PlanError(f"placement has {placement.phy2log_LP.shape[0]} layers, counts have {L}")
-    if placement.phy2log_LP.max() >= E:
-        raise PlanError(f"placement names expert {int(placement.phy2log_LP.max())}, counts have {E} experts")
-    phy = placement.phy2log_LP
-    values = np.take_along_axis(counts_LE, phy, 1) / np.take_along_axis(placement.logcnt_LE(E), phy, 1)
-    return values, np.broadcast_to(placement.rank_P, phy.shape).copy()
-
-
-# ---- files -----------------------------------------------------------------------------------
-
-
-def placement_doc(placement: Placement, num_experts: int, fitted: Balance | None = None,
-                  source: dict | None = None) -> dict:
-    """The native `hotsplit.placement/1` document."""
-    doc = {
-        "schema": schema_tag(KIND),
-        "method": placement.method,
-        "layers": list(placement.layers),
-        "num_experts": int(num_experts),
-        "num_ranks": placement.num_ranks,
-        "num_nodes": placement.num_nodes,
-        "num_physical": placement.num_physical,
-        "slots_per_rank": placement.slots_per_rank,
-        "phy2log": placement.phy2log_LP,
-        "log2phy": placement.log2phy_LEX(num_experts),
-        "logcnt": placement.logcnt_LE(num_experts),
-    }
-    if fitted is not None:
-        doc["fitted"] = fitted.to_doc()
-    if source is not None:
-        doc["source"] = source
-    return doc
-
-
-def sglang_doc(placement: Placement, num_hidden_layers: int, num_experts: int) -> dict:
-    """SGLang `--init-expert-location` JSON: one row per model layer; layers without a placed
-    MoE row (dense layers, or MoE layers absent from the histogram) get the trivial row."""
-    P = placement.num_physical
-    rows = np.broadcast_to(np.arange(P) % num_experts, (num_hidden_layers, P)).copy()
-    for i, layer in enumerate(placement.layers):
-        if not 0 <= layer < num_hidden_layers:
-            raise PlanError(f"placement layer {layer} is outside the model's {num_hidden_layers} layers")
-        rows[layer] = placement.phy2log_LP[i]
-    return {"physical_to_logical_map": rows}
-
-
-def save_placement(path: str | os.PathLike, doc: dict) -> Path:
-    return write_json_atomic(path, doc)
-
-
-def load_placement(path: str | os.PathLike) -> Placement:
-    """Read a `hotsplit.placement/1` file and check every invariant of the maps."""
-    doc = read_json_doc(path, KIND)
-    try:
-        layers = tuple(int(x) for x in doc["layers"])
-        num_ranks = int(doc["num_ranks"])
-        num_experts = int(doc["num_experts"])
-        phy = np.asarray(doc["phy2log"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InputFileError(f"{path}: malformed placement ({exc!r})", "re-create it with `hotsplit place`") from None
-    if phy.ndim != 2 or phy.shape[0] != len(layers) or not np.issubdtype(phy.dtype, np.integer):
-        raise InputFileError(f"{path}: `phy2log` must be int [{len(layers)}][physical experts], "
-                             f"got {phy.dtype} {list(phy.shape)}")
-    if num_ranks < 1 or phy.shape[1] % num_ranks:
-        raise InputFileError(f"{path}: `num_ranks` {num_ranks} does not divide {phy.shape[1]} physical experts")
-    if phy.min() < 0 or phy.max() >= num_experts:
-        raise InputFileError(f"{path}: `phy2log` names expert ids outside [0, {num_experts})")
-    placement = Placement(layers, num_ranks, phy.astype(np.int64), str(doc.get("method", "hotsplit")),
-                          int(doc.get("num_nodes", 1)))
-    missing = np.argwhere(placement.logcnt_LE(num_experts) == 0)
-    if len(missing):
-        layer_row, e = missing[0]
-        raise InputFileError(f"{path}: layer {layers[layer_row]} has no replica of expert {e}")
-    return placement

@@ -83,7 +83,7 @@ def plan_for_placement(hist: Histogram, recipe: Recipe, budget_bytes: int, place
     """
     from dataclasses import replace
 
-    from .placement import physical_counts
+    from .placement_eval import physical_counts
 
     check_hist_matches_recipe(hist, recipe)
     if tuple(placement.layers) != tuple(hist.layers):

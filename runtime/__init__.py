@@ -21,10 +21,10 @@ Layout: device.py chooses the device once; pinned.py allocates page-locked slabs
 size with NUMA placement (the pages and their lifetime are probes/hostmem.py's); bank.py keeps
 slot bookkeeping (SlotTable) apart from byte movement (BlobBank, BlobLayout; ExpertBank is the
 synthetic SwiGLU layout); fp8.py the block-scaled fp8 format; moe.py holds the router, SwiGLU
-and the all-resident reference; kernels.py the expert compute (Triton on a GPU, a torch path of
-the same computation on a CPU); model.py stacks layers; engine.py drives steps and the CUDA
-graph; windows.py the hit-rate accounting, dynamic swaps and run summary shared with checkpoint
-serving (hf/); from_recipe.py turns a recipe into a ready engine; log.py the hit-rate records;
-selftest.py checks the runtime on this machine's device; torch_files.py reads tensors-only .pt
-files.
+and the all-resident reference; kernels.py the expert compute (Triton on a GPU, its jit kernels
+in triton_kernels.py, imported only where Triton runs; a torch path of the same computation on a
+CPU); model.py stacks layers; engine.py drives steps and the CUDA graph; windows.py the hit-rate
+accounting, dynamic swaps and run summary shared with checkpoint serving (hf/); from_recipe.py
+turns a recipe into a ready engine; log.py the hit-rate records; selftest.py checks the runtime
+on this machine's device; torch_files.py reads tensors-only .pt files.
 """

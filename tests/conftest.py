@@ -55,10 +55,9 @@ def triton_interpreted(monkeypatch):
     (test_runtime_bank.py re-runs every test using this in a fresh interpreter process.)"""
     import sys
 
-    from runtime import kernels
-
-    if kernels._KERNELS:
-        if not kernels._KERNELS["interpret"]:
+    built = sys.modules.get("runtime.triton_kernels")  # the kernels, once imported in this process
+    if built is not None:
+        if not built.INTERPRET:
             pytest.skip("the Triton kernels were built without TRITON_INTERPRET=1 in this process")
     elif "triton" in sys.modules and not sys.modules["triton"].knobs.runtime.interpret:
         pytest.skip("triton was imported without TRITON_INTERPRET=1 in this process")

@@ -15,14 +15,14 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from runtime import kernels  # noqa: E402
+from runtime import triton_kernels as tk  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 WEIGHT = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 
 
 def _compile(fn, types: dict, consts: dict):
-    if kernels._KERNELS.get("interpret"):
+    if tk.INTERPRET:
         pytest.skip("the kernels were built for the interpreter in this process")
     sig = {n: types.get(n, "constexpr") for n in fn.arg_names}
     return triton.compile(ASTSource(fn, sig, consts), target=HOPPER)
@@ -44,20 +44,18 @@ VARIANTS = [("bf16", True, (16, 32, 128)), ("fp16", True, (16, 32, 128)), ("fp32
 @pytest.mark.parametrize("split", [1, 4])
 @pytest.mark.parametrize("w, native, blocks", VARIANTS)
 def test_gate_up_kernel_compiles_for_hopper(w, native, blocks, split, fp8):
-    k = kernels._build_kernels()
     bt, bi, bh = blocks
     types = {**_common(w, fp8), "x_ptr": WEIGHT[w], "out_ptr": "*fp32"}
-    _compile(k["gate_up"], types, dict(K=8, BLOCK_T=bt, BLOCK_I=bi, BLOCK_H=bh, USE_DOT=min(blocks) >= 16,
-                                       NATIVE=native, SPLIT=split, FP8=fp8, BM=128, BN=128))
+    _compile(tk.gate_up_kernel, types, dict(K=8, BLOCK_T=bt, BLOCK_I=bi, BLOCK_H=bh, USE_DOT=min(blocks) >= 16,
+                                    NATIVE=native, SPLIT=split, FP8=fp8, BM=128, BN=128))
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["weights", "fp8-weights"])
 @pytest.mark.parametrize("w, native, blocks", VARIANTS)
 def test_down_kernel_compiles_for_hopper(w, native, blocks, fp8):
-    k = kernels._build_kernels()
     bt, _, bh = blocks
     bi = 64 if min(blocks) >= 16 else 8
     types = {**_common(w, fp8), "act_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "w2_offset": "i32"}
     del types["s_rows"], types["tiles"]
-    _compile(k["down"], types, dict(BLOCK_T=bt, BLOCK_H=bh, BLOCK_I=bi, USE_DOT=min(bt, bi, bh) >= 16,
-                                    NATIVE=native, FP8=fp8, BM=128, BN=128, BF16=w == "bf16"))
+    _compile(tk.down_kernel, types, dict(BLOCK_T=bt, BLOCK_H=bh, BLOCK_I=bi, USE_DOT=min(bt, bi, bh) >= 16,
+                                 NATIVE=native, FP8=fp8, BM=128, BN=128, BF16=w == "bf16"))

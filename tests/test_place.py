@@ -11,22 +11,9 @@ from hypothesis import strategies as st
 
 from hotsplit_cli.errors import InputFileError, UsageError
 from hotsplit_cli.hist import Histogram, save_hist
-from hotsplit_cli.placement import (
-    Geometry,
-    Placement,
-    duplicate_count,
-    eplb_layout,
-    evaluate,
-    invert_phy2log,
-    load_placement,
-    physical_counts,
-    place_experts,
-    placement_doc,
-    rank_loads,
-    replicate_experts,
-    save_placement,
-    sglang_doc,
-)
+from hotsplit_cli.placement import Geometry, Placement, invert_phy2log, place_experts, replicate_experts
+from hotsplit_cli.placement_eval import duplicate_count, eplb_layout, evaluate, physical_counts, rank_loads
+from hotsplit_cli.placement_file import load_placement, placement_doc, save_placement, sglang_doc
 
 # deepseek-ai/EPLB README.md, "Interface and Example": two layers of 12 experts, 16 replicas,
 # 4 groups, 2 nodes, 8 GPUs, and the layout it prints (hierarchical policy).

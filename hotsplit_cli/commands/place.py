@@ -39,19 +39,9 @@ def place_cmd(
 ) -> None:
     """Replicate and place experts on EP ranks, balancing every window, never two replicas on a rank."""
     from ..hist import load_hist
-    from ..placement import (
-        Geometry,
-        check_geometry,
-        choose_fit,
-        eplb_layout,
-        evaluate,
-        place_experts,
-        placement_doc,
-        random_layout,
-        save_placement,
-        sglang_doc,
-        trivial_layout,
-    )
+    from ..placement import Geometry, check_geometry, place_experts
+    from ..placement_eval import choose_fit, eplb_layout, evaluate, random_layout, trivial_layout
+    from ..placement_file import placement_doc, save_placement, sglang_doc
 
     out = Output(json)
     if fmt not in FORMATS:
@@ -94,7 +84,7 @@ def place_cmd(
         "totals-only": eplb_layout(hist.counts_LE, hist.layers, geo),
         "hotsplit": placement,
     }
-    from ..placement import duplicate_count
+    from ..placement_eval import duplicate_count
 
     compare = {}
     for name, lay in layouts.items():

@@ -67,7 +67,7 @@ def plan_cmd(
     budget_bytes = int(budget_gib * GIB)
     layout = None
     if placement is not None:
-        from ..placement import load_placement
+        from ..placement_file import load_placement
 
         layout = load_placement(placement)
         plan = plan_for_placement(hist, rec, budget_bytes, layout)

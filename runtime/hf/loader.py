@@ -206,29 +206,127 @@ def _check_memory(path: Path, model: torch.nn.Module, layers: list[MoELayerInfo]
                                  "use a GPU with more memory")
 
 
-def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = None,
-               keep_trace: bool = False, allocator: PinnedAllocator | None = None) -> HFModel:
-    """Load the checkpoint at `path` with every routed expert in a pinned cold bank (all cold;
-    set hot sets with `bank.set_hot`). `dtype` defaults to the checkpoint's; `allocator` places
-    the cold bank (default: pinned where CUDA is, no NUMA policy)."""
-    from safetensors import safe_open
+class _CheckpointReader:
+    """Puts each tensor of a checkpoint where it belongs, by the kind of its key: a per-expert
+    projection or fused experts go into the layer's cold bank, an fp8 scale is read with its
+    weight, every other tensor replaces the skeleton's parameter or buffer (dense)."""
+
+    def __init__(self, path: Path, model: torch.nn.Module, config, layers: list[MoELayerInfo],
+                 banks: list[HFExpertBank], dtype: torch.dtype, device: torch.device):
+        self.path, self.model, self.layers, self.dtype, self.device = path, model, layers, dtype, device
+        self.layer_of = {i.layer_id: i for i in layers}
+        self.bank_of = {i.layer_id: banks[i.row] for i in layers}
+        self.fp8 = config.hotsplit_fp8
+        self.scales: _ScaleReader | None = None
+        self.fp32 = _fp32_names(model, dtype)
+        self.renames = _RENAMES.get(config.model_type, ())
+        self.params = dict(model.named_parameters())
+        self.params.update(dict(model.named_buffers()))
+        self.parts_LE = np.zeros((len(layers), layers[0].num_experts), dtype=np.int64)  # parts seen per expert
+
+    def read(self, files: list[Path]) -> None:
+        """Every tensor of `files`, one at a time; then check that every expert is complete."""
+        from safetensors import safe_open
+
+        self.scales = _ScaleReader(files, self.path) if self.fp8 is not None else None
+        handlers = {"scale": self._scale, "expert": self._expert, "fused": self._fused, "dense": self._dense}
+        try:
+            for file in files:
+                with safe_open(str(file), framework="pt") as f:
+                    for key in f.keys():
+                        kind, m = self._kind_of(key)
+                        handlers[kind](f, key, m)
+        finally:
+            if self.scales is not None:
+                self.scales.close()
+        short = np.argwhere(self.parts_LE < 3)
+        if len(short):
+            li, e = short[0]
+            raise InputFileError(f"{self.path}: expert {e} of layer {self.layers[li].layer_id} is missing from the "
+                                 "checkpoint")
+
+    def _kind_of(self, key: str) -> tuple[str, re.Match | None]:
+        if self.scales is not None and key.endswith(SCALE_SUFFIX):
+            return "scale", None
+        for kind, pattern in (("expert", _PER_EXPERT), ("fused", _FUSED)):
+            m = pattern.match(key)
+            if m and int(m["layer"]) in self.layer_of:
+                return kind, m
+        return "dense", None
+
+    @contextlib.contextmanager
+    def _naming(self, key: str, errors=(ValueError, RuntimeError), hint: str | None = None):
+        """A tensor the model cannot take becomes an input error naming the checkpoint and key."""
+        try:
+            yield
+        except errors as exc:
+            raise InputFileError(f"{self.path}: {key}: {exc}", hint) from None
+
+    def _scale(self, f, key: str, m) -> None:
+        """An fp8 `<weight>_scale_inv`: read with its weight (`_ScaleReader`), nothing to do here."""
+
+    def _expert(self, f, key: str, m: re.Match) -> None:
+        """One projection of one expert (gate and up are halves of the bank's w1)."""
+        lid, e = int(m["layer"]), int(m["e"])
+        part, half = _PROJ[m["proj"]]
+        bank = self.bank_of[lid]
+        t = f.get_tensor(key)
+        rows = None if half is None else slice(half * t.shape[0], (half + 1) * t.shape[0])
+        with self._naming(key):
+            bank.load_part(e, part, t, rows)
+            if self.fp8 is not None:  # the block scales of this projection, kept beside it
+                bank.load_part(e, "s1" if part == "w1" else "s2", self.scales.of(key), half)
+        self.parts_LE[self.layer_of[lid].row, e] += 1
+
+    def _fused(self, f, key: str, m: re.Match) -> None:
+        """One [E, ...] tensor of every expert of a layer, copied one expert at a time."""
+        lid = int(m["layer"])
+        if self.fp8 is not None:
+            raise InputFileError(f"{self.path}: {key}: fused fp8 experts are not supported",
+                                 "use a checkpoint with per-expert weights")
+        sl = f.get_slice(key)
+        with self._naming(key):
+            for e in range(self.layer_of[lid].num_experts):  # one expert at a time: no full copy
+                self.bank_of[lid].load_part(e, _FUSED_PART[m["name"]], sl[e])
+        self.parts_LE[self.layer_of[lid].row] += {"gate_up_proj": 2, "down_proj": 1}.get(m["name"], 0)
+
+    def _dense(self, f, key: str, m=None) -> None:
+        """Any other tensor: to the device in the model's dtype (fp8 dequantised), in place of the
+        skeleton's tensor of the same name."""
+        name = key
+        for old, new in self.renames:
+            name = name.replace(old, new)
+        if name not in self.params:
+            return  # e.g. MTP layers a causal-LM skeleton does not build
+        want = torch.float32 if any(p in name for p in self.fp32) else self.dtype
+        if self.params[name].dtype.is_floating_point is False:
+            want = self.params[name].dtype
+        t = f.get_tensor(key)
+        if t.dtype == FP8:
+            if self.scales is None:
+                raise InputFileError(f"{self.path}: {key} is fp8 but config.json names no fp8 quantization")
+            with self._naming(key, ValueError):
+                t = dequantize(t, self.scales.of(key), self.fp8, torch.float32)
+        with self._naming(key, ValueError, "is config.json the checkpoint's own?"):
+            _set_tensor(self.model, name, t, self.device, want)
+
+
+def _skeleton(path: Path, config, dtype: torch.dtype) -> tuple[torch.nn.Module, list[MoELayerInfo]]:
+    """The model with its parameters on the meta device, and its MoE layers."""
     from transformers import AutoModelForCausalLM
 
-    path = Path(path)
-    config = read_config(path)
-    dtype = dtype or getattr(config, "dtype", None) or torch.float32
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
     with _params_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.eval()
     layers = find_moe_layers(model)
     if not layers:
         raise UsageError(f"{path}: no MoE layer found in {type(model).__name__}")
-    by_layer = {i.layer_id: i for i in layers}
-    fp8 = config.hotsplit_fp8
-    layouts = [ExpertLayout.of_module(i.experts, fp8) for i in layers]
-    _check_memory(path, model, layers, layouts, dtype, info)
+    return model, layers
+
+
+def _cold_banks(layers: list[MoELayerInfo], layouts: list[ExpertLayout], dtype: torch.dtype, info: DeviceInfo,
+                allocator: PinnedAllocator | None) -> list[HFExpertBank]:
+    """One bank per MoE layer, every expert cold (in `allocator`'s pinned memory)."""
     allocator = allocator or PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
     swap_stream = torch.cuda.Stream(info.device) if info.is_cuda else None
     banks = []
@@ -236,81 +334,16 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
         # The plain SwiGLU layout runs the expert-grouped kernels wherever Triton does.
         kernel = TritonExperts() if info.triton and layout.plain_swiglu else None
         banks.append(HFExpertBank(layout, i.num_experts, dtype, info, allocator, swap_stream, kernel))
-    bank_of = {i.layer_id: banks[i.row] for i in layers}
-    loaded = np.zeros((len(layers), layers[0].num_experts), dtype=np.int64)  # parts seen per expert
-    fp32 = _fp32_names(model, dtype)
-    renames = _RENAMES.get(config.model_type, ())
-    params = dict(model.named_parameters())
-    params.update(dict(model.named_buffers()))
-    seen: set[str] = set()
-    files = _checkpoint_files(path)
-    scales = _ScaleReader(files, path) if fp8 is not None else None
-    try:
-        for file in files:
-            with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():
-                    if scales is not None and key.endswith(SCALE_SUFFIX):
-                        continue  # read with its weight
-                    m = _PER_EXPERT.match(key)
-                    if m and int(m["layer"]) in by_layer:
-                        lid, e = int(m["layer"]), int(m["e"])
-                        part, half = _PROJ[m["proj"]]
-                        bank = bank_of[lid]
-                        t = f.get_tensor(key)
-                        rows = None if half is None else slice(half * t.shape[0], (half + 1) * t.shape[0])
-                        try:
-                            bank.load_part(e, part, t, rows)
-                            if fp8 is not None:  # the block scales of this projection, kept beside it
-                                bank.load_part(e, "s1" if part == "w1" else "s2", scales.of(key), half)
-                        except (ValueError, RuntimeError) as exc:
-                            raise InputFileError(f"{path}: {key}: {exc}") from None
-                        loaded[by_layer[lid].row, e] += 1
-                        continue
-                    m = _FUSED.match(key)
-                    if m and int(m["layer"]) in by_layer:
-                        lid = int(m["layer"])
-                        if fp8 is not None:
-                            raise InputFileError(f"{path}: {key}: fused fp8 experts are not supported",
-                                                 "use a checkpoint with per-expert weights")
-                        sl = f.get_slice(key)
-                        try:
-                            for e in range(by_layer[lid].num_experts):  # one expert at a time: no full copy
-                                bank_of[lid].load_part(e, _FUSED_PART[m["name"]], sl[e])
-                        except (ValueError, RuntimeError) as exc:
-                            raise InputFileError(f"{path}: {key}: {exc}") from None
-                        loaded[by_layer[lid].row] += {"gate_up_proj": 2, "down_proj": 1}.get(m["name"], 0)
-                        continue
-                    name = key
-                    for old, new in renames:
-                        name = name.replace(old, new)
-                    if name not in params:
-                        continue  # e.g. MTP layers a causal-LM skeleton does not build
-                    want = torch.float32 if any(p in name for p in fp32) else dtype
-                    if params[name].dtype.is_floating_point is False:
-                        want = params[name].dtype
-                    t = f.get_tensor(key)
-                    if t.dtype == FP8:
-                        if scales is None:
-                            raise InputFileError(f"{path}: {key} is fp8 but config.json names no fp8 quantization")
-                        try:
-                            t = dequantize(t, scales.of(key), fp8, torch.float32)
-                        except ValueError as exc:
-                            raise InputFileError(f"{path}: {key}: {exc}") from None
-                    try:
-                        _set_tensor(model, name, t, info.device, want)
-                    except ValueError as exc:
-                        raise InputFileError(f"{path}: {key}: {exc}", "is config.json the checkpoint's own?") from None
-                    seen.add(name)
-    finally:
-        if scales is not None:
-            scales.close()
-    short = np.argwhere(loaded < 3)
-    if len(short):
-        li, e = short[0]
-        raise InputFileError(f"{path}: expert {e} of layer {layers[li].layer_id} is missing from the checkpoint")
+    return banks
+
+
+def _finish(path: Path, model: torch.nn.Module, config, layers: list[MoELayerInfo], dtype: torch.dtype,
+            device: torch.device) -> None:
+    """After the checkpoint is read: drop the experts' own parameters, tie embeddings, refuse a
+    model with tensors still on meta, move computed buffers to the device."""
     for i in layers:  # the experts' own parameters are never used: the bank serves them
         for pname in list(i.experts._parameters):
-            i.experts._parameters[pname] = torch.nn.Parameter(torch.empty(0, device=info.device, dtype=dtype),
+            i.experts._parameters[pname] = torch.nn.Parameter(torch.empty(0, device=device, dtype=dtype),
                                                                requires_grad=False)
     if getattr(config, "tie_word_embeddings", False) or getattr(config.get_text_config(), "tie_word_embeddings",
                                                                  False):
@@ -320,8 +353,26 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
         raise InputFileError(f"{path}: {len(missing)} tensors missing from the checkpoint, e.g. {missing[:3]}")
     for mod in model.modules():  # computed buffers (rotary tables) to the device
         for bname, buf in list(mod._buffers.items()):
-            if buf is not None and buf.device != info.device:
-                mod._buffers[bname] = buf.to(info.device)
+            if buf is not None and buf.device != device:
+                mod._buffers[bname] = buf.to(device)
+
+
+def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = None,
+               keep_trace: bool = False, allocator: PinnedAllocator | None = None) -> HFModel:
+    """Load the checkpoint at `path` with every routed expert in a pinned cold bank (all cold;
+    set hot sets with `bank.set_hot`). `dtype` defaults to the checkpoint's; `allocator` places
+    the cold bank (default: pinned where CUDA is, no NUMA policy)."""
+    path = Path(path)
+    config = read_config(path)
+    dtype = dtype or getattr(config, "dtype", None) or torch.float32
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    model, layers = _skeleton(path, config, dtype)
+    layouts = [ExpertLayout.of_module(i.experts, config.hotsplit_fp8) for i in layers]
+    _check_memory(path, model, layers, layouts, dtype, info)
+    banks = _cold_banks(layers, layouts, dtype, info, allocator)
+    _CheckpointReader(path, model, config, layers, banks, dtype, info.device).read(_checkpoint_files(path))
+    _finish(path, model, config, layers, dtype, info.device)
     counter = RoutingCounter(len(layers), layers[0].num_experts, keep_trace=keep_trace)
     install(model, counter, banks)
     return HFModel(model, layers, banks, counter, config.model_type, dtype)
