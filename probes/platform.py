@@ -31,7 +31,7 @@ from .cuda import CudaReport, list_cuda_devices, same_bus
 from .host import HostInfo, probe_host
 from .numastat import ToolOutput, parse_numastat, parse_numastat_table, run_numastat
 from .nvidia_smi import probe_nvidia_smi
-from .nvml import probe_nvml, read_link_state
+from .nvml import LinkState, probe_nvml, read_link_state
 from .placement import SYS_MBIND
 from .sysfs import NumaNode, PciLink, link_rate_gbps, read_numa_nodes, read_pci_link
 
@@ -50,7 +50,7 @@ class Sources:
     host: Callable[[Path], HostInfo] = probe_host
     host_copy: Callable[..., tuple[HostCopyNode, ...]] = measure_host_copy
     gpu_bandwidth: Callable[..., GpuBandwidth] = measure_gpu
-    link_state: Callable[[str], tuple[int | None, int | None]] = read_link_state
+    link_state: Callable[[str], LinkState] = read_link_state
     machine: str | None = None  # override platform.machine() (mbind support)
 
 

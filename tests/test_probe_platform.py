@@ -16,7 +16,7 @@ from probes.common import DriverReport
 from probes.cuda import CudaDevice, CudaReport, same_bus
 from probes.host import HostInfo
 from probes.numastat import ToolOutput
-from probes.nvml import probe_nvml
+from probes.nvml import LinkState, probe_nvml
 from probes.placement import Placement
 from probes.platform import Sources, link_verdict, measure_platform, take_inventory
 from tests.test_probe_nvml import FakeNvml
@@ -80,7 +80,7 @@ def gpu_sources(tmp_path) -> Sources:
     return Sources(root=tmp_path, nvml=lambda: probe_nvml(lambda: FakeNvml()),
                    nvidia_smi=lambda: pytest.fail("nvidia-smi must not run when NVML works"),
                    numastat=numastat_from_captures, cuda=fake_cuda, host=fake_host, host_copy=fake_host_copy,
-                   gpu_bandwidth=fake_gpu_bandwidth, link_state=lambda bus: (4, 16), machine="x86_64")
+                   gpu_bandwidth=fake_gpu_bandwidth, link_state=lambda bus: LinkState(4, 16), machine="x86_64")
 
 
 def fields(doc) -> dict[str, str]:
