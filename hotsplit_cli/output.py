@@ -19,11 +19,22 @@ from rich.table import Table
 from .jsonio import dumps
 
 
+class StdoutClosed(Exception):
+    """The process reading our output closed the pipe (`hotsplit ... | head -1`)."""
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich would exit 1 here; the CLI stops quietly instead (cli.main).
+        self.quiet = True
+        raise StdoutClosed
+
+
 class Output:
     def __init__(self, json_mode: bool = False, out=None, err=None):
         self.json_mode = json_mode
-        self.out = Console(file=out or sys.stdout, highlight=False, soft_wrap=True)
-        self.err = Console(file=err or sys.stderr, highlight=False, soft_wrap=True)
+        self.out = _Console(file=out or sys.stdout, highlight=False, soft_wrap=True)
+        self.err = _Console(file=err or sys.stderr, highlight=False, soft_wrap=True)
 
     @property
     def fancy(self) -> bool:
@@ -45,8 +56,11 @@ class Output:
     def emit(self, doc: Any, render: Callable[[], None] | None = None) -> None:
         """The command's result: JSON document in JSON mode, else the human rendering."""
         if self.json_mode:
-            sys.stdout.write(dumps(doc).decode())
-            sys.stdout.flush()
+            try:
+                sys.stdout.write(dumps(doc).decode())
+                sys.stdout.flush()
+            except BrokenPipeError:
+                raise StdoutClosed from None
         elif render is not None:
             render()
 
