@@ -22,7 +22,7 @@ EXPERT_DTYPES = ("bf16", "fp16", "fp8", "mxfp4")
 ROUTERS = ("softmax", "sigmoid")
 TRAFFIC_KINDS = ("synthetic", "histogram", "trace", "prompts")
 MODEL_KINDS = ("synthetic", "hf")
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parent / "recipes"  # package data; the checkout links recipes/ here
 
 _REQUIRED = object()
 
