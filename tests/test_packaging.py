@@ -54,3 +54,32 @@ def test_wheel_install_runs_a_shipped_recipe_from_another_folder(tmp_path):
     where = subprocess.run([venv / "bin" / "python", "-c", "import hotsplit_cli.recipe as r; print(r.RECIPES_DIR)"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert Path(where).is_relative_to(venv)
+
+
+def test_matplotlib_is_a_dependency_and_the_plot_extra_still_works():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert any(d.startswith("matplotlib") for d in project["dependencies"])
+    assert any(d.startswith("matplotlib") for d in project["optional-dependencies"]["plot"])
+
+
+def test_missing_matplotlib_hint_installs_matplotlib_not_hotsplit_from_the_index(cli, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    png = tmp_path / "hit.png"
+    r = cli("run", "tiny", "--steps", "5", "--plot", png)
+    assert r.code == 1 and r.out == "" and not png.exists()
+    assert r.err.splitlines() == ["error: --plot needs matplotlib, a dependency of hotsplit missing from this "
+                                  "environment; install it with `pip install 'matplotlib>=3.7'` (in a checkout "
+                                  "./setup.sh does)"]
+
+
+def test_quickstart_is_two_commands_and_the_first_draws_a_named_plot():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = block.strip().splitlines()
+    assert len(commands) == 2
+    words = commands[0].split()
+    png = words[words.index("--plot") + 1]
+    assert png.endswith(".png") and f"`{png}`" in section.replace(block, "")

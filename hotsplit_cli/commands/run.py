@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import HotsplitError, Interrupted, UsageError
+from ..errors import Interrupted, UsageError
 from ..jsonio import schema_tag, write_atomic
 from ..knobs import resolve_knobs
 from ..options import HotGibOpt, JsonOpt, PlotOpt, RecipeArg, output_option
@@ -43,10 +43,9 @@ def run(
     if scale is not None and not 0 < scale <= 1:
         raise UsageError(f"--scale: must be in (0, 1], got {scale}")
     if plot is not None:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise HotsplitError("--plot needs matplotlib", "pip install 'hotsplit[plot]'") from None
+        from ..plotting import require_matplotlib
+
+        require_matplotlib()
 
     if rec.model.kind == "hf":
         if trace is not None or steps is not None or scale is not None:
