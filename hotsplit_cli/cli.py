@@ -17,7 +17,9 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from click import ClickException as _CliError
 
 from . import __version__
-from .errors import HotsplitError
+from .errors import HotsplitError, one_line_error
+from .jsonio import forget_written, written_files
+from .output import StdoutClosed
 
 app = typer.Typer(
     name="hotsplit",
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: one-line errors, exit 1 (2 for usage), tracebacks only with --debug."""
     argv = sys.argv[1:] if argv is None else argv
     _DEBUG["on"] = "--debug" in argv or os.environ.get("HOTSPLIT_DEBUG", "") not in ("", "0")
+    forget_written()
     try:
         rc = app(args=argv, prog_name="hotsplit", standalone_mode=False)
     except HotsplitError as exc:
@@ -78,9 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code
-    except typer.Abort:
-        print("error: interrupted; nothing was written", file=sys.stderr)
-        return 130
+    except (typer.Abort, KeyboardInterrupt):
+        return _interrupted()
+    except StdoutClosed:
+        # The reader went away (`hotsplit ... | head`): stop quietly, as other command-line tools
+        # do; files written so far are complete. 141 = 128 + SIGPIPE, what a shell reports.
+        _silence_stdout()
+        return 141
     except _CliError as exc:
         if _DEBUG["on"]:
             raise
@@ -89,15 +96,37 @@ def main(argv: list[str] | None = None) -> int:
         if type(exc).__name__ == "NoArgsIsHelpError":
             print(exc.format_message(), file=sys.stderr)  # the help text itself
             return 2
-        print(f"error: {exc.format_message()}; see `{cmd}`", file=sys.stderr)
+        print(one_line_error(exc.format_message(), f"see `{cmd}`"), file=sys.stderr)
         return getattr(exc, "exit_code", 2)
-    except KeyboardInterrupt:
-        print("error: interrupted; nothing was written", file=sys.stderr)
-        return 130
-    if rc == 130:  # typer reports Ctrl-C as a return code when not standalone
-        print("error: interrupted; nothing was written", file=sys.stderr)
-        return 130
+    except Exception as exc:  # noqa: BLE001 - a bug, not a refusal: one line unless --debug
+        if _DEBUG["on"]:
+            raise
+        print(one_line_error(f"unexpected {type(exc).__name__}: {exc}",
+                             "this is a bug in hotsplit: rerun with --debug and report the traceback"),
+              file=sys.stderr)
+        return 1
+    if rc == 130:  # typer turns Ctrl-C into this return code when not standalone
+        return _interrupted()
     return rc if isinstance(rc, int) else 0
+
+
+def _interrupted() -> int:
+    """Ctrl-C outside a command's own handling: say truthfully which files were written."""
+    wrote = written_files()
+    what = f"wrote {' and '.join(map(str, wrote))} before it" if wrote else "nothing was written"
+    print(one_line_error("interrupted", what), file=sys.stderr)
+    return 130
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush cannot fail again."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # a test's captured stdout has no descriptor
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def run_main() -> None:

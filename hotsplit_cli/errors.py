@@ -6,6 +6,8 @@ Messages carry the numbers; `hint` says what to do next.
 
 from __future__ import annotations
 
+import re
+
 
 class HotsplitError(Exception):
     """Base of every error a user can cause or fix."""
@@ -18,7 +20,20 @@ class HotsplitError(Exception):
         self.hint = hint
 
     def render(self) -> str:
-        return f"error: {self.message}" + (f"; {self.hint}" if self.hint else "")
+        return one_line_error(self.message, self.hint)
+
+
+def one_line_error(message: str, hint: str | None = None) -> str:
+    """`error: <message>; <hint>` on one line: line breaks inside either part become spaces and
+    trailing punctuation is dropped before the parts are joined (no `failed.;`)."""
+    parts = [_clause(message)] + ([_clause(hint)] if hint else [])
+    return "error: " + "; ".join(p for p in parts if p)
+
+
+def _clause(text: str) -> str:
+    text = re.sub(r"\s*\n\s*", " ", str(text)).strip()
+    # A closing full stop or separator goes; an ellipsis or a path such as `.` stays.
+    return re.sub(r"(?<![\s./])\.$|\s*[;:,]+$", "", text)
 
 
 class UsageError(HotsplitError):
@@ -49,3 +64,13 @@ class BudgetOverflowError(PlanError):
 
 class RuntimeFailure(HotsplitError):
     """The runtime could not continue (device, memory, repeated planner failures)."""
+
+
+class UnsupportedModelError(HotsplitError):
+    """A checkpoint whose architecture or expert layout the runtime cannot run."""
+
+
+class Interrupted(HotsplitError):
+    """Ctrl-C stopped the work; the message says what was written before it stopped."""
+
+    exit_code = 130

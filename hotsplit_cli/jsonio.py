@@ -2,12 +2,13 @@
 
 Every output is written to a temp file in the destination folder, fsynced, then renamed over
 the target: a crash or a bad input never leaves a truncated file or clobbers a good one.
+A new file gets the user's umask mode; a replaced file keeps its permission bits (as `cp` does).
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,15 +37,71 @@ def dumps(doc: Any, indent: bool = True) -> bytes:
     return orjson.dumps(doc, default=_default, option=opts)
 
 
-def write_atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str = "wb") -> Path:
-    """Write a file atomically: `write(fh)` fills a temp file that is fsynced and renamed."""
+def output_problem(path: str | os.PathLike) -> tuple[str, str] | None:
+    """Why `path` cannot be written as an output file, as (what is wrong, what to do); None when
+    it can: not a folder or a device, and a file can be created in its folder (a temp file is
+    created and removed to find out)."""
     path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
+    folder = path.parent
+    if path.is_dir():
+        return "is a folder", "name a file inside it"
+    if path.exists() and not path.is_file():
+        return "is not a regular file", "name a file (written atomically: a temp file renamed over it)"
+    if not folder.exists():
+        return f"folder {folder} does not exist", "create it first"
     if not folder.is_dir():
-        raise InputFileError(f"cannot write {path}: folder {folder} does not exist", "create it first")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+        return f"{folder} is not a folder", "name a file inside a folder"
+    try:  # the one sure test (permissions, ACLs, read-only or pseudo file systems): create a file
+        fd, tmp = _create_temp(folder, path.name)
+    except OSError as exc:
+        return f"cannot create a file in {folder} ({exc.strerror})", "choose another folder or fix its permissions"
+    os.close(fd)
+    tmp.unlink()
+    return None
+
+
+_WRITTEN: list[Path] = []  # every file this process has written, in order
+
+
+def written_files() -> list[Path]:
+    """The files written since the last `forget_written()` (for a truthful message on Ctrl-C)."""
+    return list(_WRITTEN)
+
+
+def forget_written() -> None:
+    _WRITTEN.clear()
+
+
+def _create_temp(folder: Path, name: str) -> tuple[int, Path]:
+    """A new temp file next to the target, created with mode 0666 so that the kernel applies the
+    umask (and a folder's default ACL) as for any new file; mkstemp would make it 0600."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = folder / f".{name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temp file name for {name} in {folder}")
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str = "wb") -> Path:
+    """Write a file atomically: `write(fh)` fills a temp file that is fsynced and renamed.
+
+    A new file gets the umask's mode (0644 under umask 022); a file that is replaced keeps its
+    permission bits, as `cp` and editors do."""
+    path = Path(path)
+    problem = output_problem(path)
+    if problem:
+        raise InputFileError(f"cannot write {path}: {problem[0]}", problem[1])
+    try:
+        fd, tmp = _create_temp(path.parent, path.name)
+    except OSError as exc:
+        raise InputFileError(f"cannot write {path} ({exc.strerror})", "choose another folder") from None
     try:
         with os.fdopen(fd, mode) as fh:
+            if path.exists():
+                os.fchmod(fh.fileno(), path.stat().st_mode & 0o777)
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
@@ -56,6 +113,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: st
         except FileNotFoundError:
             pass
         raise
+    _WRITTEN.append(path)
     return path
 
 

@@ -7,8 +7,28 @@ from typing import Annotated
 
 import typer
 
+from .errors import UsageError
+from .jsonio import output_problem
+
+
+def writable_output(param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """Callback of every option that names an output file: refuse a folder, a missing or read-only
+    folder while the command line is parsed, before any work (exit 2, nothing written)."""
+    if value is not None:
+        problem = output_problem(value)
+        if problem:
+            flag = max(param.opts, key=len)
+            raise UsageError(f"{flag} {value}: {problem[0]}", problem[1])
+    return value
+
+
+def output_option(*names: str, help: str) -> typer.models.OptionInfo:
+    """A `typer.Option` for a file the command writes, checked by `writable_output`."""
+    return typer.Option(*names, help=help, callback=writable_output)
+
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
-OutOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Write the result here (atomically).")]
+OutOpt = Annotated[Path | None, output_option("--output", "-o", help="Write the result here (atomically).")]
 RecipeOpt = Annotated[str | None, typer.Option("--recipe", "-r", help="Recipe YAML file or shipped recipe name.")]
 RecipeArg = Annotated[str, typer.Argument(help="Recipe YAML file or shipped recipe name (e.g. tiny).")]
 HotGibOpt = Annotated[
@@ -23,4 +43,5 @@ ColdPathOpt = Annotated[
     typer.Option("--cold-path", help="Who computes cold experts: gpu (zero-copy), cpu, or split by the measured "
                                      "cost model (overrides HOTSPLIT_COLD_PATH and the recipe)."),
 ]
-PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Also draw a PNG here (needs matplotlib).")]
+PlotOpt = Annotated[Path | None, output_option("--plot", help="Also draw a PNG here.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]

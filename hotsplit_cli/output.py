@@ -24,6 +24,17 @@ def _no_progress(n: float = 1) -> None:
     pass
 
 
+class StdoutClosed(Exception):
+    """The process reading our output closed the pipe (`hotsplit ... | head -1`)."""
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich would exit 1 here; the CLI stops quietly instead (cli.main).
+        self.quiet = True
+        raise StdoutClosed
+
+
 class Output:
     """`out` and `err` are files (default: stdout, stderr) or ready rich Consoles."""
 
@@ -64,8 +75,11 @@ class Output:
         if self.json_mode:
             if isinstance(doc, dict) and self.warnings:
                 doc = {**doc, "warnings": list(self.warnings)}
-            sys.stdout.write(dumps(doc).decode())
-            sys.stdout.flush()
+            try:
+                sys.stdout.write(dumps(doc).decode())
+                sys.stdout.flush()
+            except BrokenPipeError:
+                raise StdoutClosed from None
         elif render is not None:
             render()
 
@@ -102,6 +116,6 @@ class Output:
 def _console(target) -> Console:
     if isinstance(target, Console):
         return target
-    return Console(file=target, highlight=False, soft_wrap=True)
+    return _Console(file=target, highlight=False, soft_wrap=True)
 
 

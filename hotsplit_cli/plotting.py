@@ -1,4 +1,4 @@
-"""PNG plots (matplotlib, an optional extra), written atomically."""
+"""PNG plots (matplotlib, a dependency imported only when a plot is drawn), written atomically."""
 
 from __future__ import annotations
 
@@ -9,15 +9,23 @@ from .errors import HotsplitError
 from .jsonio import write_atomic
 
 
+def require_matplotlib() -> None:
+    """Refuse --plot before any work when matplotlib cannot be imported (a broken install)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise HotsplitError("--plot needs matplotlib, a dependency of hotsplit missing from this environment",
+                            "install it with `pip install 'matplotlib>=3.7'` (in a checkout ./setup.sh does)") from None
+
+
 def save_png(path: str | os.PathLike, draw: Callable) -> None:
     """Call `draw(fig, ax)` on a fresh figure and write it to `path` as PNG, atomically."""
-    try:
-        import matplotlib
+    require_matplotlib()
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise HotsplitError("--plot needs matplotlib", "pip install 'hotsplit[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     try:
         draw(fig, ax)

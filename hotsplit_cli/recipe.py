@@ -22,7 +22,7 @@ EXPERT_DTYPES = ("bf16", "fp16", "fp8", "mxfp4")
 ROUTERS = ("softmax", "sigmoid")
 TRAFFIC_KINDS = ("synthetic", "histogram", "trace", "prompts")
 MODEL_KINDS = ("synthetic", "hf")
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parent / "recipes"  # package data; the checkout links recipes/ here
 
 _REQUIRED = object()
 
@@ -202,8 +202,16 @@ def load_recipe(name_or_path: str | os.PathLike) -> Recipe:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise RecipeError(f"{path}: not valid YAML ({exc})") from None
+        raise RecipeError(f"{path}: not valid YAML: {_yaml_problem(exc)}", "fix the recipe's YAML syntax") from None
     return parse_recipe(data, path)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's problem and where it is, on one line (`line 2, column 6: expected ...`)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(problem.split())
 
 
 def parse_recipe(data: Any, path: Path | None = None) -> Recipe:

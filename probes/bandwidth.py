@@ -24,6 +24,7 @@ import numpy as np
 
 from .common import Reason, median
 from .hostmem import HostPages, PageLocation
+from .nvml import LinkState
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 Tick = Callable[[int], None]
@@ -219,24 +220,27 @@ def link_load_copies(size_bytes: int, h2d_gbps: float | None) -> int:
     return max(1, math.ceil(load_bytes / size_bytes))
 
 
-def _sample_link_under_load(torch: Any, dst: Any, src: Any, sample_link: Callable[[], tuple[int | None, int | None]],
-                            h2d_gbps: float | None = None) -> tuple[int | None, int | None]:
-    """Queue host->device copies for ~LINK_LOAD_SECONDS, then read the link state while they run."""
+def _sample_link_under_load(torch: Any, dst: Any, src: Any, sample_link: Callable[[], LinkState],
+                            h2d_gbps: float | None = None) -> LinkState:
+    """Queue host->device copies for ~LINK_LOAD_SECONDS, then read the link state while they run
+    (the highest generation and width seen; the last reason when a field was never read)."""
     for _ in range(link_load_copies(dst.numel(), h2d_gbps)):
         dst.copy_(src, non_blocking=True)
     time.sleep(LINK_SAMPLE_GAP_S)  # let the link retrain up from its idle state
-    gens, widths = [], []
+    gens, widths, why = [], [], None
     for _ in range(LINK_SAMPLES):
-        gen, width = sample_link()
-        gens += [gen] if gen else []
-        widths += [width] if width else []
+        s = sample_link()
+        gens += [s.gen] if s.gen else []
+        widths += [s.width] if s.width else []
+        why = s.reason or why
         time.sleep(LINK_SAMPLE_GAP_S)
     torch.cuda.synchronize()
-    return (max(gens) if gens else None), (max(widths) if widths else None)
+    return LinkState(max(gens) if gens else None, max(widths) if widths else None,
+                     None if gens and widths else why)
 
 
 def measure_gpu(cuda_index: int, nodes: Sequence[int | None], local_node: int | None, plan: SweepPlan,
-                sample_link: Callable[[], tuple[int | None, int | None]] | None = None,
+                sample_link: Callable[[], LinkState] | None = None,
                 tick: Tick | None = None) -> GpuBandwidth:
     """H2D, D2H and zero-copy read bandwidth of one GPU against a host buffer on each node."""
     import torch
@@ -255,7 +259,7 @@ def measure_gpu(cuda_index: int, nodes: Sequence[int | None], local_node: int | 
     cudart = torch.cuda.cudart()
     clock = _cuda_clock(torch)
     by_node = []
-    link = (None, None)
+    link: LinkState | None = None
     with torch.cuda.device(device):
         dst = torch.empty(top, dtype=torch.uint8, device=device)
         for node in nodes:
@@ -270,16 +274,19 @@ def measure_gpu(cuda_index: int, nodes: Sequence[int | None], local_node: int | 
             with buf:  # unregistered on the way out, once the device is idle
                 cell = _measure_node(torch, dst, buf, node, local, fitting, clock, tick)
                 by_node.append(cell)
-                if sample_link is not None and link == (None, None) and local in (True, None):
+                unread = link is None or (link.gen is None and link.width is None)
+                if sample_link is not None and unread and local in (True, None):
                     rate = cell.h2d[-1].median_gbps if cell.h2d else None
                     link = _sample_link_under_load(torch, dst, buf.tensor(), sample_link, rate)
         roundtrip = measure_roundtrip_ms(torch, device)
         del dst
-    if sample_link is not None and link == (None, None):
-        reasons.append(Reason("link_gen_under_load", "the link state could not be read while copying"))
-    elif sample_link is None:
+    if sample_link is None:
         reasons.append(Reason("link_gen_under_load", "no NVML to read the link state"))
-    return GpuBandwidth(cuda_index, ZERO_COPY_METHOD, tuple(by_node), link[0], link[1], tuple(reasons), roundtrip)
+    elif link is None or link.gen is None or link.width is None:
+        why = link.reason if link is not None and link.reason else "no copy ran from the GPU's own node"
+        reasons.append(Reason("link_gen_under_load", f"the link state could not be read while copying ({why})"))
+    link = link or LinkState(None, None)
+    return GpuBandwidth(cuda_index, ZERO_COPY_METHOD, tuple(by_node), link.gen, link.width, tuple(reasons), roundtrip)
 
 
 ROUNDTRIP_BYTES = 16 * 7168 * 2  # 16 tokens of DeepSeek-V3 activations in bf16

@@ -8,7 +8,7 @@ VMs) leaves that field None with a reason and the rest of the GPU intact. A fail
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from .common import DriverReport, GpuDevice, Reason, mask_to_ids
 
@@ -133,20 +133,32 @@ def probe_nvml(load: Callable[[], Any] = import_pynvml) -> DriverReport:
             pass
 
 
-def read_link_state(pci_bus_id: str, load: Callable[[], Any] = import_pynvml) -> tuple[int | None, int | None]:
-    """Current PCIe (generation, width) of one GPU, e.g. while a copy keeps the link busy."""
+class LinkState(NamedTuple):
+    """The PCIe link of one GPU at one moment; `reason` says why a field is None."""
+
+    gen: int | None
+    width: int | None
+    reason: str | None = None
+
+
+def read_link_state(pci_bus_id: str, load: Callable[[], Any] = import_pynvml) -> LinkState:
+    """Current PCIe generation and width of one GPU, e.g. while a copy keeps the link busy."""
     try:
         nvml = load()
+    except Exception as exc:  # noqa: BLE001 - any failure means "cannot sample", never a crash
+        return LinkState(None, None, f"cannot load nvidia-ml-py ({type(exc).__name__}: {exc})")
+    try:
         nvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - any failure means "cannot sample", never a crash
-        return None, None
+    except Exception as exc:  # noqa: BLE001 - as above; the reason is kept
+        return LinkState(None, None, f"nvmlInit: {nvml_reason(nvml, exc)}")
     try:
         handle = nvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
         f = _FieldReader(nvml)
-        return (f.read("gen", lambda: int(nvml.nvmlDeviceGetCurrPcieLinkGeneration(handle))),
-                f.read("width", lambda: int(nvml.nvmlDeviceGetCurrPcieLinkWidth(handle))))
-    except nvml.NVMLError:
-        return None, None
+        gen = f.read("generation", lambda: int(nvml.nvmlDeviceGetCurrPcieLinkGeneration(handle)))
+        width = f.read("width", lambda: int(nvml.nvmlDeviceGetCurrPcieLinkWidth(handle)))
+        return LinkState(gen, width, "; ".join(f"{r.field}: {r.why}" for r in f.reasons) or None)
+    except nvml.NVMLError as exc:
+        return LinkState(None, None, f"GPU {pci_bus_id}: {nvml_reason(nvml, exc)}")
     finally:
         try:
             nvml.nvmlShutdown()

@@ -33,7 +33,7 @@ from .host import HostInfo, probe_host
 from .hostmem import SYS_MBIND
 from .numastat import ToolOutput, parse_numastat, parse_numastat_table, run_numastat
 from .nvidia_smi import probe_nvidia_smi
-from .nvml import probe_nvml, read_link_state
+from .nvml import LinkState, probe_nvml, read_link_state
 from .sysfs import NumaNode, PciLink, link_rate_gbps, read_numa_nodes, read_pci_link
 
 SCHEMA = "hotsplit.platform/1"
@@ -52,7 +52,7 @@ class Sources:
     host_copy: Callable[..., tuple[HostCopyNode, ...]] = measure_host_copy
     gpu_bandwidth: Callable[..., GpuBandwidth] = measure_gpu
     cpu_expert: Callable[..., CpuExpertRate] = measure_cpu_expert
-    link_state: Callable[[str], tuple[int | None, int | None]] = read_link_state
+    link_state: Callable[[str], LinkState] = read_link_state
     machine: str | None = None  # override platform.machine() (mbind support)
 
 

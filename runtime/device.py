@@ -60,17 +60,19 @@ def _gpu_numa_node(index: int) -> tuple[int | None, str | None]:
     return node, None
 
 
-def choose_device(request: str = "auto") -> DeviceInfo:
+def choose_device(request: str = "auto", source: str = "run.device") -> DeviceInfo:
     """`auto` takes cuda:0 when CUDA works, else the CPU. `cpu`, `cuda` and `cuda:N` are honoured
-    or refused (a UsageError, exit 2) when the machine cannot do them."""
+    or refused (a UsageError, exit 2) when the machine cannot do them; `source` names where the
+    request came from in that message (the recipe key, or a flag such as `--device`)."""
     request = (request or "auto").strip().lower()
+    fix = "use device: auto or cpu" if source == "run.device" else f"use {source} auto or cpu"
     if request not in ("auto", "cpu", "cuda") and not request.startswith("cuda:"):
-        raise UsageError(f"run.device: must be auto, cpu, cuda or cuda:N, got {request!r}")
+        raise UsageError(f"{source}: must be auto, cpu, cuda or cuda:N, got {request!r}")
     reasons: dict[str, str] = {}
     want_cuda = request != "cpu"
     cuda_ok = want_cuda and torch.cuda.is_available()
     if request.startswith("cuda") and not cuda_ok:
-        raise UsageError(f"run.device is {request} but CUDA is not available", "use device: auto or cpu")
+        raise UsageError(f"{source} is {request} but CUDA is not available", fix)
     if not cuda_ok:
         reason = "device is cpu" if request == "cpu" else "no CUDA device"
         interp = os.environ.get("TRITON_INTERPRET", "") == "1"
@@ -84,7 +86,7 @@ def choose_device(request: str = "auto") -> DeviceInfo:
         return DeviceInfo(torch.device("cpu"), "cpu", False, False, False, triton_ok and interp, False, None, reasons)
     index = int(request.split(":")[1]) if ":" in request else 0
     if index >= torch.cuda.device_count():
-        raise UsageError(f"run.device is cuda:{index} but only {torch.cuda.device_count()} GPU(s) are visible")
+        raise UsageError(f"{source} is cuda:{index} but only {torch.cuda.device_count()} GPU(s) are visible")
     dev = torch.device("cuda", index)
     props = torch.cuda.get_device_properties(index)
     triton_ok, why = _triton_importable()

@@ -63,3 +63,22 @@ def test_balance_bad_model_folder(tmp_path, prompts, capsys):
     assert main(["balance", "--model", str(tmp_path), "--prompts", str(prompts), "-o", str(out)]) == 1
     assert "no config.json" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_unsupported_expert_layout_is_a_one_line_error(ckpt, prompts, tmp_path, capsys, monkeypatch):
+    from transformers.models.olmoe import modeling_olmoe
+
+    init = modeling_olmoe.OlmoeExperts.__init__
+
+    def with_post_expert_norm(self, *args, **kwargs):  # as `@use_experts_implementation(has_post_expert_norm=True)`
+        init(self, *args, **kwargs)
+        self.has_post_expert_norm = True
+
+    monkeypatch.setattr(modeling_olmoe.OlmoeExperts, "__init__", with_post_expert_norm)
+    out = tmp_path / "h.json"
+    assert main(["balance", "--model", str(ckpt), "--prompts", str(prompts), "-o", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        "error: OlmoeExperts: experts with a norm after each expert are not supported; hotsplit runs experts with a "
+        "fused gate_up_proj and a down_proj (docs/real-models.md lists the families)"]
+    assert captured.out == "" and not out.exists()

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from probes.nvml import LinkState
 from runtime import pinned
 from runtime.bank import ExpertBank
 from runtime.device import choose_device
@@ -214,17 +215,26 @@ def test_link_sampling_queues_the_load_before_sampling():
     events = []
     dst = SimpleNamespace(numel=lambda: 1 << 30, copy_=lambda src, non_blocking: events.append(("copy",)))
     fake_torch = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: events.append(("sync",))))
-    samples = iter([(1, 16), (5, 16), (4, 16)])
+    samples = iter([LinkState(1, 16), LinkState(5, 16), LinkState(4, 16)])
 
     def sample():
         events.append(("sample",))
         return next(samples)
 
-    gen, width = bandwidth._sample_link_under_load(fake_torch, dst, None, sample, h2d_gbps=55.0)
-    assert (gen, width) == (5, 16)  # the highest generation seen under load
+    link = bandwidth._sample_link_under_load(fake_torch, dst, None, sample, h2d_gbps=55.0)
+    assert link == (5, 16, None)  # the highest generation seen under load
     kinds = [e[0] for e in events]
     n_copies = bandwidth.link_load_copies(1 << 30, 55.0)
     assert kinds == ["copy"] * n_copies + ["sample"] * 3 + ["sync"]
+
+
+def test_link_sampling_keeps_the_reason_when_nothing_was_read():
+    from probes import bandwidth
+
+    dst = SimpleNamespace(numel=lambda: 1 << 30, copy_=lambda src, non_blocking: None)
+    fake_torch = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: None))
+    link = bandwidth._sample_link_under_load(fake_torch, dst, None, lambda: LinkState(None, None, "nvmlInit: lost"))
+    assert link == (None, None, "nvmlInit: lost")
 
 
 def test_failed_host_register_clears_the_cuda_error(monkeypatch):

@@ -76,7 +76,7 @@ def test_bad_knob_refuses(cli, tmp_path, monkeypatch):
 
 def test_missing_output_folder_fails_cleanly(cli, tmp_path):
     r = cli("probe", "-o", tmp_path / "nope" / "p.json")
-    assert r.code == 1 and "does not exist" in r.err and r.out == ""
+    assert r.code == 2 and "does not exist" in r.err and r.out == ""
 
 
 def test_existing_file_survives_a_failed_run(cli, tmp_path, monkeypatch):

@@ -197,8 +197,29 @@ def test_no_gpus():
 
 
 def test_link_state_sampling():
-    assert read_link_state("00000000:19:00.0", lambda: FakeNvml()) == (1, 16)
-    assert read_link_state("x", lambda: FakeNvml({"nvmlInit": pynvml.NVML_ERROR_DRIVER_NOT_LOADED})) == (None, None)
+    assert read_link_state("00000000:19:00.0", lambda: FakeNvml()) == (1, 16, None)
+    s = read_link_state("x", lambda: FakeNvml({"nvmlInit": pynvml.NVML_ERROR_DRIVER_NOT_LOADED}))
+    assert (s.gen, s.width) == (None, None) and "driver not loaded" in s.reason
+
+
+class BrokenInitNvml(FakeNvml):
+    """nvmlInit fails with something other than an NVMLError (a half-installed library)."""
+
+    def nvmlInit(self):
+        raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+
+def test_link_state_keeps_the_reason_of_any_failure():
+    s = read_link_state("x", BrokenInitNvml)
+    assert (s.gen, s.width) == (None, None) and "libnvidia-ml.so.1: cannot open" in s.reason
+
+    def no_module():
+        raise ImportError("No module named 'pynvml'")
+
+    s = read_link_state("x", no_module)
+    assert (s.gen, s.width) == (None, None) and "No module named 'pynvml'" in s.reason
+    s = read_link_state("x", lambda: FakeNvml({"nvmlDeviceGetCurrPcieLinkWidth": pynvml.NVML_ERROR_NOT_SUPPORTED}))
+    assert s.gen == 1 and s.width is None and s.reason == "width: not supported by this GPU or driver"
 
 
 @pytest.mark.parametrize("code, text", [

@@ -17,7 +17,7 @@ from probes.cuda import CudaDevice, CudaReport, same_bus
 from probes.host import HostInfo
 from probes.hostmem import PageLocation
 from probes.numastat import ToolOutput
-from probes.nvml import probe_nvml
+from probes.nvml import LinkState, probe_nvml
 from probes.platform import Sources, link_verdict, measure_platform, take_inventory
 from tests.test_probe_nvml import FakeNvml
 from tests.test_probe_sysfs import make_node, write
@@ -93,7 +93,7 @@ def gpu_sources(tmp_path) -> Sources:
     return Sources(root=tmp_path, nvml=lambda: probe_nvml(lambda: FakeNvml()),
                    nvidia_smi=lambda: pytest.fail("nvidia-smi must not run when NVML works"),
                    numastat=numastat_from_captures, cuda=fake_cuda, host=fake_host, host_copy=fake_host_copy,
-                   gpu_bandwidth=fake_gpu_bandwidth, link_state=lambda bus: (4, 16), machine="x86_64",
+                   gpu_bandwidth=fake_gpu_bandwidth, link_state=lambda bus: LinkState(4, 16), machine="x86_64",
                    cpu_expert=fake_cpu_expert)
 
 

@@ -282,3 +282,53 @@ def test_expectation_warning_threshold():
     assert "points above" in expectation_warning(summary(0.95, 0.80), "a", "b")
     assert expectation_warning(summary(0.5, 0.8), "t", "t").endswith(
         "the plan was made before the run from its own traffic (t)")
+def test_ctrl_c_mid_run_says_exactly_what_was_written(capsys, tmp_path, monkeypatch):
+    import runtime.from_recipe as from_recipe
+    from runtime.engine import ArraySource
+
+    pytest.importorskip("matplotlib")
+    real = from_recipe.prepare_run
+
+    def interrupted_at_step_25(*args, **kwargs):
+        p = real(*args, **kwargs)
+        inner = p.engine.source.steps()
+
+        def steps():
+            for i, routed in enumerate(inner):
+                if i == 25:
+                    raise KeyboardInterrupt
+                yield routed
+
+        p.engine.source = ArraySource("synthetic", p.engine.source.tokens_per_step, steps())
+        return p
+
+    monkeypatch.setattr(from_recipe, "prepare_run", interrupted_at_step_25)
+    monkeypatch.setenv("HOTSPLIT_DYN_STEPS", "10")
+    log, png = tmp_path / "log.jsonl", tmp_path / "hit.png"
+    code, out, err = run(capsys, *FAST, "--log-jsonl", str(log), "--plot", str(png))
+    assert code == 130 and "(interrupted)" in out
+    assert err.splitlines()[-1] == f"error: interrupted at step 25 of 40; wrote {log} (3 records) and {png}"
+    assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [10, 20, 25]
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hit.png", "log.jsonl"]  # no temp file left
+
+
+def test_ctrl_c_mid_run_without_output_files_says_nothing_was_written(capsys, monkeypatch):
+    import runtime.from_recipe as from_recipe
+    from runtime.engine import ArraySource
+
+    real = from_recipe.prepare_run
+
+    def interrupted_at_once(*args, **kwargs):
+        p = real(*args, **kwargs)
+
+        def steps():
+            raise KeyboardInterrupt
+            yield
+
+        p.engine.source = ArraySource("synthetic", p.engine.source.tokens_per_step, steps())
+        return p
+
+    monkeypatch.setattr(from_recipe, "prepare_run", interrupted_at_once)
+    code, _, err = run(capsys, *FAST)
+    assert code == 130 and err.splitlines()[-1] == "error: interrupted at step 0 of 40; nothing was written"

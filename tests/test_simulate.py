@@ -226,3 +226,48 @@ def test_cli_simulate_columns_have_units_and_budget_its_unit(cli, drift_trace):
     assert "budget 1.02 MiB per rank (from --hot-gib) = 5 hot experts of 0.19 MiB" in lines[1]
     assert lines[2].split() == ["policy", "hit", "rate", "min", "window", "PCIe", "MiB/step", "zero-copy",
                                 "MiB/step", "experts", "copied"]
+def _drawn_axes(monkeypatch):
+    """Replace save_png: draw on a real figure and keep its axes for inspection."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hotsplit_cli import plotting
+
+    drawn = []
+
+    def save_png(path, draw):
+        fig, ax = plt.subplots()
+        draw(fig, ax)
+        drawn.append(ax)
+        open(path, "wb").close()
+
+    monkeypatch.setattr(plotting, "save_png", save_png)
+    return drawn
+
+
+def test_cli_simulate_plot_of_a_single_window_is_one_bar_per_policy(cli, drift_trace, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    drawn = _drawn_axes(monkeypatch)
+    png = tmp_path / "sim.png"
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--window-steps", "100000", "--plot", png,
+            "--policies", "static,lru,oracle")
+    assert r.code == 0, r.err
+    ax = drawn[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["static", "lru", "oracle"]
+    assert len(ax.patches) == 3 and ax.get_ylim() == (0, 110) and not ax.lines
+    heights = [p.get_height() for p in ax.patches]
+    assert all(0 < h <= 100 for h in heights)
+    assert "one bar per policy, not a curve" in r.err
+
+
+def test_cli_simulate_plot_of_many_windows_is_a_curve_per_policy(cli, drift_trace, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    drawn = _drawn_axes(monkeypatch)
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--plot", tmp_path / "sim.png",
+            "--policies", "static,lru")
+    assert r.code == 0, r.err
+    ax = drawn[0]
+    assert len(ax.lines) == 2 and not ax.patches and all(len(line.get_xdata()) > 1 for line in ax.lines)
+    assert "not a curve" not in r.err

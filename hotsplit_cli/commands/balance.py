@@ -14,7 +14,7 @@ import typer
 
 from ..errors import InputFileError, RuntimeFailure, UsageError
 from ..hist import Histogram, save_hist
-from ..options import JsonOpt, OutOpt, RecipeOpt
+from ..options import DeviceOpt, JsonOpt, OutOpt, RecipeOpt, output_option
 from ..output import Output
 from ..prompts import read_prompts
 
@@ -40,8 +40,8 @@ def balance_cmd(
     steps: Annotated[int | None, typer.Option("--steps", help="Synthetic model: engine steps to route.")] = None,
     windows_steps: Annotated[int | None, typer.Option("--windows-steps", help="Keep counts per window of N "
                                                       "steps.")] = None,
-    trace: Annotated[Path | None, typer.Option("--trace", help="Also save the routing trace (.npz).")] = None,
-    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = "auto",
+    trace: Annotated[Path | None, output_option("--trace", help="Also save the routing trace (.npz).")] = None,
+    device: DeviceOpt = "auto",
     dtype: Annotated[str, typer.Option("--dtype", help="auto (the checkpoint's), bfloat16, float16, "
                                        "float32.")] = "auto",
     output: OutOpt = None,
@@ -72,9 +72,6 @@ def balance_cmd(
     if model is None and rec is None:
         raise UsageError("balance needs --model DIR or a recipe", "e.g. `hotsplit balance --model ./ckpt --prompts "
                          "p.jsonl -o hist.json` or `hotsplit balance tiny -o hist.json`")
-    for p in (output, trace):
-        if p is not None and not (p.parent if str(p.parent) else Path(".")).is_dir():
-            raise InputFileError(f"cannot write {p}: folder {p.parent} does not exist", "create it first")
     if model is not None:
         hist, trace_obj, notes = _from_checkpoint(out, model, rec, prompts, max_new_tokens, batch_size,
                                                   windows_steps, trace is not None, device, dtype)
@@ -114,7 +111,7 @@ def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, w
     from runtime.hf.loader import load_model, load_tokenizer
     from runtime.moe import DTYPES as TORCH_DTYPES
 
-    info = choose_device(device)
+    info = choose_device(device, "--device")
     hm = load_model(model_dir, info, None if dtype == "auto" else TORCH_DTYPES[dtype], keep_trace=keep_trace)
     tok = load_tokenizer(model_dir)
     with out.progress("balance", len(prompt_list)) as advance:

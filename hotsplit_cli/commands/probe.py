@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from .. import __version__
-from ..errors import InputFileError, PlanError, UsageError
+from ..errors import PlanError, UsageError
 from ..knobs import resolve_knobs
 from ..options import JsonOpt, OutOpt, RecipeOpt
 from ..output import Output, gib
@@ -223,8 +223,6 @@ def probe_cmd(
     out = Output(json)
     if quick and full:
         raise UsageError("--quick and --full exclude each other", "pick one (quick is the default)")
-    if output is not None and not output.parent.is_dir():
-        raise InputFileError(f"cannot write {output}: folder {output.parent} does not exist", "create it first")
     rec, knobs = None, None
     if recipe is not None:
         rec = load_recipe(recipe)

@@ -9,10 +9,10 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ..errors import HotsplitError, UsageError
+from ..errors import Interrupted, UsageError
 from ..jsonio import schema_tag, write_atomic
 from ..knobs import resolve_knobs
-from ..options import ColdPathOpt, HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeArg
+from ..options import ColdPathOpt, HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeArg, output_option
 from ..output import Output, gib, pct
 from ..recipe import load_recipe
 
@@ -21,12 +21,7 @@ PlanFileOpt = Annotated[Path | None, typer.Option("--plan", help="plan.json from
 TraceOpt = Annotated[Path | None, typer.Option("--trace", help="Replay this routing trace (.npz).")]
 StepsOpt = Annotated[int | None, typer.Option("--steps", help="Engine steps (default: the recipe's run.steps).")]
 ScaleOpt = Annotated[float | None, typer.Option("--scale", help="Shrink tensors, (0, 1]; plans keep real bytes.")]
-LogJsonlOpt = Annotated[Path | None, typer.Option("--log-jsonl", help="Also write each record as a JSON line.")]
-
-
-def _check_folder(path: Path | None, flag: str) -> None:
-    if path is not None and not (path.parent if str(path.parent) else Path(".")).is_dir():
-        raise UsageError(f"{flag} {path}: folder {path.parent} does not exist", "create it first")
+LogJsonlOpt = Annotated[Path | None, output_option("--log-jsonl", help="Also write each record as a JSON line.")]
 
 
 def run(
@@ -52,13 +47,10 @@ def run(
         raise UsageError(f"--steps: must be >= 1, got {steps}")
     if scale is not None and not 0 < scale <= 1:
         raise UsageError(f"--scale: must be in (0, 1], got {scale}")
-    _check_folder(log_jsonl, "--log-jsonl")
-    _check_folder(plot, "--plot")
     if plot is not None:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise HotsplitError("--plot needs matplotlib", "pip install 'hotsplit[plot]'") from None
+        from ..plotting import require_matplotlib
+
+        require_matplotlib()
 
     if rec.model.kind == "hf":
         if trace is not None or steps is not None or scale is not None:
@@ -107,7 +99,14 @@ def run(
 
     out.emit(doc, render)
     if summary.interrupted:
-        raise typer.Exit(130)
+        raise Interrupted(f"interrupted at step {summary.steps} of {prepared.steps}",
+                          _wrote(log_jsonl, len(summary.records), plot))
+
+
+def _wrote(log_jsonl: Path | None, records: int, plot: Path | None) -> str:
+    """What an interrupted run leaves on disk: the records so far and the plot of them."""
+    files = ([f"{log_jsonl} ({records} records)"] if log_jsonl else []) + ([str(plot)] if plot else [])
+    return f"wrote {' and '.join(files)}" if files else "nothing was written"
 
 
 def _logged(say, log_jsonl: Path | None, runner):

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
 
 import typer
 from rich.text import Text
 
 from ..errors import HotsplitError
 from ..jsonio import schema_tag
-from ..options import JsonOpt
+from ..options import DeviceOpt, JsonOpt
 from ..output import Output
 
 
 def selftest(
-    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = "auto",
+    device: DeviceOpt = "auto",
     json_out: JsonOpt = False,
 ) -> None:
     """Check the hot/cold runtime against an all-resident reference; measure zero-copy GB/s and
@@ -25,7 +24,7 @@ def selftest(
     from runtime.device import choose_device, tune_cpu_threads  # torch is imported only from here on
     from runtime.selftest import run_selftest
 
-    info = choose_device(device)
+    info = choose_device(device, "--device")
     tune_cpu_threads(info)
     result = run_selftest(info)
     doc = {"schema": schema_tag("selftest"), **result}

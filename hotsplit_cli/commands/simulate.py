@@ -178,17 +178,11 @@ def simulate_cmd(
     if plot is not None:
         from ..plotting import save_png
 
-        def draw(fig, ax) -> None:
-            x = np.arange(len(next(iter(sums.values())).window_hit_rate_W)) * wsteps
-            for n, s in sums.items():
-                ax.plot(x, 100 * s.window_hit_rate_W, marker=".",
-                        label=f"{n}: {100 * s.hit_rate:.1f}%, {s.pcie_bytes_per_step / (1 << 20):.1f} MiB/step")
-            ax.set_xlabel(f"step (windows of {wsteps})")
-            ax.set_ylabel("hit rate per window (%)")
-            ax.set_title(f"{rec.name}: {gib(budget_bytes)} hot, {cfg.hot_slots} slots; PCIe MiB/step in legend")
-            ax.legend(fontsize=8)
-
-        save_png(plot, draw)
+        title = f"{rec.name}: {gib(budget_bytes)} hot, {cfg.hot_slots} slots"
+        save_png(plot, lambda fig, ax: draw_policies(ax, sums, wsteps, title))
+        if len(next(iter(sums.values())).window_hit_rate_W) == 1:
+            out.note(f"note: the trace is one window of {wsteps} steps, so {plot} shows one bar per policy, not a "
+                     "curve; pass --window-steps below that for hit rate over steps")
 
     def render() -> None:
         out.print(f"trace {trace}: {tr.num_steps} steps x {doc['tokens_per_step']} tokens x top-{tr.top_k}, "
@@ -223,6 +217,31 @@ def simulate_cmd(
     out.emit(doc, render)
     if plot is not None:
         out.note(f"wrote {plot}")
+
+
+def draw_policies(ax, sums: dict, wsteps: int, title: str) -> None:
+    """Hit rate per window for each policy (`sums`: name -> PolicySummary); with a single window
+    there is no curve to draw, so one bar per policy."""
+    def label(n, s) -> str:
+        return f"{n}: {100 * s.hit_rate:.1f}%, {s.pcie_bytes_per_step / (1 << 20):.1f} MiB/step"
+
+    windows = len(next(iter(sums.values())).window_hit_rate_W)
+    if windows == 1:
+        names = list(sums)
+        bars = ax.bar(names, [100 * s.hit_rate for s in sums.values()], color=[f"C{i}" for i in range(len(names))])
+        ax.bar_label(bars, labels=[f"{100 * s.hit_rate:.1f}%\n{s.pcie_bytes_per_step / (1 << 20):.1f} MiB/step"
+                                   for s in sums.values()], fontsize=8)
+        ax.set_xlabel(f"policy (one window: steps 0..{wsteps - 1})")
+        ax.set_ylabel("hit rate (%)")
+        ax.set_ylim(0, 110)
+    else:
+        x = np.arange(windows) * wsteps
+        for n, s in sums.items():
+            ax.plot(x, 100 * s.window_hit_rate_W, marker=".", label=label(n, s))
+        ax.set_xlabel(f"step (windows of {wsteps})")
+        ax.set_ylabel("hit rate per window (%)")
+        ax.legend(fontsize=8)
+    ax.set_title(f"{title}; PCIe MiB/step {'on the bars' if windows == 1 else 'in legend'}")
 
 
 def register(app: typer.Typer, hist_app: typer.Typer) -> None:

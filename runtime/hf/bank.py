@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hotsplit_cli.errors import UnsupportedModelError
+
 from ..bank import BlobBank, BlobLayout, swiglu_fp8_parts
 from ..device import DeviceInfo
 from ..fp8 import FP8, Fp8Format, dequantize_swiglu
@@ -33,6 +35,7 @@ from ..moe import expert_groups
 from ..pinned import PinnedAllocator, plan_placement
 
 PARTS = ("w1", "w2", "b1", "b2")
+_SUPPORTED = "hotsplit runs experts with a fused gate_up_proj and a down_proj (docs/real-models.md lists the families)"
 
 
 @dataclass(frozen=True)
@@ -71,18 +74,20 @@ class ExpertLayout:
         `fp8`: the checkpoint stores the experts block-scaled in fp8."""
         transposed = bool(getattr(experts, "is_transposed", False))
         has_bias = bool(getattr(experts, "has_bias", False))
+        name = type(experts).__name__
         if not getattr(experts, "has_gate", True) or not hasattr(experts, "gate_up_proj"):
-            raise NotImplementedError(f"{type(experts).__name__}: experts without a fused gate_up_proj")
+            raise UnsupportedModelError(f"{name}: experts without a fused gate_up_proj are not supported", _SUPPORTED)
         if getattr(experts, "has_post_expert_norm", False):
-            raise NotImplementedError(f"{type(experts).__name__}: experts with a norm after each expert")
+            raise UnsupportedModelError(f"{name}: experts with a norm after each expert are not supported",
+                                        _SUPPORTED)
         w1 = tuple(experts.gate_up_proj.shape[1:])
         w2 = tuple(experts.down_proj.shape[1:])
         hidden = w1[0] if transposed else w1[1]
         plain = (not transposed and not has_bias and bool(getattr(experts, "is_concatenated", True))
                  and _default_gate(experts) and _is_silu(getattr(experts, "act_fn", None)))
         if fp8 is not None and (transposed or has_bias or not getattr(experts, "is_concatenated", True)):
-            raise NotImplementedError(f"{type(experts).__name__}: fp8 experts in a transposed, biased or "
-                                      "interleaved layout")
+            raise UnsupportedModelError(f"{name}: fp8 experts in a transposed, biased or interleaved layout are "
+                                        "not supported", "use the checkpoint's bf16 release")
         return cls(w1, w2, transposed, has_bias, hidden, plain, fp8)
 
 

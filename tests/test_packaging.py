@@ -1,0 +1,85 @@
+"""A wheel install (not editable) finds the shipped recipes from any folder."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import site
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from hotsplit_cli.recipe import RECIPES_DIR
+
+ROOT = Path(__file__).resolve().parent.parent
+NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "out", "*.egg-info", "__pycache__",
+                                    ".hypothesis", ".ruff_cache", ".pytest_cache")
+
+
+def test_checkout_recipes_folder_is_the_packaged_one():
+    """One copy of every recipe: `recipes/` in a checkout leads to the package's folder."""
+    assert RECIPES_DIR == ROOT / "hotsplit_cli" / "recipes" and (RECIPES_DIR / "tiny.yaml").is_file()
+    assert (ROOT / "recipes").resolve() == RECIPES_DIR
+
+
+@pytest.mark.slow  # about 10 s: builds the wheel and installs it into a new virtual environment
+@pytest.mark.skipif(importlib.util.find_spec("setuptools") is None or importlib.util.find_spec("pip") is None,
+                    reason="building the wheel offline needs pip and setuptools in this environment")
+def test_wheel_install_runs_a_shipped_recipe_from_another_folder(tmp_path):
+    src, wheels, venv = tmp_path / "src", tmp_path / "wheels", tmp_path / "venv"
+    shutil.copytree(ROOT, src, symlinks=True, ignore=NOT_SOURCE)  # the build writes build/ next to the sources
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", wheels, src], check=True,
+                   timeout=300)
+    wheel = next(wheels.glob("hotsplit-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = sorted(p.name for p in RECIPES_DIR.glob("*.yaml"))
+    assert sorted(n.split("/")[-1] for n in names if n.startswith("hotsplit_cli/recipes/")) == shipped
+
+    # A fresh environment that sees this one's packages (torch, numpy, ...) but not its hotsplit.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=120)
+    venv_site = next(venv.glob("lib/python*/site-packages"))
+    (venv_site / "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    subprocess.run([*pip, "--python", venv / "bin" / "python", "install", "-q", "--no-deps", "--no-index", wheel],
+                   check=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([venv / "bin" / "hotsplit", "ledger", "deepseek-v3"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ledger: deepseek-v3 (deepseek-ai/DeepSeek-V3)")
+    where = subprocess.run([venv / "bin" / "python", "-c", "import hotsplit_cli.recipe as r; print(r.RECIPES_DIR)"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(where).is_relative_to(venv)
+
+
+def test_matplotlib_is_a_dependency_and_the_plot_extra_still_works():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert any(d.startswith("matplotlib") for d in project["dependencies"])
+    assert any(d.startswith("matplotlib") for d in project["optional-dependencies"]["plot"])
+
+
+def test_missing_matplotlib_hint_installs_matplotlib_not_hotsplit_from_the_index(cli, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    png = tmp_path / "hit.png"
+    r = cli("run", "tiny", "--steps", "5", "--plot", png)
+    assert r.code == 1 and r.out == "" and not png.exists()
+    assert r.err.splitlines() == ["error: --plot needs matplotlib, a dependency of hotsplit missing from this "
+                                  "environment; install it with `pip install 'matplotlib>=3.7'` (in a checkout "
+                                  "./setup.sh does)"]
+
+
+def test_quickstart_is_two_commands_and_the_first_draws_a_named_plot():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = block.strip().splitlines()
+    assert len(commands) == 2
+    words = commands[0].split()
+    png = words[words.index("--plot") + 1]
+    assert png.endswith(".png") and f"`{png}`" in section.replace(block, "")
