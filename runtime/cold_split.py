@@ -15,6 +15,7 @@ run can print predicted vs achieved.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +63,23 @@ class PathCounters:
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
 
 
+def node_cpus(node: int | None) -> tuple[int, ...] | None:
+    """The CPUs of NUMA node `node` this process may use (None: unknown node, or none usable)."""
+    if node is None:
+        return None
+    from probes.sysfs import read_numa_node
+
+    cpus = read_numa_node(node).cpus
+    allowed = set(cpus or ()) & os.sched_getaffinity(0)
+    return tuple(sorted(allowed)) or None
+
+
+def _pin(cpus: tuple[int, ...] | None) -> None:
+    """Run the calling (worker) thread on `cpus`; the rest of the process keeps its CPUs."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
 class ColdSplit:
     """Divides each layer's cold experts between the device compute and a CPU worker."""
 
@@ -69,7 +87,9 @@ class ColdSplit:
         self.mode, self.rates, self.info = mode, rates, info
         self.rates_source = ""  # where the rates came from, for the run's header
         self.counters = PathCounters()
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="hotsplit-cold-cpu")
+        self.cpus = node_cpus(info.numa_node)  # the worker runs next to the cold bank's memory
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="hotsplit-cold-cpu", initializer=_pin,
+                                       initargs=(self.cpus,))
 
     def __call__(self, x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor, bank,
                  device_compute: Callable[[torch.Tensor], torch.Tensor],

@@ -169,3 +169,21 @@ def test_fp8_banks_refuse_the_cpu_path_in_one_line():
     with pytest.raises(UsageError, match=r"^cold_path split: the CPU cannot compute fp8 experts"):
         cold_split.make_split("split", CPU, bank)
     assert cold_split.make_split("gpu", CPU, bank) is None
+
+
+def test_the_cpu_worker_runs_on_the_gpu_nodes_cpus(monkeypatch):
+    import dataclasses
+    import os
+    from types import SimpleNamespace
+
+    from probes import sysfs
+
+    first = min(os.sched_getaffinity(0))
+    monkeypatch.setattr(sysfs, "read_numa_node", lambda node: SimpleNamespace(cpus=(first, 4096)))
+    before = os.sched_getaffinity(0)
+    split = ColdSplit("split", EQUAL, dataclasses.replace(CPU, numa_node=0))
+    assert split.cpus == (first,)  # the node's CPUs this process may use
+    assert split.pool.submit(os.sched_getaffinity, 0).result() == {first}
+    assert os.sched_getaffinity(0) == before  # the rest of the process keeps its CPUs
+    split.close()
+    assert ColdSplit("split", EQUAL, CPU).cpus is None  # no GPU node: the worker is not pinned
