@@ -1,13 +1,53 @@
-"""Shared test helpers: run the CLI in-process and build small histograms."""
+"""Shared test helpers: run the CLI in-process and build small histograms; every test runs
+without TRITON_INTERPRET unless it asks for the interpreter (`triton_interpreted`)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 from hotsplit_cli.hist import Histogram, save_hist
+
+# Whether this test process was started with TRITON_INTERPRET=1 (a user may export it): triton,
+# once imported, stays in the mode it was imported in, whatever the tests set afterwards.
+STARTED_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+RERUN = "test_runtime_bank.py::test_triton_kernel_tests_run_in_a_fresh_interpreter_process"
+
+
+@pytest.fixture(autouse=True)
+def _without_triton_interpreter(monkeypatch):
+    """Pin each test's environment: the CPU runtime without Triton, as on a machine without
+    TRITON_INTERPRET; the interpreter tests set it themselves (`triton_interpreted`)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+def interpreter_mode() -> bool | None:
+    """Whether the Triton kernels of this process run in the interpreter: fixed by the first import
+    of triton (or build of the kernels); None while neither has happened."""
+    import sys
+
+    built = sys.modules.get("runtime.triton_kernels")  # the kernels, once imported in this process
+    if built is not None:
+        return bool(built.INTERPRET)
+    if "triton" not in sys.modules:
+        return None
+    # triton.knobs reads the environment as it is now; triton's own library was jitted at import.
+    import triton.language as tl
+
+    return type(tl.standard.sigmoid).__name__ == "InterpretedFunction"
+
+
+def cpu_without_triton():
+    """`choose_device("cpu")` as without TRITON_INTERPRET, for module- and session-level devices
+    (set up before the autouse fixture above pins the environment)."""
+    from runtime.device import choose_device
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("TRITON_INTERPRET", raising=False)
+        return choose_device("cpu")
 
 
 @dataclass
@@ -53,13 +93,8 @@ def triton_interpreted(monkeypatch):
     """The Triton kernels built for the interpreter. triton.jit reads TRITON_INTERPRET when it is
     applied, to the kernels and to triton's own library alike, so both must have seen it.
     (test_runtime_bank.py re-runs every test using this in a fresh interpreter process.)"""
-    import sys
-
-    built = sys.modules.get("runtime.triton_kernels")  # the kernels, once imported in this process
-    if built is not None:
-        if not built.INTERPRET:
-            pytest.skip("the Triton kernels were built without TRITON_INTERPRET=1 in this process")
-    elif "triton" in sys.modules and not sys.modules["triton"].knobs.runtime.interpret:
-        pytest.skip("triton was imported without TRITON_INTERPRET=1 in this process")
+    if interpreter_mode() is False:
+        pytest.skip(f"triton was imported (or the kernels built) without TRITON_INTERPRET=1 in this process; "
+                    f"{RERUN} runs this test again in its own process")
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when triton is first imported
     pytest.importorskip("triton")

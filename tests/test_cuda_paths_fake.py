@@ -19,10 +19,10 @@ import torch
 from probes.nvml import LinkState
 from runtime import pinned
 from runtime.bank import ExpertBank
-from runtime.device import choose_device
 from runtime.pinned import PinnedAllocator, plan_placement
+from tests.conftest import cpu_without_triton
 
-CPU = choose_device("cpu")
+CPU = cpu_without_triton()
 E, H, INTER = 8, 4, 2
 
 

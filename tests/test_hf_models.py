@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers", minversion="5.0",
 from runtime.device import choose_device  # noqa: E402
 from runtime.hf.capture import capture, trace_of  # noqa: E402
 from runtime.hf.loader import FAMILIES, load_model, load_tokenizer  # noqa: E402
+from tests.conftest import cpu_without_triton  # noqa: E402
 
 VOCAB = 320
 SENTENCES = [
@@ -90,7 +91,7 @@ def checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def cpu():
-    return choose_device("cpu")
+    return cpu_without_triton()
 
 
 def reference(folder, impl="eager"):

@@ -10,7 +10,9 @@ import pytest
 
 triton = pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") == "1":
-    pytest.skip("interpreted kernels cannot be compiled", allow_module_level=True)
+    pytest.skip("interpreted kernels cannot be compiled; test_runtime_bank.py::test_kernel_compile_tests_run_in_a_"
+                "fresh_process_without_the_interpreter runs this file again in its own process",
+                allow_module_level=True)
 
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
@@ -23,7 +25,9 @@ WEIGHT = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 
 def _compile(fn, types: dict, consts: dict):
     if tk.INTERPRET:
-        pytest.skip("the kernels were built for the interpreter in this process")
+        pytest.skip("the kernels were built for the interpreter in this process; test_runtime_bank.py::test_kernel_"
+                    "compile_tests_run_in_a_fresh_process_without_the_interpreter runs this file again in its own "
+                    "process")
     sig = {n: types.get(n, "constexpr") for n in fn.arg_names}
     return triton.compile(ASTSource(fn, sig, consts), target=HOPPER)
 

@@ -15,9 +15,10 @@ from runtime.engine import ArraySource, Engine
 from runtime.fp8 import FP8, Fp8Format, dequantize, quantize
 from runtime.moe import MoEGeometry, dense_reference, make_layer_weights
 from runtime.selftest import build_pair, random_hot, random_moves, tolerances
+from tests.conftest import STARTED_INTERPRETED, cpu_without_triton, interpreter_mode
 
 torch.set_num_threads(1)
-CPU = choose_device("cpu")
+CPU = cpu_without_triton()
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
@@ -129,13 +130,7 @@ def test_outputs_equal_reference_after_every_swap_of_a_dynamic_run():
     assert summary.swaps > 0 and sum(checked) == summary.swaps
 
 
-def test_triton_kernels_equal_reference_in_the_interpreter(monkeypatch):
-    import sys
-
-    if "triton" in sys.modules and not sys.modules["triton"].knobs.runtime.interpret:
-        pytest.skip("triton was imported without TRITON_INTERPRET=1 in this process")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when triton is first imported
-    pytest.importorskip("triton")
+def test_triton_kernels_equal_reference_in_the_interpreter(triton_interpreted):
     from runtime.kernels import TritonExperts
 
     rng = np.random.default_rng(5)
@@ -339,9 +334,9 @@ def test_triton_kernel_tests_run_in_a_fresh_interpreter_process():
     import, so the kernel tests (here, and the checkpoint banks in test_hf_models.py) can skip in a
     full run. Run them once more in a fresh process with TRITON_INTERPRET=1, where they cannot
     skip, so CI always checks the kernels."""
+    if interpreter_mode():
+        pytest.skip("this process runs the kernel tests in the interpreter itself")
     pytest.importorskip("triton")
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("this process already runs the kernel tests in the interpreter")
     root = Path(__file__).resolve().parent.parent
     files = [str(Path(__file__)), *(str(Path(__file__).with_name(f)) for f in ("test_hf_models.py", "test_hf_fp8.py"))]
     r = subprocess.run(
@@ -351,3 +346,28 @@ def test_triton_kernel_tests_run_in_a_fresh_interpreter_process():
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     summary = r.stdout.strip().splitlines()[-1]
     assert "passed" in summary and "skipped" not in summary, summary
+
+
+def test_kernel_compile_tests_run_in_a_fresh_process_without_the_interpreter():
+    """Kernels built for the interpreter cannot be compiled for a GPU target, so test_kernels_compile.py
+    skips in a process started with TRITON_INTERPRET=1 (or one that built the kernels for it): run it
+    once more in its own process without it."""
+    if not (STARTED_INTERPRETED or interpreter_mode()):
+        pytest.skip("test_kernels_compile.py ran in this process (no interpreter here)")
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/test_kernels_compile.py"],
+                       env=env, capture_output=True, text=True, cwd=root, timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    summary = r.stdout.strip().splitlines()[-1]
+    assert "passed" in summary and "skipped" not in summary, summary
+
+
+def test_a_users_triton_interpret_does_not_reach_the_tests(monkeypatch):
+    """A user may export TRITON_INTERPRET=1 for the whole run: each test still sees the environment
+    it was written for (the CPU runtime without Triton unless it asks for the interpreter)."""
+    assert "TRITON_INTERPRET" not in os.environ  # conftest's autouse fixture
+    assert CPU.triton is False
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert cpu_without_triton().triton is False and "TRITON_INTERPRET" in os.environ
