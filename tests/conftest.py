@@ -71,6 +71,35 @@ def cli(capsys):
     return run
 
 
+def load_benchmark(name: str):
+    """A script of benchmarks/ imported as a module (they are scripts, not a package)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def interrupt_at(engine, step: int) -> None:
+    """Make `engine`'s traffic raise KeyboardInterrupt (Ctrl-C) when step `step` is drawn."""
+    from runtime.engine import ArraySource
+
+    inner = engine.source.steps()
+
+    def steps():
+        for i, routed in enumerate(inner):
+            if i == step:
+                raise KeyboardInterrupt
+            yield routed
+
+    engine.source = ArraySource("synthetic", engine.source.tokens_per_step, steps())
+
+
 def make_hist(counts_LE, layers=None, top_k: int = 2, model: str = "test") -> Histogram:
     counts_LE = np.asarray(counts_LE, dtype=np.float64)
     layers = tuple(range(counts_LE.shape[0])) if layers is None else tuple(layers)

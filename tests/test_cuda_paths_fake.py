@@ -7,7 +7,6 @@ The fakes model a stream as a log of what was issued to it; copies on the CPU la
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,7 +19,7 @@ from probes.nvml import LinkState
 from runtime import pinned
 from runtime.bank import ExpertBank
 from runtime.pinned import PinnedAllocator, plan_placement
-from tests.conftest import cpu_without_triton
+from tests.conftest import cpu_without_triton, load_benchmark
 
 CPU = cpu_without_triton()
 E, H, INTER = 8, 4, 2
@@ -248,19 +247,10 @@ def test_failed_host_register_clears_the_cuda_error(monkeypatch):
     hostmem.clear_cuda_error()  # no libcudart loaded: nothing to clear, no error
 
 
-def _load_bench_probe():
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_probe.py"
-    spec = importlib.util.spec_from_file_location("bench_probe_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_bench_probe_reference_buffer_is_pinned_on_the_probe_node(monkeypatch):
     from probes import hostmem
 
-    bench = _load_bench_probe()
+    bench = load_benchmark("bench_probe")
     calls = []
     monkeypatch.setattr(pinned, "list_numa_nodes", lambda root: (0, 1))
     monkeypatch.setattr(hostmem, "set_mempolicy", lambda mode, node: calls.append(("policy", mode, node)))

@@ -4,10 +4,7 @@ per-expert loop, the bytes a step reads, the targets, and rows that fail one at 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +13,7 @@ import torch
 from runtime import fullsize
 from runtime.device import choose_device
 from runtime.moe import MoEGeometry, dense_reference, grouped_experts
+from tests.conftest import load_benchmark
 
 torch.set_num_threads(1)  # as tune_cpu_threads does for the CPU path: tiny matmuls, a busy machine
 CPU = choose_device("cpu")
@@ -148,12 +146,7 @@ def test_a_model_that_cannot_be_built_errors_every_row_of_it_only(monkeypatch):
 
 
 def _bench_runtime():
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_runtime.py"
-    spec = importlib.util.spec_from_file_location("bench_runtime_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_runtime")
 
 
 def test_full_size_on_a_cpu_refuses_in_one_line(capsys):

@@ -282,24 +282,18 @@ def test_expectation_warning_threshold():
     assert "points above" in expectation_warning(summary(0.95, 0.80), "a", "b")
     assert expectation_warning(summary(0.5, 0.8), "t", "t").endswith(
         "the plan was made before the run from its own traffic (t)")
+
+
 def test_ctrl_c_mid_run_says_exactly_what_was_written(capsys, tmp_path, monkeypatch):
     import runtime.from_recipe as from_recipe
-    from runtime.engine import ArraySource
+    from tests.conftest import interrupt_at
 
     pytest.importorskip("matplotlib")
     real = from_recipe.prepare_run
 
     def interrupted_at_step_25(*args, **kwargs):
         p = real(*args, **kwargs)
-        inner = p.engine.source.steps()
-
-        def steps():
-            for i, routed in enumerate(inner):
-                if i == 25:
-                    raise KeyboardInterrupt
-                yield routed
-
-        p.engine.source = ArraySource("synthetic", p.engine.source.tokens_per_step, steps())
+        interrupt_at(p.engine, 25)
         return p
 
     monkeypatch.setattr(from_recipe, "prepare_run", interrupted_at_step_25)

@@ -13,8 +13,8 @@ from hotsplit_cli.recipe import load_recipe
 from hotsplit_cli.sizes import expert_bytes_per_rank
 from hotsplit_cli.trace import Trace, save_trace
 from hotsplit_cli.traffic import synthetic_trace, zipf_shares
-from runtime.engine import ArraySource
 from runtime.from_recipe import prepare_run
+from tests.conftest import interrupt_at
 
 torch.set_num_threads(1)
 
@@ -124,15 +124,7 @@ def test_a_success_resets_the_failure_count():
 def test_ctrl_c_stops_with_the_summary_so_far():
     r = tiny()
     p = prepare_run(r, knobs(r, dyn_steps=10), steps=100)
-    inner = p.engine.source.steps()
-
-    def interrupted():
-        for i, routed in enumerate(inner):
-            if i == 25:
-                raise KeyboardInterrupt
-            yield routed
-
-    p.engine.source = ArraySource("synthetic", p.engine.source.tokens_per_step, interrupted())
+    interrupt_at(p.engine, 25)
     s = p.engine.run(p.steps)
     assert s.interrupted and s.steps == 25 and [rec.step for rec in s.records] == [10, 20, 25]
 
