@@ -28,6 +28,19 @@ def _expert_base(e, e2s_ptr, hot_ptr, cold_ptr, blob_stride):
 
 
 @triton.jit
+def _block(pid_n, count, order_ptr, blk_expert_ptr, blk_start_ptr, e2s_ptr, hot_ptr, cold_ptr, blob_stride,
+           BLOCK_T: tl.constexpr):
+    """Block pid_n of the grouped launch: its expert's blob (hot slot or cold bank), which of its
+    BLOCK_T rows are used, and their assignment indices (t * K + k)."""
+    e = tl.load(blk_expert_ptr + pid_n).to(tl.int64)
+    start = tl.load(blk_start_ptr + pid_n).to(tl.int64)
+    offs_t = tl.arange(0, BLOCK_T)
+    mask_t = offs_t < count
+    a = tl.load(order_ptr + start + offs_t, mask=mask_t, other=0).to(tl.int64)
+    return _expert_base(e, e2s_ptr, hot_ptr, cold_ptr, blob_stride), mask_t, a
+
+
+@triton.jit
 def _matmul(a, b, USE_DOT: tl.constexpr, NATIVE: tl.constexpr):
     """[M, R] x [R, N] -> float32 [M, N]. tl.dot needs every block >= 16; below that a
     broadcast multiply and sum. NATIVE: 16-bit operands (tensor cores), else float32 exactly."""
@@ -64,15 +77,11 @@ def gate_up_kernel(x_ptr, order_ptr, blk_expert_ptr, blk_start_ptr, blk_count_pt
     count = tl.load(blk_count_ptr + pid_n)
     if count == 0:  # a block past the last used one (the grid is sized for the worst case)
         return
-    e = tl.load(blk_expert_ptr + pid_n).to(tl.int64)
-    start = tl.load(blk_start_ptr + pid_n).to(tl.int64)
-    base = _expert_base(e, e2s_ptr, hot_ptr, cold_ptr, blob_stride)
+    base, mask_t, a = _block(pid_n, count, order_ptr, blk_expert_ptr, blk_start_ptr, e2s_ptr, hot_ptr, cold_ptr,
+                             blob_stride, BLOCK_T)
     if FP8:
         s_ptr = (base + s_off).to(tl.pointer_type(tl.float32))
         base = base.to(tl.pointer_type(tl.float8e4nv))
-    offs_t = tl.arange(0, BLOCK_T)
-    mask_t = offs_t < count
-    a = tl.load(order_ptr + start + offs_t, mask=mask_t, other=0).to(tl.int64)
     tok = a // K
     offs_i = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
     mask_i = offs_i < INTER
@@ -121,16 +130,12 @@ def down_kernel(act_ptr, order_ptr, w_ptr, blk_expert_ptr, blk_start_ptr, blk_co
     count = tl.load(blk_count_ptr + pid_n)
     if count == 0:
         return
-    e = tl.load(blk_expert_ptr + pid_n).to(tl.int64)
-    start = tl.load(blk_start_ptr + pid_n).to(tl.int64)
-    blob = _expert_base(e, e2s_ptr, hot_ptr, cold_ptr, blob_stride)
+    blob, mask_t, a = _block(pid_n, count, order_ptr, blk_expert_ptr, blk_start_ptr, e2s_ptr, hot_ptr, cold_ptr,
+                             blob_stride, BLOCK_T)
     base = blob + w2_offset
     if FP8:
         s_ptr = (blob + s_off).to(tl.pointer_type(tl.float32))
         base = base.to(tl.pointer_type(tl.float8e4nv))
-    offs_t = tl.arange(0, BLOCK_T)
-    mask_t = offs_t < count
-    a = tl.load(order_ptr + start + offs_t, mask=mask_t, other=0).to(tl.int64)
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < H
     acc = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
