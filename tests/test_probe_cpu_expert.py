@@ -60,16 +60,14 @@ def _plain_loop_gbps(shape: ExpertShape, n: int, tokens: int, samples: int, cpu:
 def test_probe_rate_is_within_25_percent_of_a_plain_torch_loop(tokens):
     shape = ExpertShape(1024, 512, "float32")  # 6 MiB per expert; the pool is 16 of them
     pool = 16 * shape.expert_bytes
-    probe, plain = [], []
     cpu = min(os.sched_getaffinity(0))
-    for _ in range(3):  # interleaved, so that machine noise hits both alike
+    ratios = []
+    for _ in range(5):  # interleaved rounds, so that machine noise hits both alike
         r = measure_cpu_expert(shape, None, (cpu,), pool_bytes=pool, tokens=(tokens,), samples=5)
         assert r.threads == 1
-        probe.append(r.by_tokens[0][1].max_gbps)
-        plain += _plain_loop_gbps(shape, r.pool_experts, tokens, 5, cpu)
-    # Noise from other processes only slows a pass down: the best passes are the comparable ones.
-    ratio = max(probe) / max(plain)
-    assert 0.75 <= ratio <= 1.25, f"probe {probe} GB/s vs plain torch {plain} GB/s"
+        # Noise from other processes only slows a pass down: each round's best passes are comparable.
+        ratios.append(r.by_tokens[0][1].max_gbps / max(_plain_loop_gbps(shape, r.pool_experts, tokens, 5, cpu)))
+    assert 0.75 <= sorted(ratios)[2] <= 1.25, f"probe / plain torch per round: {ratios}"
 
 
 def test_threads_and_affinity_are_restored():
