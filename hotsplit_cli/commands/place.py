@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ..errors import UsageError
 from ..options import JsonOpt, OutOpt, RecipeOpt
 from ..output import Output
+
+if TYPE_CHECKING:
+    from ..placement_report import PlaceReport
 
 FORMATS = ("native", "sglang")
 
@@ -58,7 +61,7 @@ def place_cmd(
         out.note(f"wrote {output} ({fmt})")
 
 
-def _render(out: Output, report) -> None:
+def _render(out: Output, report: PlaceReport) -> None:
     """The human report of a `PlaceReport`: the geometry, how it was fitted, the layouts compared."""
     geo, req, E = report.geometry, report.request, report.hist.num_experts
     P = E + geo.num_redundant

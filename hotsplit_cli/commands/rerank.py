@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -12,6 +12,9 @@ from ..errors import UsageError
 from ..hist import save_hist
 from ..options import HotGibOpt, JsonOpt, OutOpt, RecipeOpt
 from ..output import Output, pct
+
+if TYPE_CHECKING:
+    from ..rerank import RerankReport
 
 StrengthOpt = Annotated[
     str,
@@ -57,7 +60,7 @@ def rerank_cmd(
         out.note(f"wrote {output}")
 
 
-def _render(out: Output, report) -> None:
+def _render(out: Output, report: RerankReport) -> None:
     """The human report of a `RerankReport`: the strength, per layer REF's weight, the hot-set changes."""
     h, change = report.result.hist, report.change
     out.print(f"re-ranked {report.ref_path} for {report.mine_path}: strength {report.strength_text()}, "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 import typer
@@ -13,6 +13,9 @@ import typer
 from ..errors import UsageError
 from ..options import HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeOpt
 from ..output import Output, gib, pct
+
+if TYPE_CHECKING:
+    from ..simulate import SimResult
 
 
 def simulate_cmd(
@@ -56,7 +59,7 @@ def simulate_cmd(
         out.note(f"wrote {plot}")
 
 
-def _plot(out: Output, plot: Path, result) -> None:
+def _plot(out: Output, plot: Path, result: SimResult) -> None:
     from ..plotting import save_png
 
     cfg, sums = result.config, result.sums
@@ -67,7 +70,7 @@ def _plot(out: Output, plot: Path, result) -> None:
                  "not a curve; pass --window-steps below that for hit rate over steps")
 
 
-def _render(out: Output, result) -> None:
+def _render(out: Output, result: SimResult) -> None:
     """The human report of a `SimResult`."""
     from ..simulate import LAYER_SPLIT
 
