@@ -7,18 +7,24 @@ The document is deterministic: no timestamps, sorted ids, the same inputs give t
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .budget import HotBudget, ReadRate, choose_read_rate, resolve_hot_budget
 from .errors import PlanError
-from .hist import Histogram, file_sha256
+from .hist import Histogram, file_sha256, load_hist
 from .jsonio import read_json_doc, schema_tag
 from .knobs import Knobs
 from .planner import Plan, contiguous_owner, plan_hot_set
 from .recipe import Recipe
-from .sizes import BudgetDerivation, expert_bytes_per_rank
+from .sizes import expert_bytes_per_rank
+
+if TYPE_CHECKING:
+    from .placement import Placement
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -130,12 +136,59 @@ def cold_costs(hist: Histogram, hot_LE: np.ndarray, expert_bytes: int, read_gbps
     return out
 
 
-def plan_doc(hist: Histogram, hist_path: str | os.PathLike, recipe: Recipe, knobs: Knobs, plan: Plan,
-             budget_gib: float, budget_source: str, derivation: BudgetDerivation | None = None,
-             costs: list[ColdCost] | None = None, platform_path: str | None = None,
-             placement=None, placement_path: str | None = None, read_gbps: float | None = None,
-             read_source: str | None = None) -> dict:
+@dataclass(frozen=True)
+class PlanResult:
+    """A plan and everything it was made from: what `plan` prints and writes (`plan_doc`)."""
+
+    hist: Histogram
+    hist_path: Path
+    recipe: Recipe
+    knobs: Knobs
+    plan: Plan
+    budget: HotBudget
+    rate: ReadRate  # what the cold reads are predicted at
+    costs: list[ColdCost] | None  # predicted cold reads per decode step, with a platform or a stated rate
+    platform_path: Path | None = None
+    placement: Placement | None = None
+    placement_path: Path | None = None
+    cold_paths: dict | None = None  # each cold path's predicted time per decode step (with a platform)
+
+
+def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path | None = None,
+              placement_path: Path | None = None, warn: Callable[[str], None] = lambda message: None) -> PlanResult:
+    """Plan the hot set of every rank: the histogram checked against the recipe, the budget and
+    the read rate by the one rule (`budget.py`), a placement's physical experts when given, and
+    the predicted cold cost. `warn(message)` is told each warning as it arises."""
+    hist = load_hist(hist_path)
+    for warning in check_hist_matches_recipe(hist, recipe, hist_path):
+        warn(warning)
+    platform = None
+    if platform_path is not None:
+        from .platform_file import load_platform
+
+        platform = load_platform(platform_path)
+    budget = resolve_hot_budget(recipe, knobs, platform)
+    if budget.over_gpu:
+        warn(f"{budget.over_gpu}; planned anyway (for a larger GPU?)")
+    layout = None
+    if placement_path is not None:
+        from .placement_file import load_placement
+
+        layout = load_placement(placement_path)
+        plan = plan_for_placement(hist, recipe, budget.budget_bytes, layout)
+    else:
+        plan = plan_for_recipe(hist, recipe, budget.budget_bytes)
+    rate = choose_read_rate(recipe, platform)
+    size = expert_bytes_per_rank(recipe)
+    costs = cold_costs(hist, plan.hot_RLE[0], size, rate.gbps) if platform is not None or rate.gbps else None
+    cold_paths = cold_path_prediction(hist, plan.hot_RLE[0], size, platform) if platform is not None else None
+    return PlanResult(hist, hist_path, recipe, knobs, plan, budget, rate, costs, platform_path, layout,
+                      placement_path, cold_paths)
+
+
+def plan_doc(result: PlanResult) -> dict:
     """The plan.json document. Layer keys are model layer ids as strings; expert ids ascending."""
+    hist, recipe, plan, placement = result.hist, result.recipe, result.plan, result.placement
     size = expert_bytes_per_rank(recipe)
     tp, ep = recipe.parallel.tp, (placement.num_ranks if placement is not None else recipe.parallel.ep)
     ranks = []
@@ -150,18 +203,19 @@ def plan_doc(hist: Histogram, hist_path: str | os.PathLike, recipe: Recipe, knob
             "hot_bytes": int(plan.hot_bytes_R[group]),
             "method": plan.methods[group],
         })
+    budget = result.budget
     doc = {
         "schema": schema_tag("plan"),
-        "histogram": {"path": str(hist_path), "sha256": file_sha256(hist_path), "model": hist.model,
+        "histogram": {"path": str(result.hist_path), "sha256": file_sha256(result.hist_path), "model": hist.model,
                       "source": hist.source, "tokens": hist.tokens},
         "recipe": recipe.name,
         "model": recipe.model.name,
         "parallel": {"tp": tp, "ep": ep, "ranks": tp * ep},
-        "hot_gib": budget_gib,
+        "hot_gib": budget.hot_gib,
         "budget_bytes": plan.budget_bytes,
-        "budget_source": budget_source,
-        "budget_derivation": derivation.to_doc() if derivation else None,
-        "knobs": knobs.to_doc(),
+        "budget_source": budget.origin,
+        "budget_derivation": budget.derivation.to_doc() if budget.derivation else None,
+        "knobs": result.knobs.to_doc(),
         "expert_bytes": size,
         "expert_dtype": recipe.model.expert_dtype,
         "layers": list(hist.layers),
@@ -173,15 +227,17 @@ def plan_doc(hist: Histogram, hist_path: str | os.PathLike, recipe: Recipe, knob
         "bound": {"hit_rate": plan.bound_hit_rate, "gap": plan.gap, "kind": "LP relaxation (fractional knapsack)"},
     }
     if placement is not None:
-        doc["placement"] = {"path": placement_path, "sha256": file_sha256(placement_path),
+        doc["placement"] = {"path": str(result.placement_path), "sha256": file_sha256(result.placement_path),
                             "physical_experts": placement.num_physical}
-    if costs is not None:
-        doc["platform"] = platform_path
-        doc["decode_cost_read_gbps"] = {"gbps": read_gbps, "source": read_source}
+    if result.costs is not None:
+        doc["platform"] = str(result.platform_path) if result.platform_path else None
+        doc["decode_cost_read_gbps"] = {"gbps": result.rate.gbps, "source": result.rate.source}
         doc["decode_cost"] = [  # expected distinct cold experts read per step, per rank
             {"batch": c.batch, "cold_experts": c.cold_experts, "cold_bytes": c.cold_bytes, "cold_read_ms": c.cold_ms}
-            for c in costs
+            for c in result.costs
         ]
+    if result.cold_paths is not None:
+        doc["cold_paths"] = result.cold_paths
     return doc
 
 

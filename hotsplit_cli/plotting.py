@@ -18,15 +18,16 @@ def require_matplotlib() -> None:
                             "install it with `pip install 'matplotlib>=3.7'` (in a checkout ./setup.sh does)") from None
 
 
-def save_png(path: str | os.PathLike, draw: Callable) -> None:
-    """Call `draw(fig, ax)` on a fresh figure and write it to `path` as PNG, atomically."""
+def save_png(path: str | os.PathLike, draw: Callable, figsize: tuple[float, float] = (7, 4), dpi: int = 110) -> None:
+    """Call `draw(fig, ax)` on a fresh figure (`figsize` in inches) and write it to `path` as PNG
+    at `dpi`, atomically."""
     require_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    fig, ax = plt.subplots(figsize=figsize, dpi=dpi)
     try:
         draw(fig, ax)
         fig.tight_layout()

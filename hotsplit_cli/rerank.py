@@ -23,12 +23,19 @@ example.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from .budget import resolve_hot_budget
 from .errors import HistogramError, UsageError
-from .hist import Histogram
+from .hist import Histogram, load_hist
+from .knobs import Knobs
+from .recipe import Recipe
+from .sizes import expert_bytes_per_rank
+from .units import gib
 
 # Share floor for experts the reference never saw: a zero prior share would make a single
 # observation in my traffic infinitely surprising (and lgamma(0) undefined).
@@ -261,3 +268,103 @@ def hot_change(ref_LE: np.ndarray, new_LE: np.ndarray, expert_bytes, budget_byte
     b = plan_hot_set(new_LE, expert_bytes, budget_bytes).hot_RLE[0]
     entered_L = (b & ~a).sum(axis=1).astype(np.int64)
     return HotChange(int(budget_bytes), int(b.sum()), int(entered_L.sum()), entered_L)
+
+
+def parse_strength(text: str) -> tuple[float | None, str]:
+    """`auto` / `auto-layer` / `inf` / a number of tokens >= 0 -> (tokens or None, mode)."""
+    t = text.strip().lower()
+    if t in ("auto", "auto-shared"):
+        return None, "shared"
+    if t == "auto-layer":
+        return None, "layer"
+    try:
+        value = float(t)
+    except ValueError:
+        raise UsageError(f"--strength: must be a number of tokens, inf, auto or auto-layer, got {text!r}") from None
+    if math.isnan(value) or value < 0:
+        raise UsageError(f"--strength: must be >= 0 tokens, got {text!r}")
+    return value, "shared"
+
+
+@dataclass(frozen=True)
+class RerankRequest:
+    """REF and MINE's paths, the prior's strength (see parse_strength) and, for the hot-set
+    comparison without a recipe budget, the fraction of all experts hot."""
+
+    ref_path: Path
+    mine_path: Path
+    strength: str = "auto"
+    hot_frac: float = 0.25
+
+    def __post_init__(self) -> None:
+        parse_strength(self.strength)
+        if not 0 < self.hot_frac <= 1:
+            raise UsageError(f"--hot-frac: must be in (0, 1], got {self.hot_frac}")
+
+
+@dataclass(frozen=True)
+class RerankReport:
+    """What `rerank` reports: REF re-ranked for MINE, and how the hot set moves at one budget."""
+
+    ref_path: Path
+    mine_path: Path
+    result: Reranked
+    change: HotChange
+    budget_desc: str  # the budget both hot sets were planned at, as printed
+
+    def strength_text(self) -> str:
+        """The prior's strength in tokens, as a person reads it."""
+        strength_L, top_k = self.result.strength_L, self.result.hist.top_k
+        finite = strength_L[np.isfinite(strength_L)]
+        if len(finite) == 0:
+            return "inf (MINE looks like a draw from REF: REF's ranking kept)"
+        if np.allclose(strength_L, strength_L[0]):
+            return f"{strength_L[0] / top_k:.4g} tokens"
+        return f"{np.median(finite) / top_k:.4g} tokens (median over layers)"
+
+    def to_doc(self, output: Path | None) -> dict:
+        r, h = self.result, self.result.hist
+        return {
+            "ref": str(self.ref_path),
+            "mine": str(self.mine_path),
+            "output": str(output) if output is not None else None,
+            "strength_source": r.strength_source,
+            "layers": [
+                {
+                    "layer": int(layer),
+                    "strength_tokens": None if math.isinf(r.strength_L[i]) else float(r.strength_L[i]) / h.top_k,
+                    "ref_weight": float(r.ref_weight_L[i]),
+                    "mine_assignments": float(r.mine_assignments_L[i]),
+                    "spearman_ref_mine": r.spearman_L[i],
+                    "hot_changed": int(self.change.changed_L[i]),
+                }
+                for i, layer in enumerate(h.layers)
+            ],
+            "hot_budget": self.budget_desc,
+            "hot_experts": self.change.hot_experts,
+            "hot_changed": self.change.changed,
+        }
+
+
+def rerank_files(req: RerankRequest, recipe: Recipe | None = None, knobs: Knobs | None = None,
+                 warn: Callable[[str], None] = lambda message: None) -> RerankReport:
+    """Re-rank REF for MINE, and count the hot-set changes at the recipe's hot budget when the
+    knobs give one, else with `req.hot_frac` of all experts hot (equal sizes)."""
+    ref, mine = load_hist(req.ref_path), load_hist(req.mine_path)
+    if recipe is not None:
+        from .planfile import check_hist_matches_recipe
+
+        for path, hist in ((req.ref_path, ref), (req.mine_path, mine)):
+            for warning in check_hist_matches_recipe(hist, recipe, path):
+                warn(warning)
+    result = rerank(ref, mine, *parse_strength(req.strength))
+    h, hot_frac = result.hist, req.hot_frac
+    if recipe is not None and knobs is not None and knobs.hot_gib is not None:
+        size, budget = expert_bytes_per_rank(recipe), resolve_hot_budget(recipe, knobs).budget_bytes
+        budget_desc = f"{gib(budget)} per rank ({recipe.name}, expert {gib(size)})"
+    else:
+        size = 1
+        budget = max(1, int(hot_frac * h.num_layers * h.num_experts))
+        budget_desc = f"{budget} of {h.num_layers * h.num_experts} experts hot ({100 * hot_frac:g}%, equal sizes)"
+    change = hot_change(ref.counts_LE, h.counts_LE, size, budget)
+    return RerankReport(req.ref_path, req.mine_path, result, change, budget_desc)

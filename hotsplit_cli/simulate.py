@@ -26,17 +26,25 @@ How each policy splits the slots across layers:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from .budget import HotBudget, ReadRate, choose_read_rate, resolve_hot_budget
+from .coldpath import rates_from_platform, replay_cold_paths
 from .errors import PlanError, UsageError
+from .hist import load_hist
 from .knobs import Knobs
-from .planfile import PlanFile
+from .planfile import PlanFile, check_hist_matches_recipe, load_plan
 from .planner import plan_hot_set, propose_swaps
+from .platform_file import load_platform
 from .recipe import GIB, Recipe
-from .sizes import derive_hot_budget
+from .sizes import expert_bytes_per_rank
+from .trace import Trace, load_trace
+from .units import gib
 
 POLICIES = ("static", "dynamic", "lru", "lfu", "oracle")
 LAYER_SPLIT = {
@@ -232,38 +240,6 @@ def summarise(run: PolicyRun, assignments_S: np.ndarray, expert_bytes: int, wind
 
 
 @dataclass(frozen=True)
-class SimBudget:
-    """The per-rank byte budget every policy gets, and where it came from."""
-
-    budget_bytes: int
-    source: str  # flag | env | recipe | auto | plan
-    origin: str  # as the user wrote it: --hot-gib, HOTSPLIT_HOT_GIB, ..., auto, plan PATH
-
-    @property
-    def hot_gib(self) -> float:
-        return self.budget_bytes / GIB
-
-
-def choose_budget(recipe: Recipe, knobs: Knobs, plan: PlanFile | None = None) -> SimBudget:
-    """The budget of a simulation: with a plan, the plan's own, so that every policy is compared
-    at the budget its hot set was made for (a --hot-gib that says otherwise is refused); else
-    --hot-gib > env > recipe > auto. A plan that records no budget takes --hot-gib."""
-    flag = knobs.sources["hot_gib"] == "flag"
-    if plan is None or (plan.budget_bytes is None and flag):
-        if knobs.hot_gib is not None:
-            return SimBudget(int(knobs.hot_gib * GIB), knobs.sources["hot_gib"], knobs.origin("hot_gib"))
-        return SimBudget(int(derive_hot_budget(recipe, knobs.vram_reserve_gib).hot_gib * GIB), "auto", "auto")
-    budget = plan.budget_bytes
-    if budget is None:
-        raise UsageError(f"{plan.path}: records no `budget_bytes`",
-                         "pass --hot-gib, or re-create the plan with `hotsplit plan`")
-    if flag and int(knobs.hot_gib * GIB) != budget:
-        raise UsageError(f"--hot-gib {knobs.hot_gib:g} disagrees with the budget of {plan.path} "
-                         f"({budget / GIB:g} GiB)", "drop --hot-gib: with --plan every policy gets the plan's budget")
-    return SimBudget(budget, "plan", f"plan {plan.path}")
-
-
-@dataclass(frozen=True)
 class SimConfig:
     """Budget and knobs shared by every policy."""
 
@@ -312,3 +288,170 @@ def rebatch(topk_ids_SLTK: np.ndarray, batch: int) -> np.ndarray:
     if steps == 0:
         raise PlanError(f"--batch {batch} exceeds the trace's {S * T} tokens")
     return np.moveaxis(tokens[: steps * batch].reshape(steps, batch, L, K), 2, 1)
+
+
+def parse_policies(text: str) -> tuple[str, ...]:
+    """`--policies static,lru` -> ("static", "lru"): known names, in order, each once."""
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in names if x not in POLICIES]
+    if bad or not names:
+        raise UsageError(f"--policies: unknown policy {bad[0] if bad else '(none)'!r}",
+                         f"choose from {','.join(POLICIES)}")
+    return tuple(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    """What to replay: a trace, the policies, where the static hot set comes from (a histogram to
+    fit, a plan, else the trace's first window), and optional regrouping and platform."""
+
+    trace_path: Path
+    policies: tuple[str, ...] = POLICIES
+    fit_path: Path | None = None
+    plan_path: Path | None = None
+    batch: int | None = None  # regroup the trace's tokens into steps of this many
+    window_steps: int | None = None  # default: dyn_steps
+    platform_path: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.fit_path is not None and self.plan_path is not None:
+            raise UsageError("--fit and --plan both give the static hot set", "pass one of them")
+        if self.batch is not None and self.batch < 1:
+            raise UsageError(f"--batch: must be >= 1, got {self.batch}")
+        if self.window_steps is not None and self.window_steps < 1:
+            raise UsageError(f"--window-steps: must be >= 1, got {self.window_steps}")
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """A finished simulation: each policy's summary and everything it was run with."""
+
+    request: SimRequest
+    recipe: str
+    trace: Trace  # after regrouping
+    num_experts: int
+    routed_assignments: float
+    budget: HotBudget
+    config: SimConfig
+    static_source: str  # where the static hot set came from, as printed
+    knobs: Knobs
+    rate: ReadRate  # what step times are predicted at (none when rate.gbps is None)
+    sums: dict[str, PolicySummary]
+    cold_paths: dict | None  # the static hot set's cold time per step by cold path (with a platform)
+
+    def to_doc(self) -> dict:
+        tr, cfg, k, platform = self.trace, self.config, self.knobs, self.request.platform_path
+        doc = {
+            "trace": str(self.request.trace_path), "recipe": self.recipe, "steps": tr.num_steps,
+            "tokens_per_step": int(tr.topk_ids_SLTK.shape[2]), "top_k": tr.top_k, "layers": list(tr.layers),
+            "num_experts": self.num_experts, "routed_assignments": self.routed_assignments,
+            "budget": {"hot_gib": self.budget.budget_bytes / GIB, "source": self.budget.source,
+                       "origin": self.budget.origin, "budget_bytes": cfg.budget_bytes,
+                       "expert_bytes": cfg.expert_bytes, "hot_slots": cfg.hot_slots},
+            "static": self.static_source, "window_steps": cfg.window_steps,
+            "knobs": {"dyn_steps": k.dyn_steps, "dyn_max_swaps": k.dyn_max_swaps, "dyn_margin": k.dyn_margin},
+            "platform": {"path": str(platform), "zero_copy_read_gbps": self.rate.zero_copy_gbps,
+                         "h2d_gbps": self.rate.h2d_gbps} if platform else None,
+        }
+        if self.rate.gbps is not None:
+            doc["read_rate"] = {"gbps": self.rate.gbps, "source": self.rate.source}
+        doc["policies"] = {n: s.to_doc() for n, s in self.sums.items()}
+        if self.cold_paths is not None:
+            doc["cold_paths"] = self.cold_paths
+        return doc
+
+
+Warn = Callable[[str], None]
+
+
+@contextmanager
+def _no_progress(description: str, total: float | None) -> Iterator[Advance]:
+    yield _ignore
+
+
+def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _ignore,
+                   progress=_no_progress) -> SimResult:
+    """Load the trace (and plan, histogram, platform), choose the budget and the static hot set,
+    replay every policy and summarise. `warn(message)` is told each warning as it arises;
+    `progress(description, total)` is a context manager yielding `advance(n)`."""
+    if recipe.parallel.ep > 1:
+        raise UsageError(f"recipe {recipe.name!r} uses ep={recipe.parallel.ep}; simulate models one rank of a TP "
+                         "deployment", "use a recipe with ep: 1 (EP layouts: `hotsplit place`)")
+    tr, counts_SLE, assignments_S = _load_trace(req, recipe)
+    size = expert_bytes_per_rank(recipe)
+    plan = load_plan(req.plan_path) if req.plan_path is not None else None
+    platform = load_platform(req.platform_path) if req.platform_path is not None else None
+    budget = resolve_hot_budget(recipe, knobs, platform, plan)
+    wsteps = min(req.window_steps or knobs.dyn_steps, tr.num_steps)
+    rate = choose_read_rate(recipe, platform)
+    if platform is not None and rate.gbps is None:
+        warn(f"{req.platform_path} has no measured zero-copy read rate: no step time predicted")
+    if plan is not None:
+        static_hot, static_source = _plan_hot_set(req.plan_path, plan, recipe, tr, size, budget.budget_bytes, warn)
+    else:
+        fit_counts, static_source = _fit_counts(req, recipe, tr, counts_SLE, wsteps, warn)
+        static_hot = plan_hot_set(fit_counts, size, budget.budget_bytes).hot_RLE[0]
+    cfg = SimConfig(size, budget.budget_bytes, wsteps, knobs.dyn_steps, knobs.dyn_max_swaps, knobs.dyn_margin)
+    with progress(f"replaying {tr.num_steps} steps x {len(req.policies)} policies",
+                  tr.num_steps * len(req.policies)) as advance:
+        runs = simulate(counts_SLE, static_hot, cfg, req.policies, advance)
+    sums = {n: summarise(r, assignments_S, size, wsteps, rate.gbps, rate.h2d_gbps) for n, r in runs.items()}
+    cold_paths = None
+    if platform is not None:
+        rates, where = rates_from_platform(platform, platform.gpus[0].index if platform.gpus else -1)
+        times = replay_cold_paths(counts_SLE, static_hot, size, rates, int(tr.topk_ids_SLTK.shape[2]))
+        cold_paths = {"policy": "static", "rates": where, **times.to_doc()}
+    return SimResult(req, recipe.name, tr, recipe.model.num_experts, float(assignments_S.sum()), budget, cfg,
+                     static_source, knobs, rate, sums, cold_paths)
+
+
+def _load_trace(req: SimRequest, recipe: Recipe) -> tuple[Trace, np.ndarray, np.ndarray]:
+    """The trace regrouped by --batch, its counts [S, L, E] and routed assignments per step [S]."""
+    E = recipe.model.num_experts
+    tr = load_trace(req.trace_path, E)
+    unknown = [x for x in tr.layers if x not in recipe.model.moe_layer_ids]
+    if unknown:
+        raise PlanError(f"{req.trace_path}: layer {unknown[0]} is not a MoE layer of recipe {recipe.name!r}",
+                        "use the recipe of the model the trace was captured on")
+    ids = tr.topk_ids_SLTK if req.batch is None else rebatch(tr.topk_ids_SLTK, req.batch)
+    tr = Trace(ids, tr.layers)
+    if tr.num_steps == 0:
+        raise PlanError(f"{req.trace_path}: the trace has no steps")
+    counts_SLE = tr.counts_SLE(E)
+    assignments_S = counts_SLE.sum(axis=(1, 2))
+    if not assignments_S.any():
+        raise PlanError(f"{req.trace_path}: the trace routes no tokens (every id is padding)")
+    return tr, counts_SLE, assignments_S
+
+
+def _plan_hot_set(path: Path, plan: PlanFile, recipe: Recipe, tr: Trace, size: int, budget_bytes: int,
+                  warn: Warn) -> tuple[np.ndarray, str]:
+    """The static hot set [L, E] a plan gives, checked against the trace and the budget."""
+    missing = [x for x in tr.layers if x not in plan.layers]
+    if missing:
+        raise PlanError(f"{path}: has no hot set for trace layer {missing[0]}", "plan on a matching histogram")
+    if plan.expert_bytes is not None and plan.expert_bytes != size:
+        warn(f"{path} was planned with {plan.expert_bytes} B experts, recipe {recipe.name!r} has {size} B")
+    hot = plan.hot_LE(tr.layers, recipe.model.num_experts, model=recipe.name)
+    if int(hot.sum()) * size > budget_bytes:
+        raise PlanError(f"{path}: its hot set ({gib(int(hot.sum()) * size)}) exceeds the "
+                        f"budget of {gib(budget_bytes)}", "pass the plan's --hot-gib")
+    return hot, f"plan {path}"
+
+
+def _fit_counts(req: SimRequest, recipe: Recipe, tr: Trace, counts_SLE: np.ndarray, wsteps: int,
+                warn: Warn) -> tuple[np.ndarray, str]:
+    """The counts [L, E] the static hot set is fitted on: --fit's histogram, else the trace's first window."""
+    E, fit = recipe.model.num_experts, req.fit_path
+    if fit is None:
+        first_LE = counts_SLE[:wsteps].sum(axis=0)
+        if not first_LE.any():
+            raise PlanError(f"{req.trace_path}: the first window routes no tokens", "pass --fit HIST or --plan")
+        return first_LE, f"fitted on the trace's first window (steps 0..{wsteps - 1})"
+    hist = load_hist(fit)
+    if hist.num_experts != E or tuple(hist.layers) != tr.layers:
+        raise PlanError(f"{fit}: layers {list(hist.layers)} x {hist.num_experts} experts do not match the "
+                        f"trace ({list(tr.layers)} x {E})", "fit on a histogram of the same model")
+    for warning in check_hist_matches_recipe(hist, recipe, fit):
+        warn(warning)
+    return hist.counts_LE, f"fitted on {fit}"

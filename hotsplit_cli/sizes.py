@@ -106,7 +106,8 @@ def over_gpu(recipe: Recipe, hot_gib: float, reserve_gib: float, gpu_mem_gib: fl
 
 def derive_hot_budget(recipe: Recipe, reserve_gib: float, gpu_mem_gib: float | None = None,
                       gpu_mem_source: str = "recipe") -> BudgetDerivation:
-    """Auto budget: GPU memory - dense weights - KV cache - reserve; never more than the bank."""
+    """Auto budget: GPU memory - dense weights - KV cache - reserve; never more than the bank.
+    When a budget is derived at all, and from which GPU memory: `budget.resolve_hot_budget`."""
     mem = gpu_mem_gib if gpu_mem_gib is not None else recipe.hardware.gpu_mem_gib
     if mem is None:
         raise PlanError(

@@ -14,13 +14,15 @@ import numpy as np
 import psutil
 import torch
 
+from hotsplit_cli.budget import resolve_hot_budget
 from hotsplit_cli.errors import InputFileError, RuntimeFailure, UsageError
 from hotsplit_cli.hist import load_hist
 from hotsplit_cli.knobs import Knobs
 from hotsplit_cli.planfile import load_plan
 from hotsplit_cli.planner import plan_hot_set
+from hotsplit_cli.platform_file import load_platform
 from hotsplit_cli.recipe import GIB, Recipe
-from hotsplit_cli.sizes import derive_hot_budget, expert_bytes_per_rank
+from hotsplit_cli.sizes import expert_bytes_per_rank
 from hotsplit_cli.trace import Trace, load_trace
 from hotsplit_cli.traffic import SyntheticTraffic, inclusion_probs, zipf_shares
 
@@ -97,12 +99,6 @@ def read_plan_file(path: str | Path, recipe: Recipe, expert_bytes: int) -> PlanC
     hot_LE = plan.hot_LE(m.moe_layer_ids, m.num_experts, model=recipe.name)
     return PlanChoice(hot_LE, plan.hit_rate, str(path), None, int(hot_LE.sum()) * expert_bytes,
                       plan.made_from or f"{path} (it records no histogram)")
-
-
-def _budget_bytes(recipe: Recipe, knobs: Knobs) -> int:
-    if knobs.hot_gib is not None:
-        return int(knobs.hot_gib * GIB)
-    return int(derive_hot_budget(recipe, knobs.vram_reserve_gib).hot_gib * GIB)
 
 
 def _check_memory(geom: MoEGeometry, layers: int, dtype: torch.dtype, info: DeviceInfo, hot_slots: int) -> None:
@@ -199,7 +195,8 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     if plan_path is not None:
         plan = read_plan_file(plan_path, recipe, expert_bytes)
     else:
-        budget = _budget_bytes(recipe, knobs)
+        platform = load_platform(platform_path) if platform_path is not None else None
+        budget = resolve_hot_budget(recipe, knobs, platform).budget_bytes
         p = plan_hot_set(counts_LE, expert_bytes, budget)
         plan = PlanChoice(p.hot_RLE[0], p.hit_rate, f"planned from {traffic}", budget, int(p.hot_bytes_R[0]),
                           traffic)

@@ -131,12 +131,12 @@ def test_ctrl_c_after_a_file_was_written_says_so(cli, tiny_hist, tmp_path, monke
 
 
 def test_ctrl_c_before_anything_was_written_says_nothing_was(cli, tiny_hist, tmp_path, monkeypatch):
-    import hotsplit_cli.commands.plan as plan_cmd
+    import hotsplit_cli.planfile as planfile
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(plan_cmd, "load_hist", interrupted)
+    monkeypatch.setattr(planfile, "load_hist", interrupted)
     r = cli("plan", tiny_hist, "--recipe", "tiny", "-o", tmp_path / "plan.json")
     assert r.code == 130 and r.err.splitlines()[-1] == "error: interrupted; nothing was written"
     assert not (tmp_path / "plan.json").exists()

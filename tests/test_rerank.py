@@ -204,3 +204,25 @@ def test_cli_bad_input_nothing_written(pair, tmp_path, capsys):
     assert main(["rerank", str(ref), str(bad), "-o", str(out)]) == 1
     assert "missing field" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_rerank_files_compares_hot_sets_at_the_recipe_budget_or_a_fraction(pair, tmp_path):
+    from hotsplit_cli.knobs import resolve_knobs
+    from hotsplit_cli.recipe import load_recipe
+    from hotsplit_cli.rerank import RerankRequest, rerank_files
+
+    ref, mine = pair
+    with pytest.raises(UsageError, match="--hot-frac: must be in"):
+        RerankRequest(ref, mine, hot_frac=0)
+    report = rerank_files(RerankRequest(ref, mine, "inf", hot_frac=0.5))
+    assert report.budget_desc == f"{L * E // 2} of {L * E} experts hot (50%, equal sizes)"
+    assert report.change.changed == 0  # strength inf: REF's ranking kept, so the same hot set
+    assert report.strength_text().startswith("inf")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "name: toy\nmodel:\n  hidden_size: 64\n  moe_intermediate_size: 32\n  num_hidden_layers: 7\n"
+        f"  first_k_dense: 1\n  num_experts: {E}\n  top_k: {K}\n  total_params: 1.0e7\nhotsplit:\n  hot_gib: 0.001\n")
+    rec = load_recipe(recipe)
+    report = rerank_files(RerankRequest(ref, mine), rec, resolve_knobs(rec.knobs, {}))
+    assert report.change.budget_bytes == int(0.001 * (1 << 30))  # the recipe's knob, not --hot-frac
+    assert report.budget_desc == "1.02 MiB per rank (toy, expert 12.00 KiB)"

@@ -199,26 +199,6 @@ def test_cli_simulate_plan_accepts_its_own_budget_and_refuses_another(cli, drift
                      "--hot-gib: with --plan every policy gets the plan's budget\n")
 
 
-def test_choose_budget_sources(tmp_path):
-    from hotsplit_cli.errors import UsageError
-    from hotsplit_cli.knobs import resolve_knobs
-    from hotsplit_cli.planfile import PlanFile
-    from hotsplit_cli.recipe import load_recipe
-    from hotsplit_cli.simulate import choose_budget
-
-    rec = load_recipe("tiny")  # hotsplit.hot_gib: 0.01
-    plan = PlanFile(tmp_path / "p.json", (1,), ({1: (0,)},), None, None, budget_bytes=123_456)
-    assert choose_budget(rec, resolve_knobs(rec.knobs, {}), None).origin == "recipe hotsplit.hot_gib"
-    assert choose_budget(rec, resolve_knobs(rec.knobs, {}, {"hot_gib": "0.02"})).origin == "--hot-gib"
-    b = choose_budget(rec, resolve_knobs(rec.knobs, {"HOTSPLIT_HOT_GIB": "0.5"}), plan)
-    assert (b.budget_bytes, b.source) == (123_456, "plan")  # the plan's budget beats env and recipe
-    unrecorded = PlanFile(tmp_path / "p.json", (1,), ({1: (0,)},), None, None, None)
-    with pytest.raises(UsageError, match="records no `budget_bytes`"):
-        choose_budget(rec, resolve_knobs(rec.knobs, {}), unrecorded)
-    b = choose_budget(rec, resolve_knobs(rec.knobs, {}, {"hot_gib": "0.02"}), unrecorded)
-    assert b.budget_bytes == int(0.02 * (1 << 30)) and b.source == "flag"
-
-
 def test_cli_simulate_columns_have_units_and_budget_its_unit(cli, drift_trace):
     r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--hot-gib", "0.001")
     assert r.code == 0, r.err

@@ -133,14 +133,21 @@ def _gib(x: float | None) -> str:
 
 
 def _render(out: Output, led: Ledger) -> None:
-    m, a = led.memory, led.a2a
+    m = led.memory
     out.print(
         escape(
             f"ledger: {led.recipe} ({led.model}), {m.expert_dtype} experts, "
             f"tp {m.tp} x ep {m.ep} = {m.ranks} ranks"
         )
     )
+    _render_params(out, m)
+    _render_banks(out, m)
+    _render_gpu(out, m)
+    _render_a2a(out, led.a2a)
+    _render_flags(out, led)
 
+
+def _render_params(out: Output, m) -> None:
     t = out.table("parameters", "count", title="Parameters")
     t.add_row("total", _params(m.total_params))
     active = _params(m.active_params)
@@ -151,6 +158,8 @@ def _render(out: Output, led: Ledger) -> None:
     t.add_row("dense (rest: attention, embeddings, dense/shared MLP)", _params(m.dense_params))
     out.print(t)
 
+
+def _render_banks(out: Output, m) -> None:
     t = out.table("expert bytes", "value", title="Expert bytes")
     t.add_row("one expert, whole", f"{m.expert_bytes_full / (1 << 20):.2f} MiB")
     t.add_row(f"one expert, per rank (1/tp = 1/{m.tp})", f"{m.expert_bytes / (1 << 20):.2f} MiB")
@@ -167,6 +176,8 @@ def _render(out: Output, led: Ledger) -> None:
               _gib(m.host_bytes_all_ranks / GIB))
     out.print(t)
 
+
+def _render_gpu(out: Output, m) -> None:
     t = out.table("per rank", "memory", title="GPU memory per rank")
     t.add_row("GPU memory", _gib(m.gpu_mem_gib))
     t.add_row("- dense weights (/tp)", _gib(m.dense_gib))
@@ -180,6 +191,8 @@ def _render(out: Output, led: Ledger) -> None:
     t.add_row("hot experts it holds", held)
     out.print(t)
 
+
+def _render_a2a(out: Output, a) -> None:
     t = out.table("All-to-All", "value", title=f"Expert-parallel All-to-All (EP {a.ep})")
     t.add_row(
         "expert memory per card",
@@ -211,6 +224,8 @@ def _render(out: Output, led: Ledger) -> None:
     out.print(t)
     out.print("model: bandwidth bound, no latency, comm not overlapped with compute")
 
+
+def _render_flags(out: Output, led: Ledger) -> None:
     if led.hot_experts is not None:
         n = len(led.hot_experts)
         out.print(f"histogram: {n} expert(s) above {HOT_EXPERT_FACTOR:g}x their layer mean")

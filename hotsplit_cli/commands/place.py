@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import numpy as np
 import typer
 
-from ..errors import PlanError, UsageError
+from ..errors import UsageError
 from ..options import JsonOpt, OutOpt, RecipeOpt
 from ..output import Output
 
+if TYPE_CHECKING:
+    from ..placement_report import PlaceReport
+
 FORMATS = ("native", "sglang")
-
-
-def _windows(hist) -> np.ndarray:
-    return hist.windows_WLE if hist.windows_WLE is not None else hist.counts_LE[None]
 
 
 def place_cmd(
@@ -38,10 +36,8 @@ def place_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Replicate and place experts on EP ranks, balancing every window, never two replicas on a rank."""
-    from ..hist import load_hist
-    from ..placement import Geometry, check_geometry, place_experts
-    from ..placement_eval import choose_fit, eplb_layout, evaluate, random_layout, trivial_layout
-    from ..placement_file import placement_doc, save_placement, sglang_doc
+    from ..placement_file import save_placement
+    from ..placement_report import PlaceRequest, place_from_hist
 
     out = Output(json)
     if fmt not in FORMATS:
@@ -56,77 +52,37 @@ def place_cmd(
         from ..recipe import load_recipe
 
         rec = load_recipe(recipe)
-    hist = load_hist(hist_file)
-    E = hist.num_experts
-    if rec is not None:
-        from ..planfile import check_hist_matches_recipe
-
-        for warning in check_hist_matches_recipe(hist, rec, hist_file):
-            out.warn(warning)
-    if groups is None:
-        groups = rec.model.n_group if rec is not None and rec.model.n_group % max(nodes, 1) == 0 else max(nodes, 1)
-    geo = Geometry(ranks, redundant, nodes, groups)
-    check_geometry(E, geo)
-    later = None
-    if eval_hist is not None:
-        later = load_hist(eval_hist)
-        if later.num_experts != E or tuple(later.layers) != tuple(hist.layers):
-            raise PlanError(f"{eval_hist}: layers {list(later.layers)} x {later.num_experts} experts do not match "
-                            f"{hist_file} ({list(hist.layers)} x {E})", "evaluate on a histogram of the same model")
-    all_W = _windows(hist)
-    choice = choose_fit(all_W, hist.layers, geo, fit)
-    fit_W = all_W if choice.mode == "windows" else hist.counts_LE[None]
-    placement = place_experts(fit_W, hist.layers, geo)
-    fitted = evaluate(all_W, placement)
-    layouts = {
-        "trivial": trivial_layout(E, hist.layers, geo),
-        "random": random_layout(E, hist.layers, geo, seed),
-        "totals-only": eplb_layout(hist.counts_LE, hist.layers, geo),
-        "hotsplit": placement,
-    }
-    from ..placement_eval import duplicate_count
-
-    compare = {}
-    for name, lay in layouts.items():
-        row = {"fitted": evaluate(all_W, lay).to_doc(), "duplicate_ranks": duplicate_count(lay)}
-        if later is not None:
-            row["eval"] = evaluate(_windows(later), lay).to_doc()
-        compare[name] = row
-    source = {"histogram": str(hist_file), "windows": int(all_W.shape[0]), "fit": choice.to_doc(),
-              "num_redundant": redundant, "num_groups": groups}
-    doc = placement_doc(placement, E, fitted, source)
+    req = PlaceRequest(hist_file, ranks, redundant, nodes, groups, eval_hist, seed, fit)
+    report = place_from_hist(req, rec, out.warn)
     if output is not None:
-        if fmt == "sglang":
-            save_placement(output, sglang_doc(placement, rec.model.num_hidden_layers, E))
-        else:
-            save_placement(output, doc)
-    report = {"placement": {k: v for k, v in doc.items() if k not in ("phy2log", "log2phy", "logcnt")},
-              "output": str(output) if output else None, "format": fmt, "compare": compare,
-              "eval": str(eval_hist) if eval_hist else None}
-
-    def render() -> None:
-        P = E + redundant
-        out.print(f"{len(hist.layers)} layers x {E} experts -> {P} physical experts on {ranks} ranks "
-                  f"({P // ranks} per rank), {nodes} node(s), {groups} group(s); {all_W.shape[0]} window(s) "
-                  f"in {hist_file}")
-        out.print(f"fitted on the {choice.mode}: {choice.reason}")
-        cols = ["layout", "fitted balancedness", "dup ranks"]
-        if later is not None:
-            cols += ["eval bottleneck", "eval imbalance", "eval balancedness"]
-        t = out.table(*cols, title=None)
-        for name, row in compare.items():
-            cells = [name, f"{row['fitted']['balancedness']:.4f}", str(row["duplicate_ranks"])]
-            if later is not None:
-                e = row["eval"]
-                cells += [f"{e['bottleneck']:.6g}", f"{e['imbalance']:.4f}", f"{e['balancedness']:.4f}"]
-            t.add_row(*cells)
-        out.print(t)
-        out.print("balancedness = mean / max rank load summed over windows and layers (1 = perfect); "
-                  "dup ranks = (layer, rank) pairs holding two replicas of one expert")
-
-    out.emit(report, render)
+        save_placement(output, report.file_doc(fmt, rec))
+    out.emit(report.to_doc(output, fmt), lambda: _render(out, report))
     if output is not None:
         out.note(f"wrote {output} ({fmt})")
+
+
+def _render(out: Output, report: PlaceReport) -> None:
+    """The human report of a `PlaceReport`: the geometry, how it was fitted, the layouts compared."""
+    geo, req, E = report.geometry, report.request, report.hist.num_experts
+    P = E + geo.num_redundant
+    out.print(f"{len(report.hist.layers)} layers x {E} experts -> {P} physical experts on {geo.num_ranks} ranks "
+              f"({P // geo.num_ranks} per rank), {geo.num_nodes} node(s), {geo.num_groups} group(s); "
+              f"{report.windows} window(s) in {req.hist_path}")
+    out.print(f"fitted on the {report.fit.mode}: {report.fit.reason}")
+    later = req.eval_path is not None
+    cols = ["layout", "fitted balancedness", "dup ranks"]
+    if later:
+        cols += ["eval bottleneck", "eval imbalance", "eval balancedness"]
+    t = out.table(*cols, title=None)
+    for name, row in report.compare.items():
+        cells = [name, f"{row['fitted']['balancedness']:.4f}", str(row["duplicate_ranks"])]
+        if later:
+            e = row["eval"]
+            cells += [f"{e['bottleneck']:.6g}", f"{e['imbalance']:.4f}", f"{e['balancedness']:.4f}"]
+        t.add_row(*cells)
+    out.print(t)
+    out.print("balancedness = mean / max rank load summed over windows and layers (1 = perfect); "
+              "dup ranks = (layer, rank) pairs holding two replicas of one expert")
 
 
 def register(app: typer.Typer, hist_app: typer.Typer) -> None:

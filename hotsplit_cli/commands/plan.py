@@ -8,13 +8,12 @@ from typing import Annotated
 
 import typer
 
-from ..errors import PlanError, UsageError
-from ..hist import load_hist
+from ..errors import UsageError
 from ..knobs import resolve_knobs
 from ..options import HotGibOpt, JsonOpt, OutOpt, PlatformOpt, RecipeOpt
 from ..output import Output, gib, pct
-from ..recipe import GIB, load_recipe
-from ..sizes import BudgetDerivation, derive_hot_budget, expert_bytes_per_rank, over_gpu
+from ..planfile import PlanResult, make_plan, plan_doc
+from ..recipe import load_recipe
 
 
 def plan_cmd(
@@ -35,102 +34,48 @@ def plan_cmd(
                          "pass --recipe NAME (shipped: recipes/*.yaml) or a YAML path")
     rec = load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib})
-    hist = load_hist(hist_file)
-    from ..planfile import check_hist_matches_recipe
-
-    for warning in check_hist_matches_recipe(hist, rec, hist_file):
-        out.warn(warning)
-    plat = None
-    if platform is not None:
-        from ..platform_file import load_platform
-
-        plat = load_platform(platform)
-    derivation: BudgetDerivation | None = None
-    mem, mem_source = None, "recipe hardware.gpu_mem_gib"
-    free = [g.mem_free_bytes for g in plat.gpus if g.mem_free_bytes is not None] if plat is not None else []
-    if free:
-        mem, mem_source = min(free) / GIB, f"{platform}: smallest free GPU memory"
-    if knobs.hot_gib is not None:
-        budget_gib = knobs.hot_gib
-        source = knobs.origin("hot_gib")
-        too_big = over_gpu(rec, budget_gib, knobs.vram_reserve_gib, mem, mem_source)
-        if too_big:
-            out.warn(f"{too_big}; planned anyway (for a larger GPU?)")
-    else:
-        if plat is not None and not free:
-            raise PlanError(f"{platform} has no GPU with a measured free memory",
-                            "pass --hot-gib, or probe on the GPU machine")
-        derivation = derive_hot_budget(rec, knobs.vram_reserve_gib, mem, mem_source)
-        budget_gib, source = derivation.hot_gib, "auto"
-    from ..planfile import cold_costs, plan_doc, plan_for_placement, plan_for_recipe
-
-    budget_bytes = int(budget_gib * GIB)
-    layout = None
-    if placement is not None:
-        from ..placement_file import load_placement
-
-        layout = load_placement(placement)
-        plan = plan_for_placement(hist, rec, budget_bytes, layout)
-    else:
-        plan = plan_for_recipe(hist, rec, budget_bytes)
-    costs, rate, rate_source = None, None, ""
-    if plat is not None:
-        rates = [g.zero_copy_read_gbps for g in plat.gpus if g.zero_copy_read_gbps]
-        rate = min(rates) if rates else plat.host_copy_gbps
-        rate_source = "slowest GPU's zero-copy read" if rates else "host memory copy (no GPU measured)"
-        costs = cold_costs(hist, plan.hot_RLE[0], expert_bytes_per_rank(rec), rate)
-    elif rec.hardware.pcie_gbps:  # no measurement: the rate the recipe states
-        rate, rate_source = rec.hardware.pcie_gbps, "recipe hardware.pcie_gbps, not measured"
-        costs = cold_costs(hist, plan.hot_RLE[0], expert_bytes_per_rank(rec), rate)
-    doc = plan_doc(hist, hist_file, rec, knobs, plan, budget_gib, source, derivation, costs,
-                   str(platform) if platform else None, layout, str(placement) if placement else None,
-                   rate, rate_source or None)
-    if plat is not None:
-        from ..planfile import cold_path_prediction
-
-        doc["cold_paths"] = cold_path_prediction(hist, plan.hot_RLE[0], expert_bytes_per_rank(rec), plat)
+    result = make_plan(hist_file, rec, knobs, platform, placement, out.warn)
+    doc = plan_doc(result)
     if output is not None:
         from ..jsonio import write_json_atomic
 
         write_json_atomic(output, doc)
-
-    def render() -> None:
-        size = doc["expert_bytes"]
-        out.print(f"plan for {rec.name} ({rec.model.name}): {hist.num_layers} MoE layers x {hist.num_experts} "
-                  f"experts, expert {size / (1 << 20):.2f} MiB per rank ({rec.model.expert_dtype}), "
-                  f"tp={rec.parallel.tp} ep={doc['parallel']['ep']}")
-        if derivation is not None:
-            out.print(derivation.explain())
-        else:
-            out.print(f"hot budget {gib(budget_bytes)} per rank (from {source})")
-        t = out.table("layer", "hot experts", "hit rate")
-        for i, layer in enumerate(hist.layers):
-            t.add_row(str(layer), str(int(plan.hot_RLE[:, i].any(axis=0).sum())), pct(plan.layer_hit_rate_L[i], 2))
-        out.print(t)
-        t = out.table("rank", "hot experts", "used", "budget", "method")
-        for r in doc["ranks"]:
-            if r["rank"] % rec.parallel.tp == 0:
-                label = str(r["rank"]) if rec.parallel.tp == 1 else f"{r['rank']}..{r['rank'] + rec.parallel.tp - 1}"
-                t.add_row(label, str(r["hot_experts"]), gib(r["hot_bytes"]), gib(budget_bytes), r["method"])
-        out.print(t)
-        verdict = "optimal (certified)" if plan.certified else "greedy (exact solver skipped: too large)"
-        out.print(f"hit rate {pct(plan.hit_rate, 2)}, {verdict}; LP bound {pct(plan.bound_hit_rate, 2)}, "
-                  f"gap {100 * plan.gap:.2f} pp")
-        if costs:
-            rate_text = "unknown" if rate is None else f"{rate:.1f} GB/s"
-            where = f", {platform}" if platform else ""
-            out.print(f"predicted cold reads per decode step at {rate_text} ({rate_source}{where}):")
-            t = out.table("batch", "cold experts/step", "cold bytes/step", "cold read ms/step")
-            for c in costs:
-                t.add_row(str(c.batch), f"{c.cold_experts:.1f}", gib(c.cold_bytes),
-                              "-" if c.cold_ms is None else f"{c.cold_ms:.2f}")
-            out.print(t)
-        if "cold_paths" in doc:
-            _render_cold_paths(out, doc["cold_paths"])
-
-    out.emit(doc, render)
+    out.emit(doc, lambda: _render(out, result, doc))
     if output is not None:
         out.note(f"wrote {output}")
+
+
+def _render(out: Output, result: PlanResult, doc: dict) -> None:
+    """The human report of a plan: budget, hot experts per layer and rank, hit rate, cold costs."""
+    rec, hist, plan, budget = result.recipe, result.hist, result.plan, result.budget
+    out.print(f"plan for {rec.name} ({rec.model.name}): {hist.num_layers} MoE layers x {hist.num_experts} "
+              f"experts, expert {doc['expert_bytes'] / (1 << 20):.2f} MiB per rank ({rec.model.expert_dtype}), "
+              f"tp={rec.parallel.tp} ep={doc['parallel']['ep']}")
+    out.print(budget.explain())
+    t = out.table("layer", "hot experts", "hit rate")
+    for i, layer in enumerate(hist.layers):
+        t.add_row(str(layer), str(int(plan.hot_RLE[:, i].any(axis=0).sum())), pct(plan.layer_hit_rate_L[i], 2))
+    out.print(t)
+    t = out.table("rank", "hot experts", "used", "budget", "method")
+    for r in doc["ranks"]:
+        if r["rank"] % rec.parallel.tp == 0:
+            label = str(r["rank"]) if rec.parallel.tp == 1 else f"{r['rank']}..{r['rank'] + rec.parallel.tp - 1}"
+            t.add_row(label, str(r["hot_experts"]), gib(r["hot_bytes"]), gib(budget.budget_bytes), r["method"])
+    out.print(t)
+    verdict = "optimal (certified)" if plan.certified else "greedy (exact solver skipped: too large)"
+    out.print(f"hit rate {pct(plan.hit_rate, 2)}, {verdict}; LP bound {pct(plan.bound_hit_rate, 2)}, "
+              f"gap {100 * plan.gap:.2f} pp")
+    if result.costs:
+        rate_text = "unknown" if result.rate.gbps is None else f"{result.rate.gbps:.1f} GB/s"
+        where = f", {result.platform_path}" if result.platform_path else ""
+        out.print(f"predicted cold reads per decode step at {rate_text} ({result.rate.source}{where}):")
+        t = out.table("batch", "cold experts/step", "cold bytes/step", "cold read ms/step")
+        for c in result.costs:
+            t.add_row(str(c.batch), f"{c.cold_experts:.1f}", gib(c.cold_bytes),
+                      "-" if c.cold_ms is None else f"{c.cold_ms:.2f}")
+        out.print(t)
+    if result.cold_paths is not None:
+        _render_cold_paths(out, result.cold_paths)
 
 
 def _render_cold_paths(out: Output, paths: dict) -> None:

@@ -41,17 +41,7 @@ def run(
     out = Output(json_out)
     rec = load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path})
-    if platform is not None and not platform.is_file():
-        raise UsageError(f"--platform {platform}: no such file", "write one with `hotsplit probe -o platform.json`")
-    if steps is not None and steps < 1:
-        raise UsageError(f"--steps: must be >= 1, got {steps}")
-    if scale is not None and not 0 < scale <= 1:
-        raise UsageError(f"--scale: must be in (0, 1], got {scale}")
-    if plot is not None:
-        from ..plotting import require_matplotlib
-
-        require_matplotlib()
-
+    _check_options(platform, steps, scale, plot)
     if rec.model.kind == "hf":
         if trace is not None or steps is not None or scale is not None:
             raise UsageError("--trace, --steps and --scale apply to synthetic models",
@@ -69,16 +59,7 @@ def run(
         out.note(f"note: {note}")
     pdoc = prepared.to_doc()
     say = out.note if json_out else out.print
-    say(f"{rec.name}: {prepared.steps} steps on {prepared.info.name} ({pdoc['kernel']}"
-        f"{', CUDA graph' if pdoc['cuda_graph'] else ''}; experts {prepared.expert_format}),"
-        f" traffic: {prepared.traffic}")
-    alloc = prepared.allocator
-    how = alloc.method + (f"; {alloc.fallback}" if alloc.fallback else "")
-    say(f"cold bank: {gib(alloc.requested_bytes)} of host memory ({how}), {alloc.placement.describe()}")
-    say(f"plan: {pdoc['plan']['hot_experts']} hot experts, {gib(prepared.plan.hot_bytes)} real"
-        f" ({prepared.plan.source}); expected hit rate {pct(prepared.plan.expected_hit_rate)}")
-    if pdoc["cold_path"]["rates"]:
-        say(escape(f"cold path: {pdoc['cold_path']['mode']} ({pdoc['cold_path']['rates']})"))
+    _describe(say, rec.name, prepared, pdoc)
 
     with out.progress(f"{rec.name}: steps", prepared.steps) as advance:
         summary = _logged(say, log_jsonl, lambda on_record: prepared.engine.run(prepared.steps, on_record, advance))
@@ -101,6 +82,34 @@ def run(
     if summary.interrupted:
         raise Interrupted(f"interrupted at step {summary.steps} of {prepared.steps}",
                           _wrote(log_jsonl, len(summary.records), plot))
+
+
+def _check_options(platform: Path | None, steps: int | None, scale: float | None, plot: Path | None) -> None:
+    """Refuse bad options before any work (and --plot when matplotlib is missing)."""
+    if platform is not None and not platform.is_file():
+        raise UsageError(f"--platform {platform}: no such file", "write one with `hotsplit probe -o platform.json`")
+    if steps is not None and steps < 1:
+        raise UsageError(f"--steps: must be >= 1, got {steps}")
+    if scale is not None and not 0 < scale <= 1:
+        raise UsageError(f"--scale: must be in (0, 1], got {scale}")
+    if plot is not None:
+        from ..plotting import require_matplotlib
+
+        require_matplotlib()
+
+
+def _describe(say, name: str, prepared, pdoc: dict) -> None:
+    """What a synthetic run is about to do: device and kernel, traffic, cold bank, plan, cold path."""
+    say(f"{name}: {prepared.steps} steps on {prepared.info.name} ({pdoc['kernel']}"
+        f"{', CUDA graph' if pdoc['cuda_graph'] else ''}; experts {prepared.expert_format}),"
+        f" traffic: {prepared.traffic}")
+    alloc = prepared.allocator
+    how = alloc.method + (f"; {alloc.fallback}" if alloc.fallback else "")
+    say(f"cold bank: {gib(alloc.requested_bytes)} of host memory ({how}), {alloc.placement.describe()}")
+    say(f"plan: {pdoc['plan']['hot_experts']} hot experts, {gib(prepared.plan.hot_bytes)} real"
+        f" ({prepared.plan.source}); expected hit rate {pct(prepared.plan.expected_hit_rate)}")
+    if pdoc["cold_path"]["rates"]:
+        say(escape(f"cold path: {pdoc['cold_path']['mode']} ({pdoc['cold_path']['rates']})"))
 
 
 def _wrote(log_jsonl: Path | None, records: int, plot: Path | None) -> str:
@@ -218,13 +227,13 @@ def _render_summary(out: Output, title: str, s, first: list, extra: list, origin
 
 def _plot(path: Path, summary, title: str) -> None:
     """Hit rate per window over steps, swap moments marked; written atomically."""
-    import matplotlib
+    from ..plotting import save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    save_png(path, lambda fig, ax: _draw_hit_rates(ax, summary, title), figsize=(8, 4), dpi=100)
 
+
+def _draw_hit_rates(ax, summary, title: str) -> None:
     recs = summary.records
-    fig, ax = plt.subplots(figsize=(8, 4))
     steps = [r.step for r in recs]
     ax.plot(steps, [100 * r.hit_rate_window for r in recs], marker="o", label="window")
     ax.plot(steps, [100 * r.hit_rate_total for r in recs], label="cumulative")
@@ -239,11 +248,6 @@ def _plot(path: Path, summary, title: str) -> None:
     ax.set_ylim(0, 100)
     ax.set_title(f"hotsplit run {title}")
     ax.legend(loc="lower right")
-    fig.tight_layout()
-    try:
-        write_atomic(path, lambda fh: fig.savefig(fh, format="png", dpi=100))
-    finally:
-        plt.close(fig)
 
 
 def register(app: typer.Typer, hist_app: typer.Typer) -> None:

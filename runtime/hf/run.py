@@ -14,13 +14,15 @@ from pathlib import Path
 
 import numpy as np
 
+from hotsplit_cli.budget import resolve_hot_budget
 from hotsplit_cli.errors import InputFileError, UsageError
 from hotsplit_cli.knobs import Knobs
 from hotsplit_cli.planfile import load_plan
 from hotsplit_cli.planner import plan_hot_set
+from hotsplit_cli.platform_file import load_platform
 from hotsplit_cli.prompts import read_prompts
-from hotsplit_cli.recipe import GIB, Recipe
-from hotsplit_cli.sizes import derive_hot_budget, expert_bytes_per_rank
+from hotsplit_cli.recipe import Recipe
+from hotsplit_cli.sizes import expert_bytes_per_rank
 
 from ..cold_split import make_split
 from ..device import choose_device
@@ -84,8 +86,8 @@ def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = 
         steps_LE: list[np.ndarray] = []
         capture(hm, tok, prompts, 0, t.batch, on_step=steps_LE.append)
         counts_LE = np.sum(steps_LE, axis=0)
-        budget = int((knobs.hot_gib if knobs.hot_gib is not None
-                      else derive_hot_budget(recipe, knobs.vram_reserve_gib).hot_gib) * GIB)
+        platform = load_platform(platform_path) if platform_path is not None else None
+        budget = resolve_hot_budget(recipe, knobs, platform).budget_bytes
         p = plan_hot_set(counts_LE, expert_bytes, budget)
         hot_LE, expected, source = p.hot_RLE[0], p.hit_rate, "planned from the prompts' prefill routing"
         made_from = f"the prefill routing of {t.path}"
