@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .checks import check_finite_nonneg
 from .errors import InputFileError, UsageError
 from .hist import Histogram
 
@@ -54,12 +55,7 @@ def _as_array(x: object, where: str, name: str) -> np.ndarray:
         a = np.asarray(x, dtype=np.float64)
     except (TypeError, ValueError):
         raise InputFileError(f"{where}: `{name}` is not a numeric array (ragged or non-numeric)") from None
-    if not np.all(np.isfinite(a)):
-        idx = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
-        raise InputFileError(f"{where}: `{name}{list(idx)}` is not finite")
-    if (a < 0).any():
-        idx = tuple(int(i) for i in np.argwhere(a < 0)[0])
-        raise InputFileError(f"{where}: `{name}{list(idx)}` is negative")
+    check_finite_nonneg(a, InputFileError, lambda idx, problem: f"{where}: `{name}{list(idx)}` is {problem}")
     return a
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from .checks import NOT_FINITE, check_finite_nonneg, index_str
 from .errors import HistogramError
 from .jsonio import schema_tag, write_json_atomic
 
@@ -203,18 +204,11 @@ def _matrix(rows: object, where: str, name: str) -> np.ndarray:
 
 
 def _check_values(a: np.ndarray, where: str, name: str) -> None:
-    bad = ~np.isfinite(a)
-    if bad.any():
-        idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise HistogramError(f"{where}: `{name}{_fmt_idx(idx)}` is {a[idx]} (must be finite)")
-    neg = a < 0
-    if neg.any():
-        idx = tuple(int(i) for i in np.argwhere(neg)[0])
-        raise HistogramError(f"{where}: `{name}{_fmt_idx(idx)}` is {a[idx]} (counts must be >= 0)")
+    def message(idx: tuple[int, ...], problem: str) -> str:
+        rule = "must be finite" if problem == NOT_FINITE else "counts must be >= 0"
+        return f"{where}: `{name}{index_str(idx)}` is {a[idx]} ({rule})"
 
-
-def _fmt_idx(idx: tuple[int, ...]) -> str:
-    return "".join(f"[{i}]" for i in idx)
+    check_finite_nonneg(a, HistogramError, message)
 
 
 def validate_counts(counts_LE: np.ndarray, layers, where: str) -> None:
