@@ -33,6 +33,7 @@ import numpy as np
 from .checks import check_finite_nonneg
 from .errors import InputFileError, UsageError
 from .hist import Histogram
+from .jsonio import read_json
 
 ENGINES = ("sglang", "vllm")
 
@@ -59,15 +60,6 @@ def _as_array(x: object, where: str, name: str) -> np.ndarray:
     return a
 
 
-def _load_json(path: Path) -> object:
-    import orjson
-
-    try:
-        return orjson.loads(path.read_bytes())
-    except orjson.JSONDecodeError as exc:
-        raise InputFileError(f"{path}: not valid JSON ({exc})", "was the file truncated?") from None
-
-
 ReadPt = Callable[[Path], object]  # a tensors-only .pt reader (torch lives in the runtime package)
 
 
@@ -76,7 +68,7 @@ def _open(path: Path, read_pt: ReadPt | None) -> object:
         raise InputFileError(f"{path}: no such file", "check the path")
     suffix = path.suffix.lower()
     if suffix == ".json":
-        return _load_json(path)
+        return read_json(path)
     if suffix in (".pt", ".pth"):
         if read_pt is None:
             raise InputFileError(f"{path}: reading .pt files needs torch", "install torch")

@@ -6,18 +6,16 @@ Shape letters: L = MoE layers, E = routed experts per layer, W = windows.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-import orjson
 
 from .checks import NOT_FINITE, check_finite_nonneg, index_str
 from .errors import HistogramError
-from .jsonio import schema_tag, write_json_atomic
+from .jsonio import read_json, schema_tag, write_json_atomic
 
 KIND = "hist"
 
@@ -91,23 +89,7 @@ def save_hist(path: str | os.PathLike, hist: Histogram) -> Path:
 
 def load_hist(path: str | os.PathLike) -> Histogram:
     """Read and validate a `hotsplit.hist/1` file; raise `HistogramError` naming field and index."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise HistogramError(f"{path}: no such file", "check the path") from None
-    except OSError as exc:
-        raise HistogramError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        # orjson refuses NaN/Infinity literals; the stdlib parser accepts them so that the
-        # error can name the offending entry rather than just say "invalid JSON".
-        try:
-            doc = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise HistogramError(f"{path}: not valid JSON ({exc})", "was the file truncated?") from None
-    return hist_from_doc(doc, str(path))
+    return hist_from_doc(read_json(path, HistogramError, nonfinite=True), str(path))
 
 
 def hist_from_doc(doc: object, where: str) -> Histogram:
