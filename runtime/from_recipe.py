@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import psutil
 import torch
 
-from hotsplit_cli.errors import InputFileError, RuntimeFailure, UsageError
+from hotsplit_cli.errors import InputFileError, UsageError
 from hotsplit_cli.hist import load_hist
 from hotsplit_cli.knobs import Knobs
 from hotsplit_cli.planfile import load_plan
@@ -29,13 +28,13 @@ from .device import DeviceInfo, choose_device
 from .engine import Engine, RouterSource, synthetic_source, trace_source
 from .fp8 import Fp8Format
 from .kernels import choose_compute
+from .memory import check_device_memory, check_host_memory
 from .model import HotColdMoE
 from .moe import MoEGeometry, make_layer_weights, rms_norm
 from .pinned import PinnedAllocator, plan_placement
 
 FP8_BLOCK = (128, 128)  # weight_block_size of DeepSeek-V3's and Qwen3's fp8 releases (config.json)
 
-HOST_MEMORY_SHARE = 0.8  # never pin more than this share of the available host memory
 CALIBRATION_STEPS = 32
 
 
@@ -107,18 +106,10 @@ def _budget_bytes(recipe: Recipe, knobs: Knobs) -> int:
 
 def _check_memory(geom: MoEGeometry, layers: int, dtype: torch.dtype, info: DeviceInfo, hot_slots: int) -> None:
     elem = torch.empty(0, dtype=dtype).element_size()
-    cold = layers * geom.num_experts * geom.blob_elems * elem
-    avail = psutil.virtual_memory().available
-    if cold > HOST_MEMORY_SHARE * avail:
-        raise RuntimeFailure(
-            f"the cold bank needs {cold / GIB:.2f} GiB of host memory, {avail / GIB:.2f} GiB is available",
-            "shrink the tensors with --scale (plans keep the real sizes)")
-    if info.is_cuda:
-        free, _ = torch.cuda.mem_get_info(info.device)
-        hot = hot_slots * geom.blob_elems * elem
-        if hot > free:
-            raise RuntimeFailure(f"the hot bank needs {hot / GIB:.2f} GiB on {info.name}, {free / GIB:.2f} GiB is free",
-                                 "lower --hot-gib or use --scale")
+    check_host_memory(layers * geom.num_experts * geom.blob_elems * elem, "the cold bank needs",
+                      "shrink the tensors with --scale (plans keep the real sizes)")
+    check_device_memory(hot_slots * geom.blob_elems * elem, info, "the hot bank needs",
+                        "lower --hot-gib or use --scale")
 
 
 def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = None,
