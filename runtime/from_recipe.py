@@ -26,14 +26,12 @@ from hotsplit_cli.traffic import SyntheticTraffic, inclusion_probs, zipf_shares
 from . import cold_split
 from .device import DeviceInfo, choose_device
 from .engine import Engine, RouterSource, synthetic_source, trace_source
-from .fp8 import Fp8Format
+from .fp8 import RELEASE_FP8
 from .kernels import choose_compute
 from .memory import check_device_memory, check_host_memory
 from .model import HotColdMoE
 from .moe import MoEGeometry, make_layer_weights, rms_norm
 from .pinned import PinnedAllocator, plan_placement
-
-FP8_BLOCK = (128, 128)  # weight_block_size of DeepSeek-V3's and Qwen3's fp8 releases (config.json)
 
 CALIBRATION_STEPS = 32
 
@@ -134,12 +132,12 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     # Triton kernels run they stay fp8 in the banks (dequantised per tile as they are read); the
     # CPU torch path would dequantise every expert at every use, so there the banks hold the
     # dequantised values: the same function, 3x faster on a CPU.
-    fp8 = Fp8Format(FP8_BLOCK) if m.expert_dtype == "fp8" else None
+    fp8 = RELEASE_FP8 if m.expert_dtype == "fp8" else None
     fp8_banks = fp8 is not None and info.triton
     if fp8_banks and knobs.cold_path != "gpu":
         raise UsageError(cold_split.FP8_REFUSAL.format(mode=knobs.cold_path))
     name = str(dtype).replace("torch.", "")
-    expert_format = (f"fp8 e4m3, {FP8_BLOCK[0]}x{FP8_BLOCK[1]} block scales" if fp8_banks
+    expert_format = (fp8.describe() if fp8_banks
                      else f"{name} (fp8 values, dequantised)" if fp8 else name)
     if m.expert_dtype == "mxfp4":
         notes.append(f"the runtime has no mxfp4 experts: they run in {name} (plans keep mxfp4 bytes)")
