@@ -31,7 +31,7 @@ from .kernels import choose_compute
 from .memory import check_device_memory, check_host_memory
 from .model import HotColdMoE
 from .moe import MoEGeometry, make_layer_weights, rms_norm
-from .pinned import PinnedAllocator, plan_placement
+from .pinned import PinnedAllocator, numa_policy_for
 
 CALIBRATION_STEPS = 32
 
@@ -74,7 +74,7 @@ class Prepared:
                           "cold_bank_bytes": self.allocator.requested_bytes,
                           "cold_bank_reserved_bytes": self.allocator.reserved_bytes,
                           "cold_bank_method": self.allocator.method, "cold_bank_fallback": self.allocator.fallback},
-            "numa": self.allocator.placement.to_doc(),
+            "numa": self.allocator.numa.to_doc(),
             "plan": {"source": self.plan.source, "made_from": self.plan.made_from,
                      "expected_hit_rate": self.plan.expected_hit_rate,
                      "budget_bytes": self.plan.budget_bytes, "hot_bytes": self.plan.hot_bytes,
@@ -193,8 +193,8 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
         plan = PlanChoice(p.hot_RLE[0], p.hit_rate, f"planned from {traffic}", budget, int(p.hot_bytes_R[0]),
                           traffic)
     _check_memory(geom, L, torch.float8_e4m3fn if fp8_banks else dtype, info, int(plan.hot_LE.sum()))
-    placement = plan_placement(knobs.numa_policy, info.numa_node, info.reasons.get("numa_node"))
-    allocator = PinnedAllocator(pin=info.pinned, placement=placement)
+    numa = numa_policy_for(knobs.numa_policy, info.numa_node, info.reasons.get("numa_node"))
+    allocator = PinnedAllocator(pin=info.pinned, numa=numa)
     model = HotColdMoE(layers, geom, plan.hot_LE, info, allocator, choose_compute(info))
     split = cold_split.attach(model, knobs.cold_path, info, platform_path)
     if split is not None and info.graphs:

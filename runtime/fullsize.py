@@ -27,7 +27,7 @@ from .fp8 import FP8, RELEASE_FP8, Fp8Experts, Fp8Format
 from .kernels import choose_compute
 from .model import HotColdMoE
 from .moe import LayerWeights, MoEGeometry, Router, expert_counts, rms_norm, scaled_dim
-from .pinned import PinnedAllocator, plan_placement
+from .pinned import PinnedAllocator, numa_policy_for
 from .selftest import error_line, random_hot, raw_zero_copy_gbps
 
 
@@ -328,7 +328,7 @@ def model_rows(spec: FullSizeModel, info: DeviceInfo, rates: Rates, batches=BATC
     def blank(hot, batch, **more):
         return {"model": spec.name, "hot_fraction": hot, "batch": batch, **more}
 
-    alloc = PinnedAllocator(pin=info.pinned, placement=plan_placement("preferred", info.numa_node,
+    alloc = PinnedAllocator(pin=info.pinned, numa=numa_policy_for("preferred", info.numa_node,
                                                                        info.reasons.get("numa_node")))
     model = peer = None
     try:

@@ -23,7 +23,7 @@ from .fp8 import FP8, RELEASE_FP8, Fp8Experts, Fp8Format
 from .kernels import choose_compute
 from .model import HotColdMoE
 from .moe import LayerWeights, MoEGeometry, ReferenceMoE, Router, make_layer_weights
-from .pinned import PinnedAllocator, plan_placement
+from .pinned import PinnedAllocator, numa_policy_for
 
 REFERENCE = "runtime = reference (random hot sets)"
 SWAPS = "runtime = reference (swaps mid-run)"
@@ -97,7 +97,7 @@ def build_pair(geom: MoEGeometry, num_layers: int, hot_LE: np.ndarray, info: Dev
     """A hot/cold model and the all-resident reference with the same weights (`fp8`: experts
     block-scaled fp8 in the banks, their dequantised values in the reference)."""
     layers = [make_layer_weights(geom, seed * 1000 + li, dtype, fp8) for li in range(num_layers)]
-    alloc = PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
+    alloc = PinnedAllocator(pin=info.pinned, numa=numa_policy_for("off", None))
     model = HotColdMoE(layers, geom, hot_LE, info, alloc, compute or choose_compute(info))
     return model, ReferenceMoE(layers, info.device)
 
@@ -296,7 +296,7 @@ def cold_path_gbps(info: DeviceInfo, g: MoEGeometry, fp8: Fp8Format | None = Non
         q = Fp8Experts(fp8, torch.full((E, I2, H), 0.01, dtype=FP8), torch.full(s13, 1e-3),
                        torch.full((E, H, g.inter), 0.01, dtype=FP8), torch.full(s2, 1e-3))
     lw = LayerWeights(w13, w2, Router(torch.zeros(E, H), None, g), None, None, q)
-    alloc = PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
+    alloc = PinnedAllocator(pin=info.pinned, numa=numa_policy_for("off", None))
     model = HotColdMoE([lw], g, np.zeros((1, E), dtype=bool), info, alloc, choose_compute(info))
     del lw, w13, w2, q
     ids = torch.arange(E, device=info.device).view(-1, g.top_k)

@@ -28,7 +28,7 @@ from ..device import DeviceInfo
 from ..fp8 import FP8, dequantize, fp8_format_of
 from ..kernels import TritonExperts
 from ..memory import check_device_memory, check_host_memory
-from ..pinned import PinnedAllocator, plan_placement
+from ..pinned import PinnedAllocator, numa_policy_for
 from .adapter import MoELayerInfo, RoutingCounter, find_moe_layers, install
 from .bank import ExpertLayout, HFExpertBank
 
@@ -315,7 +315,7 @@ def _skeleton(path: Path, config, dtype: torch.dtype) -> tuple[torch.nn.Module, 
 def _cold_banks(layers: list[MoELayerInfo], layouts: list[ExpertLayout], dtype: torch.dtype, info: DeviceInfo,
                 allocator: PinnedAllocator | None) -> list[HFExpertBank]:
     """One bank per MoE layer, every expert cold (in `allocator`'s pinned memory)."""
-    allocator = allocator or PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
+    allocator = allocator or PinnedAllocator(pin=info.pinned, numa=numa_policy_for("off", None))
     swap_stream = torch.cuda.Stream(info.device) if info.is_cuda else None
     banks = []
     for i, layout in zip(layers, layouts, strict=True):
