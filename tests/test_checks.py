@@ -69,7 +69,7 @@ def test_placement_windows_message():
 
 
 def test_serving_dump_message(tmp_path):
-    from hotsplit_cli.engine_import import read_sglang
+    from hotsplit_cli.serving_import import read_sglang
 
     path = tmp_path / "d.json"
     path.write_text('{"logical_count": [[1, 2], [3, -4]]}')
