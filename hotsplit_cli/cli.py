@@ -17,6 +17,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from click import ClickException as _CliError
 
 from . import __version__
+from .commands import balance, hist_import, hist_show, ledger, place, plan, probe, rerank, run, selftest, simulate
 from .errors import HotsplitError, one_line_error
 from .jsonio import forget_written, written_files
 from .output import StdoutClosed
@@ -50,21 +51,10 @@ def _root(
         _DEBUG["on"] = True
 
 
-def _register() -> None:
-    # Command modules import only numpy/typer at module level; heavy imports live in functions.
-    # Each module exposes register(app, hist_app).
-    for name in ("plan", "hist_show", "ledger", "probe", "run", "selftest", "balance", "rerank",
-                 "simulate", "place", "hist_import"):
-        try:
-            module = __import__(f"hotsplit_cli.commands.{name}", fromlist=["register"])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"hotsplit_cli.commands.{name}":
-                raise
-            continue
-        module.register(app, hist_app)
-
-
-_register()
+# Command modules import only numpy/typer at module level; heavy imports live in functions.
+# Each exposes register(app, hist_app); the order here is the order of `hotsplit --help`.
+for _module in (plan, hist_show, ledger, probe, run, selftest, balance, rerank, simulate, place, hist_import):
+    _module.register(app, hist_app)
 
 
 def main(argv: list[str] | None = None) -> int:
