@@ -293,12 +293,6 @@ def contiguous_owner(num_layers: int, num_experts: int, ep: int) -> np.ndarray:
     return np.broadcast_to(np.arange(num_experts) // (num_experts // ep), (num_layers, num_experts)).copy()
 
 
-def hit_rate_of(counts_LE: np.ndarray, hot_LE: np.ndarray) -> float:
-    """Share of routed assignments that land on hot experts."""
-    total = counts_LE.sum()
-    return float((counts_LE * hot_LE).sum() / total) if total > 0 else 0.0
-
-
 @dataclass(frozen=True)
 class Swap:
     layer: int  # row index into the bank (not the model layer id)

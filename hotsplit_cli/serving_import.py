@@ -262,11 +262,3 @@ def to_histogram(ec: ServingCounts, model_spec=None, top_k: int | None = None, m
     hist = Histogram(model=name, source=ec.form, top_k=int(top_k), tokens=tokens, layers=layers,
                      counts_LE=np.ascontiguousarray(counts, dtype=np.float64))
     return Imported(hist, tuple(notes))
-
-
-def logical_count_doc(hist: Histogram, num_hidden_layers: int | None = None) -> dict:
-    """The inverse: SGLang's `{"logical_count": [[...]]}` with one row per model layer (dense rows zero)."""
-    R = num_hidden_layers if num_hidden_layers is not None else max(hist.layers) + 1
-    out = np.zeros((R, hist.num_experts))
-    out[list(hist.layers)] = hist.counts_LE
-    return {"logical_count": out}

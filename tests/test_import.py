@@ -11,7 +11,7 @@ import pytest
 from hotsplit_cli.cli import main
 from hotsplit_cli.errors import InputFileError, UsageError
 from hotsplit_cli.hist import load_hist
-from hotsplit_cli.serving_import import logical_count_doc, read_serving, to_histogram
+from hotsplit_cli.serving_import import read_serving, to_histogram
 from runtime.torch_files import load_tensors_only
 
 torch = pytest.importorskip("torch")
@@ -49,13 +49,20 @@ def test_sglang_json_without_recipe_drops_zero_rows(tmp_path, capsys):
     assert load_hist(out).layers == (1, 2, 3, 4, 5)
 
 
+def _logical_count_doc(hist, num_hidden_layers: int) -> dict:
+    """SGLang's `{"logical_count": [[...]]}`, one row per model layer (dense rows zero)."""
+    out = np.zeros((num_hidden_layers, hist.num_experts))
+    out[list(hist.layers)] = hist.counts_LE
+    return {"logical_count": out}
+
+
 def test_json_round_trip_through_logical_count(tmp_path, recipe):
     from hotsplit_cli.recipe import load_recipe
 
     spec = load_recipe(recipe).model
     h = to_histogram(read_serving("sglang", [TOY]), spec).hist
     back = tmp_path / "back.json"
-    back.write_bytes(orjson.dumps(logical_count_doc(h, spec.num_hidden_layers), option=orjson.OPT_SERIALIZE_NUMPY))
+    back.write_bytes(orjson.dumps(_logical_count_doc(h, spec.num_hidden_layers), option=orjson.OPT_SERIALIZE_NUMPY))
     h2 = to_histogram(read_serving("sglang", [back]), spec).hist
     np.testing.assert_array_equal(h.counts_LE, h2.counts_LE)
     assert h.layers == h2.layers and h.tokens == h2.tokens
