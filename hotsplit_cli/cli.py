@@ -6,6 +6,7 @@ torch and pynvml are imported lazily inside the commands that need them, so that
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -17,7 +18,6 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from click import ClickException as _CliError
 
 from . import __version__
-from .commands import balance, hist_import, hist_show, ledger, place, plan, probe, rerank, run, selftest, simulate
 from .errors import HotsplitError, one_line_error
 from .jsonio import forget_written, written_files
 from .output import StdoutClosed
@@ -51,10 +51,16 @@ def _root(
         _DEBUG["on"] = True
 
 
-# Command modules import only numpy/typer at module level; heavy imports live in functions.
-# Each exposes register(app, hist_app); the order here is the order of `hotsplit --help`.
-for _module in (plan, hist_show, ledger, probe, run, selftest, balance, rerank, simulate, place, hist_import):
-    _module.register(app, hist_app)
+def _register() -> None:
+    # Command modules import only numpy/typer at module level; heavy imports (the runtime among
+    # them) live in their functions. Each exposes register(app, hist_app); a module that cannot be
+    # imported is an error, never a command silently left out.
+    for name in ("plan", "hist_show", "ledger", "probe", "run", "selftest", "balance", "rerank",
+                 "simulate", "place", "hist_import"):
+        importlib.import_module(f"hotsplit_cli.commands.{name}").register(app, hist_app)
+
+
+_register()
 
 
 def main(argv: list[str] | None = None) -> int:
