@@ -29,7 +29,7 @@ from runtime.device import choose_device, tune_cpu_threads  # noqa: E402
 from runtime.fullsize import FULL_SIZE_MODELS, filled_layer, per_call_ms, routing, scaled_model  # noqa: E402
 from runtime.kernels import choose_compute  # noqa: E402
 from runtime.model import HotColdMoE  # noqa: E402
-from runtime.pinned import PinnedAllocator, plan_placement  # noqa: E402
+from runtime.pinned import PinnedAllocator, numa_policy_for  # noqa: E402
 from runtime.selftest import error_line  # noqa: E402
 
 BATCHES = (1, 8, 32)
@@ -42,7 +42,7 @@ def build(scale: float, info):
     g = dataclasses.replace(spec.geom, shared_inter=0)
     dtype = torch.bfloat16 if info.is_cuda else torch.float32
     layers = [filled_layer(g, dtype, None) for _ in range(spec.layers)]
-    alloc = PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
+    alloc = PinnedAllocator(pin=info.pinned, numa=numa_policy_for("off", None))
     model = HotColdMoE(layers, g, np.zeros((spec.layers, g.num_experts), dtype=bool), info, alloc,
                        choose_compute(info))
     return spec, g, model

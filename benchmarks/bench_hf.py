@@ -24,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from hotsplit_cli.sizes import FP8_BLOCK  # noqa: E402
+
 GEOMETRY = dict(vocab_size=512, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
                 num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=32, num_experts=32,
                 num_experts_per_tok=4, max_position_embeddings=512, tie_word_embeddings=False)
@@ -41,7 +43,7 @@ def save_random(folder: Path) -> None:
     model.save_pretrained(folder)
 
 
-def save_fp8(src: Path, dst: Path, block=(128, 128)) -> None:
+def save_fp8(src: Path, dst: Path, block=FP8_BLOCK) -> None:
     import json
     import shutil
 

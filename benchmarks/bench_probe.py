@@ -25,23 +25,23 @@ def plain_pinned(size_bytes: int, node: int | None):
     like the probe's buffer: left alone it lands wherever the calling thread runs, and on a
     two-socket host a remote buffer copies measurably slower, so the comparison would not be like
     for like. The thread's memory policy prefers `node` while the pages are first touched.
-    Returns (tensor, placement document: where its pages were found)."""
+    Returns (tensor, NUMA policy document: where its pages were found)."""
     import torch
 
     from probes import hostmem
-    from runtime.pinned import plan_placement
+    from runtime.pinned import numa_policy_for
 
-    placement = plan_placement("preferred", node)
-    err = hostmem.set_mempolicy(hostmem.MPOL_PREFERRED, node) if placement.applied else None
+    numa = numa_policy_for("preferred", node)
+    err = hostmem.set_mempolicy(hostmem.MPOL_PREFERRED, node) if numa.applied else None
     try:
         t = torch.empty(size_bytes, dtype=torch.uint8, pin_memory=True).zero_()
     finally:
-        if placement.applied and err is None:
+        if numa.applied and err is None:
             hostmem.set_mempolicy(hostmem.MPOL_DEFAULT, None)
-    placement.pages_by_node, placement.located = hostmem.page_nodes(t.data_ptr(), size_bytes)
+    numa.pages_by_node, numa.located = hostmem.page_nodes(t.data_ptr(), size_bytes)
     if err:
-        placement.applied, placement.reason = False, err
-    return t, placement.to_doc()
+        numa.applied, numa.reason = False, err
+    return t, numa.to_doc()
 
 
 def plain_torch_h2d_gbps(torch, size_bytes: int, gpu: int, samples: int = 10, iters: int = 4,

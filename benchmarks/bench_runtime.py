@@ -26,8 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hotsplit_cli.errors import HotsplitError  # noqa: E402
 from hotsplit_cli.recipe import load_recipe  # noqa: E402
 from runtime.device import DeviceInfo, choose_device, tune_cpu_threads  # noqa: E402
-from runtime.fp8 import Fp8Format  # noqa: E402
-from runtime.from_recipe import FP8_BLOCK  # noqa: E402
+from runtime.fp8 import RELEASE_FP8  # noqa: E402
 from runtime.moe import MoEGeometry  # noqa: E402
 from runtime.selftest import error_line, step_time_ratio  # noqa: E402
 
@@ -101,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if info.is_cuda else torch.float32
     name = str(dtype).replace("torch.", "")
     # fp8 recipes keep their experts fp8 where the kernels run, as `hotsplit run` does.
-    fp8 = Fp8Format(FP8_BLOCK) if recipe.model.expert_dtype == "fp8" and info.triton else None
+    fp8 = RELEASE_FP8 if recipe.model.expert_dtype == "fp8" and info.triton else None
     rows = []
     for batch in (1, 8, 64):
         for hot in (1.0, 0.5, 0.1):
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"batch": batch, "hot_fraction": hot, "error": error_line(exc)})
     doc = {"recipe": recipe.name, "device": info.name, "kernel": "triton" if info.triton else "torch-grouped",
            "geometry": geom.__dict__, "layers": layers, "dtype": str(dtype),
-           "experts": "fp8 e4m3, 128x128 block scales" if fp8 else name, "rows": rows}
+           "experts": fp8.describe() if fp8 else name, "rows": rows}
     failed = sum("error" in r for r in rows)
     if args.json:
         print(json.dumps(doc, indent=2))

@@ -14,11 +14,12 @@ import time
 
 from hotsplit_cli.planner import plan_hot_set
 from hotsplit_cli.simulate import POLICIES, SimConfig, simulate, summarise
+from hotsplit_cli.sizes import FP8_BLOCK
 from hotsplit_cli.traffic import synthetic_trace, zipf_shares
 
 L, E, K, BATCH, STEPS = 58, 256, 8, 64, 400
 HIDDEN, INTER = 7168, 2048
-EXPERT_BYTES = 3 * HIDDEN * INTER + 3 * math.ceil(HIDDEN / 128) * math.ceil(INTER / 128) * 4
+EXPERT_BYTES = 3 * HIDDEN * INTER + 3 * math.ceil(HIDDEN / FP8_BLOCK[0]) * math.ceil(INTER / FP8_BLOCK[1]) * 4
 BUDGET_BYTES = 20 << 30  # 20 GiB of hot experts per rank
 
 

@@ -6,6 +6,7 @@ torch and pynvml are imported lazily inside the commands that need them, so that
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -51,17 +52,12 @@ def _root(
 
 
 def _register() -> None:
-    # Command modules import only numpy/typer at module level; heavy imports live in functions.
-    # Each module exposes register(app, hist_app).
+    # Command modules import only numpy/typer at module level; heavy imports (the runtime among
+    # them) live in their functions. Each exposes register(app, hist_app); a module that cannot be
+    # imported is an error, never a command silently left out.
     for name in ("plan", "hist_show", "ledger", "probe", "run", "selftest", "balance", "rerank",
                  "simulate", "place", "hist_import"):
-        try:
-            module = __import__(f"hotsplit_cli.commands.{name}", fromlist=["register"])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"hotsplit_cli.commands.{name}":
-                raise
-            continue
-        module.register(app, hist_app)
+        importlib.import_module(f"hotsplit_cli.commands.{name}").register(app, hist_app)
 
 
 _register()

@@ -6,17 +6,16 @@ Shape letters: L = MoE layers, E = routed experts per layer, W = windows.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-import orjson
 
+from .checks import NOT_FINITE, check_finite_nonneg, index_str
 from .errors import HistogramError
-from .jsonio import schema_tag, write_json_atomic
+from .jsonio import read_json, schema_tag, write_json_atomic
 
 KIND = "hist"
 
@@ -90,23 +89,7 @@ def save_hist(path: str | os.PathLike, hist: Histogram) -> Path:
 
 def load_hist(path: str | os.PathLike) -> Histogram:
     """Read and validate a `hotsplit.hist/1` file; raise `HistogramError` naming field and index."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise HistogramError(f"{path}: no such file", "check the path") from None
-    except OSError as exc:
-        raise HistogramError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        # orjson refuses NaN/Infinity literals; the stdlib parser accepts them so that the
-        # error can name the offending entry rather than just say "invalid JSON".
-        try:
-            doc = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise HistogramError(f"{path}: not valid JSON ({exc})", "was the file truncated?") from None
-    return hist_from_doc(doc, str(path))
+    return hist_from_doc(read_json(path, HistogramError, nonfinite=True), str(path))
 
 
 def hist_from_doc(doc: object, where: str) -> Histogram:
@@ -203,18 +186,11 @@ def _matrix(rows: object, where: str, name: str) -> np.ndarray:
 
 
 def _check_values(a: np.ndarray, where: str, name: str) -> None:
-    bad = ~np.isfinite(a)
-    if bad.any():
-        idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise HistogramError(f"{where}: `{name}{_fmt_idx(idx)}` is {a[idx]} (must be finite)")
-    neg = a < 0
-    if neg.any():
-        idx = tuple(int(i) for i in np.argwhere(neg)[0])
-        raise HistogramError(f"{where}: `{name}{_fmt_idx(idx)}` is {a[idx]} (counts must be >= 0)")
+    def message(idx: tuple[int, ...], problem: str) -> str:
+        rule = "must be finite" if problem == NOT_FINITE else "counts must be >= 0"
+        return f"{where}: `{name}{index_str(idx)}` is {a[idx]} ({rule})"
 
-
-def _fmt_idx(idx: tuple[int, ...]) -> str:
-    return "".join(f"[{i}]" for i in idx)
+    check_finite_nonneg(a, HistogramError, message)
 
 
 def validate_counts(counts_LE: np.ndarray, layers, where: str) -> None:

@@ -7,6 +7,7 @@ A new file gets the user's umask mode; a replaced file keeps its permission bits
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from collections.abc import Callable
@@ -127,19 +128,32 @@ def schema_tag(kind: str, version: int = 1) -> str:
     return f"hotsplit.{kind}/{version}"
 
 
-def read_json_doc(path: str | os.PathLike, kind: str, versions: tuple[int, ...] = (1,)) -> dict:
-    """Read a hotsplit JSON file and check its `schema` is `hotsplit.<kind>/<v>` for a known v."""
+def read_json(path: str | os.PathLike, error: type[InputFileError] = InputFileError, *,
+              nonfinite: bool = False) -> Any:
+    """Parse a JSON file; every failure is `error` naming the file. `nonfinite`: also accept the
+    NaN and Infinity literals orjson refuses, so that the caller's check can name the entry."""
     path = Path(path)
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise InputFileError(f"{path}: no such file", "check the path") from None
+        raise error(f"{path}: no such file", "check the path") from None
     except OSError as exc:
-        raise InputFileError(f"{path}: cannot read ({exc.strerror})") from None
+        raise error(f"{path}: cannot read ({exc.strerror})") from None
     try:
-        doc = orjson.loads(raw)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise InputFileError(f"{path}: not valid JSON ({exc})", "was the file truncated?") from None
+        problem: Exception = exc
+    if nonfinite:
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            problem = exc
+    raise error(f"{path}: not valid JSON ({problem})", "was the file truncated?") from None
+
+
+def read_json_doc(path: str | os.PathLike, kind: str, versions: tuple[int, ...] = (1,)) -> dict:
+    """Read a hotsplit JSON file and check its `schema` is `hotsplit.<kind>/<v>` for a known v."""
+    doc = read_json(path)
     if not isinstance(doc, dict):
         raise InputFileError(f"{path}: expected a JSON object, got {type(doc).__name__}")
     schema = doc.get("schema")

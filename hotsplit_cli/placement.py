@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .checks import check_finite_nonneg
 from .errors import PlanError, UsageError
 
 REFINE_MAX_ROUNDS = 16  # later rounds gain < 0.5% balancedness on fitted data, none on later windows
@@ -361,6 +362,5 @@ def check_windows(windows_WLE: np.ndarray) -> np.ndarray:
     a = np.asarray(windows_WLE, dtype=np.float64)
     if a.ndim != 3 or 0 in a.shape:
         raise PlanError(f"expected counts [windows, layers, experts], got shape {a.shape}")
-    if not np.all(np.isfinite(a)) or np.any(a < 0):
-        raise PlanError("counts must be finite and >= 0")
+    check_finite_nonneg(a, PlanError, lambda *_: "counts must be finite and >= 0")
     return a

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .checks import check_finite_nonneg, index_str
 from .errors import BudgetOverflowError, HistogramError, PlanError
 
 BRUTE_FORCE_MAX_ITEMS = 18
@@ -61,12 +62,7 @@ def check_counts(counts_LE: np.ndarray, where: str = "counts") -> np.ndarray:
     counts_LE = np.asarray(counts_LE, dtype=np.float64)
     if counts_LE.ndim != 2 or 0 in counts_LE.shape:
         raise HistogramError(f"{where}: expected a non-empty [layers, experts] array, got shape {counts_LE.shape}")
-    bad = np.argwhere(~np.isfinite(counts_LE))
-    if len(bad):
-        raise HistogramError(f"{where}[{bad[0][0]}][{bad[0][1]}] is not finite")
-    neg = np.argwhere(counts_LE < 0)
-    if len(neg):
-        raise HistogramError(f"{where}[{neg[0][0]}][{neg[0][1]}] is negative")
+    check_finite_nonneg(counts_LE, HistogramError, lambda idx, problem: f"{where}{index_str(idx)} is {problem}")
     if not counts_LE.any():
         raise HistogramError(f"{where} is all zero")
     return counts_LE
@@ -297,12 +293,6 @@ def contiguous_owner(num_layers: int, num_experts: int, ep: int) -> np.ndarray:
     return np.broadcast_to(np.arange(num_experts) // (num_experts // ep), (num_layers, num_experts)).copy()
 
 
-def hit_rate_of(counts_LE: np.ndarray, hot_LE: np.ndarray) -> float:
-    """Share of routed assignments that land on hot experts."""
-    total = counts_LE.sum()
-    return float((counts_LE * hot_LE).sum() / total) if total > 0 else 0.0
-
-
 @dataclass(frozen=True)
 class Swap:
     layer: int  # row index into the bank (not the model layer id)
@@ -323,8 +313,7 @@ def propose_swaps(counts_LE: np.ndarray, hot_LE: np.ndarray, max_swaps: int, mar
     hot_LE = np.asarray(hot_LE, dtype=bool)
     if counts_LE.shape != hot_LE.shape or counts_LE.ndim != 2:
         raise PlanError(f"live counts {counts_LE.shape} and hot mask {hot_LE.shape} must match [L, E]")
-    if not np.all(np.isfinite(counts_LE)) or np.any(counts_LE < 0):
-        raise PlanError("live counts must be finite and >= 0")
+    check_finite_nonneg(counts_LE, PlanError, lambda *_: "live counts must be finite and >= 0")
     if max_swaps < 0 or margin < 1.0:
         raise PlanError(f"bad swap knobs: max_swaps={max_swaps}, margin={margin}")
     swaps: list[Swap] = []

@@ -12,10 +12,14 @@ from dataclasses import dataclass
 from .errors import PlanError
 from .recipe import GIB, Recipe
 
+# What a recipe's `expert_dtype: fp8` means: e4m3 values with one fp32 scale per block of this
+# many rows x columns, the `weight_block_size` of DeepSeek-V3's and Qwen3's fp8 releases.
+FP8_BLOCK = (128, 128)
+
 
 def _fp8_block_scale_bytes(rows: int, cols: int) -> int:
-    """fp8 weights carry one fp32 scale per 128x128 block (DeepSeek-V3 `weight_scale_inv`)."""
-    return math.ceil(rows / 128) * math.ceil(cols / 128) * 4
+    """fp8 weights carry one fp32 scale per FP8_BLOCK block (DeepSeek-V3 `weight_scale_inv`)."""
+    return math.ceil(rows / FP8_BLOCK[0]) * math.ceil(cols / FP8_BLOCK[1]) * 4
 
 
 def _mxfp4_bytes(rows: int, cols: int) -> int:

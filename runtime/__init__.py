@@ -18,7 +18,7 @@ Shape letters: T = tokens of a step, K = top_k, E = routed experts, S = hot slot
 H = hidden size, I = expert intermediate size, B = elements of one blob, L = MoE layers.
 
 Layout: device.py chooses the device once; pinned.py allocates page-locked slabs of their own
-size with NUMA placement (the pages and their lifetime are probes/hostmem.py's); bank.py keeps
+size under the `numa_policy` knob (the pages and their lifetime are probes/hostmem.py's); bank.py keeps
 slot bookkeeping (SlotTable) apart from byte movement (BlobBank, BlobLayout; ExpertBank is the
 synthetic SwiGLU layout); fp8.py the block-scaled fp8 format; moe.py holds the router, SwiGLU
 and the all-resident reference; kernels.py the expert compute (Triton on a GPU, its jit kernels

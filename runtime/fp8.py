@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from hotsplit_cli.errors import UsageError
+from hotsplit_cli.sizes import FP8_BLOCK
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3 value
@@ -33,6 +34,14 @@ class Fp8Format:
             return (1, 1)
         bm, bn = self.block
         return (-(-rows // bm), -(-cols // bn))
+
+    def describe(self) -> str:
+        """How the experts are stored, for people: `fp8 e4m3, 128x128 block scales`."""
+        return "fp8 e4m3, " + ("one scale per tensor" if self.block is None else
+                               f"{self.block[0]}x{self.block[1]} block scales")
+
+
+RELEASE_FP8 = Fp8Format(FP8_BLOCK)  # the format of the fp8 releases, and of recipes' fp8 experts
 
 
 def fp8_format_of(config, where: str) -> Fp8Format | None:

@@ -11,11 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import psutil
 import torch
 
 from hotsplit_cli.budget import resolve_hot_budget
-from hotsplit_cli.errors import InputFileError, RuntimeFailure, UsageError
+from hotsplit_cli.errors import InputFileError, UsageError
 from hotsplit_cli.hist import load_hist
 from hotsplit_cli.knobs import Knobs
 from hotsplit_cli.planfile import load_plan
@@ -29,15 +28,13 @@ from hotsplit_cli.traffic import SyntheticTraffic, inclusion_probs, zipf_shares
 from . import cold_split
 from .device import DeviceInfo, choose_device
 from .engine import Engine, RouterSource, synthetic_source, trace_source
-from .fp8 import Fp8Format
+from .fp8 import RELEASE_FP8
 from .kernels import choose_compute
+from .memory import check_device_memory, check_host_memory
 from .model import HotColdMoE
 from .moe import MoEGeometry, make_layer_weights, rms_norm
-from .pinned import PinnedAllocator, plan_placement
+from .pinned import PinnedAllocator, numa_policy_for
 
-FP8_BLOCK = (128, 128)  # weight_block_size of DeepSeek-V3's and Qwen3's fp8 releases (config.json)
-
-HOST_MEMORY_SHARE = 0.8  # never pin more than this share of the available host memory
 CALIBRATION_STEPS = 32
 
 
@@ -79,7 +76,7 @@ class Prepared:
                           "cold_bank_bytes": self.allocator.requested_bytes,
                           "cold_bank_reserved_bytes": self.allocator.reserved_bytes,
                           "cold_bank_method": self.allocator.method, "cold_bank_fallback": self.allocator.fallback},
-            "numa": self.allocator.placement.to_doc(),
+            "numa": self.allocator.numa.to_doc(),
             "plan": {"source": self.plan.source, "made_from": self.plan.made_from,
                      "expected_hit_rate": self.plan.expected_hit_rate,
                      "budget_bytes": self.plan.budget_bytes, "hot_bytes": self.plan.hot_bytes,
@@ -103,18 +100,10 @@ def read_plan_file(path: str | Path, recipe: Recipe, expert_bytes: int) -> PlanC
 
 def _check_memory(geom: MoEGeometry, layers: int, dtype: torch.dtype, info: DeviceInfo, hot_slots: int) -> None:
     elem = torch.empty(0, dtype=dtype).element_size()
-    cold = layers * geom.num_experts * geom.blob_elems * elem
-    avail = psutil.virtual_memory().available
-    if cold > HOST_MEMORY_SHARE * avail:
-        raise RuntimeFailure(
-            f"the cold bank needs {cold / GIB:.2f} GiB of host memory, {avail / GIB:.2f} GiB is available",
-            "shrink the tensors with --scale (plans keep the real sizes)")
-    if info.is_cuda:
-        free, _ = torch.cuda.mem_get_info(info.device)
-        hot = hot_slots * geom.blob_elems * elem
-        if hot > free:
-            raise RuntimeFailure(f"the hot bank needs {hot / GIB:.2f} GiB on {info.name}, {free / GIB:.2f} GiB is free",
-                                 "lower --hot-gib or use --scale")
+    check_host_memory(layers * geom.num_experts * geom.blob_elems * elem, "the cold bank needs",
+                      "shrink the tensors with --scale (plans keep the real sizes)")
+    check_device_memory(hot_slots * geom.blob_elems * elem, info, "the hot bank needs",
+                        "lower --hot-gib or use --scale")
 
 
 def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = None,
@@ -139,12 +128,12 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     # Triton kernels run they stay fp8 in the banks (dequantised per tile as they are read); the
     # CPU torch path would dequantise every expert at every use, so there the banks hold the
     # dequantised values: the same function, 3x faster on a CPU.
-    fp8 = Fp8Format(FP8_BLOCK) if m.expert_dtype == "fp8" else None
+    fp8 = RELEASE_FP8 if m.expert_dtype == "fp8" else None
     fp8_banks = fp8 is not None and info.triton
     if fp8_banks and knobs.cold_path != "gpu":
         raise UsageError(cold_split.FP8_REFUSAL.format(mode=knobs.cold_path))
     name = str(dtype).replace("torch.", "")
-    expert_format = (f"fp8 e4m3, {FP8_BLOCK[0]}x{FP8_BLOCK[1]} block scales" if fp8_banks
+    expert_format = (fp8.describe() if fp8_banks
                      else f"{name} (fp8 values, dequantised)" if fp8 else name)
     if m.expert_dtype == "mxfp4":
         notes.append(f"the runtime has no mxfp4 experts: they run in {name} (plans keep mxfp4 bytes)")
@@ -201,8 +190,8 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
         plan = PlanChoice(p.hot_RLE[0], p.hit_rate, f"planned from {traffic}", budget, int(p.hot_bytes_R[0]),
                           traffic)
     _check_memory(geom, L, torch.float8_e4m3fn if fp8_banks else dtype, info, int(plan.hot_LE.sum()))
-    placement = plan_placement(knobs.numa_policy, info.numa_node, info.reasons.get("numa_node"))
-    allocator = PinnedAllocator(pin=info.pinned, placement=placement)
+    numa = numa_policy_for(knobs.numa_policy, info.numa_node, info.reasons.get("numa_node"))
+    allocator = PinnedAllocator(pin=info.pinned, numa=numa)
     model = HotColdMoE(layers, geom, plan.hot_LE, info, allocator, choose_compute(info))
     split = cold_split.attach(model, knobs.cold_path, info, platform_path)
     if split is not None and info.graphs:

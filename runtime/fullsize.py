@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 
 from .device import DeviceInfo
-from .fp8 import FP8, Fp8Experts, Fp8Format
+from .fp8 import FP8, RELEASE_FP8, Fp8Experts, Fp8Format
 from .kernels import choose_compute
 from .model import HotColdMoE
 from .moe import LayerWeights, MoEGeometry, Router, expert_counts, rms_norm, scaled_dim
-from .pinned import PinnedAllocator, plan_placement
+from .pinned import PinnedAllocator, numa_policy_for
 from .selftest import error_line, random_hot, raw_zero_copy_gbps
 
 
@@ -48,7 +48,7 @@ FULL_SIZE_MODELS = (
     # n_routed_experts 256, num_experts_per_tok 8, quantization_config fp8 e4m3 with
     # weight_block_size [128, 128]. One layer: its experts are 11.3 GB in fp8.
     FullSizeModel("DeepSeek-V3 fp8", MoEGeometry(hidden=7168, inter=2048, num_experts=256, top_k=8, shared_inter=0,
-                                                 router="sigmoid"), 1, Fp8Format((128, 128))),
+                                                 router="sigmoid"), 1, RELEASE_FP8),
 )
 BATCHES = (1, 8, 32, 128)
 HOT_FRACTIONS = (1.0, 0.25, 0.0)
@@ -321,14 +321,14 @@ def model_rows(spec: FullSizeModel, info: DeviceInfo, rates: Rates, batches=BATC
     g, L = spec.geom, spec.layers
     dtype = torch.bfloat16 if info.is_cuda else torch.float32
     desc = {"name": spec.name, "geometry": dataclasses.asdict(g), "layers": L, "dtype": str(dtype),
-            "experts": "fp8 e4m3, 128x128 block scales" if spec.fp8 else str(dtype).replace("torch.", ""),
+            "experts": spec.fp8.describe() if spec.fp8 else str(dtype).replace("torch.", ""),
             "peer_experts": str(dtype).replace("torch.", "")}
     rows: list[dict] = []
 
     def blank(hot, batch, **more):
         return {"model": spec.name, "hot_fraction": hot, "batch": batch, **more}
 
-    alloc = PinnedAllocator(pin=info.pinned, placement=plan_placement("preferred", info.numa_node,
+    alloc = PinnedAllocator(pin=info.pinned, numa=numa_policy_for("preferred", info.numa_node,
                                                                        info.reasons.get("numa_node")))
     model = peer = None
     try:

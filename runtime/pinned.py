@@ -12,7 +12,7 @@ Without CUDA a slab is the same kind of mapping, pageable.
 A slab lives as long as any tensor or device view of it: dropping a model returns its memory,
 unregistered before it is unmapped (see probes/hostmem.py for why the order matters).
 
-Placement: `preferred` asks the kernel for pages on the GPU's node and falls back elsewhere,
+NUMA policy: `preferred` asks the kernel for pages on the GPU's node and falls back elsewhere,
 `bind` insists on it, `off` leaves the default (first touch). Every slab's pages are then
 located (move_pages(2) in query mode, on a sample of pages), so the report says where the cold
 bank really is, policy or not. Whatever cannot be done is recorded with a reason, never raised.
@@ -44,7 +44,9 @@ def round_up_pow2(n_bytes: int) -> int:
 
 
 @dataclass
-class NumaPlacement:
+class NumaPolicy:
+    """The `numa_policy` knob as applied to the cold bank's slabs, and where their pages landed."""
+
     policy: str  # preferred | bind | off
     node: int | None  # target node
     applied: bool
@@ -80,20 +82,21 @@ class NumaPlacement:
                 "verified": self.verified, "located": self.located}
 
 
-def plan_placement(policy: str, node: int | None, node_reason: str | None = None) -> NumaPlacement:
-    """Decide whether a policy can be applied on this host (without applying it)."""
+def numa_policy_for(policy: str, node: int | None, node_reason: str | None = None) -> NumaPolicy:
+    """The NUMA policy the cold bank gets on this host: whether `policy` can be applied toward the
+    GPU's `node` (without applying it), and if not, why."""
     if policy == "off":
-        return NumaPlacement(policy, None, False, "numa_policy is off")
+        return NumaPolicy(policy, None, False, "numa_policy is off")
     if node is None:
-        return NumaPlacement(policy, None, False, node_reason or "the GPU's NUMA node is unknown")
+        return NumaPolicy(policy, None, False, node_reason or "the GPU's NUMA node is unknown")
     nodes = list(list_numa_nodes("/") or ())
     if not nodes:
-        return NumaPlacement(policy, node, False, "no NUMA information in /sys/devices/system/node")
+        return NumaPolicy(policy, node, False, "no NUMA information in /sys/devices/system/node")
     if node not in nodes:
-        return NumaPlacement(policy, node, False, f"node {node} is not among {nodes}")
+        return NumaPolicy(policy, node, False, f"node {node} is not among {nodes}")
     if len(nodes) == 1:
-        return NumaPlacement(policy, node, False, "one NUMA node: every page is already local")
-    return NumaPlacement(policy, node, True, None)
+        return NumaPolicy(policy, node, False, "one NUMA node: every page is already local")
+    return NumaPolicy(policy, node, True, None)
 
 
 @dataclass
@@ -114,7 +117,7 @@ class PinnedAllocator:
     The allocator does not own the memory: each slab lives as long as the tensors made from it."""
 
     pin: bool
-    placement: NumaPlacement
+    numa: NumaPolicy
     requested_bytes: int = 0
     reserved_bytes: int = 0
     method: str = ""
@@ -133,8 +136,8 @@ class PinnedAllocator:
             self.method = "pageable"
         found, why = page_nodes(slab.host_address, slab.n_bytes)
         for node, n in found.items():
-            self.placement.pages_by_node[node] = self.placement.pages_by_node.get(node, 0) + n
-        self.placement.located = self.placement.located or why
+            self.numa.pages_by_node[node] = self.numa.pages_by_node.get(node, 0) + n
+        self.numa.located = self.numa.located or why
         self.requested_bytes += n_bytes
         self.reserved_bytes += slab.n_bytes
         self.slabs.append(slab)
@@ -142,13 +145,13 @@ class PinnedAllocator:
 
     def _node_mode(self) -> tuple[int | None, int]:
         """(node, mbind mode) for the next slab: no node when the policy is not applied."""
-        if not self.placement.applied:
+        if not self.numa.applied:
             return None, MPOL_PREFERRED
-        return self.placement.node, MPOL_BIND if self.placement.policy == "bind" else MPOL_PREFERRED
+        return self.numa.node, MPOL_BIND if self.numa.policy == "bind" else MPOL_PREFERRED
 
     def _note_bind(self, error: str | None) -> None:
         if error:
-            self.placement.applied, self.placement.reason = False, error
+            self.numa.applied, self.numa.reason = False, error
 
     def _registered(self, n_bytes: int) -> _Slab | None:
         """Exact-size pages registered with CUDA; None (and `fallback` set) if registration fails

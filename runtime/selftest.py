@@ -19,11 +19,11 @@ import numpy as np
 import torch
 
 from .device import DeviceInfo
-from .fp8 import FP8, Fp8Experts, Fp8Format
+from .fp8 import FP8, RELEASE_FP8, Fp8Experts, Fp8Format
 from .kernels import choose_compute
 from .model import HotColdMoE
 from .moe import LayerWeights, MoEGeometry, ReferenceMoE, Router, make_layer_weights
-from .pinned import PinnedAllocator, plan_placement
+from .pinned import PinnedAllocator, numa_policy_for
 
 REFERENCE = "runtime = reference (random hot sets)"
 SWAPS = "runtime = reference (swaps mid-run)"
@@ -97,7 +97,7 @@ def build_pair(geom: MoEGeometry, num_layers: int, hot_LE: np.ndarray, info: Dev
     """A hot/cold model and the all-resident reference with the same weights (`fp8`: experts
     block-scaled fp8 in the banks, their dequantised values in the reference)."""
     layers = [make_layer_weights(geom, seed * 1000 + li, dtype, fp8) for li in range(num_layers)]
-    alloc = PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
+    alloc = PinnedAllocator(pin=info.pinned, numa=numa_policy_for("off", None))
     model = HotColdMoE(layers, geom, hot_LE, info, alloc, compute or choose_compute(info))
     return model, ReferenceMoE(layers, info.device)
 
@@ -163,7 +163,7 @@ def check_fp8(info: DeviceInfo, dtype: torch.dtype, seed: int = 0) -> Check:
     try:
         for frac in (0.0, 0.5):
             model, ref = build_pair(g, 2, random_hot(2, g.num_experts, frac, rng), info, dtype, seed,
-                                    fp8=Fp8Format((128, 128)))
+                                    fp8=RELEASE_FP8)
             for _ in range(3):
                 x = torch.randn(8, g.hidden, generator=torch.Generator().manual_seed(200 + n)).to(info.device, dtype)
                 got, want = model.step(x), ref.step(x)
@@ -174,7 +174,8 @@ def check_fp8(info: DeviceInfo, dtype: torch.dtype, seed: int = 0) -> Check:
                 n += 1
     except AssertionError as exc:
         return Check(name, False, f"max err {worst:.2e}", str(exc).splitlines()[0])
-    return Check(name, True, f"max err {worst:.2e}", f"{n} steps, 128x128 blocks, swaps between them")
+    bm, bn = RELEASE_FP8.block
+    return Check(name, True, f"max err {worst:.2e}", f"{n} steps, {bm}x{bn} blocks, swaps between them")
 
 
 def check_swaps(info: DeviceInfo, dtype: torch.dtype, seed: int = 0, steps: int = 12) -> Check:
@@ -271,10 +272,10 @@ def measure_zero_copy(info: DeviceInfo, n_bytes: int = 1 << 30) -> dict:
     raw_gbps = raw_zero_copy_gbps(info, n_bytes)
     # The cold path: DeepSeek-V3-sized experts (hidden 7168, moe_intermediate 2048, from
     # deepseek-ai/DeepSeek-V3 config.json), 32 experts, one assignment each, all cold; in bf16
-    # and in the release's own format, fp8 with 128x128 block scales.
+    # and in the release's own format, fp8 with block scales.
     g = MoEGeometry(hidden=7168, inter=2048, num_experts=32, top_k=8, shared_inter=0, router="softmax")
     cold_gbps, cold_bytes = cold_path_gbps(info, g)
-    fp8_gbps, fp8_bytes = cold_path_gbps(info, g, Fp8Format((128, 128)))
+    fp8_gbps, fp8_bytes = cold_path_gbps(info, g, RELEASE_FP8)
     return {"raw_gbps": raw_gbps, "raw_bytes": n_bytes, "cold_path_gbps": cold_gbps, "cold_path_bytes": cold_bytes,
             "cold_vs_raw": cold_gbps / raw_gbps, "cold_path_fp8_gbps": fp8_gbps, "cold_path_fp8_bytes": fp8_bytes,
             "cold_fp8_vs_raw": fp8_gbps / raw_gbps}
@@ -295,7 +296,7 @@ def cold_path_gbps(info: DeviceInfo, g: MoEGeometry, fp8: Fp8Format | None = Non
         q = Fp8Experts(fp8, torch.full((E, I2, H), 0.01, dtype=FP8), torch.full(s13, 1e-3),
                        torch.full((E, H, g.inter), 0.01, dtype=FP8), torch.full(s2, 1e-3))
     lw = LayerWeights(w13, w2, Router(torch.zeros(E, H), None, g), None, None, q)
-    alloc = PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
+    alloc = PinnedAllocator(pin=info.pinned, numa=numa_policy_for("off", None))
     model = HotColdMoE([lw], g, np.zeros((1, E), dtype=bool), info, alloc, choose_compute(info))
     del lw, w13, w2, q
     ids = torch.arange(E, device=info.device).view(-1, g.top_k)

@@ -83,7 +83,7 @@ def moves_by_layer(swaps: list[Swap]) -> dict[int, list[tuple[int, int]]]:
     return out
 
 
-def check_swaps(swaps: list[Swap], hot_LE: np.ndarray, max_swaps: int) -> None:
+def validate_swaps(swaps: list[Swap], hot_LE: np.ndarray, max_swaps: int) -> None:
     """The planner's answer must be applicable: hot out, cold in, at most max_swaps per layer."""
     per_layer: dict[int, int] = {}
     taken: set[tuple[int, int]] = set()
@@ -127,7 +127,7 @@ class WindowBook:
         record; three in a row abort the run (RuntimeFailure)."""
         try:
             swaps = list(self.propose(counts_LE, hot_LE, self.knobs.dyn_max_swaps, self.knobs.dyn_margin))
-            check_swaps(swaps, hot_LE, self.knobs.dyn_max_swaps)
+            validate_swaps(swaps, hot_LE, self.knobs.dyn_max_swaps)
         except PlanError as exc:
             self.failures += 1
             if self.failures >= MAX_PLANNER_FAILURES:

@@ -154,3 +154,25 @@ def test_closed_stdout_pipe_stops_quietly_with_the_file_written(tmp_path, json_f
     p.stderr.close()
     assert p.wait(timeout=120) == 141, err  # 128 + SIGPIPE, as a shell reports a tool stopped by the pipe
     assert err == "" and out.is_file() and out.read_bytes().startswith(b"{")
+
+
+def test_every_command_module_is_registered():
+    from hotsplit_cli import cli
+
+    modules = {p.stem for p in (ROOT / "hotsplit_cli" / "commands").glob("*.py")} - {"__init__"}
+    registered = {c.callback.__module__.rsplit(".", 1)[-1]
+                  for typer_app in (cli.app, cli.hist_app) for c in typer_app.registered_commands}
+    assert registered == modules
+
+
+def test_a_command_module_that_cannot_be_imported_stops_the_cli(monkeypatch):
+    # A missing command module is a broken install, not a command to leave out of --help quietly.
+    import importlib
+
+    import hotsplit_cli.commands
+
+    monkeypatch.delattr(hotsplit_cli.commands, "place")
+    monkeypatch.setitem(sys.modules, "hotsplit_cli.commands.place", None)
+    monkeypatch.delitem(sys.modules, "hotsplit_cli.cli")
+    with pytest.raises(ImportError, match="hotsplit_cli.commands.place"):
+        importlib.import_module("hotsplit_cli.cli")

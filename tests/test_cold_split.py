@@ -159,11 +159,11 @@ def test_bad_cold_path_settings_exit_2_with_one_line(cli, monkeypatch, args, env
 def test_fp8_banks_refuse_the_cpu_path_in_one_line():
     """Where experts stay fp8 in the banks (Triton), the CPU would dequantise them: refused."""
     from hotsplit_cli.errors import UsageError
-    from runtime.fp8 import Fp8Format
+    from runtime.fp8 import RELEASE_FP8
 
     g = _geom(CPU, "sigmoid", shared=True)
     model, _ = build_pair(g, 1, np.zeros((1, g.num_experts), dtype=bool), CPU, torch.float32,
-                          fp8=Fp8Format((128, 128)))
+                          fp8=RELEASE_FP8)
     bank = model.banks[0]
     bank.fp8_meta = bank.blob_layout.fp8_meta(bank.fp8.fmt) if bank.fp8 is not None else object()
     with pytest.raises(UsageError, match=r"^cold_path split: the CPU cannot compute fp8 experts"):

@@ -1,6 +1,6 @@
 """CUDA-only Python branches run on the CPU against recording fakes of torch.cuda streams and events:
 the swap protocol of the bank (map writes, stream waits, events, copy ms), the link sampling load
-of the bandwidth probe, and the NUMA placement of bench_probe's reference buffer.
+of the bandwidth probe, and the NUMA policy of bench_probe's reference buffer.
 
 The fakes model a stream as a log of what was issued to it; copies on the CPU land at once, and
 "the copy has landed" is what the fake event's query() answers."""
@@ -18,7 +18,7 @@ import torch
 from probes.nvml import LinkState
 from runtime import pinned
 from runtime.bank import ExpertBank
-from runtime.pinned import PinnedAllocator, plan_placement
+from runtime.pinned import PinnedAllocator, numa_policy_for
 from tests.conftest import cpu_without_triton, load_benchmark
 
 CPU = cpu_without_triton()
@@ -118,7 +118,7 @@ def make_bank(cuda: FakeCuda, hot=(0, 1, 2)) -> ExpertBank:
     w2 = torch.randn(E, H, INTER, generator=gen)
     hot_E = np.zeros(E, dtype=bool)
     hot_E[list(hot)] = True
-    alloc = PinnedAllocator(pin=False, placement=plan_placement("off", None))
+    alloc = PinnedAllocator(pin=False, numa=numa_policy_for("off", None))
     bank = ExpertBank(w13, w2, hot_E, CPU, alloc, torch.full((E,), -1, dtype=torch.int32),
                       swap_stream=FakeStream(cuda, "swap"))
     cuda.bank = bank
@@ -401,7 +401,7 @@ def _cheap_model(info, seed: int):
                            Router(torch.zeros(8, 1024), None, g), None, None) for _ in range(2)]
     hot = np.zeros((2, 8), dtype=bool)
     hot[:, :2] = True
-    alloc = PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
+    alloc = PinnedAllocator(pin=info.pinned, numa=numa_policy_for("off", None))
     return HotColdMoE(layers, g, hot, info, alloc, choose_compute(info))
 
 
@@ -461,7 +461,7 @@ def test_a_failed_build_leaves_no_registration(cudart):
     w13 = torch.zeros(4, 8, 16)
     with pytest.raises(RuntimeError):
         ExpertBank(w13, torch.zeros(4, 16, 5), np.zeros(4, dtype=bool), _pinned_cpu(),
-                   PinnedAllocator(pin=True, placement=plan_placement("off", None)))
+                   PinnedAllocator(pin=True, numa=numa_policy_for("off", None)))
     assert cudart.registrations == 1
     import gc
 

@@ -56,10 +56,10 @@ def test_routing_picks_distinct_experts_per_token_and_is_deterministic():
 
 
 def test_filled_fp8_weights_dequantise_to_the_peers_weight():
-    from runtime.fp8 import Fp8Format, dequantize_swiglu
+    from runtime.fp8 import RELEASE_FP8, dequantize_swiglu
 
     g = dataclasses.replace(TINY.geom, hidden=256, inter=160)  # a partial 128-block
-    lw = fullsize.filled_layer(g, torch.float32, Fp8Format((128, 128)))
+    lw = fullsize.filled_layer(g, torch.float32, RELEASE_FP8)
     q = lw.fp8
     w13, w2 = dequantize_swiglu(q.q13_EIH[0], q.s13_E2RC[0], q.q2_EHI[0], q.s2_ERC[0], q.fmt, torch.float32)
     assert bool((w13 == fullsize.WEIGHT).all()) and bool((w2 == fullsize.WEIGHT).all())

@@ -281,16 +281,28 @@ def test_loader_refuses_tensors_of_another_shape_naming_them(checkpoints, cpu, t
 def test_loader_refuses_cold_banks_larger_than_host_memory(checkpoints, cpu, monkeypatch):
     import psutil
 
-    from hotsplit_cli.errors import InputFileError
+    from hotsplit_cli.errors import RuntimeFailure
     from runtime import pinned
 
     allocs = []
     monkeypatch.setattr(pinned.PinnedAllocator, "alloc", lambda self, n: allocs.append(n))
     monkeypatch.setattr(psutil, "virtual_memory", lambda: type("VM", (), {"available": 10_000})())
-    # 2 MoE layers x 8 experts x 6144 B (fp32 gate/up [32, 32] + down [32, 16]) = 98,304 B > 0.9 x 10,000
-    with pytest.raises(InputFileError, match="the cold banks need 96.00 KiB of host memory, 9.77 KiB is available"):
+    # 2 MoE layers x 8 experts x 6144 B (fp32 gate/up [32, 32] + down [32, 16]) = 98,304 B > 0.8 x 10,000
+    with pytest.raises(RuntimeFailure, match="the cold banks need 96.00 KiB of host memory, 9.77 KiB is available"):
         load_model(checkpoints["qwen3_moe"], cpu)
     assert allocs == []  # refused before anything was allocated
+
+
+def test_loader_refuses_dense_weights_larger_than_the_free_device_memory(checkpoints, cpu, monkeypatch):
+    import dataclasses
+
+    from hotsplit_cli.errors import RuntimeFailure
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1 << 10, 80 << 30))
+    fake_gpu = dataclasses.replace(cpu, is_cuda=True, name="Fake GPU")
+    with pytest.raises(RuntimeFailure, match=r"the weights that stay on the device \(attention, embeddings, dense and "
+                       r"shared MLPs\) need .* on Fake GPU, 1.00 KiB is free"):
+        load_model(checkpoints["qwen3_moe"], fake_gpu)
 
 
 def test_loader_keeps_experts_out_of_the_model(checkpoints, cpu):

@@ -43,8 +43,24 @@ def test_cli_text_json_and_plot(cli, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_cli_bad_file(cli, tmp_path):
+def _bad_counts_doc() -> dict:
+    return {"schema": "hotsplit.hist/1", "model": "m", "source": "s", "top_k": 2, "tokens": 50, "layers": [7],
+            "num_experts": 10, "counts": [[50, 14, 6, -2, 6, 6, 3, 3, 3, 3]]}
+
+
+BAD_FILES = [
+    # (file text or None for no file, what the one-line error must say after the file name)
+    (None, ": no such file; check the path"),
+    ("{}", ": schema None is not 'hotsplit.hist/1'; import engine dumps with `hotsplit hist import`"),
+    (json.dumps(_bad_counts_doc()), ": `counts[0][3]` is -2.0 (counts must be >= 0)"),
+]
+
+
+@pytest.mark.parametrize("text, message", BAD_FILES, ids=["missing", "no schema", "negative count"])
+def test_cli_bad_file_names_the_file_and_what_is_wrong(cli, tmp_path, text, message):
     bad = tmp_path / "bad.json"
-    bad.write_text("{}")
+    if text is not None:
+        bad.write_text(text)
     r = cli("hist", "show", bad)
-    assert r.code == 1 and r.err.startswith("error: ")
+    assert (r.code, r.out) == (1, "")
+    assert r.err == f"error: {bad}{message}\n"

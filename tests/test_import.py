@@ -9,9 +9,9 @@ import orjson
 import pytest
 
 from hotsplit_cli.cli import main
-from hotsplit_cli.engine_import import logical_count_doc, read_engine, to_histogram
 from hotsplit_cli.errors import InputFileError, UsageError
 from hotsplit_cli.hist import load_hist
+from hotsplit_cli.serving_import import read_serving, to_histogram
 from runtime.torch_files import load_tensors_only
 
 torch = pytest.importorskip("torch")
@@ -49,14 +49,21 @@ def test_sglang_json_without_recipe_drops_zero_rows(tmp_path, capsys):
     assert load_hist(out).layers == (1, 2, 3, 4, 5)
 
 
+def _logical_count_doc(hist, num_hidden_layers: int) -> dict:
+    """SGLang's `{"logical_count": [[...]]}`, one row per model layer (dense rows zero)."""
+    out = np.zeros((num_hidden_layers, hist.num_experts))
+    out[list(hist.layers)] = hist.counts_LE
+    return {"logical_count": out}
+
+
 def test_json_round_trip_through_logical_count(tmp_path, recipe):
     from hotsplit_cli.recipe import load_recipe
 
     spec = load_recipe(recipe).model
-    h = to_histogram(read_engine("sglang", [TOY]), spec).hist
+    h = to_histogram(read_serving("sglang", [TOY]), spec).hist
     back = tmp_path / "back.json"
-    back.write_bytes(orjson.dumps(logical_count_doc(h, spec.num_hidden_layers), option=orjson.OPT_SERIALIZE_NUMPY))
-    h2 = to_histogram(read_engine("sglang", [back]), spec).hist
+    back.write_bytes(orjson.dumps(_logical_count_doc(h, spec.num_hidden_layers), option=orjson.OPT_SERIALIZE_NUMPY))
+    h2 = to_histogram(read_serving("sglang", [back]), spec).hist
     np.testing.assert_array_equal(h.counts_LE, h2.counts_LE)
     assert h.layers == h2.layers and h.tokens == h2.tokens
 
@@ -69,7 +76,7 @@ def test_sglang_stat_dump_pt(tmp_path, recipe):
     torch.save({"rank": 0, "logical_count": steps, "average_utilization_rate_over_window": None}, p)
     from hotsplit_cli.recipe import load_recipe
 
-    ec = read_engine("sglang", [p], load_tensors_only)
+    ec = read_serving("sglang", [p], load_tensors_only)
     assert ec.steps == 7
     h = to_histogram(ec, load_recipe(recipe).model).hist
     np.testing.assert_array_equal(h.counts_LE, steps.sum(0)[1:].numpy())
@@ -86,7 +93,7 @@ def test_sglang_per_pass_dumps_of_two_ranks_summed_through_map(tmp_path):
         f = tmp_path / f"expert_distribution_recorder_1_{rank}.pt"
         torch.save({"records": recs, "last_physical_to_logical_map": p2l}, f)
         files.append(f)
-    ec = read_engine("sglang", files, load_tensors_only)
+    ec = read_serving("sglang", files, load_tensors_only)
     # per logical expert: [1+4, 2, 3] and [0+1, 0, 5], x3 passes, x(1+2) ranks
     np.testing.assert_array_equal(ec.counts_RE, np.array([[5, 2, 3], [1, 0, 5]]) * 9)
     assert ec.steps == 6 and "per_pass" in ec.form
@@ -103,7 +110,7 @@ def test_vllm_window_with_map(tmp_path, recipe):
     torch.save({"expert_load_window": load, "physical_to_logical_map": p2l}, f)
     from hotsplit_cli.recipe import load_recipe
 
-    imp = to_histogram(read_engine("vllm", [f], load_tensors_only), load_recipe(recipe).model)
+    imp = to_histogram(read_serving("vllm", [f], load_tensors_only), load_recipe(recipe).model)
     assert imp.hist.layers == (1, 2, 3, 4, 5)
     expected = np.full(16, 6.0)
     expected[:2] += 3
@@ -158,9 +165,9 @@ def test_wrong_recipe_refused(tmp_path, recipe):
     from hotsplit_cli.recipe import load_recipe
 
     with pytest.raises(InputFileError, match="dense"):
-        to_histogram(read_engine("sglang", [f]), load_recipe(recipe).model)
+        to_histogram(read_serving("sglang", [f]), load_recipe(recipe).model)
     with pytest.raises(InputFileError, match="rows"):
-        to_histogram(read_engine("sglang", [f]).__class__(rows[:4], "model layers", "x", None),
+        to_histogram(read_serving("sglang", [f]).__class__(rows[:4], "model layers", "x", None),
                      load_recipe(recipe).model)
 
 
@@ -169,7 +176,7 @@ def test_usage_errors(tmp_path, capsys):
     assert main(["hist", "import", str(TOY), "--from", "trt", "-o", str(out)]) == 2
     assert main(["hist", "import", str(TOY), "--from", "sglang"]) == 2
     with pytest.raises(UsageError, match="top_k"):
-        to_histogram(read_engine("sglang", [TOY]))
+        to_histogram(read_serving("sglang", [TOY]))
     assert main(["hist", "import", str(tmp_path / "missing.json"), "--from", "sglang", "--top-k", "2",
                  "-o", str(out)]) == 1
     assert "no such file" in capsys.readouterr().err

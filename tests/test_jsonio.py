@@ -1,4 +1,4 @@
-"""Atomic writes: the umask's mode for a new file, the old mode kept for a replaced one."""
+"""Atomic writes (the umask's mode for a new file, the old mode kept for a replaced one) and reading."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from hotsplit_cli.errors import InputFileError
-from hotsplit_cli.jsonio import write_json_atomic
+from hotsplit_cli.errors import HistogramError, InputFileError
+from hotsplit_cli.jsonio import read_json, read_json_doc, write_json_atomic
 
 
 @pytest.fixture
@@ -55,3 +55,34 @@ def test_a_folder_is_refused_with_nothing_left_behind(tmp_path):
     with pytest.raises(InputFileError, match="is a folder"):
         write_json_atomic(tmp_path / "d", {"x": 1})
     assert [p.name for p in tmp_path.iterdir()] == ["d"] and list((tmp_path / "d").iterdir()) == []
+
+
+def test_read_json_refuses_nan_unless_the_caller_checks_values_itself(tmp_path):
+    path = tmp_path / "n.json"
+    path.write_text('{"counts": [[1, NaN, Infinity]]}')
+    with pytest.raises(InputFileError, match="n.json: not valid JSON"):
+        read_json(path)
+    counts = read_json(path, nonfinite=True)["counts"][0]
+    assert counts[0] == 1 and counts[1] != counts[1] and counts[2] == float("inf")
+
+
+@pytest.mark.parametrize("text, message", [
+    (None, "no such file"), ('{"a": [1, 2', "not valid JSON"), ('{"a": NaN', "not valid JSON")])
+def test_read_json_raises_the_callers_error_naming_the_file(tmp_path, text, message):
+    path = tmp_path / "x.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(HistogramError, match=message) as exc:
+        read_json(path, HistogramError, nonfinite=True)
+    assert str(path) in exc.value.message
+
+
+def test_read_json_doc_checks_the_schema(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text('{"schema": "hotsplit.plan/2"}')
+    with pytest.raises(InputFileError, match=r"schema 'hotsplit.plan/2' is not hotsplit.plan/1"):
+        read_json_doc(path, "plan")
+    assert read_json_doc(path, "plan", versions=(1, 2)) == {"schema": "hotsplit.plan/2"}
+    path.write_text("[1]")
+    with pytest.raises(InputFileError, match="expected a JSON object, got list"):
+        read_json_doc(path, "plan")

@@ -16,6 +16,7 @@ from hotsplit_cli.errors import UsageError
 from hotsplit_cli.hist import Histogram, save_hist
 from hotsplit_cli.ledger import CommModel, a2a_ledger, build_ledger, find_hot_experts, memory_ledger, with_ep
 from hotsplit_cli.recipe import GIB, load_recipe, parse_recipe
+from hotsplit_cli.sizes import bank_bytes_per_rank, dense_bytes_per_rank, expert_bytes_per_rank
 
 
 @pytest.fixture(autouse=True)
@@ -69,9 +70,13 @@ def _run(capsys, *args):
     return rc, out, err
 
 
-def test_hand_numbers_are_what_the_formulas_say():
-    assert (EXPERT_BYTES, EXPERT_FULL, ROUTED, DENSE_BYTES) == (1_572_864, 3_145_728, 75_497_472, 24_502_528)
-    assert math.floor(ROOM_BYTES / EXPERT_BYTES) == HOT_EXPERTS
+def test_the_library_sizes_are_the_hand_numbers():
+    # sizes.py and the recipe, which the ledger builds on, against the hand computation above.
+    rec, whole = _small(), _small(tp=1)
+    assert (expert_bytes_per_rank(rec), expert_bytes_per_rank(whole)) == (EXPERT_BYTES, EXPERT_FULL)
+    assert rec.model.routed_expert_params == ROUTED and rec.model.num_moe_layers == 3
+    assert dense_bytes_per_rank(rec) == pytest.approx(DENSE_BYTES)
+    assert bank_bytes_per_rank(rec) == EXPERT_BYTES * 16 * 3
 
 
 def test_memory_ledger_by_hand():

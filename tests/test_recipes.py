@@ -97,14 +97,34 @@ ROUTED = {
 }
 
 
+def _billions(pattern: str, text: str) -> tuple[float, float]:
+    """The number (in parameters) that `pattern`'s group 1 quotes in billions, and one unit of its
+    last quoted digit (the rounding the comment allows)."""
+    match = re.search(pattern, text)
+    assert match, pattern
+    decimals = len(match.group(1).partition(".")[2])
+    return float(match.group(1)) * 1e9, 10.0 ** -decimals * 1e9
+
+
 @pytest.mark.parametrize("name", REAL)
-def test_routed_plus_dense_params_equal_total(name):
-    rec = load_recipe(name)
-    m = rec.model
+def test_parameter_counts_are_the_published_ones(name):
+    # Each real recipe's comment quotes the model card: "<N>B total", "<M>B active(ated)", the
+    # routed experts worked out ("... x 58 = 653.9B") and the rest ("~17.1B").
+    comment = " ".join(line.lstrip("# ") for line in (RECIPES_DIR / f"{name}.yaml").read_text().splitlines()
+                       if line.startswith("#"))
+    number = r"(\d+(?:\.\d+)?)B"
+    total, _ = _billions(number + " total", comment)
+    active, _ = _billions(number + " (?:activated|active|used per token)", comment)
+    routed_quoted, routed_unit = _billions(r"x \d+ = " + number, comment)
+    rest, rest_unit = _billions("~" + number, comment)
+    m = load_recipe(name).model
     formula, literal = ROUTED[name]
     assert m.routed_expert_params == formula == literal
-    assert m.routed_expert_params + m.dense_params == pytest.approx(m.total_params)
-    # The rest (attention, embeddings, dense and shared MLPs) is a few percent of an MoE model.
+    assert abs(literal - routed_quoted) <= routed_unit / 2
+    assert (m.total_params, m.active_params) == (total, active)
+    # The rest (attention, embeddings, dense and shared MLPs): the model card's total less the
+    # routed experts, as the comment quotes it, and a few percent of an MoE model.
+    assert abs(m.dense_params - rest) <= rest_unit
     assert 0 < m.dense_params < 0.1 * m.total_params
 
 

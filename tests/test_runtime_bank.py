@@ -71,6 +71,21 @@ def test_fp8_quantize_round_trips_within_e4m3_precision():
     assert torch.equal(dequantize(*quantize(back, FP8_BLOCKS), FP8_BLOCKS, torch.float32), back)
 
 
+def test_the_release_fp8_format_is_the_one_plans_charge_scales_for():
+    from hotsplit_cli.recipe import parse_recipe
+    from hotsplit_cli.sizes import expert_bytes_per_rank
+    from runtime.fp8 import RELEASE_FP8
+
+    # DeepSeek-V3's expert (hidden 7168, moe_intermediate 2048) under its weight_block_size [128, 128]:
+    # gate and up [2048, 7168] -> 16 x 56 fp32 scales each, down [7168, 2048] -> 56 x 16.
+    assert RELEASE_FP8.scale_shape(2048, 7168) == (16, 56) and RELEASE_FP8.scale_shape(7168, 2048) == (56, 16)
+    model = dict(hidden_size=7168, moe_intermediate_size=2048, num_hidden_layers=1, num_experts=8, top_k=2,
+                 expert_dtype="fp8", total_params=1e12)
+    assert expert_bytes_per_rank(parse_recipe({"model": model})) == 3 * 7168 * 2048 + 3 * 16 * 56 * 4
+    assert RELEASE_FP8.describe() == "fp8 e4m3, 128x128 block scales"
+    assert Fp8Format(None).describe() == "fp8 e4m3, one scale per tensor"
+
+
 def test_cold_path_measure_reads_every_expert_once():
     from runtime.selftest import cold_path_gbps
 

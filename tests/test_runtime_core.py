@@ -1,4 +1,4 @@
-"""Runtime building blocks: routers, grouped experts, slot table, pinned slabs, NUMA placement."""
+"""Runtime building blocks: routers, grouped experts, slot table, pinned slabs, NUMA policy."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ import torch
 from runtime.bank import SlotTable
 from runtime.device import choose_device
 from runtime.moe import MoEGeometry, dense_reference, expert_counts, grouped_experts, make_layer_weights
-from runtime.pinned import PinnedAllocator, plan_placement, round_up_pow2
+from runtime.pinned import PinnedAllocator, numa_policy_for, round_up_pow2
 
 torch.set_num_threads(1)
 
@@ -78,7 +78,7 @@ def test_round_up_pow2(n, want):
 
 
 def test_pageable_slabs_are_whole_pages():
-    a = PinnedAllocator(pin=False, placement=plan_placement("off", None))
+    a = PinnedAllocator(pin=False, numa=numa_policy_for("off", None))
     slab = a.alloc(3000)
     assert slab.numel() == 4096 and a.requested_bytes == 3000 and a.reserved_bytes == 4096 and a.method == "pageable"
     assert int(slab.sum()) == 0
@@ -106,13 +106,13 @@ def test_pinned_slabs_are_registered_at_their_own_size(monkeypatch):
     cudart = FakeCudart()
     monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
     monkeypatch.setattr(hostmem, "device_pointer", lambda host: host + (1 << 40))  # a non-UVA mapping
-    a = PinnedAllocator(pin=True, placement=plan_placement("off", None))
+    a = PinnedAllocator(pin=True, numa=numa_policy_for("off", None))
     slab = a.alloc(3 * 4096 + 1)
     assert slab.numel() == 4 * 4096 and a.reserved_bytes == 4 * 4096 and a.method == "cudaHostRegister"
     address = slab.data_ptr()
     assert cudart.registered == [(address, 4 * 4096, 3)]
     assert a.device_address(slab[100:]) == address + 100 + (1 << 40)
-    assert int(slab.sum()) == 0 and sum(a.placement.pages_by_node.values()) == 4
+    assert int(slab.sum()) == 0 and sum(a.numa.pages_by_node.values()) == 4
     a.release()
     assert cudart.unregistered == []  # the slab is still in use
     del slab
@@ -127,7 +127,7 @@ def test_a_failed_registration_falls_back_to_torch_pinned_and_says_why(monkeypat
     monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
     monkeypatch.setattr(hostmem, "clear_cuda_error", lambda: None)
     monkeypatch.setattr(pinned, "_torch_pinned", lambda size: torch.zeros(size, dtype=torch.uint8))
-    a = PinnedAllocator(pin=True, placement=plan_placement("off", None))
+    a = PinnedAllocator(pin=True, numa=numa_policy_for("off", None))
     slab = a.alloc(3000)
     assert slab.numel() == 4096 and a.method == "torch pinned" and "cudaError 2" in a.fallback
     a.alloc(5000)  # no second attempt once registration failed
@@ -135,11 +135,11 @@ def test_a_failed_registration_falls_back_to_torch_pinned_and_says_why(monkeypat
     assert cudart.unregistered == []  # a failed registration is never undone
 
 
-def test_numa_placement_records_why_it_is_not_applied():
-    assert plan_placement("off", 0).reason == "numa_policy is off"
-    p = plan_placement("bind", None, "no GPU")
+def test_numa_policy_records_why_it_is_not_applied():
+    assert numa_policy_for("off", 0).reason == "numa_policy is off"
+    p = numa_policy_for("bind", None, "no GPU")
     assert not p.applied and p.reason == "no GPU"
-    p = plan_placement("preferred", 999)
+    p = numa_policy_for("preferred", 999)
     assert not p.applied and p.reason
 
 
@@ -153,10 +153,10 @@ def _sysfs_nodes():
 
 
 def test_allocator_locates_the_pages_of_every_slab():
-    a = PinnedAllocator(pin=False, placement=plan_placement("off", None))
+    a = PinnedAllocator(pin=False, numa=numa_policy_for("off", None))
     a.alloc(1 << 20)
     a.alloc(1 << 16)
-    p = a.placement
+    p = a.numa
     if p.located:  # no move_pages here (another architecture, or a sandbox refusing it)
         assert not p.pages_by_node and "pages not located" in p.describe()
         return
@@ -169,14 +169,14 @@ def test_allocator_locates_the_pages_of_every_slab():
 
 
 def test_numa_verdict_compares_located_pages_with_the_target():
-    from runtime.pinned import NumaPlacement
+    from runtime.pinned import NumaPolicy
 
-    p = NumaPlacement("bind", 1, True, None, pages_by_node={1: 255, 0: 1})
+    p = NumaPolicy("bind", 1, True, None, pages_by_node={1: 255, 0: 1})
     assert p.verified is True
     assert p.describe() == "numa_policy bind node 1: applied; pages 0% on node 0, 100% on node 1 (verified)"
-    p = NumaPlacement("preferred", 1, True, None, pages_by_node={0: 200, 1: 56})
+    p = NumaPolicy("preferred", 1, True, None, pages_by_node={0: 200, 1: 56})
     assert p.verified is False and p.describe().endswith("(NOT on the target node)")
-    p = NumaPlacement("preferred", 0, False, "one NUMA node: every page is already local", pages_by_node={0: 8})
+    p = NumaPolicy("preferred", 0, False, "one NUMA node: every page is already local", pages_by_node={0: 8})
     assert p.verified is None and "not applied (one NUMA node" in p.describe()
 
 

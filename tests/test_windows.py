@@ -8,7 +8,7 @@ import pytest
 from hotsplit_cli.errors import RuntimeFailure
 from hotsplit_cli.knobs import resolve_knobs
 from hotsplit_cli.planner import Swap
-from runtime.windows import WindowBook, check_swaps, moves_by_layer
+from runtime.windows import WindowBook, moves_by_layer, validate_swaps
 
 KNOBS = resolve_knobs({"dyn_steps": 4, "dyn_max_swaps": 1}, env={})
 
@@ -45,6 +45,6 @@ def test_moves_by_layer_and_swap_checks():
     assert moves_by_layer(swaps) == {1: [(0, 3), (1, 4)], 0: [(2, 5)]}
     hot = np.zeros((2, 6), dtype=bool)
     hot[:, :3] = True
-    check_swaps(swaps, hot, max_swaps=2)
+    validate_swaps(swaps, hot, max_swaps=2)
     with pytest.raises(Exception, match="swapped twice"):
-        check_swaps([Swap(0, 0, 3, 1.0, 1.0), Swap(0, 0, 4, 1.0, 1.0)], hot, max_swaps=2)
+        validate_swaps([Swap(0, 0, 3, 1.0, 1.0), Swap(0, 0, 4, 1.0, 1.0)], hot, max_swaps=2)

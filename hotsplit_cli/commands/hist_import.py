@@ -26,8 +26,8 @@ def import_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Import routing counts recorded by SGLang (or saved from vLLM) as a hotsplit histogram."""
-    from ..engine_import import read_engine, to_histogram
     from ..hist import save_hist
+    from ..serving_import import read_serving, to_histogram
 
     out = Output(json)
     if output is None:
@@ -41,7 +41,7 @@ def import_cmd(
         spec = load_recipe(recipe).model
     from runtime.torch_files import load_tensors_only  # .pt dumps need torch, which the runtime holds
 
-    ec = read_engine(engine, files, load_tensors_only)
+    ec = read_serving(engine, files, load_tensors_only)
     imp = to_histogram(ec, spec, top_k, model, where=", ".join(map(str, files)))
     save_hist(output, imp.hist)
     h = imp.hist

@@ -105,7 +105,7 @@ def _describe(say, name: str, prepared, pdoc: dict) -> None:
         f" traffic: {prepared.traffic}")
     alloc = prepared.allocator
     how = alloc.method + (f"; {alloc.fallback}" if alloc.fallback else "")
-    say(f"cold bank: {gib(alloc.requested_bytes)} of host memory ({how}), {alloc.placement.describe()}")
+    say(f"cold bank: {gib(alloc.requested_bytes)} of host memory ({how}), {alloc.numa.describe()}")
     say(f"plan: {pdoc['plan']['hot_experts']} hot experts, {gib(prepared.plan.hot_bytes)} real"
         f" ({prepared.plan.source}); expected hit rate {pct(prepared.plan.expected_hit_rate)}")
     if pdoc["cold_path"]["rates"]:

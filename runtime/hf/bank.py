@@ -32,7 +32,7 @@ from ..bank import BlobBank, BlobLayout, swiglu_fp8_parts
 from ..device import DeviceInfo
 from ..fp8 import FP8, Fp8Format, dequantize_swiglu
 from ..moe import expert_groups
-from ..pinned import PinnedAllocator, plan_placement
+from ..pinned import PinnedAllocator, numa_policy_for
 
 PARTS = ("w1", "w2", "b1", "b2")
 _SUPPORTED = "hotsplit runs experts with a fused gate_up_proj and a down_proj (docs/real-models.md lists the families)"
@@ -110,7 +110,7 @@ class HFExpertBank(BlobBank):
 
     def __init__(self, layout: ExpertLayout, num_experts: int, dtype: torch.dtype, info: DeviceInfo,
                  allocator: PinnedAllocator | None = None, swap_stream=None, kernel=None):
-        allocator = allocator or PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
+        allocator = allocator or PinnedAllocator(pin=info.pinned, numa=numa_policy_for("off", None))
         if kernel is not None and not layout.plain_swiglu:
             raise ValueError("the Triton experts compute the plain SwiGLU layout only")
         self.blob_layout = BlobLayout.of(layout.blob_parts(dtype))

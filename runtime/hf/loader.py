@@ -22,13 +22,13 @@ import numpy as np
 import torch
 
 from hotsplit_cli.errors import InputFileError, UsageError
-from hotsplit_cli.units import gib
 
 from ..bank import BlobLayout
 from ..device import DeviceInfo
 from ..fp8 import FP8, dequantize, fp8_format_of
 from ..kernels import TritonExperts
-from ..pinned import PinnedAllocator, plan_placement
+from ..memory import check_device_memory, check_host_memory
+from ..pinned import PinnedAllocator, numa_policy_for
 from .adapter import MoELayerInfo, RoutingCounter, find_moe_layers, install
 from .bank import ExpertLayout, HFExpertBank
 
@@ -181,29 +181,17 @@ def _set_tensor(model: torch.nn.Module, name: str, tensor: torch.Tensor, device,
         raise KeyError(name)
 
 
-HOST_MEMORY_SHARE = 0.9  # of the available host memory the cold banks may take
-
-
 def _check_memory(path: Path, model: torch.nn.Module, layers: list[MoELayerInfo], layouts: list[ExpertLayout],
                   dtype: torch.dtype, info: DeviceInfo) -> None:
     """Refuse before loading a byte when the cold banks do not fit in host memory or the rest of
     the model (on the device) does not fit in the GPU's free memory."""
-    import psutil
-
     blobs = [BlobLayout.of(lay.blob_parts(dtype)) for lay in layouts]
     bank = sum(i.num_experts * b.elems * b.storage.itemsize for i, b in zip(layers, blobs, strict=True))
-    avail = psutil.virtual_memory().available
-    if bank > HOST_MEMORY_SHARE * avail:
-        raise InputFileError(f"{path}: the cold banks need {gib(bank)} of host memory, {gib(avail)} is available",
-                             "use a machine with more RAM, or a smaller model")
-    if info.is_cuda:
-        experts = {id(p) for i in layers for p in i.experts.parameters()}
-        dense = sum(p.numel() * dtype.itemsize for p in model.parameters() if id(p) not in experts)
-        free, _ = torch.cuda.mem_get_info(info.device)
-        if dense > free:
-            raise InputFileError(f"{path}: the weights that stay on {info.name} (attention, embeddings, dense and "
-                                 f"shared MLPs) need {gib(dense)}, {gib(free)} is free",
-                                 "use a GPU with more memory")
+    check_host_memory(bank, f"{path}: the cold banks need", "use a machine with more RAM, or a smaller model")
+    experts = {id(p) for i in layers for p in i.experts.parameters()}
+    dense = sum(p.numel() * dtype.itemsize for p in model.parameters() if id(p) not in experts)
+    check_device_memory(dense, info, f"{path}: the weights that stay on the device (attention, embeddings, dense and "
+                        "shared MLPs) need", "use a GPU with more memory")
 
 
 class _CheckpointReader:
@@ -327,7 +315,7 @@ def _skeleton(path: Path, config, dtype: torch.dtype) -> tuple[torch.nn.Module, 
 def _cold_banks(layers: list[MoELayerInfo], layouts: list[ExpertLayout], dtype: torch.dtype, info: DeviceInfo,
                 allocator: PinnedAllocator | None) -> list[HFExpertBank]:
     """One bank per MoE layer, every expert cold (in `allocator`'s pinned memory)."""
-    allocator = allocator or PinnedAllocator(pin=info.pinned, placement=plan_placement("off", None))
+    allocator = allocator or PinnedAllocator(pin=info.pinned, numa=numa_policy_for("off", None))
     swap_stream = torch.cuda.Stream(info.device) if info.is_cuda else None
     banks = []
     for i, layout in zip(layers, layouts, strict=True):

@@ -27,7 +27,7 @@ from hotsplit_cli.sizes import expert_bytes_per_rank
 from ..cold_split import make_split
 from ..device import choose_device
 from ..log import HitRateRecord
-from ..pinned import NumaPlacement, PinnedAllocator, plan_placement
+from ..pinned import NumaPolicy, PinnedAllocator, numa_policy_for
 from ..windows import RunSummary
 from .capture import capture
 from .loader import load_model, load_tokenizer
@@ -46,7 +46,7 @@ class CheckpointRun:
     hot_experts: int
     device: str
     kernel: str  # how the routed experts were computed
-    numa: NumaPlacement  # where the cold bank was placed, and where its pages are
+    numa: NumaPolicy  # where the cold bank was placed, and where its pages are
 
     def to_doc(self) -> dict:
         return {**self.summary.to_doc(), "plan_source": self.plan_source, "plan_made_from": self.plan_made_from,
@@ -66,7 +66,7 @@ def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = 
                          "name a .jsonl or text file of prompts")
     prompts = read_prompts(t.path)
     info = choose_device(recipe.run.device)
-    allocator = PinnedAllocator(pin=info.pinned, placement=plan_placement(
+    allocator = PinnedAllocator(pin=info.pinned, numa=numa_policy_for(
         knobs.numa_policy, info.numa_node, info.reasons.get("numa_node")))
     hm = load_model(m.path, info, allocator=allocator)
     if hm.layer_ids != m.moe_layer_ids or hm.num_experts != m.num_experts or hm.top_k != m.top_k:
@@ -105,4 +105,4 @@ def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = 
         plan_source=source, plan_made_from=made_from, hot_experts=int(hot_LE.sum()), device=info.name,
         kernel=("triton" if hm.banks[0].kernel is not None else "torch per expert")
         + (f" + CPU cold path ({split.mode}; {split.rates_source})" if split else ""),
-        numa=allocator.placement)
+        numa=allocator.numa)

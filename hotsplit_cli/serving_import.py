@@ -1,4 +1,5 @@
-"""Routing counts recorded by serving engines -> `hotsplit.hist/1` (numpy; torch only to read `.pt`).
+"""Routing counts recorded by serving frameworks (SGLang, vLLM) -> `hotsplit.hist/1` (numpy; torch
+only to read `.pt`). Not to be confused with runtime/engine.py, hotsplit's own step driver.
 
 Shape letters: R = rows of the engine's file (model layers or MoE layers), E = logical experts,
 P = physical experts (replicas), S = recorded steps (forward passes).
@@ -30,14 +31,16 @@ from pathlib import Path
 
 import numpy as np
 
+from .checks import check_finite_nonneg
 from .errors import InputFileError, UsageError
 from .hist import Histogram
+from .jsonio import read_json
 
-ENGINES = ("sglang", "vllm")
+SERVERS = ("sglang", "vllm")
 
 
 @dataclass(frozen=True)
-class EngineCounts:
+class ServingCounts:
     """Counts as the engine's file lays them out, before mapping rows to MoE layer ids."""
 
     counts_RE: np.ndarray  # float64 [R, E], routed assignments per logical expert
@@ -54,22 +57,8 @@ def _as_array(x: object, where: str, name: str) -> np.ndarray:
         a = np.asarray(x, dtype=np.float64)
     except (TypeError, ValueError):
         raise InputFileError(f"{where}: `{name}` is not a numeric array (ragged or non-numeric)") from None
-    if not np.all(np.isfinite(a)):
-        idx = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
-        raise InputFileError(f"{where}: `{name}{list(idx)}` is not finite")
-    if (a < 0).any():
-        idx = tuple(int(i) for i in np.argwhere(a < 0)[0])
-        raise InputFileError(f"{where}: `{name}{list(idx)}` is negative")
+    check_finite_nonneg(a, InputFileError, lambda idx, problem: f"{where}: `{name}{list(idx)}` is {problem}")
     return a
-
-
-def _load_json(path: Path) -> object:
-    import orjson
-
-    try:
-        return orjson.loads(path.read_bytes())
-    except orjson.JSONDecodeError as exc:
-        raise InputFileError(f"{path}: not valid JSON ({exc})", "was the file truncated?") from None
 
 
 ReadPt = Callable[[Path], object]  # a tensors-only .pt reader (torch lives in the runtime package)
@@ -80,7 +69,7 @@ def _open(path: Path, read_pt: ReadPt | None) -> object:
         raise InputFileError(f"{path}: no such file", "check the path")
     suffix = path.suffix.lower()
     if suffix == ".json":
-        return _load_json(path)
+        return read_json(path)
     if suffix in (".pt", ".pth"):
         if read_pt is None:
             raise InputFileError(f"{path}: reading .pt files needs torch", "install torch")
@@ -112,7 +101,7 @@ def _physical_to_logical(count_RP: np.ndarray, p2l_RP: np.ndarray, where: str) -
     return out
 
 
-def read_sglang(paths: list[Path], read_pt: ReadPt | None = None) -> EngineCounts:
+def read_sglang(paths: list[Path], read_pt: ReadPt | None = None) -> ServingCounts:
     """SGLang's JSON or recorder `.pt` dumps (several per-rank dumps are summed)."""
     total: np.ndarray | None = None
     forms, steps = [], 0
@@ -159,10 +148,10 @@ def read_sglang(paths: list[Path], read_pt: ReadPt | None = None) -> EngineCount
         total = counts if total is None else total + counts
         forms.append(f"{path.name}: {form}")
     assert total is not None
-    return EngineCounts(total, "model layers", "sglang " + "; ".join(forms), steps or None)
+    return ServingCounts(total, "model layers", "sglang " + "; ".join(forms), steps or None)
 
 
-def read_vllm(paths: list[Path], read_pt: ReadPt | None = None) -> EngineCounts:
+def read_vllm(paths: list[Path], read_pt: ReadPt | None = None) -> ServingCounts:
     """A `.pt` with vLLM's `expert_load_window` [W, L_moe, P] and `physical_to_logical_map` [L_moe, P]."""
     total, steps = None, 0
     for path in paths:
@@ -192,17 +181,17 @@ def read_vllm(paths: list[Path], read_pt: ReadPt | None = None) -> EngineCounts:
         total = load if total is None else total + load
     assert total is not None
     names = ", ".join(p.name for p in paths)
-    return EngineCounts(total, "MoE layers", f"vllm expert_load_window ({names})", steps or None)
+    return ServingCounts(total, "MoE layers", f"vllm expert_load_window ({names})", steps or None)
 
 
-def read_engine(engine: str, paths: list[str | os.PathLike], read_pt: ReadPt | None = None) -> EngineCounts:
-    """What `engine` recorded in `paths`; `read_pt` reads `.pt` dumps (runtime.torch_files)."""
-    if engine not in ENGINES:
-        raise UsageError(f"--from: must be one of {', '.join(ENGINES)}, got {engine!r}")
+def read_serving(server: str, paths: list[str | os.PathLike], read_pt: ReadPt | None = None) -> ServingCounts:
+    """What `server` (sglang | vllm) recorded in `paths`; `read_pt` reads `.pt` dumps (runtime.torch_files)."""
+    if server not in SERVERS:
+        raise UsageError(f"--from: must be one of {', '.join(SERVERS)}, got {server!r}")
     if not paths:
         raise UsageError("name at least one file to import")
     ps = [Path(p) for p in paths]
-    return read_sglang(ps, read_pt) if engine == "sglang" else read_vllm(ps, read_pt)
+    return read_sglang(ps, read_pt) if server == "sglang" else read_vllm(ps, read_pt)
 
 
 @dataclass(frozen=True)
@@ -211,7 +200,7 @@ class Imported:
     notes: tuple[str, ...]  # how rows became layers, what was dropped
 
 
-def to_histogram(ec: EngineCounts, model_spec=None, top_k: int | None = None, model_name: str | None = None,
+def to_histogram(ec: ServingCounts, model_spec=None, top_k: int | None = None, model_name: str | None = None,
                  where: str = "import") -> Imported:
     """Map the engine's rows to MoE layer ids and build a histogram.
 
@@ -273,11 +262,3 @@ def to_histogram(ec: EngineCounts, model_spec=None, top_k: int | None = None, mo
     hist = Histogram(model=name, source=ec.form, top_k=int(top_k), tokens=tokens, layers=layers,
                      counts_LE=np.ascontiguousarray(counts, dtype=np.float64))
     return Imported(hist, tuple(notes))
-
-
-def logical_count_doc(hist: Histogram, num_hidden_layers: int | None = None) -> dict:
-    """The inverse: SGLang's `{"logical_count": [[...]]}` with one row per model layer (dense rows zero)."""
-    R = num_hidden_layers if num_hidden_layers is not None else max(hist.layers) + 1
-    out = np.zeros((R, hist.num_experts))
-    out[list(hist.layers)] = hist.counts_LE
-    return {"logical_count": out}
