@@ -20,7 +20,7 @@ from hotsplit_cli.knobs import Knobs
 from hotsplit_cli.planfile import load_plan
 from hotsplit_cli.planner import plan_hot_set
 from hotsplit_cli.platform_file import load_platform
-from hotsplit_cli.recipe import GIB, Recipe
+from hotsplit_cli.recipe import Recipe
 from hotsplit_cli.sizes import expert_bytes_per_rank
 from hotsplit_cli.trace import Trace, load_trace
 from hotsplit_cli.traffic import SyntheticTraffic, inclusion_probs, zipf_shares
