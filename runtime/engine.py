@@ -19,6 +19,7 @@ from hotsplit_cli.knobs import Knobs
 from hotsplit_cli.planner import propose_swaps
 from hotsplit_cli.trace import Trace
 from hotsplit_cli.traffic import SyntheticTraffic
+from probes.hostmem import release_deferred
 
 from .log import HitRateRecord
 from .model import HotColdMoE
@@ -138,6 +139,7 @@ class Engine:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.out_TH = self.model.step(self.x_TH, ids_t, w_t)
+        release_deferred()  # host memory dropped during the capture is unregistered and freed now
         self.model.read_counters(reset_window=True)  # warm-up and capture steps do not count
         self._stage = None if ids_t is None else StagedUpload(ids_t, w_t, pinned=self.model.info.pinned)
 

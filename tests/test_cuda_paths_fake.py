@@ -523,3 +523,22 @@ open({str(log)!r}, "w").write(f"register {{pages.address}}\\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": ""})
     lines = log.read_text().split()
     assert lines[0] == "register" and lines[2] == "unregister" and lines[1] == lines[3]
+
+
+def test_graph_capture_then_frees_the_host_memory_dropped_during_it(fake, monkeypatch):
+    """Pages released while a step was being captured are unregistered and freed right after."""
+    import contextlib
+
+    from runtime import engine as engine_mod
+    from runtime.from_recipe import prepare_run
+    from tests.test_runtime_engine import knobs, tiny
+
+    r = tiny()
+    p = prepare_run(r, knobs(r, dynamic=0, dyn_steps=10), steps=4)
+    calls = []
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream(fake, "side"))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: SimpleNamespace(replay=lambda: None))
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext(calls.append("capture")))
+    monkeypatch.setattr(engine_mod, "release_deferred", lambda: calls.append("release_deferred"))
+    p.engine._capture(None)
+    assert calls == ["capture", "release_deferred"]
