@@ -51,12 +51,13 @@ class PathCounters:
     cpu_pred_ms: float = 0.0  # ... and for the CPU's (sync included)
     _events: list = field(default_factory=list)  # (start, end) CUDA events not yet read
 
-    def settle(self) -> None:
-        """Fold the device time of finished layers in (reads CUDA events; no-op on a CPU)."""
-        for start, end in self._events:
+    def settle(self, wait: bool = True) -> None:
+        """Fold the device time of finished layers in (reads CUDA events; no-op on a CPU); without
+        `wait`, only of the layers already done, so that a long run keeps few events."""
+        while self._events and (wait or self._events[0][1].query()):
+            start, end = self._events.pop(0)
             end.synchronize()
             self.gpu_ms += start.elapsed_time(end)
-        self._events.clear()
 
     def to_doc(self) -> dict:
         self.settle()
@@ -149,6 +150,7 @@ class ColdSplit:
             y = device_compute(ids_TK)
             end.record()
             self.counters._events.append((start, end))
+            self.counters.settle(wait=False)
             return y
         t0 = time.perf_counter()
         y = device_compute(ids_TK)

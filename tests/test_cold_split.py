@@ -187,3 +187,28 @@ def test_the_cpu_worker_runs_on_the_gpu_nodes_cpus(monkeypatch):
     assert os.sched_getaffinity(0) == before  # the rest of the process keeps its CPUs
     split.close()
     assert ColdSplit("split", EQUAL, CPU).cpus is None  # no GPU node: the worker is not pinned
+
+
+def test_device_time_is_folded_in_as_layers_finish():
+    """On a GPU each layer's device time is two CUDA events: those already done are read at once,
+    the rest when the report is made, so a long run holds only the events still in flight."""
+    from runtime.cold_split import PathCounters
+
+    class Ev:
+        def __init__(self, t, done):
+            self.t, self.done = t, done
+
+        def query(self):
+            return self.done
+
+        def synchronize(self):
+            self.done = True
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    c = PathCounters()
+    c._events += [(Ev(0, True), Ev(2, True)), (Ev(3, True), Ev(4, False)), (Ev(5, True), Ev(9, True))]
+    c.settle(wait=False)
+    assert c.gpu_ms == 2 and len(c._events) == 2  # the second layer is still running: it and later wait
+    assert c.to_doc()["gpu_ms"] == 2 + 1 + 4 and c._events == []
