@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from hotsplit_cli.coldpath import ColdRates, split_cold  # noqa: E402
+from hotsplit_cli.platform_file import load_platform  # noqa: E402
 from runtime.cold_split import ColdSplit, SplitExperts, make_split  # noqa: E402
 from runtime.device import choose_device, tune_cpu_threads  # noqa: E402
 from runtime.fullsize import FULL_SIZE_MODELS, filled_layer, per_call_ms, routing, scaled_model  # noqa: E402
@@ -57,7 +58,7 @@ def predicted_ms(ids_LTK: torch.Tensor, bank, rates: ColdRates, mode: str) -> fl
     return total * 1e3
 
 
-def rows(model, g, spec, info, rates: ColdRates, where: str) -> list[dict]:
+def rows(model, g, spec, info, rates: ColdRates) -> list[dict]:
     bank = model.banks[0]
     device_compute = model.compute
     splits = {m: ColdSplit(m, rates, info) for m in ("cpu", "split")}
@@ -100,14 +101,14 @@ def main(argv: list[str] | None = None) -> int:
         print("error: full-size experts need a CUDA GPU; pass --scale 0.1 for a CPU-sized check", file=sys.stderr)
         return 2
     tune_cpu_threads(info)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     spec, g, model = build(args.scale, info)
-    split = make_split("split", info, model.banks[0], args.platform)
+    platform = load_platform(args.platform) if args.platform else None
+    split = make_split("split", info, model.banks[0], platform)
     doc = {"model": spec.name, "scale": args.scale, "device": info.name, "kernel": model.compute.name,
            "rates": split.rates_source, "expert_bytes": model.banks[0].expert_bytes,
-           "link_share_of_cpu": (split.rates.cpu_gbps(1) / split.rates.zero_copy_gbps
-                                 if split.rates.zero_copy_gbps else None),
-           "rows": rows(model, g, spec, info, split.rates, split.rates_source)}
+           "cpu_rate_share_of_link": (split.rates.cpu_gbps(1) / split.rates.zero_copy_gbps
+                                      if split.rates.zero_copy_gbps else None),
+           "rows": rows(model, g, spec, info, split.rates)}
     split.close()
     if args.json:
         print(json.dumps(doc, indent=2))

@@ -99,24 +99,25 @@ def swiglu_expert(torch: Any, x_TH: Any, w13_IH: Any, w2_HI: Any) -> Any:
     return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w2_HI)
 
 
-class _Threads:
-    """Pin this process to `cpus` and give torch as many intra-op threads; restore on exit."""
+def on_cpus(torch: Any, cpus: Sequence[int] | None, work: Callable[[], Any]) -> tuple[Any, int]:
+    """Run `work` in a fresh thread pinned to `cpus`, with as many torch intra-op threads, and return
+    (its result, the thread count). Pinning the calling thread would not do: torch's thread team,
+    made at its first parallel op, keeps the CPUs it had; a fresh thread's team takes its CPUs."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    def __init__(self, torch: Any, cpus: Sequence[int] | None):
-        self.torch, self.cpus = torch, tuple(cpus) if cpus else None
+    saved = torch.get_num_threads()
+    n = len(cpus) if cpus else len(os.sched_getaffinity(0))
 
-    def __enter__(self) -> int:
-        self.saved_affinity = os.sched_getaffinity(0)
-        self.saved_threads = self.torch.get_num_threads()
-        if self.cpus:
-            os.sched_setaffinity(0, self.cpus)
-        n = len(os.sched_getaffinity(0))
-        self.torch.set_num_threads(n)
-        return n
+    def start() -> None:  # in the fresh thread: OpenMP's thread count is per thread
+        if cpus:
+            os.sched_setaffinity(0, tuple(cpus))
+        torch.set_num_threads(n)
 
-    def __exit__(self, *exc) -> None:
-        os.sched_setaffinity(0, self.saved_affinity)
-        self.torch.set_num_threads(self.saved_threads)
+    try:
+        with ThreadPoolExecutor(1, initializer=start) as pool:
+            return pool.submit(work).result(), n
+    finally:
+        torch.set_num_threads(saved)
 
 
 def measure_handoff_ms(samples: int = 200) -> float:
@@ -153,8 +154,9 @@ def measure_cpu_expert(shape: ExpertShape, node: int | None, cpus: Sequence[int]
     w2 = flat[n * 2 * inter * H:].view(n, H, inter)
     w13.fill_(0.01)
     w2.fill_(0.01)
-    cells = []
-    with _Threads(torch, cpus) as threads:
+
+    def timed() -> list:
+        cells = []
         for t in tokens:
             x = torch.full((t, H), 0.5, dtype=dtype)
 
@@ -162,7 +164,7 @@ def measure_cpu_expert(shape: ExpertShape, node: int | None, cpus: Sequence[int]
                 for e in range(n):
                     swiglu_expert(torch, x, w13[e], w2[e])
 
-            one_pass()  # warm-up: first-use costs (thread pool start, kernel selection)
+            one_pass()  # warm-up: first-use costs (thread team start, kernel selection)
             seconds = []
             for _ in range(samples):
                 t0 = time.perf_counter()
@@ -171,6 +173,9 @@ def measure_cpu_expert(shape: ExpertShape, node: int | None, cpus: Sequence[int]
             gbps = [n * shape.expert_bytes / s / 1e9 for s in seconds]
             cells.append((t, summarize(n * shape.expert_bytes, n, gbps)))
             tick(1)
-        handoff = measure_handoff_ms()
+        return cells
+
+    cells, threads = on_cpus(torch, cpus, timed)
+    handoff = measure_handoff_ms()
     return CpuExpertRate(node, tuple(cpus) if cpus else None, threads, shape, shape.expert_bytes, n, tuple(cells),
                          handoff, reasons=tuple(reasons))

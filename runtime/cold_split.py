@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -59,9 +60,6 @@ class PathCounters:
             end.synchronize()
             self.gpu_ms += start.elapsed_time(end)
 
-    def to_doc(self) -> dict:
-        self.settle()
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
 
 
 def node_cpus(node: int | None) -> tuple[int, ...] | None:
@@ -76,9 +74,11 @@ def node_cpus(node: int | None) -> tuple[int, ...] | None:
 
 
 def _pin(cpus: tuple[int, ...] | None) -> None:
-    """Run the calling (worker) thread on `cpus`; the rest of the process keeps its CPUs."""
+    """Run the calling (worker) thread on `cpus`, with as many torch threads (OpenMP's count is per
+    thread); the rest of the process keeps its CPUs."""
     if cpus:
         os.sched_setaffinity(0, cpus)
+        torch.set_num_threads(len(cpus))
 
 
 class ColdSplit:
@@ -91,6 +91,7 @@ class ColdSplit:
         self.cpus = node_cpus(info.numa_node)  # the worker runs next to the cold bank's memory
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="hotsplit-cold-cpu", initializer=_pin,
                                        initargs=(self.cpus,))
+        weakref.finalize(self, self.pool.shutdown, wait=False)  # the worker goes with the split
 
     def __call__(self, x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor, bank,
                  device_compute: Callable[[torch.Tensor], torch.Tensor],
@@ -195,12 +196,13 @@ def measure_rates(bank, info: DeviceInfo) -> tuple[ColdRates, str]:
     bank's cold blobs (on a GPU) and the per-layer sync (hand-off, and the activations' round trip
     on a GPU). On a CPU the device path is this same CPU: its rate is the CPU rate at one token."""
     from probes.bandwidth import measure_roundtrip_ms
-    from probes.cpu_expert import ExpertShape, measure_cpu_expert, measure_handoff_ms
+    from probes.cpu_expert import ExpertShape, measure_cpu_expert
 
     shape = ExpertShape(bank.hidden, bank.inter, str(bank.compute_dtype).replace("torch.", ""))
-    cpu = measure_cpu_expert(shape, info.numa_node, None, pool_bytes=CALIBRATION_POOL_BYTES, samples=3)
+    cpu = measure_cpu_expert(shape, info.numa_node, node_cpus(info.numa_node), pool_bytes=CALIBRATION_POOL_BYTES,
+                             samples=3)  # the memory and CPUs the worker will use
     points = tuple((float(t), m.median_gbps) for t, m in cpu.by_tokens)
-    sync_ms = cpu.handoff_ms or measure_handoff_ms()
+    sync_ms = cpu.handoff_ms
     if info.is_cuda:
         sync_ms += measure_roundtrip_ms(torch, info.device)
         zero_copy = _zero_copy_gbps(bank, info)
@@ -213,36 +215,28 @@ def measure_rates(bank, info: DeviceInfo) -> tuple[ColdRates, str]:
     return ColdRates(zero_copy, points, sync_ms), where
 
 
-def _zero_copy_gbps(bank, info: DeviceInfo, reps: int = 5, max_bytes: int = 1 << 30) -> float:
+def _zero_copy_gbps(bank, info: DeviceInfo, max_bytes: int = 1 << 30) -> float:
     """GB/s of a reduction over (up to 1 GiB of) the bank's cold blobs read in place, as the probe
     reads its buffer: the bytes as float32 words, whatever they hold."""
+    from .selftest import _time_ms
+
     flat = bank.cold_read_EB.reshape(-1).view(torch.uint8)
     n = min(flat.numel(), max_bytes) // 4 * 4
     words = flat[:n].view(torch.float32)
     words.sum()  # warm-up
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        words.sum()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return n / (sorted(times)[reps // 2] * 1e6)
+    return n / _time_ms(words.sum, info, 5) / 1e6
 
 
-def make_split(mode: str, info: DeviceInfo, bank, platform_path=None) -> ColdSplit | None:
-    """The CPU cold path of `mode` (None for `gpu`), its rates from platform.json when given (the
-    GPU this run uses), else measured now on `bank`'s expert shape."""
+def make_split(mode: str, info: DeviceInfo, bank, platform=None) -> ColdSplit | None:
+    """The CPU cold path of `mode` (None for `gpu`), its rates from `platform` (a loaded
+    platform.json: the GPU this run uses) when given, else measured now on `bank`'s expert shape."""
     if mode == "gpu":
         return None
     if getattr(bank, "fp8_meta", None) is not None:
         raise UsageError(FP8_REFUSAL.format(mode=mode))
-    if platform_path is not None:
+    if platform is not None:
         from hotsplit_cli.coldpath import rates_from_platform
-        from hotsplit_cli.platform_file import load_platform
 
-        platform = load_platform(platform_path)
         cuda_index = info.device.index or 0
         gpu = next((g for g in platform.gpus if g.cuda_index == cuda_index), None)
         rates, where = rates_from_platform(platform, gpu.index if gpu else -1)
@@ -256,10 +250,10 @@ def make_split(mode: str, info: DeviceInfo, bank, platform_path=None) -> ColdSpl
     return split
 
 
-def attach(model, mode: str, info: DeviceInfo, platform_path=None) -> ColdSplit | None:
+def attach(model, mode: str, info: DeviceInfo, platform=None) -> ColdSplit | None:
     """Give the synthetic `model` the CPU cold path of `mode`. Before any Engine is made: the
     engine reads `capturable` to decide on the CUDA graph."""
-    split = make_split(mode, info, model.banks[0], platform_path)
+    split = make_split(mode, info, model.banks[0], platform)
     if split is not None:
         model.compute = SplitExperts(model.compute, split)
     return split

@@ -118,6 +118,7 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     if steps is not None and steps < 1:
         raise UsageError(f"--steps: must be >= 1, got {steps}")
     geom = MoEGeometry.from_recipe(recipe, scale)
+    platform = load_platform(platform_path) if platform_path is not None else None  # read once, before the work
     m, t = recipe.model, recipe.traffic
     L, E = m.num_moe_layers, m.num_experts
     info = choose_device(recipe.run.device)
@@ -184,7 +185,6 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     if plan_path is not None:
         plan = read_plan_file(plan_path, recipe, expert_bytes)
     else:
-        platform = load_platform(platform_path) if platform_path is not None else None
         budget = resolve_hot_budget(recipe, knobs, platform).budget_bytes
         p = plan_hot_set(counts_LE, expert_bytes, budget)
         plan = PlanChoice(p.hot_RLE[0], p.hit_rate, f"planned from {traffic}", budget, int(p.hot_bytes_R[0]),
@@ -193,7 +193,7 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     numa = numa_policy_for(knobs.numa_policy, info.numa_node, info.reasons.get("numa_node"))
     allocator = PinnedAllocator(pin=info.pinned, numa=numa)
     model = HotColdMoE(layers, geom, plan.hot_LE, info, allocator, choose_compute(info))
-    split = cold_split.attach(model, knobs.cold_path, info, platform_path)
+    split = cold_split.attach(model, knobs.cold_path, info, platform)
     if split is not None and info.graphs:
         notes.append(f"cold_path {knobs.cold_path}: no CUDA graph (the split reads each layer's routing on the host)")
     engine = Engine(model, source, knobs, expert_bytes, seed=recipe.run.seed, expected_hit_rate=plan.expected_hit_rate)

@@ -362,7 +362,6 @@ def model_rows(spec: FullSizeModel, info: DeviceInfo, rates: Rates, batches=BATC
         model = peer = None  # the last references to the banks' slabs and the device weights
         gc.collect()
         try:
-            alloc.release()
             if info.is_cuda:
                 torch.cuda.empty_cache()
         except Exception as exc:

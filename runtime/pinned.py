@@ -20,6 +20,7 @@ bank really is, policy or not. Whatever cannot be done is recorded with a reason
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -101,11 +102,16 @@ def numa_policy_for(policy: str, node: int | None, node_reason: str | None = Non
 
 @dataclass
 class _Slab:
-    tensor: torch.Tensor  # uint8, host memory; keeps the pages alive
+    """Where a slab is, for `device_address`; it does not keep the slab alive."""
+
     host_address: int
     device_address: int | None  # where kernels read it (None: not mapped for a device)
     n_bytes: int
-    pages: HostPages | None  # None: torch's pinned allocator owns the memory
+    owner: weakref.ref | None  # the slab's HostPages (None: torch's pinned allocator owns the memory)
+
+    @property
+    def alive(self) -> bool:
+        return self.owner is None or self.owner() is not None
 
 
 @dataclass
@@ -114,7 +120,8 @@ class PinnedAllocator:
 
     `method` says how the last slab was made: "cudaHostRegister" (exact size), "torch pinned"
     (power of two, when registration failed: `fallback` says why) or "pageable" (no CUDA).
-    The allocator does not own the memory: each slab lives as long as the tensors made from it."""
+    The allocator does not own the memory: each slab lives as long as the tensors made from it, and
+    the allocator only remembers where the live ones are."""
 
     pin: bool
     numa: NumaPolicy
@@ -126,22 +133,23 @@ class PinnedAllocator:
 
     def alloc(self, n_bytes: int) -> torch.Tensor:
         """A uint8 host tensor of at least n_bytes, zeroed, its pages placed and located."""
-        slab = self._registered(n_bytes) if self.pin and self.fallback is None else None
-        if slab is None and self.pin:
-            slab = self._torch_pinned(n_bytes)
-        elif slab is None:
+        made = self._registered(n_bytes) if self.pin and self.fallback is None else None
+        if made is None and self.pin:
+            made = self._torch_pinned(n_bytes)
+        elif made is None:
             pages = HostPages(n_bytes, *self._node_mode())
             self._note_bind(pages.bind_error)
-            slab = _Slab(pages.tensor(), pages.address, None, pages.size_bytes, pages)
+            made = pages.tensor(), _Slab(pages.address, None, pages.size_bytes, weakref.ref(pages))
             self.method = "pageable"
+        tensor, slab = made
         found, why = page_nodes(slab.host_address, slab.n_bytes)
         for node, n in found.items():
             self.numa.pages_by_node[node] = self.numa.pages_by_node.get(node, 0) + n
         self.numa.located = self.numa.located or why
         self.requested_bytes += n_bytes
         self.reserved_bytes += slab.n_bytes
-        self.slabs.append(slab)
-        return slab.tensor
+        self.slabs = [s for s in self.slabs if s.alive] + [slab]
+        return tensor
 
     def _node_mode(self) -> tuple[int | None, int]:
         """(node, mbind mode) for the next slab: no node when the policy is not applied."""
@@ -153,7 +161,7 @@ class PinnedAllocator:
         if error:
             self.numa.applied, self.numa.reason = False, error
 
-    def _registered(self, n_bytes: int) -> _Slab | None:
+    def _registered(self, n_bytes: int) -> tuple[torch.Tensor, _Slab] | None:
         """Exact-size pages registered with CUDA; None (and `fallback` set) if registration fails
         here (the first failure stops further attempts)."""
         pages = HostPages(n_bytes, *self._node_mode(), cudart=torch.cuda.cudart())
@@ -162,9 +170,9 @@ class PinnedAllocator:
             self.fallback = f"{pages.register_error}: torch's pinned allocator (power of two)"
             return None  # the mapping goes with `pages`
         self.method = "cudaHostRegister"
-        return _Slab(pages.tensor(), pages.address, pages.device_address, pages.size_bytes, pages)
+        return pages.tensor(), _Slab(pages.address, pages.device_address, pages.size_bytes, weakref.ref(pages))
 
-    def _torch_pinned(self, n_bytes: int) -> _Slab:
+    def _torch_pinned(self, n_bytes: int) -> tuple[torch.Tensor, _Slab]:
         """torch's pinned allocator (cudaHostAlloc, rounded up to a power of two, mapped under UVA),
         its pages placed by the thread's memory policy while they are first touched."""
         node, mode = self._node_mode()
@@ -176,22 +184,18 @@ class PinnedAllocator:
             if node is not None and err is None:
                 set_mempolicy(MPOL_DEFAULT, None)
         self.method = "torch pinned"
-        return _Slab(t, t.data_ptr(), t.data_ptr(), t.numel(), None)
+        return t, _Slab(t.data_ptr(), t.data_ptr(), t.numel(), None)
 
     def device_address(self, host_tensor: torch.Tensor) -> int:
         """Where the device reads `host_tensor` (a view into one of the slabs)."""
         ptr = host_tensor.data_ptr()
-        for s in self.slabs:
-            if s.host_address <= ptr < s.host_address + s.n_bytes:
+        for s in reversed(self.slabs):  # the newest first: a freed slab's range may be reused
+            if s.alive and s.host_address <= ptr < s.host_address + s.n_bytes:
                 if s.device_address is None:
                     raise ValueError("the slab is not mapped for a device (pageable memory)")
                 return s.device_address + (ptr - s.host_address)
         raise ValueError("the tensor is not in a slab of this allocator")
 
-    def release(self) -> None:
-        """Let go of every slab: each is unregistered and unmapped as soon as the last tensor or
-        device view made from it is gone (at once when the caller holds none)."""
-        self.slabs.clear()
 
 
 def _torch_pinned(size: int) -> torch.Tensor:

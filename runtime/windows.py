@@ -144,12 +144,12 @@ class WindowBook:
         """Close the window ending at `step`: hits and assignments per layer, distinct cold experts
         read (summed over steps), swaps started now and their copy time when already done;
         `cpu_reads_total`: distinct cold experts the CPU computed since the start (CPU cold path)."""
+        n_steps = max(1, step - self.window_start)
         cpu_bytes = None
         if cpu_reads_total is not None:
-            cpu_bytes = (cpu_reads_total - self._cpu_reads) * self.expert_bytes / max(1, step - self.window_start)
+            cpu_bytes = (cpu_reads_total - self._cpu_reads) * self.expert_bytes / n_steps
             self._cpu_reads = cpu_reads_total
         hits_L, assigned_L = np.asarray(hits_L, dtype=np.float64), np.asarray(assigned_L, dtype=np.float64)
-        n_steps = max(1, step - self.window_start)
         self.window_start = step
         hits, assigned = float(hits_L.sum()), float(assigned_L.sum())
         self.hits += hits

@@ -184,6 +184,7 @@ def test_the_cpu_worker_runs_on_the_gpu_nodes_cpus(monkeypatch):
     split = ColdSplit("split", EQUAL, dataclasses.replace(CPU, numa_node=0))
     assert split.cpus == (first,)  # the node's CPUs this process may use
     assert split.pool.submit(os.sched_getaffinity, 0).result() == {first}
+    assert split.pool.submit(torch.get_num_threads).result() == 1  # one thread per CPU of the node
     assert os.sched_getaffinity(0) == before  # the rest of the process keeps its CPUs
     split.close()
     assert ColdSplit("split", EQUAL, CPU).cpus is None  # no GPU node: the worker is not pinned
@@ -211,4 +212,5 @@ def test_device_time_is_folded_in_as_layers_finish():
     c._events += [(Ev(0, True), Ev(2, True)), (Ev(3, True), Ev(4, False)), (Ev(5, True), Ev(9, True))]
     c.settle(wait=False)
     assert c.gpu_ms == 2 and len(c._events) == 2  # the second layer is still running: it and later wait
-    assert c.to_doc()["gpu_ms"] == 2 + 1 + 4 and c._events == []
+    c.settle()
+    assert c.gpu_ms == 2 + 1 + 4 and c._events == []

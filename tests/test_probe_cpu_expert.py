@@ -77,3 +77,14 @@ def test_threads_and_affinity_are_restored():
     assert r.threads == 1 and r.cpus == tuple(cpus)
     assert [t for t, _ in r.by_tokens] == [1, 4] and all(m.median_gbps > 0 for _, m in r.by_tokens)
     assert torch.get_num_threads() == before_threads and os.sched_getaffinity(0) == before_cpus
+
+
+def test_the_timing_runs_in_a_thread_of_the_nodes_cpus():
+    from probes.cpu_expert import on_cpus
+
+    first, before = min(os.sched_getaffinity(0)), os.sched_getaffinity(0)
+    threads = torch.get_num_threads()
+    (inside, torch_threads), n = on_cpus(torch, (first,), lambda: (os.sched_getaffinity(0), torch.get_num_threads()))
+    assert inside == {first} and torch_threads == n == 1
+    assert os.sched_getaffinity(0) == before and torch.get_num_threads() == threads
+    assert on_cpus(torch, None, lambda: os.sched_getaffinity(0)) == (before, len(before))

@@ -24,7 +24,7 @@ from hotsplit_cli.prompts import read_prompts
 from hotsplit_cli.recipe import Recipe
 from hotsplit_cli.sizes import expert_bytes_per_rank
 
-from ..cold_split import make_split
+from ..cold_split import FP8_REFUSAL, make_split
 from ..device import choose_device
 from ..log import HitRateRecord
 from ..pinned import NumaPolicy, PinnedAllocator, numa_policy_for
@@ -65,6 +65,9 @@ def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = 
         raise UsageError(f"recipe {recipe.name!r}: a checkpoint run needs traffic.kind: prompts with a path",
                          "name a .jsonl or text file of prompts")
     prompts = read_prompts(t.path)
+    if m.expert_dtype == "fp8" and knobs.cold_path != "gpu":  # before gigabytes are loaded
+        raise UsageError(FP8_REFUSAL.format(mode=knobs.cold_path))
+    platform = load_platform(platform_path) if platform_path is not None else None  # read once, before the work
     info = choose_device(recipe.run.device)
     allocator = PinnedAllocator(pin=info.pinned, numa=numa_policy_for(
         knobs.numa_policy, info.numa_node, info.reasons.get("numa_node")))
@@ -86,12 +89,11 @@ def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = 
         steps_LE: list[np.ndarray] = []
         capture(hm, tok, prompts, 0, t.batch, on_step=steps_LE.append)
         counts_LE = np.sum(steps_LE, axis=0)
-        platform = load_platform(platform_path) if platform_path is not None else None
         budget = resolve_hot_budget(recipe, knobs, platform).budget_bytes
         p = plan_hot_set(counts_LE, expert_bytes, budget)
         hot_LE, expected, source = p.hot_RLE[0], p.hit_rate, "planned from the prompts' prefill routing"
         made_from = f"the prefill routing of {t.path}"
-    split = make_split(knobs.cold_path, info, hm.banks[0], platform_path)
+    split = make_split(knobs.cold_path, info, hm.banks[0], platform)
     for row, bank in enumerate(hm.banks):
         bank.set_hot(hot_LE[row])
         bank.cold_split = split
