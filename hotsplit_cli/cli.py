@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: one-line errors, exit 1 (2 for usage), tracebacks only with --debug."""
     argv = sys.argv[1:] if argv is None else argv
     _DEBUG["on"] = "--debug" in argv or os.environ.get("HOTSPLIT_DEBUG", "") not in ("", "0")
+    if "--debug" in argv[1:]:  # anywhere, not only before the command (typer takes it there alone)
+        argv = [argv[0]] + [a for a in argv[1:] if a != "--debug"]
     forget_written()
     try:
         rc = app(args=argv, prog_name="hotsplit", standalone_mode=False)

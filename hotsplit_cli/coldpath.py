@@ -118,11 +118,16 @@ class ModeTimes:
                 "split_cpu_share": self.cpu_share, "fastest": self.fastest}
 
 
-def rates_from_platform(platform, gpu_index: int = 0) -> tuple[ColdRates, str]:
+def rates_from_platform(platform, gpu_index: int | None = None) -> tuple[ColdRates, str]:
     """The cost model's rates from platform.json (`platform_file.PlatformInfo`): GPU `gpu_index`'s
-    zero-copy read, the CPU expert rate measured on its NUMA node, and the per-layer sync cost
-    (worker hand-off + activations' round trip). Returns (rates, where they came from)."""
-    gpu = next((g for g in platform.gpus if g.index == gpu_index), None)
+    zero-copy read (None: the slowest measured GPU, which bounds a TP step, as budget.choose_read_rate
+    picks it), the CPU expert rate measured on its NUMA node, and the per-layer sync cost (worker
+    hand-off + activations' round trip). Returns (rates, where they came from)."""
+    if gpu_index is None:
+        measured = [g for g in platform.gpus if g.zero_copy_read_gbps]
+        gpu = min(measured, key=lambda g: g.zero_copy_read_gbps) if measured else None
+    else:
+        gpu = next((g for g in platform.gpus if g.index == gpu_index), None)
     cpu = platform.cpu_expert_near(gpu.numa_node if gpu else None)
     sync = ((cpu.handoff_ms or 0.0) if cpu else 0.0) + ((gpu.roundtrip_ms or 0.0) if gpu else 0.0)
     rates = ColdRates(gpu.zero_copy_read_gbps if gpu else None, cpu.points if cpu else (), sync)

@@ -246,7 +246,7 @@ def cold_path_prediction(hist: Histogram, hot_LE: np.ndarray, expert_bytes: int,
     batch size, from platform.json's measured rates, and the fastest path at each."""
     from .coldpath import predict_cold_paths, rates_from_platform
 
-    rates, where = rates_from_platform(platform, platform.gpus[0].index if platform.gpus else -1)
+    rates, where = rates_from_platform(platform)
     times = predict_cold_paths(routing_probs(hist), hot_LE, expert_bytes, rates, BATCH_SIZES)
     return {"rates": where, "by_batch": [t.to_doc() for t in times]}
 

@@ -398,7 +398,7 @@ def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _
     sums = {n: summarise(r, assignments_S, size, wsteps, rate.gbps, rate.h2d_gbps) for n, r in runs.items()}
     cold_paths = None
     if platform is not None:
-        rates, where = rates_from_platform(platform, platform.gpus[0].index if platform.gpus else -1)
+        rates, where = rates_from_platform(platform)
         times = replay_cold_paths(counts_SLE, static_hot, size, rates, int(tr.topk_ids_SLTK.shape[2]))
         cold_paths = {"policy": "static", "rates": where, **times.to_doc()}
     return SimResult(req, recipe.name, tr, recipe.model.num_experts, float(assignments_S.sum()), budget, cfg,

@@ -176,3 +176,26 @@ def test_a_command_module_that_cannot_be_imported_stops_the_cli(monkeypatch):
     monkeypatch.delitem(sys.modules, "hotsplit_cli.cli")
     with pytest.raises(ImportError, match="hotsplit_cli.commands.place"):
         importlib.import_module("hotsplit_cli.cli")
+
+
+def test_debug_after_the_command_shows_the_traceback_of_the_real_error(tmp_path, capsys):
+    from hotsplit_cli.cli import main
+    from hotsplit_cli.errors import HotsplitError
+
+    with pytest.raises(HotsplitError, match="no such file"):  # not typer's "No such option: --debug"
+        main(["plan", str(tmp_path / "none.json"), "--recipe", "tiny", "--debug"])
+
+
+def test_hist_import_of_json_dumps_needs_no_torch(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    dump = tmp_path / "dump.json"
+    dump.write_text('{"logical_count": [[1, 2, 3, 4], [4, 3, 2, 1]]}')
+    code = ("import sys; from hotsplit_cli.cli import main; "
+            f"rc = main(['hist', 'import', {str(dump)!r}, '--from', 'sglang', '--top-k', '2', '-o', "
+            f"{str(tmp_path / 'h.json')!r}]); print(rc, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split()[-2:] == ["0", "False"], out.stderr

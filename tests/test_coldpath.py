@@ -118,6 +118,11 @@ def test_rates_come_from_the_probes_platform_file(tmp_path, gpu_sources):
     assert rates.zero_copy_gbps == 40.0 and rates.sync_ms == pytest.approx(0.05)
     assert rates.cpu_points == ((1.0, 10.0), (4.0, 5.0), (16.0, 2.5))
     assert "zero-copy 40.0 GB/s" in where and "CPU 10.0 GB/s at 1 token" in where
+    import dataclasses
+
+    slower = dataclasses.replace(plat.gpus[0], zero_copy_read_gbps=30.0)  # GPU 0 reads slower: it bounds a step
+    slowest, _ = rates_from_platform(dataclasses.replace(plat, gpus=(slower, *plat.gpus[1:])))
+    assert slowest.zero_copy_gbps == 30.0
     # A file from an older probe, without the CPU expert rate: the CPU path is simply unavailable.
     del doc["host"]["cpu_expert"]
     write_json_atomic(tmp_path / "old.json", doc)

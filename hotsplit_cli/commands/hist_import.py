@@ -39,9 +39,7 @@ def import_cmd(
         from ..recipe import load_recipe
 
         spec = load_recipe(recipe).model
-    from runtime.torch_files import load_tensors_only  # .pt dumps need torch, which the runtime holds
-
-    ec = read_serving(engine, files, load_tensors_only)
+    ec = read_serving(engine, files, _read_pt)
     imp = to_histogram(ec, spec, top_k, model, where=", ".join(map(str, files)))
     save_hist(output, imp.hist)
     h = imp.hist
@@ -66,6 +64,13 @@ def import_cmd(
 
     out.emit(doc, render)
     out.note(f"wrote {output}")
+
+
+def _read_pt(path: Path) -> object:
+    """A tensors-only .pt dump. torch is imported only when such a file is read (JSON dumps need none)."""
+    from runtime.torch_files import load_tensors_only
+
+    return load_tensors_only(path)
 
 
 def register(app: typer.Typer, hist_app: typer.Typer) -> None:
