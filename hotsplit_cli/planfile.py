@@ -122,6 +122,19 @@ def routing_probs(hist: Histogram) -> np.ndarray:
     return np.minimum(1.0, hist.top_k * np.divide(c, row, out=np.zeros_like(c), where=row > 0))
 
 
+def rank0_experts(hist: Histogram, recipe: Recipe, placement=None) -> np.ndarray:
+    """bool [L, E]: the logical experts rank 0 holds (all of them under TP; its share under EP:
+    the contiguous default layout, or the experts of its replicas in `placement`)."""
+    L, E = hist.num_layers, hist.num_experts
+    if placement is not None:
+        held = np.zeros((L, E), dtype=bool)
+        S = placement.slots_per_rank
+        for li in range(L):
+            held[li, placement.phy2log_LP[li, :S]] = True
+        return held
+    return contiguous_owner(L, E, recipe.parallel.ep) == 0
+
+
 def cold_costs(hist: Histogram, hot_LE: np.ndarray, expert_bytes: int, read_gbps: float | None,
                batches=BATCH_SIZES) -> list[ColdCost]:
     """Expected distinct cold experts per decode step: sum over cold e of 1 - (1 - pi_e)^B,
@@ -180,8 +193,10 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
         plan = plan_for_recipe(hist, recipe, budget.budget_bytes)
     rate = choose_read_rate(recipe, platform)
     size = expert_bytes_per_rank(recipe)
-    costs = cold_costs(hist, plan.hot_RLE[0], size, rate.gbps) if platform is not None or rate.gbps else None
-    cold_paths = cold_path_prediction(hist, plan.hot_RLE[0], size, platform) if platform is not None else None
+    # Rank 0 reads cold only the experts placed on it: under EP the others are another rank's reads.
+    not_cold_LE = plan.hot_RLE[0] | ~rank0_experts(hist, recipe, layout)
+    costs = cold_costs(hist, not_cold_LE, size, rate.gbps) if platform is not None or rate.gbps else None
+    cold_paths = cold_path_prediction(hist, not_cold_LE, size, platform) if platform is not None else None
     return PlanResult(hist, hist_path, recipe, knobs, plan, budget, rate, costs, platform_path, layout,
                       placement_path, cold_paths)
 

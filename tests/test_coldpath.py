@@ -190,3 +190,23 @@ def test_simulate_replays_each_cold_path_on_the_trace(cli, tmp_path, platform_fi
     assert c["policy"] == "static" and c["batch"] == 16
     assert c["split_ms"] <= min(c["gpu_ms"], c["cpu_ms"]) and c["fastest"] in ("gpu", "split")
     assert c["gpu_ms"] > 0 and 0 < c["split_cpu_share"] < 1
+
+
+def test_under_ep_rank_0_reads_cold_only_its_own_experts(tiny_hist):
+    """ep 4 of tiny's 32 experts: rank 0 holds 8 per layer, so at most its cold ones cross its link."""
+    import dataclasses
+
+    from hotsplit_cli.hist import load_hist
+    from hotsplit_cli.planfile import cold_costs, plan_for_recipe, rank0_experts
+    from hotsplit_cli.recipe import load_recipe
+
+    r = load_recipe("tiny")
+    r = dataclasses.replace(r, parallel=dataclasses.replace(r.parallel, ep=4))
+    hist = load_hist(tiny_hist)
+    held = rank0_experts(hist, r)
+    assert held.sum(axis=1).tolist() == [8] * 4 and held[:, :8].all()
+    plan = plan_for_recipe(hist, r, 8 * 3 * 256 * 128 * 2)  # room for 8 experts on each rank
+    hot = plan.hot_RLE[0]
+    most = int((held & ~hot).sum())  # rank 0's cold experts: every one read at a huge batch
+    (big,) = cold_costs(hist, hot | ~held, 1, None, batches=(10**6,))
+    assert big.cold_experts == pytest.approx(most, abs=1e-6) and most < 4 * 32 - int(hot.sum())
