@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from hotsplit_cli.coldpath import ColdRates, split_cold  # noqa: E402
-from hotsplit_cli.platform_file import load_platform  # noqa: E402
+from hotsplit_cli.config.platform_file import load_platform  # noqa: E402
+from hotsplit_cli.hotset.coldpath import ColdRates, split_cold  # noqa: E402
 from runtime.cold_split import ColdSplit, SplitExperts, make_split  # noqa: E402
 from runtime.device import choose_device, tune_cpu_threads  # noqa: E402
 from runtime.fullsize import FULL_SIZE_MODELS, filled_layer, per_call_ms, routing, scaled_model  # noqa: E402

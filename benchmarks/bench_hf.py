@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from hotsplit_cli.sizes import FP8_BLOCK  # noqa: E402
+from hotsplit_cli.hotset.sizes import FP8_BLOCK  # noqa: E402
 
 GEOMETRY = dict(vocab_size=512, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
                 num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=32, num_experts=32,

@@ -23,8 +23,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import eplb_port  # noqa: E402
 
-from hotsplit_cli.placement import Geometry, Placement, place_experts  # noqa: E402
-from hotsplit_cli.placement_eval import choose_fit, duplicate_count, eplb_layout, evaluate  # noqa: E402
+from hotsplit_cli.placement.algorithm import Geometry, Placement, place_experts  # noqa: E402
+from hotsplit_cli.placement.evaluate import choose_fit, duplicate_count, eplb_layout, evaluate  # noqa: E402
 
 ROUTING = Path("/work/shared/fixtures/routing/sglang-deepseek-r1-decode.json")
 L, E, RANKS, REDUNDANT, GROUPS, NODES = 58, 256, 32, 32, 8, 4

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from hotsplit_cli.hist import Histogram, save_hist
-from hotsplit_cli.planner import plan_hot_set
-from hotsplit_cli.traffic import zipf_shares
+from hotsplit_cli.hotset.planner import plan_hot_set
+from hotsplit_cli.traffic.hist import Histogram, save_hist
+from hotsplit_cli.traffic.synthetic import zipf_shares
 
 EXPERT_BYTES = 3 * 7168 * 2048 + 3 * 16 * 56 * 4  # DeepSeek-V3 fp8 expert with block scales
 CASES = {"DeepSeek-V3 58x256": (58, 256), "128x512": (128, 512)}

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hotsplit_cli.errors import HotsplitError  # noqa: E402
-from hotsplit_cli.recipe import load_recipe  # noqa: E402
+from hotsplit_cli.config.recipe import load_recipe  # noqa: E402
+from hotsplit_cli.core.errors import HotsplitError  # noqa: E402
 from runtime.device import DeviceInfo, choose_device, tune_cpu_threads  # noqa: E402
 from runtime.fp8 import RELEASE_FP8  # noqa: E402
 from runtime.moe import MoEGeometry  # noqa: E402
@@ -38,7 +38,7 @@ def refuse(message: str) -> None:
 
 def platform_zero_copy(path: str, info: DeviceInfo) -> tuple[float | None, str]:
     """The probe's zero-copy read of this GPU from platform.json (None when it has none)."""
-    from hotsplit_cli.platform_file import load_platform
+    from hotsplit_cli.config.platform_file import load_platform
 
     plat = load_platform(path)
     index = info.device.index or 0

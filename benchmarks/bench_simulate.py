@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 import time
 
-from hotsplit_cli.planner import plan_hot_set
-from hotsplit_cli.simulate import POLICIES, SimConfig, simulate, summarise
-from hotsplit_cli.sizes import FP8_BLOCK
-from hotsplit_cli.traffic import synthetic_trace, zipf_shares
+from hotsplit_cli.analysis.simulate import POLICIES, SimConfig, simulate, summarise
+from hotsplit_cli.hotset.planner import plan_hot_set
+from hotsplit_cli.hotset.sizes import FP8_BLOCK
+from hotsplit_cli.traffic.synthetic import synthetic_trace, zipf_shares
 
 L, E, K, BATCH, STEPS = 58, 256, 8, 64, 400
 HIDDEN, INTER = 7168, 2048

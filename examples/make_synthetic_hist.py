@@ -9,9 +9,9 @@ import argparse
 
 import numpy as np
 
-from hotsplit_cli.hist import Histogram, save_hist
-from hotsplit_cli.recipe import load_recipe
-from hotsplit_cli.traffic import zipf_shares
+from hotsplit_cli.config.recipe import load_recipe
+from hotsplit_cli.traffic.hist import Histogram, save_hist
+from hotsplit_cli.traffic.synthetic import zipf_shares
 
 
 def main() -> None:

@@ -6,8 +6,8 @@ window 2 is what the deployment then serves. Run: .venv/bin/python examples/movi
 
 import numpy as np
 
-from hotsplit_cli.placement import Geometry, place_experts
-from hotsplit_cli.placement_eval import evaluate, random_layout, rank_loads, trivial_layout
+from hotsplit_cli.placement.algorithm import Geometry, place_experts
+from hotsplit_cli.placement.evaluate import evaluate, random_layout, rank_loads, trivial_layout
 
 window1 = np.array([[800.0, 100, 100, 100, 100, 100, 100, 100]])  # expert 0 is hot
 window2 = np.array([[100.0, 100, 100, 800, 100, 100, 100, 100]])  # ... then expert 3 is

@@ -10,8 +10,8 @@ import tempfile
 from pathlib import Path
 
 from hotsplit_cli.cli import main
-from hotsplit_cli.trace import save_trace
-from hotsplit_cli.traffic import synthetic_trace, zipf_shares
+from hotsplit_cli.traffic.synthetic import synthetic_trace, zipf_shares
+from hotsplit_cli.traffic.trace import save_trace
 
 out = Path(sys.argv[1] if len(sys.argv) > 1 else Path(tempfile.gettempdir()) / "hotsplit-policy-lab")
 out.mkdir(parents=True, exist_ok=True)

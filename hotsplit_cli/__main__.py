@@ -1,3 +1,3 @@
-from .cli import run_main
+from hotsplit_cli.cli import run_main
 
 run_main()

@@ -17,10 +17,10 @@ try:  # typer >= 0.20 vendors click; older releases raise click's own exceptions
 except ImportError:  # pragma: no cover - depends on the installed typer
     from click import ClickException as _CliError
 
-from . import __version__
-from .errors import HotsplitError, one_line_error
-from .jsonio import forget_written, written_files
-from .output import StdoutClosed
+from hotsplit_cli import __version__
+from hotsplit_cli.core.errors import HotsplitError, one_line_error
+from hotsplit_cli.core.jsonio import forget_written, written_files
+from hotsplit_cli.output import StdoutClosed
 
 app = typer.Typer(
     name="hotsplit",

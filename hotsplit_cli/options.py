@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from .errors import UsageError
-from .jsonio import output_problem
+from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.core.jsonio import output_problem
 
 
 def writable_output(param: typer.CallbackParam, value: Path | None) -> Path | None:

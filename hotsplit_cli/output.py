@@ -16,8 +16,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from .jsonio import dumps
-from .units import gib, pct  # noqa: F401 - the commands take them from here with Output
+from hotsplit_cli.core.jsonio import dumps
+from hotsplit_cli.core.units import gib, pct  # noqa: F401 - the commands take them from here with Output
 
 
 def _no_progress(n: float = 1) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from .errors import HotsplitError
-from .jsonio import write_atomic
+from hotsplit_cli.core.errors import HotsplitError
+from hotsplit_cli.core.jsonio import write_atomic
 
 
 def require_matplotlib() -> None:

@@ -1,7 +1,7 @@
 """The CPU cold path: per MoE layer and step, the distinct cold experts are divided between the
 device (reading their weights in place over PCIe, as ever) and a CPU worker that computes its
 share from the cold bank where it lies in host memory, by the cost model of
-hotsplit_cli/coldpath.py (`cold_path` = gpu | cpu | split).
+hotsplit_cli/hotset/coldpath.py (`cold_path` = gpu | cpu | split).
 
 Only the CPU's tokens' activations go to the host and only its outputs come back: the weights
 never cross the link. The CPU work is handed to a worker thread first, the device work is
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hotsplit_cli.coldpath import ColdRates, split_cold
-from hotsplit_cli.errors import UsageError
+from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.hotset.coldpath import ColdRates, split_cold
 
 from .device import DeviceInfo
 
@@ -235,7 +235,7 @@ def make_split(mode: str, info: DeviceInfo, bank, platform=None) -> ColdSplit | 
     if getattr(bank, "fp8_meta", None) is not None:
         raise UsageError(FP8_REFUSAL.format(mode=mode))
     if platform is not None:
-        from hotsplit_cli.coldpath import rates_from_platform
+        from hotsplit_cli.hotset.coldpath import rates_from_platform
 
         cuda_index = info.device.index or 0
         gpu = next((g for g in platform.gpus if g.cuda_index == cuda_index), None)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hotsplit_cli.errors import UsageError
+from hotsplit_cli.core.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Routing sources: the model's own router on generated hidden states (`RouterSource`), a trace,
 or the synthetic sampler (`ArraySource`: either gives expert ids per step). Every `dyn_steps`
 steps a window closes: counters are read (the one host synchronisation), a record is made,
-and in dynamic mode `hotsplit_cli.planner.propose_swaps` (the rule shared with the simulator)
+and in dynamic mode `hotsplit_cli.hotset.planner.propose_swaps` (the rule shared with the simulator)
 proposes swaps, which start on the swap stream and are published between later steps.
 """
 
@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from hotsplit_cli.knobs import Knobs
-from hotsplit_cli.planner import propose_swaps
-from hotsplit_cli.trace import Trace
-from hotsplit_cli.traffic import SyntheticTraffic
+from hotsplit_cli.config.knobs import Knobs
+from hotsplit_cli.hotset.planner import propose_swaps
+from hotsplit_cli.traffic.synthetic import SyntheticTraffic
+from hotsplit_cli.traffic.trace import Trace
 from probes.hostmem import release_deferred
 
 from .log import HitRateRecord

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hotsplit_cli.errors import UsageError
-from hotsplit_cli.sizes import FP8_BLOCK
+from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.hotset.sizes import FP8_BLOCK
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3 value

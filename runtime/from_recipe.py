@@ -13,17 +13,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hotsplit_cli.budget import resolve_hot_budget
-from hotsplit_cli.errors import InputFileError, UsageError
-from hotsplit_cli.hist import load_hist
-from hotsplit_cli.knobs import Knobs
-from hotsplit_cli.planfile import load_plan
-from hotsplit_cli.planner import plan_hot_set
-from hotsplit_cli.platform_file import load_platform
-from hotsplit_cli.recipe import Recipe
-from hotsplit_cli.sizes import expert_bytes_per_rank
-from hotsplit_cli.trace import Trace, load_trace
-from hotsplit_cli.traffic import SyntheticTraffic, inclusion_probs, zipf_shares
+from hotsplit_cli.config.knobs import Knobs
+from hotsplit_cli.config.platform_file import load_platform
+from hotsplit_cli.config.recipe import Recipe
+from hotsplit_cli.core.errors import InputFileError, UsageError
+from hotsplit_cli.hotset.budget import resolve_hot_budget
+from hotsplit_cli.hotset.planfile import load_plan
+from hotsplit_cli.hotset.planner import plan_hot_set
+from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
+from hotsplit_cli.traffic.hist import load_hist
+from hotsplit_cli.traffic.synthetic import SyntheticTraffic, inclusion_probs, zipf_shares
+from hotsplit_cli.traffic.trace import Trace, load_trace
 
 from . import cold_split
 from .device import DeviceInfo, choose_device

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import IO
 
-from hotsplit_cli.jsonio import dumps
+from hotsplit_cli.core.jsonio import dumps
 
 MIB = 1 << 20
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import psutil
 import torch
 
-from hotsplit_cli.errors import RuntimeFailure
-from hotsplit_cli.units import gib
+from hotsplit_cli.core.errors import RuntimeFailure
+from hotsplit_cli.core.units import gib
 
 from .device import DeviceInfo
 

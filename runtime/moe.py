@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from hotsplit_cli.errors import UsageError
-from hotsplit_cli.recipe import Recipe
+from hotsplit_cli.config.recipe import Recipe
+from hotsplit_cli.core.errors import UsageError
 
 from .fp8 import Fp8Experts, Fp8Format
 

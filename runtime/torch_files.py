@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from hotsplit_cli.errors import InputFileError
+from hotsplit_cli.core.errors import InputFileError
 
 
 def load_tensors_only(path: str | Path) -> object:

@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from hotsplit_cli.errors import PlanError, RuntimeFailure
-from hotsplit_cli.knobs import Knobs
-from hotsplit_cli.planner import Swap, propose_swaps
+from hotsplit_cli.config.knobs import Knobs
+from hotsplit_cli.core.errors import PlanError, RuntimeFailure
+from hotsplit_cli.hotset.planner import Swap, propose_swaps
 
 from .log import HitRateRecord
 

@@ -120,8 +120,8 @@ run_step() {
 }
 
 # The steps, most needed first. Each takes the run ("first" or "blocking").
-CUDA_TEST_FILES=(tests/test_runtime_bank.py tests/test_runtime_core.py tests/test_run_cli.py tests/test_probe_gpu.py
-                 tests/test_probe_cli.py tests/test_hf_models.py)
+CUDA_TEST_FILES=(tests/runtime/test_runtime_bank.py tests/runtime/test_runtime_core.py tests/cli/test_run_cli.py tests/probes/test_probe_gpu.py
+                 tests/cli/test_probe_cli.py tests/runtime/test_hf_models.py)
 step_selftest() { run_step selftest "$1" 90 "${HS[@]}" selftest --json; }
 step_probe() { run_step probe "$1" 45 "${HS[@]}" probe --json --recipe recipes/deepseek-v3.yaml; }
 step_bench_full() {

@@ -113,7 +113,7 @@ def selftest_lines(work: Path, name: str = "selftest") -> list[str]:
 
 def probe_zero_copy_gbps(work: Path) -> float | None:
     """The probe's zero-copy read of GPU 0 (platform.json summary), None without one."""
-    from hotsplit_cli.platform_file import load_platform
+    from hotsplit_cli.config.platform_file import load_platform
 
     path = work / "probe.out"
     if not path.exists() or not path.read_text().strip():

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from hotsplit_cli.hist import Histogram, save_hist
+from hotsplit_cli.traffic.hist import Histogram, save_hist
 
 # Whether this test process was started with TRITON_INTERPRET=1 (a user may export it): triton,
 # once imported, stays in the mode it was imported in, whatever the tests set afterwards.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hotsplit_cli.recipe import RECIPES_DIR
+from hotsplit_cli.config.recipe import RECIPES_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "out", "*.egg-info", "__pycache__",
@@ -22,7 +22,7 @@ NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "out", "*.
 
 def test_checkout_recipes_folder_is_the_packaged_one():
     """One copy of every recipe: `recipes/` in a checkout leads to the package's folder."""
-    assert RECIPES_DIR == ROOT / "hotsplit_cli" / "recipes" and (RECIPES_DIR / "tiny.yaml").is_file()
+    assert RECIPES_DIR == ROOT / "hotsplit_cli" / "config" / "recipes" and (RECIPES_DIR / "tiny.yaml").is_file()
     assert (ROOT / "recipes").resolve() == RECIPES_DIR
 
 
@@ -38,7 +38,7 @@ def test_wheel_install_runs_a_shipped_recipe_from_another_folder(tmp_path):
     wheel = next(wheels.glob("hotsplit-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     shipped = sorted(p.name for p in RECIPES_DIR.glob("*.yaml"))
-    assert sorted(n.split("/")[-1] for n in names if n.startswith("hotsplit_cli/recipes/")) == shipped
+    assert sorted(n.split("/")[-1] for n in names if n.startswith("hotsplit_cli/config/recipes/")) == shipped
 
     # A fresh environment that sees this one's packages (torch, numpy, ...) but not its hotsplit.
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=120)
@@ -51,7 +51,8 @@ def test_wheel_install_runs_a_shipped_recipe_from_another_folder(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("ledger: deepseek-v3 (deepseek-ai/DeepSeek-V3)")
-    where = subprocess.run([venv / "bin" / "python", "-c", "import hotsplit_cli.recipe as r; print(r.RECIPES_DIR)"],
+    where_cmd = "import hotsplit_cli.config.recipe as r; print(r.RECIPES_DIR)"
+    where = subprocess.run([venv / "bin" / "python", "-c", where_cmd],
                            cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert Path(where).is_relative_to(venv)
 

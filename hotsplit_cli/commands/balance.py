@@ -12,11 +12,11 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from ..errors import InputFileError, RuntimeFailure, UsageError
-from ..hist import Histogram, save_hist
-from ..options import DeviceOpt, JsonOpt, OutOpt, RecipeOpt, output_option
-from ..output import Output
-from ..prompts import read_prompts
+from hotsplit_cli.core.errors import InputFileError, RuntimeFailure, UsageError
+from hotsplit_cli.options import DeviceOpt, JsonOpt, OutOpt, RecipeOpt, output_option
+from hotsplit_cli.output import Output
+from hotsplit_cli.traffic.hist import Histogram, save_hist
+from hotsplit_cli.traffic.prompts import read_prompts
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -64,7 +64,7 @@ def balance_cmd(
         raise UsageError(f"--trace: must end in .npz, got {trace}")
     rec = None
     if recipe_name is not None:
-        from ..recipe import load_recipe
+        from hotsplit_cli.config.recipe import load_recipe
 
         rec = load_recipe(recipe_name)
     if model is None and rec is not None and rec.model.kind == "hf":
@@ -82,7 +82,7 @@ def balance_cmd(
     if output is not None:
         save_hist(output, hist)
     if trace_obj is not None:
-        from ..trace import save_trace
+        from hotsplit_cli.traffic.trace import save_trace
 
         save_trace(trace, trace_obj)
     _report(out, hist, output, trace, notes, rec)
@@ -138,9 +138,8 @@ def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, w
 
 
 def _from_synthetic(out, rec, steps, batch_size, windows_steps, keep_trace):
+    from hotsplit_cli.traffic.trace import Trace
     from runtime.hf.synthetic import synthetic_routing
-
-    from ..trace import Trace
 
     steps = steps or rec.run.steps
     batch = batch_size or rec.traffic.batch
@@ -158,8 +157,9 @@ def _from_synthetic(out, rec, steps, batch_size, windows_steps, keep_trace):
 
 
 def _report(out: Output, hist: Histogram, output, trace, notes, rec=None) -> None:
-    from ..histstats import hist_report
-    from ..sizes import expert_bytes_per_rank
+    from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
+    from hotsplit_cli.traffic.histstats import hist_report
+
     from .hist_show import render_hist_report
 
     report = hist_report(hist, expert_bytes_per_rank(rec) if rec is not None else None)

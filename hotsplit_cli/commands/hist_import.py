@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from ..errors import UsageError
-from ..options import JsonOpt, OutOpt, RecipeOpt
-from ..output import Output
+from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.options import JsonOpt, OutOpt, RecipeOpt
+from hotsplit_cli.output import Output
 
 FromOpt = Annotated[str, typer.Option("--from", help="The engine that wrote the files: sglang or vllm.")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Model name stored in the histogram.")]
@@ -26,8 +26,8 @@ def import_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Import routing counts recorded by SGLang (or saved from vLLM) as a hotsplit histogram."""
-    from ..hist import save_hist
-    from ..serving_import import read_serving, to_histogram
+    from hotsplit_cli.traffic.hist import save_hist
+    from hotsplit_cli.traffic.serving_import import read_serving, to_histogram
 
     out = Output(json)
     if output is None:
@@ -36,7 +36,7 @@ def import_cmd(
         raise UsageError(f"--top-k: must be >= 1, got {top_k}")
     spec = None
     if recipe is not None:
-        from ..recipe import load_recipe
+        from hotsplit_cli.config.recipe import load_recipe
 
         spec = load_recipe(recipe).model
     ec = read_serving(engine, files, _read_pt)

@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from ..hist import load_hist
-from ..histstats import COVERAGE_TARGETS, HOT_FLAG_RATIO, TOP_FRACTIONS, HistReport, hist_report
-from ..options import JsonOpt, PlotOpt, RecipeOpt
-from ..output import Output, gib, pct
+from hotsplit_cli.options import JsonOpt, PlotOpt, RecipeOpt
+from hotsplit_cli.output import Output, gib, pct
+from hotsplit_cli.traffic.hist import load_hist
+from hotsplit_cli.traffic.histstats import COVERAGE_TARGETS, HOT_FLAG_RATIO, TOP_FRACTIONS, HistReport, hist_report
 
 
 def hist_show_cmd(
@@ -24,9 +24,9 @@ def hist_show_cmd(
     hist = load_hist(file)
     expert_bytes = None
     if recipe is not None:
-        from ..planfile import check_hist_matches_recipe
-        from ..recipe import load_recipe
-        from ..sizes import expert_bytes_per_rank
+        from hotsplit_cli.config.recipe import load_recipe
+        from hotsplit_cli.hotset.planfile import check_hist_matches_recipe
+        from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 
         rec = load_recipe(recipe)
         for warning in check_hist_matches_recipe(hist, rec, file):
@@ -73,7 +73,7 @@ def render_hist_report(out: Output, report: HistReport) -> None:
 
 
 def plot_coverage(path: Path, report: HistReport) -> None:
-    from ..plotting import save_png
+    from hotsplit_cli.plotting import save_png
 
     def draw(fig, ax):
         n = len(report.curve_share)

@@ -8,8 +8,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ..jsonio import schema_tag
-from ..ledger import (
+from hotsplit_cli.analysis.ledger import (
     COMM_SHARE_LIMIT,
     DEFAULT_ACT_BYTES,
     DEFAULT_CROSS_RATIO,
@@ -20,9 +19,10 @@ from ..ledger import (
     build_ledger,
     with_ep,
 )
-from ..options import HotGibOpt, JsonOpt, RecipeArg
-from ..output import Output, gib, pct
-from ..recipe import GIB
+from hotsplit_cli.config.recipe import GIB
+from hotsplit_cli.core.jsonio import schema_tag
+from hotsplit_cli.options import HotGibOpt, JsonOpt, RecipeArg
+from hotsplit_cli.output import Output, gib, pct
 
 EpOpt = Annotated[
     int | None, typer.Option("--ep", help="Expert-parallel size N (default: the recipe's parallel.ep).")
@@ -90,9 +90,9 @@ def ledger(
 ) -> None:
     """Memory ledger (parameters, expert bytes, what stays on the GPU, what the hot budget holds)
     and the expert-parallel All-to-All ledger."""
-    from ..hist import load_hist
-    from ..knobs import resolve_knobs
-    from ..recipe import load_recipe
+    from hotsplit_cli.config.knobs import resolve_knobs
+    from hotsplit_cli.config.recipe import load_recipe
+    from hotsplit_cli.traffic.hist import load_hist
 
     out = Output(json_out)
     rec = load_recipe(recipe)
@@ -108,7 +108,7 @@ def ledger(
     )
     histogram = load_hist(hist) if hist is not None else None
     if histogram is not None:
-        from ..planfile import check_hist_matches_recipe
+        from hotsplit_cli.hotset.planfile import check_hist_matches_recipe
 
         for warning in check_hist_matches_recipe(histogram, rec, hist):
             out.warn(warning)

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..errors import UsageError
-from ..options import JsonOpt, OutOpt, RecipeOpt
-from ..output import Output
+from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.options import JsonOpt, OutOpt, RecipeOpt
+from hotsplit_cli.output import Output
 
 if TYPE_CHECKING:
-    from ..placement_report import PlaceReport
+    from hotsplit_cli.placement.report import PlaceReport
 
 FORMATS = ("native", "sglang")
 
@@ -36,8 +36,8 @@ def place_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Replicate and place experts on EP ranks, balancing every window, never two replicas on a rank."""
-    from ..placement_file import save_placement
-    from ..placement_report import PlaceRequest, place_from_hist
+    from hotsplit_cli.placement.file import save_placement
+    from hotsplit_cli.placement.report import PlaceRequest, place_from_hist
 
     out = Output(json)
     if fmt not in FORMATS:
@@ -49,7 +49,7 @@ def place_cmd(
         raise UsageError("--format sglang needs -o FILE")
     rec = None
     if recipe is not None:
-        from ..recipe import load_recipe
+        from hotsplit_cli.config.recipe import load_recipe
 
         rec = load_recipe(recipe)
     req = PlaceRequest(hist_file, ranks, redundant, nodes, groups, eval_hist, seed, fit)

@@ -8,12 +8,12 @@ from typing import Annotated
 
 import typer
 
-from ..errors import UsageError
-from ..knobs import resolve_knobs
-from ..options import HotGibOpt, JsonOpt, OutOpt, PlatformOpt, RecipeOpt
-from ..output import Output, gib, pct
-from ..planfile import PlanResult, make_plan, plan_doc
-from ..recipe import load_recipe
+from hotsplit_cli.config.knobs import resolve_knobs
+from hotsplit_cli.config.recipe import load_recipe
+from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.hotset.planfile import PlanResult, make_plan, plan_doc
+from hotsplit_cli.options import HotGibOpt, JsonOpt, OutOpt, PlatformOpt, RecipeOpt
+from hotsplit_cli.output import Output, gib, pct
 
 
 def plan_cmd(
@@ -37,7 +37,7 @@ def plan_cmd(
     result = make_plan(hist_file, rec, knobs, platform, placement, out.warn)
     doc = plan_doc(result)
     if output is not None:
-        from ..jsonio import write_json_atomic
+        from hotsplit_cli.core.jsonio import write_json_atomic
 
         write_json_atomic(output, doc)
     out.emit(doc, lambda: _render(out, result, doc))

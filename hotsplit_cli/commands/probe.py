@@ -14,13 +14,18 @@ from typing import Annotated, Any
 
 import typer
 
-from .. import __version__
-from ..errors import PlanError, UsageError
-from ..knobs import resolve_knobs
-from ..options import JsonOpt, OutOpt, RecipeOpt
-from ..output import Output, gib
-from ..recipe import GIB, Recipe, load_recipe
-from ..sizes import dense_bytes_per_rank, derive_hot_budget, expert_bytes_per_rank, expert_compute_shape
+from hotsplit_cli import __version__
+from hotsplit_cli.config.knobs import resolve_knobs
+from hotsplit_cli.config.recipe import GIB, Recipe, load_recipe
+from hotsplit_cli.core.errors import PlanError, UsageError
+from hotsplit_cli.hotset.sizes import (
+    dense_bytes_per_rank,
+    derive_hot_budget,
+    expert_bytes_per_rank,
+    expert_compute_shape,
+)
+from hotsplit_cli.options import JsonOpt, OutOpt, RecipeOpt
+from hotsplit_cli.output import Output, gib
 
 QuickOpt = Annotated[bool, typer.Option("--quick", help="A short sweep in seconds (the default).")]
 FullOpt = Annotated[bool, typer.Option("--full", help="Sweep 64 KiB..1 GiB with 10 samples per size (minutes).")]
@@ -245,7 +250,7 @@ def probe_cmd(
         hot_budgets(doc, rec, knobs.vram_reserve_gib)
         doc["reasons"] = doc.pop("reasons")  # keep reasons last
     if output is not None:
-        from ..jsonio import write_json_atomic
+        from hotsplit_cli.core.jsonio import write_json_atomic
 
         write_json_atomic(output, doc)
     out.emit(doc, lambda: _render(out, doc))

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..errors import UsageError
-from ..hist import save_hist
-from ..options import HotGibOpt, JsonOpt, OutOpt, RecipeOpt
-from ..output import Output, pct
+from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.options import HotGibOpt, JsonOpt, OutOpt, RecipeOpt
+from hotsplit_cli.output import Output, pct
+from hotsplit_cli.traffic.hist import save_hist
 
 if TYPE_CHECKING:
-    from ..rerank import RerankReport
+    from hotsplit_cli.traffic.rerank import RerankReport
 
 StrengthOpt = Annotated[
     str,
@@ -39,7 +39,7 @@ def rerank_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Re-rank REF for my traffic: a Dirichlet prior from REF, updated with MINE's counts."""
-    from ..rerank import RerankRequest, rerank_files
+    from hotsplit_cli.traffic.rerank import RerankRequest, rerank_files
 
     out = Output(json)
     req = RerankRequest(ref_file, mine_file, strength, hot_frac)
@@ -47,8 +47,8 @@ def rerank_cmd(
         raise UsageError("--hot-gib needs --recipe to know the expert sizes", "pass --recipe NAME")
     rec = knobs = None
     if recipe is not None:
-        from ..knobs import resolve_knobs
-        from ..recipe import load_recipe
+        from hotsplit_cli.config.knobs import resolve_knobs
+        from hotsplit_cli.config.recipe import load_recipe
 
         rec = load_recipe(recipe)
         knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib})

@@ -9,12 +9,12 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ..errors import Interrupted, UsageError
-from ..jsonio import schema_tag, write_atomic
-from ..knobs import resolve_knobs
-from ..options import ColdPathOpt, HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeArg, output_option
-from ..output import Output, gib, pct
-from ..recipe import load_recipe
+from hotsplit_cli.config.knobs import resolve_knobs
+from hotsplit_cli.config.recipe import load_recipe
+from hotsplit_cli.core.errors import Interrupted, UsageError
+from hotsplit_cli.core.jsonio import schema_tag, write_atomic
+from hotsplit_cli.options import ColdPathOpt, HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeArg, output_option
+from hotsplit_cli.output import Output, gib, pct
 
 MIB = 1 << 20
 PlanFileOpt = Annotated[Path | None, typer.Option("--plan", help="plan.json from `hotsplit plan` (else planned here).")]
@@ -93,7 +93,7 @@ def _check_options(platform: Path | None, steps: int | None, scale: float | None
     if scale is not None and not 0 < scale <= 1:
         raise UsageError(f"--scale: must be in (0, 1], got {scale}")
     if plot is not None:
-        from ..plotting import require_matplotlib
+        from hotsplit_cli.plotting import require_matplotlib
 
         require_matplotlib()
 
@@ -148,7 +148,7 @@ def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path 
 
     say = out.note if json_out else out.print
     say(f"{rec.name}: {rec.model.family} checkpoint {rec.model.path}, prompts {rec.traffic.path}")
-    from ..prompts import read_prompts
+    from hotsplit_cli.traffic.prompts import read_prompts
 
     total = len(read_prompts(rec.traffic.path)) if rec.traffic.kind == "prompts" else None
     with out.progress(f"{rec.name}: prompts", total) as advance:
@@ -227,7 +227,7 @@ def _render_summary(out: Output, title: str, s, first: list, extra: list, origin
 
 def _plot(path: Path, summary, title: str) -> None:
     """Hit rate per window over steps, swap moments marked; written atomically."""
-    from ..plotting import save_png
+    from hotsplit_cli.plotting import save_png
 
     save_png(path, lambda fig, ax: _draw_hit_rates(ax, summary, title), figsize=(8, 4), dpi=100)
 

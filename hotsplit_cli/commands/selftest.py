@@ -7,10 +7,10 @@ import sys
 import typer
 from rich.text import Text
 
-from ..errors import HotsplitError
-from ..jsonio import schema_tag
-from ..options import DeviceOpt, JsonOpt
-from ..output import Output
+from hotsplit_cli.core.errors import HotsplitError
+from hotsplit_cli.core.jsonio import schema_tag
+from hotsplit_cli.options import DeviceOpt, JsonOpt
+from hotsplit_cli.output import Output
 
 
 def selftest(
@@ -42,7 +42,7 @@ def selftest(
     out.emit(doc, render)
     if not result["ok"]:
         failed = [c["name"] for c in result["checks"] if c["ok"] is False]
-        from ..cli import _DEBUG  # set by --debug / HOTSPLIT_DEBUG=1
+        from hotsplit_cli.cli import _DEBUG  # set by --debug / HOTSPLIT_DEBUG=1
 
         if _DEBUG["on"]:  # the tracebacks the checks caught, for a bug report
             for c in result["checks"]:

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Annotated
 import numpy as np
 import typer
 
-from ..errors import UsageError
-from ..options import HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeOpt
-from ..output import Output, gib, pct
+from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.options import HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeOpt
+from hotsplit_cli.output import Output, gib, pct
 
 if TYPE_CHECKING:
-    from ..simulate import SimResult
+    from hotsplit_cli.analysis.simulate import SimResult
 
 
 def simulate_cmd(
@@ -38,9 +38,9 @@ def simulate_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Replay a routing trace under hot-set policies and compare hit rate and PCIe bytes per step."""
-    from ..knobs import resolve_knobs
-    from ..recipe import load_recipe
-    from ..simulate import SimRequest, parse_policies, run_simulation
+    from hotsplit_cli.analysis.simulate import SimRequest, parse_policies, run_simulation
+    from hotsplit_cli.config.knobs import resolve_knobs
+    from hotsplit_cli.config.recipe import load_recipe
 
     out = Output(json)
     names = parse_policies(policies)
@@ -60,7 +60,7 @@ def simulate_cmd(
 
 
 def _plot(out: Output, plot: Path, result: SimResult) -> None:
-    from ..plotting import save_png
+    from hotsplit_cli.plotting import save_png
 
     cfg, sums = result.config, result.sums
     title = f"{result.recipe}: {gib(cfg.budget_bytes)} hot, {cfg.hot_slots} slots"
@@ -72,7 +72,7 @@ def _plot(out: Output, plot: Path, result: SimResult) -> None:
 
 def _render(out: Output, result: SimResult) -> None:
     """The human report of a `SimResult`."""
-    from ..simulate import LAYER_SPLIT
+    from hotsplit_cli.analysis.simulate import LAYER_SPLIT
 
     tr, cfg, k, rate = result.trace, result.config, result.knobs, result.rate
     out.print(f"trace {result.request.trace_path}: {tr.num_steps} steps x {tr.topk_ids_SLTK.shape[2]} tokens x "

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hotsplit_cli.errors import UnsupportedModelError
+from hotsplit_cli.core.errors import UnsupportedModelError
 
 from ..bank import BlobBank, BlobLayout, swiglu_fp8_parts
 from ..device import DeviceInfo

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from hotsplit_cli.trace import Trace
+from hotsplit_cli.traffic.trace import Trace
 
 from .loader import HFModel
 

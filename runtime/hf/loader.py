@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hotsplit_cli.errors import InputFileError, UsageError
+from hotsplit_cli.core.errors import InputFileError, UsageError
 
 from ..bank import BlobLayout
 from ..device import DeviceInfo

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import numpy as np
 
-from hotsplit_cli.budget import resolve_hot_budget
-from hotsplit_cli.errors import InputFileError, UsageError
-from hotsplit_cli.knobs import Knobs
-from hotsplit_cli.planfile import load_plan
-from hotsplit_cli.planner import plan_hot_set
-from hotsplit_cli.platform_file import load_platform
-from hotsplit_cli.prompts import read_prompts
-from hotsplit_cli.recipe import Recipe
-from hotsplit_cli.sizes import expert_bytes_per_rank
+from hotsplit_cli.config.knobs import Knobs
+from hotsplit_cli.config.platform_file import load_platform
+from hotsplit_cli.config.recipe import Recipe
+from hotsplit_cli.core.errors import InputFileError, UsageError
+from hotsplit_cli.hotset.budget import resolve_hot_budget
+from hotsplit_cli.hotset.planfile import load_plan
+from hotsplit_cli.hotset.planner import plan_hot_set
+from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
+from hotsplit_cli.traffic.prompts import read_prompts
 
 from ..cold_split import FP8_REFUSAL, make_split
 from ..device import choose_device

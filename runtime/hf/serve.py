@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hotsplit_cli.knobs import Knobs
+from hotsplit_cli.config.knobs import Knobs
 
 from ..log import HitRateRecord
 from ..windows import RunSummary, WindowBook, moves_by_layer

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from hotsplit_cli.recipe import Recipe
+from hotsplit_cli.config.recipe import Recipe
 
 from ..moe import MoEGeometry, Router
 

@@ -1,0 +1,128 @@
+"""Knobs: resolved once, before any work, with precedence flag > environment > recipe > default.
+
+A bad value refuses to start (`UsageError`, exit 2) with the knob's path in the message.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hotsplit_cli.core.errors import UsageError
+
+NUMA_POLICIES = ("preferred", "bind", "off")
+COLD_PATHS = ("gpu", "cpu", "split")  # who computes cold experts: see coldpath.py
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    name: str
+    env: str
+    kind: type  # float | int | bool | str
+    default: Any
+    minimum: float | None = None
+    choices: tuple[str, ...] | None = None
+    nullable: bool = False  # empty = auto
+
+
+KNOBS = (
+    KnobSpec("hot_gib", "HOTSPLIT_HOT_GIB", float, None, minimum=0.0, nullable=True),
+    KnobSpec("dynamic", "HOTSPLIT_DYNAMIC", bool, True),
+    KnobSpec("dyn_steps", "HOTSPLIT_DYN_STEPS", int, 2000, minimum=1),
+    KnobSpec("dyn_max_swaps", "HOTSPLIT_DYN_MAX_SWAPS", int, 2, minimum=0),
+    KnobSpec("dyn_margin", "HOTSPLIT_DYN_MARGIN", float, 1.25, minimum=1.0),
+    KnobSpec("vram_reserve_gib", "HOTSPLIT_VRAM_RESERVE_GIB", float, 2.0, minimum=0.0),
+    KnobSpec("numa_policy", "HOTSPLIT_NUMA_POLICY", str, "preferred", choices=NUMA_POLICIES),
+    KnobSpec("cold_path", "HOTSPLIT_COLD_PATH", str, "gpu", choices=COLD_PATHS),
+)
+KNOB_NAMES = tuple(k.name for k in KNOBS)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    hot_gib: float | None  # None = auto budget from the hardware
+    dynamic: bool
+    dyn_steps: int
+    dyn_max_swaps: int
+    dyn_margin: float
+    vram_reserve_gib: float
+    numa_policy: str
+    cold_path: str  # gpu | cpu | split
+    sources: Mapping[str, str]  # knob -> "flag" | "env" | "recipe" | "default"
+
+    def to_doc(self) -> dict:
+        return {k: getattr(self, k) for k in KNOB_NAMES}
+
+    def origin(self, name: str) -> str:
+        """Where a knob's value came from, as the user wrote it: `--hot-gib`, `HOTSPLIT_HOT_GIB`,
+        `recipe hotsplit.hot_gib` or `default`."""
+        env = next(k.env for k in KNOBS if k.name == name)
+        return {"flag": f"--{name.replace('_', '-')}", "env": env,
+                "recipe": f"recipe hotsplit.{name}"}.get(self.sources[name], "default")
+
+
+def _convert(spec: KnobSpec, raw: Any, where: str) -> Any:
+    """Parse a raw value (a string from env/flags, or a YAML scalar) and range-check it."""
+    if raw is None or (isinstance(raw, str) and raw.strip() == ""):
+        if spec.nullable:
+            return None
+        raise UsageError(f"{where}: must be set, got an empty value")
+    value: Any = raw
+    try:
+        if spec.kind is bool:
+            if isinstance(raw, bool):
+                value = raw
+            elif isinstance(raw, int) and raw in (0, 1):
+                value = bool(raw)
+            elif isinstance(raw, str) and raw.strip().lower() in ("0", "1", "true", "false", "on", "off"):
+                value = raw.strip().lower() in ("1", "true", "on")
+            else:
+                raise ValueError
+        elif spec.kind is int:
+            if isinstance(raw, bool) or isinstance(raw, float):
+                raise ValueError
+            value = int(raw.strip()) if isinstance(raw, str) else int(raw)
+        elif spec.kind is float:
+            if isinstance(raw, bool):
+                raise ValueError
+            value = float(raw)
+            if not math.isfinite(value):
+                raise ValueError
+        else:
+            value = str(raw).strip()
+    except (ValueError, TypeError):
+        kind = {bool: "0 or 1", int: "an integer", float: "a finite number", str: "a string"}[spec.kind]
+        raise UsageError(f"{where}: must be {kind}, got {raw!r}") from None
+    if spec.minimum is not None and value < spec.minimum:
+        raise UsageError(f"{where}: must be >= {spec.minimum:g}, got {value!r}")
+    if spec.choices is not None and value not in spec.choices:
+        raise UsageError(f"{where}: must be one of {', '.join(spec.choices)}, got {value!r}")
+    return value
+
+
+def resolve_knobs(
+    recipe_knobs: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> Knobs:
+    """Resolve every knob. `flags` holds only the flags the user gave (None = not given)."""
+    env = os.environ if env is None else env
+    recipe_knobs = recipe_knobs or {}
+    flags = flags or {}
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for spec in KNOBS:
+        if flags.get(spec.name) is not None:
+            where, raw, src = f"--{spec.name.replace('_', '-')}", flags[spec.name], "flag"
+        elif spec.env in env:
+            where, raw, src = spec.env, env[spec.env], "env"
+        elif spec.name in recipe_knobs:
+            where, raw, src = f"hotsplit.{spec.name}", recipe_knobs[spec.name], "recipe"
+        else:
+            values[spec.name], sources[spec.name] = spec.default, "default"
+            continue
+        values[spec.name], sources[spec.name] = _convert(spec, raw, where), src
+    return Knobs(**values, sources=sources)

@@ -1,0 +1,187 @@
+"""Who computes the cold experts: the GPU reading their weights over PCIe (zero-copy, `gpu`), the
+CPU computing them where they lie in the cold bank (`cpu`), or both at once (`split`), divided so
+that the two finish together. Pure numpy; the runtime and the planner both use it.
+
+Cost model, for the distinct cold experts one MoE layer reads in one step (seconds):
+
+    GPU part  G:  sum_{e in G} bytes_e / zero_copy_rate                      (weights cross the link)
+    CPU part  C:  sum_{e in C} bytes_e / cpu_rate(tokens_e) + sync           (when C is not empty)
+    layer cold time = max(GPU part, CPU part)                                 (they run at once)
+
+`cpu_rate(t)` is the probe's CPU expert rate at t tokens per expert: it falls as t grows (the CPU
+turns compute-bound) while the GPU's arithmetic is nearly free, so experts with many tokens
+favour the GPU. `sync` is the fixed per-layer cost of involving the CPU at all (routing and
+activations to the host, the CPU's outputs back, a worker hand-off).
+
+The split: order the cold experts by how much more the CPU pays for them than the GPU
+(cpu time / gpu time, ties by expert id), then give the CPU the prefix that minimises the
+layer's cold time. With equal rates and no sync cost that is half the bytes; with no CPU rate it
+is nothing; an expert with many tokens is the last the CPU would take. A worked example is in
+docs/runtime.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hotsplit_cli.config.knobs import COLD_PATHS
+from hotsplit_cli.core.errors import UsageError
+from probes.cpu_expert import interpolate_gbps
+
+
+@dataclass(frozen=True)
+class ColdRates:
+    """The measured rates the cost model uses (GB/s = 1e9 B/s)."""
+
+    zero_copy_gbps: float | None  # the GPU's zero-copy read of pinned host memory
+    cpu_points: tuple[tuple[float, float], ...]  # (tokens per expert, CPU expert GB/s), measured
+    sync_ms: float = 0.0  # per layer, when the CPU takes part
+
+    def cpu_gbps(self, tokens: float) -> float:
+        """CPU expert rate at `tokens` tokens per expert (0 when unmeasured)."""
+        return interpolate_gbps(self.cpu_points, tokens) or 0.0
+
+    def gpu_seconds(self, bytes_N: np.ndarray) -> np.ndarray:
+        if not self.zero_copy_gbps:
+            return np.full(np.shape(bytes_N), np.inf)
+        return np.asarray(bytes_N, dtype=np.float64) / (self.zero_copy_gbps * 1e9)
+
+    def cpu_seconds(self, bytes_N: np.ndarray, tokens_N: np.ndarray) -> np.ndarray:
+        rates = np.array([self.cpu_gbps(t) for t in np.asarray(tokens_N, dtype=np.float64).ravel()])
+        with np.errstate(divide="ignore"):
+            return np.where(rates > 0, np.asarray(bytes_N, dtype=np.float64) / (rates * 1e9), np.inf)
+
+
+@dataclass(frozen=True)
+class LayerSplit:
+    """One layer's cold experts divided between the two paths."""
+
+    to_cpu_N: np.ndarray  # bool [N]: computed by the CPU
+    gpu_s: float  # predicted GPU part
+    cpu_s: float  # predicted CPU part (sync included when the CPU takes any)
+
+    @property
+    def seconds(self) -> float:
+        return max(self.gpu_s, self.cpu_s)
+
+
+def split_cold(bytes_N: Sequence[float], tokens_N: Sequence[float], rates: ColdRates, mode: str = "split"
+               ) -> LayerSplit:
+    """Divide N distinct cold experts (their bytes and token counts) between the GPU and the CPU.
+
+    `gpu`: all to the GPU; `cpu`: all to the CPU; `split`: the prefix rule above."""
+    if mode not in COLD_PATHS:
+        raise UsageError(f"cold_path: must be one of {', '.join(COLD_PATHS)}, got {mode!r}")
+    b = np.asarray(bytes_N, dtype=np.float64)
+    gpu = rates.gpu_seconds(b)
+    cpu = rates.cpu_seconds(b, np.asarray(tokens_N, dtype=np.float64))
+    n = len(b)
+    sync_s = rates.sync_ms / 1e3
+    if mode == "gpu" or n == 0:
+        return LayerSplit(np.zeros(n, dtype=bool), float(gpu.sum()) if n else 0.0, 0.0)
+    if mode == "cpu":
+        return LayerSplit(np.ones(n, dtype=bool), 0.0, float(cpu.sum()) + sync_s)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        penalty = np.where(np.isfinite(cpu), cpu / np.where(gpu > 0, gpu, np.inf), np.inf)
+    order = np.lexsort((np.arange(n), penalty))  # cheapest for the CPU first, then by expert id
+    cpu_part = np.concatenate([[0.0], np.cumsum(cpu[order]) + sync_s])  # the CPU takes the first k
+    gpu_part = np.concatenate([np.cumsum(gpu[order][::-1])[::-1], [0.0]])  # the GPU the rest
+    cost = np.maximum(gpu_part, cpu_part)
+    k = int(np.argmin(cost))  # the first minimum: the fewest experts to the CPU
+    to_cpu = np.zeros(n, dtype=bool)
+    to_cpu[order[:k]] = True
+    return LayerSplit(to_cpu, float(gpu_part[k]), float(cpu_part[k]))
+
+
+@dataclass(frozen=True)
+class ModeTimes:
+    """Predicted cold time per decode step (all layers) of each cold path at one batch size."""
+
+    batch: int
+    gpu_ms: float | None
+    cpu_ms: float | None
+    split_ms: float | None
+    cpu_share: float  # expected share of cold bytes the split gives the CPU
+
+    @property
+    def fastest(self) -> str | None:
+        times = {m: t for m, t in (("gpu", self.gpu_ms), ("cpu", self.cpu_ms), ("split", self.split_ms))
+                 if t is not None and np.isfinite(t)}
+        return min(times, key=lambda m: (times[m], COLD_PATHS.index(m))) if times else None
+
+    def to_doc(self) -> dict:
+        return {"batch": self.batch, "gpu_ms": self.gpu_ms, "cpu_ms": self.cpu_ms, "split_ms": self.split_ms,
+                "split_cpu_share": self.cpu_share, "fastest": self.fastest}
+
+
+def rates_from_platform(platform, gpu_index: int | None = None) -> tuple[ColdRates, str]:
+    """The cost model's rates from platform.json (`platform_file.PlatformInfo`): GPU `gpu_index`'s
+    zero-copy read (None: the slowest measured GPU, which bounds a TP step, as budget.choose_read_rate
+    picks it), the CPU expert rate measured on its NUMA node, and the per-layer sync cost (worker
+    hand-off + activations' round trip). Returns (rates, where they came from)."""
+    if gpu_index is None:
+        measured = [g for g in platform.gpus if g.zero_copy_read_gbps]
+        gpu = min(measured, key=lambda g: g.zero_copy_read_gbps) if measured else None
+    else:
+        gpu = next((g for g in platform.gpus if g.index == gpu_index), None)
+    cpu = platform.cpu_expert_near(gpu.numa_node if gpu else None)
+    sync = ((cpu.handoff_ms or 0.0) if cpu else 0.0) + ((gpu.roundtrip_ms or 0.0) if gpu else 0.0)
+    rates = ColdRates(gpu.zero_copy_read_gbps if gpu else None, cpu.points if cpu else (), sync)
+    parts = [f"zero-copy {rates.zero_copy_gbps:.1f} GB/s" if rates.zero_copy_gbps else "no zero-copy rate",
+             f"CPU {cpu.points[0][1]:.1f} GB/s at 1 token ({cpu.shape})" if cpu and cpu.points
+             else "no CPU expert rate", f"sync {sync:.3f} ms/layer"]
+    return rates, f"{platform.path}: " + ", ".join(parts)
+
+
+def _finite_ms(seconds: float) -> float | None:
+    return seconds * 1e3 if np.isfinite(seconds) else None
+
+
+def predict_cold_paths(pi_LE: np.ndarray, hot_LE: np.ndarray, expert_bytes: int, rates: ColdRates,
+                       batches: Sequence[int]) -> list[ModeTimes]:
+    """Expected cold time per decode step of each cold path, per batch size.
+
+    pi_LE: the chance one token routes to expert e of layer l (top_k x its share in the layer).
+    At batch B a cold expert is read with probability q = 1 - (1 - pi)^B, by B pi / q tokens when
+    it is: each layer's cold experts enter the split as expected bytes (q x expert bytes) with that
+    token count. Layers run one after another, so their times add up."""
+    out = []
+    for batch in batches:
+        layers = []
+        for pi_E, hot_E in zip(pi_LE, hot_LE, strict=True):
+            p = pi_E[~hot_E]
+            q = 1.0 - (1.0 - p) ** batch
+            read = q > 0
+            layers.append((q[read] * expert_bytes, batch * p[read] / q[read]))
+        out.append(_times_of(layers, rates, batch, 1))
+    return out
+
+
+def replay_cold_paths(counts_SLE: np.ndarray, hot_LE: np.ndarray, expert_bytes: int, rates: ColdRates,
+                      batch: int) -> ModeTimes:
+    """Mean cold time per step of each cold path over a routing trace with a fixed hot set: each
+    step's distinct cold experts and their token counts, split as the runtime splits them."""
+    layers = []
+    for counts_LE in counts_SLE:
+        for counts_E, hot_E in zip(counts_LE, hot_LE, strict=True):
+            tokens = counts_E[(counts_E > 0) & ~hot_E]
+            layers.append((np.full(len(tokens), float(expert_bytes)), tokens))
+    return _times_of(layers, rates, batch, max(len(counts_SLE), 1))
+
+
+def _times_of(layers, rates: ColdRates, batch: int, steps: int) -> ModeTimes:
+    """Each path's time over `layers` [(bytes_N, tokens_N)], per step, and the split's CPU share."""
+    totals = dict.fromkeys(COLD_PATHS, 0.0)
+    cpu_bytes = all_bytes = 0.0
+    for b, t in layers:
+        for mode in COLD_PATHS:
+            s = split_cold(b, t, rates, mode)
+            totals[mode] += s.seconds
+            if mode == "split":
+                cpu_bytes += float(b[s.to_cpu_N].sum())
+        all_bytes += float(b.sum())
+    return ModeTimes(batch, *(_finite_ms(totals[m] / steps) for m in COLD_PATHS),
+                     cpu_bytes / all_bytes if all_bytes else 0.0)

@@ -1,0 +1,335 @@
+"""From a histogram and a recipe to a `hotsplit.plan/1` document (numpy only).
+
+Everything the plan command prints and writes is computed here; the command only renders.
+The document is deterministic: no timestamps, sorted ids, the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hotsplit_cli.config.knobs import Knobs
+from hotsplit_cli.config.recipe import Recipe
+from hotsplit_cli.core.errors import PlanError
+from hotsplit_cli.core.jsonio import read_json_doc, schema_tag
+from hotsplit_cli.hotset.budget import HotBudget, ReadRate, choose_read_rate, resolve_hot_budget
+from hotsplit_cli.hotset.planner import Plan, contiguous_owner, plan_hot_set
+from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
+from hotsplit_cli.traffic.hist import Histogram, file_sha256, load_hist
+
+if TYPE_CHECKING:
+    from hotsplit_cli.placement.algorithm import Placement
+
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class ColdCost:
+    """Predicted cold traffic per decode step at one batch size (tokens per step)."""
+
+    batch: int
+    cold_experts: float  # expected distinct cold experts touched per step, all layers
+    cold_bytes: float  # bytes read over PCIe per step per rank
+    cold_ms: float | None  # cold_bytes at the measured zero-copy read rate
+
+
+def check_hist_matches_recipe(hist: Histogram, recipe: Recipe, where: str | os.PathLike | None = None) -> list[str]:
+    """Refuse a histogram whose shape is not the recipe's model's (experts per layer, MoE layer
+    ids); return warnings for what the shape cannot tell: a histogram that names another model."""
+    m, what = recipe.model, str(where or "histogram")
+    if hist.num_experts != m.num_experts:
+        raise PlanError(
+            f"{what}: {hist.num_experts} experts per layer but recipe {recipe.name!r} has {m.num_experts}",
+            "use the recipe of the model the histogram was captured on",
+        )
+    unknown = [x for x in hist.layers if x not in m.moe_layer_ids]
+    if unknown:
+        raise PlanError(
+            f"{what}: layer {unknown[0]} is not a MoE layer of recipe {recipe.name!r} "
+            f"(MoE layers {m.moe_layer_ids[0]}..{m.moe_layer_ids[-1]})",
+            "check the recipe, or re-import the histogram with --recipe",
+        )
+    if _same_model(hist.model, recipe):
+        return []
+    return [f"{what}: a histogram of model {hist.model!r}, but recipe {recipe.name!r} is {m.name!r} "
+            "(same shape: used as given; is it the right histogram?)"]
+
+
+def _same_model(hist_model: str, recipe: Recipe) -> bool:
+    """Names match by their last path part, ignoring case (a checkpoint folder `DeepSeek-V3` is
+    `deepseek-ai/DeepSeek-V3`); a histogram imported without a recipe names no model."""
+    def key(name: str) -> str:
+        return name.strip().rstrip("/").rsplit("/", 1)[-1].lower()
+
+    return key(hist_model) in ("", "unknown", key(recipe.model.name), key(recipe.name))
+
+
+def plan_for_recipe(hist: Histogram, recipe: Recipe, budget_bytes: int) -> Plan:
+    """TP: one hot set for every rank. EP: each EP group ranks only the experts it owns."""
+    check_hist_matches_recipe(hist, recipe)
+    size = expert_bytes_per_rank(recipe)
+    ep = recipe.parallel.ep
+    if ep == 1:
+        return plan_hot_set(hist.counts_LE, size, budget_bytes)
+    owner = contiguous_owner(hist.num_layers, hist.num_experts, ep)
+    return plan_hot_set(hist.counts_LE, size, budget_bytes, rank_of_LE=owner, num_ranks=ep)
+
+
+def plan_for_placement(hist: Histogram, recipe: Recipe, budget_bytes: int, placement) -> Plan:
+    """EP with a placement (replicas): each rank plans among the physical experts placed on it.
+
+    A logical expert's traffic is split evenly over its replicas. The returned plan's hot_RLE is
+    in logical ids: expert e is hot on rank r when any of r's replicas of e is hot.
+    """
+    from dataclasses import replace
+
+    from hotsplit_cli.placement.evaluate import physical_counts
+
+    check_hist_matches_recipe(hist, recipe)
+    if tuple(placement.layers) != tuple(hist.layers):
+        raise PlanError(f"placement layers {placement.layers[:3]}... differ from the histogram's "
+                        f"{hist.layers[:3]}...", "create the placement from this histogram with `hotsplit place`")
+    if recipe.parallel.tp != 1:
+        raise PlanError(f"--placement is for expert parallelism, but recipe {recipe.name!r} "
+                        f"has tp={recipe.parallel.tp}",
+                        "use a recipe with tp: 1 and ep > 1 (e.g. the shipped deepseek-v3-ep8)")
+    if placement.num_ranks != recipe.parallel.ep:
+        # The recipe's hardware and dense weights are per rank of its own layout: its budget
+        # would not fit a placement on another number of ranks.
+        raise PlanError(f"the placement spreads the experts over {placement.num_ranks} ranks, recipe "
+                        f"{recipe.name!r} has ep={recipe.parallel.ep}",
+                        f"place with --ranks {recipe.parallel.ep}, or use a recipe with ep: {placement.num_ranks}")
+    values_LP, rank_LP = physical_counts(hist.counts_LE, placement)
+    phys = plan_hot_set(values_LP, expert_bytes_per_rank(recipe), budget_bytes, rank_of_LE=rank_LP,
+                        num_ranks=placement.num_ranks)
+    R, L, E = placement.num_ranks, hist.num_layers, hist.num_experts
+    hot = np.zeros((R, L, E), dtype=bool)
+    r_idx, l_idx, p_idx = np.nonzero(phys.hot_RLE)
+    hot[r_idx, l_idx, placement.phy2log_LP[l_idx, p_idx]] = True
+    return replace(phys, hot_RLE=hot)
+
+
+def routing_probs(hist: Histogram) -> np.ndarray:
+    """pi [L, E]: the chance one token routes to expert e of layer l (top_k x its share in the layer)."""
+    c = hist.counts_LE
+    row = c.sum(axis=1, keepdims=True)
+    return np.minimum(1.0, hist.top_k * np.divide(c, row, out=np.zeros_like(c), where=row > 0))
+
+
+def rank0_experts(hist: Histogram, recipe: Recipe, placement=None) -> np.ndarray:
+    """bool [L, E]: the logical experts rank 0 holds (all of them under TP; its share under EP:
+    the contiguous default layout, or the experts of its replicas in `placement`)."""
+    L, E = hist.num_layers, hist.num_experts
+    if placement is not None:
+        held = np.zeros((L, E), dtype=bool)
+        S = placement.slots_per_rank
+        for li in range(L):
+            held[li, placement.phy2log_LP[li, :S]] = True
+        return held
+    return contiguous_owner(L, E, recipe.parallel.ep) == 0
+
+
+def cold_costs(hist: Histogram, hot_LE: np.ndarray, expert_bytes: int, read_gbps: float | None,
+               batches=BATCH_SIZES) -> list[ColdCost]:
+    """Expected distinct cold experts per decode step: sum over cold e of 1 - (1 - pi_e)^B,
+    where pi_e = top_k x share of e in its layer is the chance one token routes to e."""
+    cold_pi = routing_probs(hist)[~hot_LE]
+    out = []
+    for b in batches:
+        n = float((1.0 - (1.0 - cold_pi) ** b).sum())
+        nbytes = n * expert_bytes
+        ms = nbytes / (read_gbps * 1e9) * 1e3 if read_gbps else None
+        out.append(ColdCost(b, n, nbytes, ms))
+    return out
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A plan and everything it was made from: what `plan` prints and writes (`plan_doc`)."""
+
+    hist: Histogram
+    hist_path: Path
+    recipe: Recipe
+    knobs: Knobs
+    plan: Plan
+    budget: HotBudget
+    rate: ReadRate  # what the cold reads are predicted at
+    costs: list[ColdCost] | None  # predicted cold reads per decode step, with a platform or a stated rate
+    platform_path: Path | None = None
+    placement: Placement | None = None
+    placement_path: Path | None = None
+    cold_paths: dict | None = None  # each cold path's predicted time per decode step (with a platform)
+
+
+def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path | None = None,
+              placement_path: Path | None = None, warn: Callable[[str], None] = lambda message: None) -> PlanResult:
+    """Plan the hot set of every rank: the histogram checked against the recipe, the budget and
+    the read rate by the one rule (`budget.py`), a placement's physical experts when given, and
+    the predicted cold cost. `warn(message)` is told each warning as it arises."""
+    hist = load_hist(hist_path)
+    for warning in check_hist_matches_recipe(hist, recipe, hist_path):
+        warn(warning)
+    platform = None
+    if platform_path is not None:
+        from hotsplit_cli.config.platform_file import load_platform
+
+        platform = load_platform(platform_path)
+    budget = resolve_hot_budget(recipe, knobs, platform)
+    if budget.over_gpu:
+        warn(f"{budget.over_gpu}; planned anyway (for a larger GPU?)")
+    layout = None
+    if placement_path is not None:
+        from hotsplit_cli.placement.file import load_placement
+
+        layout = load_placement(placement_path)
+        plan = plan_for_placement(hist, recipe, budget.budget_bytes, layout)
+    else:
+        plan = plan_for_recipe(hist, recipe, budget.budget_bytes)
+    rate = choose_read_rate(recipe, platform)
+    size = expert_bytes_per_rank(recipe)
+    # Rank 0 reads cold only the experts placed on it: under EP the others are another rank's reads.
+    not_cold_LE = plan.hot_RLE[0] | ~rank0_experts(hist, recipe, layout)
+    costs = cold_costs(hist, not_cold_LE, size, rate.gbps) if platform is not None or rate.gbps else None
+    cold_paths = cold_path_prediction(hist, not_cold_LE, size, platform) if platform is not None else None
+    return PlanResult(hist, hist_path, recipe, knobs, plan, budget, rate, costs, platform_path, layout,
+                      placement_path, cold_paths)
+
+
+def plan_doc(result: PlanResult) -> dict:
+    """The plan.json document. Layer keys are model layer ids as strings; expert ids ascending."""
+    hist, recipe, plan, placement = result.hist, result.recipe, result.plan, result.placement
+    size = expert_bytes_per_rank(recipe)
+    tp, ep = recipe.parallel.tp, (placement.num_ranks if placement is not None else recipe.parallel.ep)
+    ranks = []
+    for r in range(tp * ep):
+        group = r // tp  # TP shards of one EP group hold the same experts
+        hot = plan.hot_RLE[group]
+        ranks.append({
+            "rank": r,
+            "ep_group": group,
+            "hot": {str(layer): np.flatnonzero(hot[i]).tolist() for i, layer in enumerate(hist.layers)},
+            "hot_experts": int(hot.sum()),
+            "hot_bytes": int(plan.hot_bytes_R[group]),
+            "method": plan.methods[group],
+        })
+    budget = result.budget
+    doc = {
+        "schema": schema_tag("plan"),
+        "histogram": {"path": str(result.hist_path), "sha256": file_sha256(result.hist_path), "model": hist.model,
+                      "source": hist.source, "tokens": hist.tokens},
+        "recipe": recipe.name,
+        "model": recipe.model.name,
+        "parallel": {"tp": tp, "ep": ep, "ranks": tp * ep},
+        "hot_gib": budget.hot_gib,
+        "budget_bytes": plan.budget_bytes,
+        "budget_source": budget.origin,
+        "budget_derivation": budget.derivation.to_doc() if budget.derivation else None,
+        "knobs": result.knobs.to_doc(),
+        "expert_bytes": size,
+        "expert_dtype": recipe.model.expert_dtype,
+        "layers": list(hist.layers),
+        "ranks": ranks,
+        "hit_rate": plan.hit_rate,
+        "layer_hit_rate": {str(layer): float(plan.layer_hit_rate_L[i]) for i, layer in enumerate(hist.layers)},
+        "greedy_hit_rate": plan.greedy_hit_rate,
+        "certified_optimal": plan.certified,
+        "bound": {"hit_rate": plan.bound_hit_rate, "gap": plan.gap, "kind": "LP relaxation (fractional knapsack)"},
+    }
+    if placement is not None:
+        doc["placement"] = {"path": str(result.placement_path), "sha256": file_sha256(result.placement_path),
+                            "physical_experts": placement.num_physical}
+    if result.costs is not None:
+        doc["platform"] = str(result.platform_path) if result.platform_path else None
+        doc["decode_cost_read_gbps"] = {"gbps": result.rate.gbps, "source": result.rate.source}
+        doc["decode_cost"] = [  # expected distinct cold experts read per step, per rank
+            {"batch": c.batch, "cold_experts": c.cold_experts, "cold_bytes": c.cold_bytes, "cold_read_ms": c.cold_ms}
+            for c in result.costs
+        ]
+    if result.cold_paths is not None:
+        doc["cold_paths"] = result.cold_paths
+    return doc
+
+
+def cold_path_prediction(hist: Histogram, hot_LE: np.ndarray, expert_bytes: int, platform) -> dict:
+    """plan.json's `cold_paths`: predicted cold time per decode step of gpu / cpu / split at each
+    batch size, from platform.json's measured rates, and the fastest path at each."""
+    from hotsplit_cli.hotset.coldpath import predict_cold_paths, rates_from_platform
+
+    rates, where = rates_from_platform(platform)
+    times = predict_cold_paths(routing_probs(hist), hot_LE, expert_bytes, rates, BATCH_SIZES)
+    return {"rates": where, "by_batch": [t.to_doc() for t in times]}
+
+
+@dataclass(frozen=True)
+class PlanFile:
+    """A plan read back (for `run --plan` and `simulate --plan`)."""
+
+    path: Path
+    layers: tuple[int, ...]  # model layer ids with a hot set
+    hot_by_rank: tuple[dict[int, tuple[int, ...]], ...]  # rank -> model layer id -> expert ids
+    hit_rate: float | None
+    expert_bytes: int | None
+    budget_bytes: int | None
+    made_from: str | None = None  # the histogram the plan was made from, as a user reads it
+
+    def hot_LE(self, layers, num_experts: int, rank: int = 0, model: str = "the model") -> np.ndarray:
+        """Boolean hot mask [L, E] of one rank, rows in the order of `layers` (model layer ids)."""
+        rows = {int(lid): i for i, lid in enumerate(layers)}
+        hot = np.zeros((len(rows), num_experts), dtype=bool)
+        for lid, ids in self.hot_by_rank[rank].items():
+            if lid not in rows:
+                raise PlanError(f"{self.path}: `ranks[{rank}].hot[{lid}]`: layer {lid} is not a MoE layer of "
+                                f"{model} ({list(rows)})", "was the plan made for this recipe?")
+            bad = [e for e in ids if e >= num_experts]
+            if bad:
+                raise PlanError(f"{self.path}: `ranks[{rank}].hot[{lid}]` names {bad[0]}, which is not an expert id "
+                                f"in [0, {num_experts})")
+            hot[rows[lid], list(ids)] = True
+        return hot
+
+
+def load_plan(path: str | os.PathLike) -> PlanFile:
+    """Read and check a `hotsplit.plan/1` file; errors name the field."""
+    doc = read_json_doc(path, "plan")
+    ranks = doc.get("ranks")
+    if not isinstance(ranks, list) or not ranks or not all(isinstance(r, dict) for r in ranks):
+        raise PlanError(f"{path}: `ranks` must be a non-empty list of objects", "re-create it with `hotsplit plan`")
+    hot_by_rank = []
+    for r, rank in enumerate(ranks):
+        hot = rank.get("hot")
+        if not isinstance(hot, dict):
+            raise PlanError(f"{path}: `ranks[{r}].hot` must map layer ids to expert lists")
+        by_layer: dict[int, tuple[int, ...]] = {}
+        for key, ids in hot.items():
+            try:
+                lid = int(key)
+            except ValueError:
+                raise PlanError(f"{path}: `ranks[{r}].hot` key {key!r} is not a layer id") from None
+            if not isinstance(ids, list) or not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0
+                                                    for e in ids):
+                raise PlanError(f"{path}: `ranks[{r}].hot[{key}]` must be a list of expert ids (ints >= 0)")
+            by_layer[lid] = tuple(ids)
+        hot_by_rank.append(by_layer)
+
+    def number(key: str, kind):
+        v = doc.get(key)
+        return kind(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    layers = doc.get("layers")
+    layers = tuple(int(x) for x in layers) if isinstance(layers, list) else tuple(sorted(hot_by_rank[0]))
+    return PlanFile(Path(path), layers, tuple(hot_by_rank), number("hit_rate", float),
+                    number("expert_bytes", int), number("budget_bytes", int), _made_from(doc.get("histogram")))
+
+
+def _made_from(hist: object) -> str | None:
+    """`histogram PATH (its source)` from a plan's `histogram` block; None when it has none."""
+    if not isinstance(hist, dict) or not isinstance(hist.get("path"), str):
+        return None
+    source = hist.get("source")
+    return f"histogram {hist['path']}" + (f" ({source})" if isinstance(source, str) and source else "")

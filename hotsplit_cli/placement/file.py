@@ -1,0 +1,82 @@
+"""The files of an expert-parallel layout: hotsplit's own `hotsplit.placement/1` document (the
+three maps, with how it was fitted) and SGLang's `--init-expert-location` map.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from hotsplit_cli.core.errors import InputFileError, PlanError
+from hotsplit_cli.core.jsonio import read_json_doc, schema_tag, write_json_atomic
+from hotsplit_cli.placement.algorithm import Placement
+from hotsplit_cli.placement.evaluate import Balance
+
+KIND = "placement"
+
+
+def placement_doc(placement: Placement, num_experts: int, fitted: Balance | None = None,
+                  source: dict | None = None) -> dict:
+    """The native `hotsplit.placement/1` document."""
+    doc = {
+        "schema": schema_tag(KIND),
+        "method": placement.method,
+        "layers": list(placement.layers),
+        "num_experts": int(num_experts),
+        "num_ranks": placement.num_ranks,
+        "num_nodes": placement.num_nodes,
+        "num_physical": placement.num_physical,
+        "slots_per_rank": placement.slots_per_rank,
+        "phy2log": placement.phy2log_LP,
+        "log2phy": placement.log2phy_LEX(num_experts),
+        "logcnt": placement.logcnt_LE(num_experts),
+    }
+    if fitted is not None:
+        doc["fitted"] = fitted.to_doc()
+    if source is not None:
+        doc["source"] = source
+    return doc
+
+
+def sglang_doc(placement: Placement, num_hidden_layers: int, num_experts: int) -> dict:
+    """SGLang `--init-expert-location` JSON: one row per model layer; layers without a placed
+    MoE row (dense layers, or MoE layers absent from the histogram) get the trivial row."""
+    P = placement.num_physical
+    rows = np.broadcast_to(np.arange(P) % num_experts, (num_hidden_layers, P)).copy()
+    for i, layer in enumerate(placement.layers):
+        if not 0 <= layer < num_hidden_layers:
+            raise PlanError(f"placement layer {layer} is outside the model's {num_hidden_layers} layers")
+        rows[layer] = placement.phy2log_LP[i]
+    return {"physical_to_logical_map": rows}
+
+
+def save_placement(path: str | os.PathLike, doc: dict) -> Path:
+    return write_json_atomic(path, doc)
+
+
+def load_placement(path: str | os.PathLike) -> Placement:
+    """Read a `hotsplit.placement/1` file and check every invariant of the maps."""
+    doc = read_json_doc(path, KIND)
+    try:
+        layers = tuple(int(x) for x in doc["layers"])
+        num_ranks = int(doc["num_ranks"])
+        num_experts = int(doc["num_experts"])
+        phy = np.asarray(doc["phy2log"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputFileError(f"{path}: malformed placement ({exc!r})", "re-create it with `hotsplit place`") from None
+    if phy.ndim != 2 or phy.shape[0] != len(layers) or not np.issubdtype(phy.dtype, np.integer):
+        raise InputFileError(f"{path}: `phy2log` must be int [{len(layers)}][physical experts], "
+                             f"got {phy.dtype} {list(phy.shape)}")
+    if num_ranks < 1 or phy.shape[1] % num_ranks:
+        raise InputFileError(f"{path}: `num_ranks` {num_ranks} does not divide {phy.shape[1]} physical experts")
+    if phy.min() < 0 or phy.max() >= num_experts:
+        raise InputFileError(f"{path}: `phy2log` names expert ids outside [0, {num_experts})")
+    placement = Placement(layers, num_ranks, phy.astype(np.int64), str(doc.get("method", "hotsplit")),
+                          int(doc.get("num_nodes", 1)))
+    missing = np.argwhere(placement.logcnt_LE(num_experts) == 0)
+    if len(missing):
+        layer_row, e = missing[0]
+        raise InputFileError(f"{path}: layer {layers[layer_row]} has no replica of expert {e}")
+    return placement

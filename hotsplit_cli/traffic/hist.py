@@ -1,0 +1,211 @@
+"""Routing histograms (`hotsplit.hist/1`): read with every validation rule, write atomically.
+
+Shape letters: L = MoE layers, E = routed experts per layer, W = windows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from hotsplit_cli.core.checks import NOT_FINITE, check_finite_nonneg, index_str
+from hotsplit_cli.core.errors import HistogramError
+from hotsplit_cli.core.jsonio import read_json, schema_tag, write_json_atomic
+
+KIND = "hist"
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Routed-assignment counts per (MoE layer, expert), optionally split into windows."""
+
+    model: str
+    source: str  # how it was captured: real data with origin, or generated (and how)
+    top_k: int
+    tokens: int
+    layers: tuple[int, ...]  # model layer index of each row
+    counts_LE: np.ndarray  # float64 [L, E], finite, >= 0
+    created: str = field(default_factory=utc_now)
+    windows_WLE: np.ndarray | None = None  # float64 [W, L, E]
+    steps_per_window: int | None = None
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.counts_LE.shape[1])
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.counts_LE.shape[0])
+
+    def to_doc(self) -> dict:
+        doc = {
+            "schema": schema_tag(KIND),
+            "model": self.model,
+            "source": self.source,
+            "created": self.created,
+            "top_k": int(self.top_k),
+            "tokens": int(self.tokens),
+            "layers": [int(x) for x in self.layers],
+            "num_experts": self.num_experts,
+            "counts": _as_json_numbers(self.counts_LE),
+        }
+        if self.windows_WLE is not None:
+            doc["windows"] = {
+                "steps_per_window": int(self.steps_per_window or 0),
+                "counts": _as_json_numbers(self.windows_WLE),
+            }
+        return doc
+
+
+def _as_json_numbers(a: np.ndarray):
+    """Integral arrays are written as ints (smaller files, exact); others as floats."""
+    if np.all(np.equal(np.mod(a, 1), 0)) and np.abs(a).max(initial=0) < 2**53:
+        return a.astype(np.int64)
+    return a
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def save_hist(path: str | os.PathLike, hist: Histogram) -> Path:
+    """Validate, then write atomically (a bad histogram never reaches the disk)."""
+    validate_counts(hist.counts_LE, hist.layers, str(path))
+    return write_json_atomic(path, hist.to_doc())
+
+
+def load_hist(path: str | os.PathLike) -> Histogram:
+    """Read and validate a `hotsplit.hist/1` file; raise `HistogramError` naming field and index."""
+    return hist_from_doc(read_json(path, HistogramError, nonfinite=True), str(path))
+
+
+def hist_from_doc(doc: object, where: str) -> Histogram:
+    if not isinstance(doc, dict):
+        raise HistogramError(f"{where}: expected a JSON object")
+    schema = doc.get("schema")
+    if schema != schema_tag(KIND):
+        raise HistogramError(
+            f"{where}: schema {schema!r} is not {schema_tag(KIND)!r}",
+            "import engine dumps with `hotsplit hist import`",
+        )
+    for key in ("model", "source", "top_k", "tokens", "layers", "num_experts", "counts"):
+        if key not in doc:
+            raise HistogramError(f"{where}: missing field `{key}`")
+    for key in ("model", "source"):
+        if not isinstance(doc[key], str):
+            raise HistogramError(f"{where}: `{key}` must be a string")
+    top_k = _nonneg_int(doc["top_k"], where, "top_k", minimum=1)
+    tokens = _nonneg_int(doc["tokens"], where, "tokens", minimum=0)
+    layers = doc["layers"]
+    if not isinstance(layers, list) or not layers:
+        raise HistogramError(f"{where}: `layers` must be a non-empty list of layer ids")
+    for i, x in enumerate(layers):
+        if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+            raise HistogramError(f"{where}: `layers[{i}]` must be a non-negative int, got {x!r}")
+    num_experts = _nonneg_int(doc["num_experts"], where, "num_experts", minimum=1)
+    counts = _matrix(doc["counts"], where, "counts")
+    if counts.shape[0] != len(layers):
+        raise HistogramError(
+            f"{where}: `counts` has {counts.shape[0]} rows but `layers` names {len(layers)} layers"
+        )
+    if counts.shape[1] != num_experts:
+        raise HistogramError(
+            f"{where}: `num_experts` is {num_experts} but `counts[0]` has {counts.shape[1]} entries"
+        )
+    validate_counts(counts, layers, where)
+    windows = doc.get("windows")
+    windows_WLE = None
+    spw = None
+    if windows is not None:
+        if not isinstance(windows, dict) or "counts" not in windows:
+            raise HistogramError(f"{where}: `windows` must be an object with `counts`")
+        spw = _nonneg_int(windows.get("steps_per_window", 0), where, "windows.steps_per_window", 0)
+        w = windows["counts"]
+        if not isinstance(w, list) or not w:
+            raise HistogramError(f"{where}: `windows.counts` must be a non-empty list")
+        mats = [_matrix(m, where, f"windows.counts[{i}]") for i, m in enumerate(w)]
+        for i, m in enumerate(mats):
+            if m.shape != counts.shape:
+                raise HistogramError(
+                    f"{where}: `windows.counts[{i}]` has shape {list(m.shape)}, expected {list(counts.shape)}"
+                )
+            _check_values(m, where, f"windows.counts[{i}]")
+        windows_WLE = np.stack(mats)
+    return Histogram(
+        model=doc["model"],
+        source=doc["source"],
+        created=str(doc.get("created", "")),
+        top_k=top_k,
+        tokens=tokens,
+        layers=tuple(layers),
+        counts_LE=counts,
+        windows_WLE=windows_WLE,
+        steps_per_window=spw,
+    )
+
+
+def _nonneg_int(x: object, where: str, name: str, minimum: int) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or x < minimum:
+        raise HistogramError(f"{where}: `{name}` must be an int >= {minimum}, got {x!r}")
+    return x
+
+
+def _matrix(rows: object, where: str, name: str) -> np.ndarray:
+    """A list of equal-length lists of numbers -> float64 [R, C]; ragged rows are named."""
+    if not isinstance(rows, list) or not rows:
+        raise HistogramError(f"{where}: `{name}` must be a non-empty list of rows")
+    width = None
+    for i, row in enumerate(rows):
+        if not isinstance(row, list):
+            raise HistogramError(f"{where}: `{name}[{i}]` must be a list of numbers")
+        if width is None:
+            width = len(row)
+        elif len(row) != width:
+            raise HistogramError(
+                f"{where}: `{name}[{i}]` has {len(row)} entries, `{name}[0]` has {width} (ragged rows)"
+            )
+        for j, x in enumerate(row):
+            if isinstance(x, bool) or not isinstance(x, int | float):
+                raise HistogramError(f"{where}: `{name}[{i}][{j}]` is not a number: {x!r}")
+    if not width:
+        raise HistogramError(f"{where}: `{name}[0]` is empty")
+    return np.asarray(rows, dtype=np.float64)
+
+
+def _check_values(a: np.ndarray, where: str, name: str) -> None:
+    def message(idx: tuple[int, ...], problem: str) -> str:
+        rule = "must be finite" if problem == NOT_FINITE else "counts must be >= 0"
+        return f"{where}: `{name}{index_str(idx)}` is {a[idx]} ({rule})"
+
+    check_finite_nonneg(a, HistogramError, message)
+
+
+def validate_counts(counts_LE: np.ndarray, layers, where: str) -> None:
+    """Every value rule of SPEC: finite, >= 0, not all zero, 2-D, distinct layer ids."""
+    if counts_LE.ndim != 2:
+        raise HistogramError(f"{where}: `counts` must be 2-D [layers, experts], got {counts_LE.ndim}-D")
+    if counts_LE.shape[0] != len(layers):
+        raise HistogramError(
+            f"{where}: `counts` has {counts_LE.shape[0]} rows but `layers` names {len(layers)} layers"
+        )
+    seen: dict[int, int] = {}
+    for i, layer in enumerate(layers):
+        if layer in seen:
+            raise HistogramError(f"{where}: `layers[{i}]` repeats layer {layer} (first at index {seen[layer]})")
+        seen[layer] = i
+    _check_values(counts_LE, where, "counts")
+    if not counts_LE.any():
+        raise HistogramError(f"{where}: `counts` is all zero", "the capture saw no routed tokens")

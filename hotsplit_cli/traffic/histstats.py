@@ -1,0 +1,104 @@
+"""What an engineer checks in a routing histogram before launch (numpy only).
+
+Load balance per layer, experts far above the mean, how concentrated the traffic is, and how
+many bytes of hot experts it takes to serve a given share of routed assignments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hotsplit_cli.traffic.hist import Histogram
+
+TOP_FRACTIONS = (0.05, 0.10, 0.25, 0.50)
+COVERAGE_TARGETS = (0.50, 0.80, 0.90, 0.95, 0.99)
+HOT_FLAG_RATIO = 2.0  # an expert above 2x its layer's mean load is flagged
+
+
+@dataclass(frozen=True)
+class LayerLoad:
+    layer: int  # model layer id
+    total: float
+    mean: float
+    max: float
+    max_over_mean: float
+    flagged: tuple[int, ...]  # expert ids above HOT_FLAG_RATIO x mean
+    top10_share: float  # share of this layer's traffic on its hottest 10% of experts
+
+
+@dataclass(frozen=True)
+class HistReport:
+    model: str
+    source: str
+    top_k: int
+    tokens: int
+    num_layers: int
+    num_experts: int
+    total: float
+    layers: tuple[LayerLoad, ...]
+    top_share: dict[float, float]  # fraction of all experts (hottest first) -> share of traffic
+    cover_experts: dict[float, int]  # coverage target -> hottest experts needed
+    cover_bytes: dict[float, int] | None  # coverage target -> bytes per rank needed (needs sizes)
+    expert_bytes: int | None
+    curve_bytes: np.ndarray | None  # coverage curve: cumulative bytes and share, best first
+    curve_share: np.ndarray
+
+    def to_doc(self) -> dict:
+        return {
+            "model": self.model,
+            "source": self.source,
+            "top_k": self.top_k,
+            "tokens": self.tokens,
+            "num_layers": self.num_layers,
+            "num_experts": self.num_experts,
+            "routed_assignments": self.total,
+            "expert_bytes": self.expert_bytes,
+            "layers": [
+                {"layer": x.layer, "total": x.total, "mean": x.mean, "max": x.max,
+                 "max_over_mean": x.max_over_mean, "flagged_experts": list(x.flagged),
+                 "top10_share": x.top10_share}
+                for x in self.layers
+            ],
+            "top_share": {f"{k:g}": v for k, v in self.top_share.items()},
+            "cover_experts": {f"{k:g}": v for k, v in self.cover_experts.items()},
+            "cover_gib": None if self.cover_bytes is None
+            else {f"{k:g}": v / (1 << 30) for k, v in self.cover_bytes.items()},
+        }
+
+
+def hist_report(hist: Histogram, expert_bytes: int | None = None) -> HistReport:
+    """Summarise `hist`; with `expert_bytes` (per rank, one expert) also the GiB per coverage."""
+    c = hist.counts_LE
+    total = float(c.sum())
+    L, E = c.shape
+    layers = []
+    for i, layer in enumerate(hist.layers):
+        row = c[i]
+        s = float(row.sum())
+        mean = s / E
+        top_n = max(1, int(np.ceil(0.10 * E)))
+        layers.append(LayerLoad(
+            layer=int(layer),
+            total=s,
+            mean=mean,
+            max=float(row.max()),
+            max_over_mean=float(row.max() / mean) if mean > 0 else 0.0,
+            flagged=tuple(int(e) for e in np.flatnonzero(row > HOT_FLAG_RATIO * mean)) if mean > 0 else (),
+            top10_share=float(np.sort(row)[::-1][:top_n].sum() / s) if s > 0 else 0.0,
+        ))
+    # Hottest first, ties by (layer, expert): the planner's order when sizes are equal.
+    flat = c.ravel()
+    order = np.lexsort((np.arange(flat.size), -flat))
+    cum_share = np.cumsum(flat[order]) / total
+    n = flat.size
+    top_share = {f: float(cum_share[max(1, int(np.ceil(f * n))) - 1]) for f in TOP_FRACTIONS}
+    cover_experts = {t: int(np.searchsorted(cum_share, t - 1e-12) + 1) for t in COVERAGE_TARGETS}
+    cover_bytes = None
+    curve_bytes = None
+    if expert_bytes is not None:
+        cover_bytes = {t: k * int(expert_bytes) for t, k in cover_experts.items()}
+        curve_bytes = np.arange(1, n + 1, dtype=np.float64) * expert_bytes
+    return HistReport(hist.model, hist.source, hist.top_k, hist.tokens, L, E, total, tuple(layers),
+                      top_share, cover_experts, cover_bytes, expert_bytes, curve_bytes, cum_share)

@@ -1,0 +1,81 @@
+"""Routing traces (`.npz`): `topk_ids` [steps, layers, tokens_per_step, top_k], `layers` [L],
+optional `topk_weights` of the same shape. Captured by `balance --trace`, replayed by
+`simulate` and `run`. Shape letters: S = steps, L = MoE layers, T = tokens per step, K = top_k.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hotsplit_cli.core.errors import InputFileError
+from hotsplit_cli.core.jsonio import write_atomic
+
+
+@dataclass(frozen=True)
+class Trace:
+    topk_ids_SLTK: np.ndarray  # int [S, L, T, K]; -1 marks a padding slot (not counted)
+    layers: tuple[int, ...]
+    topk_weights_SLTK: np.ndarray | None = None
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.topk_ids_SLTK.shape[0])
+
+    @property
+    def top_k(self) -> int:
+        return int(self.topk_ids_SLTK.shape[3])
+
+    def counts_SLE(self, num_experts: int) -> np.ndarray:
+        """Routed assignments per step, layer and expert (float64 [S, L, E])."""
+        S, L, T, K = self.topk_ids_SLTK.shape
+        ids = self.topk_ids_SLTK.reshape(S, L, T * K).astype(np.int64)
+        valid = ids >= 0
+        flat = (np.arange(S * L).reshape(S, L, 1) * num_experts + ids)[valid]
+        return np.bincount(flat, minlength=S * L * num_experts).reshape(S, L, num_experts).astype(np.float64)
+
+    def counts_LE(self, num_experts: int) -> np.ndarray:
+        return self.counts_SLE(num_experts).sum(axis=0)
+
+
+def save_trace(path: str | os.PathLike, trace: Trace) -> Path:
+    arrays = {"topk_ids": trace.topk_ids_SLTK, "layers": np.asarray(trace.layers, dtype=np.int64)}
+    if trace.topk_weights_SLTK is not None:
+        arrays["topk_weights"] = trace.topk_weights_SLTK
+    return write_atomic(path, lambda fh: np.savez_compressed(fh, **arrays))
+
+
+def load_trace(path: str | os.PathLike, num_experts: int | None = None) -> Trace:
+    """Read and validate a trace; `num_experts` (when known) bounds the expert ids."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            files = set(z.files)
+            if "topk_ids" not in files or "layers" not in files:
+                raise InputFileError(f"{path}: a trace needs arrays `topk_ids` and `layers`, found {sorted(files)}")
+            ids = z["topk_ids"]
+            layers = z["layers"]
+            weights = z["topk_weights"] if "topk_weights" in files else None
+    except FileNotFoundError:
+        raise InputFileError(f"{path}: no such file", "check the path") from None
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
+        raise InputFileError(f"{path}: not a readable .npz trace ({exc})") from None
+    if ids.ndim != 4 or not np.issubdtype(ids.dtype, np.integer):
+        raise InputFileError(f"{path}: `topk_ids` must be an int array [steps, layers, tokens, top_k], "
+                             f"got {ids.dtype} {list(ids.shape)}")
+    if layers.ndim != 1 or len(layers) != ids.shape[1] or not np.issubdtype(layers.dtype, np.integer):
+        raise InputFileError(f"{path}: `layers` must be int [{ids.shape[1]}], got {layers.dtype} {list(layers.shape)}")
+    if len(set(layers.tolist())) != len(layers):
+        raise InputFileError(f"{path}: `layers` has duplicate layer ids")
+    if ids.size and ids.min() < -1:
+        raise InputFileError(f"{path}: `topk_ids` has negative id {int(ids.min())} (only -1 marks padding)")
+    if num_experts is not None and ids.size and ids.max() >= num_experts:
+        at = tuple(int(i) for i in np.argwhere(ids >= num_experts)[0])
+        raise InputFileError(f"{path}: `topk_ids{list(at)}` = {int(ids[at])} but the model has {num_experts} experts")
+    if weights is not None and weights.shape != ids.shape:
+        raise InputFileError(f"{path}: `topk_weights` shape {list(weights.shape)} differs from `topk_ids`")
+    return Trace(ids, tuple(int(x) for x in layers), weights)

@@ -1,0 +1,147 @@
+"""`hotsplit run` on a real (tiny, random) Hugging Face checkpoint named by a recipe."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+import pytest
+import torch
+import yaml
+
+from hotsplit_cli.cli import main
+
+pytest.importorskip("transformers", minversion="5.0", reason="transformers>=5 (hotsplit[hf])")
+
+from runtime.hf.loader import FAMILIES  # noqa: E402
+from tests.runtime.test_hf_models import SENTENCES, build_checkpoint, checkpoints, reference  # noqa: E402, F401
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return build_checkpoint(tmp_path_factory.mktemp("run") / "qwen3", "qwen3_moe")
+
+
+def _geometry(folder):
+    """The recipe geometry of a test checkpoint, read from its config and its MoE layers."""
+    from runtime.device import choose_device
+    from runtime.hf.loader import load_model, read_config
+
+    config = read_config(folder)
+    hm = load_model(folder, choose_device("cpu"), torch.float32)
+    inter = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    return {"hidden_size": config.hidden_size, "moe_intermediate_size": inter,
+            "num_hidden_layers": config.num_hidden_layers, "moe_layers": list(hm.layer_ids),
+            "num_experts": hm.num_experts, "top_k": hm.top_k}
+
+
+def _recipe(tmp_path, ckpt, prompts, hot_experts, geometry, dyn_steps=2):
+    """A checkpoint recipe whose budget holds `hot_experts` experts (fp16 bytes of the geometry)."""
+    g = geometry
+    one = 3 * g["hidden_size"] * g["moe_intermediate_size"] * 2
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "name": "tiny-ckpt",
+        "model": {"kind": "hf", "path": str(ckpt), "expert_dtype": "fp16", "total_params": 1.0e6, **g},
+        "traffic": {"kind": "prompts", "path": str(prompts), "max_new_tokens": 6, "batch": 1},
+        "run": {"device": "cpu"},
+        "hotsplit": {"hot_gib": hot_experts * one / 2**30, "dyn_steps": dyn_steps, "dyn_margin": 1.0},
+    }))
+    return recipe
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_run_checkpoint_generates_the_same_greedy_text_and_logs_hit_rates(checkpoints, family, tmp_path, capsys):  # noqa: F811
+    ckpt = checkpoints[family]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(orjson.dumps({"prompt": s}).decode() + "\n" for s in SENTENCES[:2]))
+    log = tmp_path / "log.jsonl"
+    recipe = _recipe(tmp_path, ckpt, prompts, 5, _geometry(ckpt))
+    code = main(["run", str(recipe), "--json", "--log-jsonl", str(log)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    doc = json.loads(captured.out)["summary"]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    ref = reference(ckpt)
+    want = []
+    for s in SENTENCES[:2]:
+        ids = tok(s, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            out = ref.generate(input_ids=ids, max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
+        want.append(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+    assert doc["texts"] == want
+    assert doc["hot_experts"] == 5 and "prefill" in doc["plan_source"]
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    # Human lines go to stderr in --json mode (stdout may name the hit rate only in `warnings`).
+    assert records and "hit rate (overall)" not in captured.out
+    assert not any(line.startswith("step ") for line in captured.out.splitlines())
+    assert {"step", "hit_rate_window", "hit_rate_total", "swaps", "bytes_copied", "copy_ms"} <= set(records[0])
+    assert doc["hit_rate"] == records[-1]["hit_rate_total"] and 0 <= doc["hit_rate"] <= 1
+    assert doc["tokens"] > 0 and doc["steps"] == records[-1]["step"]
+    assert doc["kernel"] == "torch per expert" and doc["numa"]["policy"] == "preferred"
+    assert doc["copy_ms"] == pytest.approx(sum(r["copy_ms"] for r in records))
+    assert doc["bytes_copied"] == sum(r["bytes_copied"] for r in records)
+
+
+def test_run_checkpoint_refuses_a_recipe_that_does_not_match(ckpt, tmp_path, capsys):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    recipe = _recipe(tmp_path, ckpt, prompts, 2, {**_geometry(ckpt), "num_experts": 16})
+    code = main(["run", str(recipe)])
+    err = capsys.readouterr().err
+    assert code == 1 and "8 experts" in err and "recipe 'tiny-ckpt' says" in err
+
+
+def test_run_checkpoint_human_summary_and_plot(ckpt, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(SENTENCES[0] + "\n")
+    plot = tmp_path / "hits.png"
+    code = main(["run", str(_recipe(tmp_path, ckpt, prompts, 4, _geometry(ckpt))), "--plot", str(plot)])
+    out = capsys.readouterr().out
+    assert code == 0
+    for row in ("device", "torch per expert", "plan", "cold bank", "numa_policy", "copy time", "hit rate (overall)"):
+        assert row in out, row
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_run_checkpoint_draws_a_bar_per_prompt_on_a_terminal(ckpt, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich then treats stdout and stderr as a terminal
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("".join(s + "\n" for s in SENTENCES[:3]))
+    code = main(["run", str(_recipe(tmp_path, ckpt, prompts, 4, _geometry(ckpt)))])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "tiny-ckpt: prompts" in err and "3/3" in err
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("cold_path", ["cpu", "split"])
+def test_checkpoint_runs_with_a_cpu_cold_path_generate_the_same_text(checkpoints, family, cold_path, tmp_path,  # noqa: F811
+                                                                     capsys, monkeypatch):
+    """Every family's layout (transposed, biased, interleaved gate/up) computed by the CPU from the
+    host cold bank gives transformers' greedy text."""
+    ckpt = checkpoints[family]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(orjson.dumps({"prompt": SENTENCES[0]}).decode() + "\n")
+    monkeypatch.setenv("HOTSPLIT_COLD_PATH", cold_path)
+    code = main(["run", str(_recipe(tmp_path, ckpt, prompts, 2, _geometry(ckpt))), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    doc = json.loads(captured.out)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    ids = tok(SENTENCES[0], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = reference(ckpt).generate(input_ids=ids, max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert doc["summary"]["texts"] == [tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)]
+    paths = doc["summary"]["cold_paths"]
+    assert doc["knobs"]["cold_path"] == cold_path and paths["mode"] == cold_path
+    assert paths["cpu"]["experts"] > 0
+    if cold_path == "cpu":
+        assert paths["gpu"]["experts"] == 0
+    assert f"CPU cold path ({cold_path}" in doc["summary"]["kernel"]

@@ -1,0 +1,61 @@
+import pytest
+
+from hotsplit_cli.config.knobs import KNOBS, resolve_knobs
+from hotsplit_cli.core.errors import UsageError
+
+
+def test_defaults():
+    k = resolve_knobs({}, {}, {})
+    assert (k.hot_gib, k.dynamic, k.dyn_steps, k.dyn_max_swaps, k.dyn_margin, k.vram_reserve_gib, k.numa_policy,
+            k.cold_path) == (None, True, 2000, 2, 1.25, 2.0, "preferred", "gpu")
+    assert set(k.sources.values()) == {"default"}
+
+
+def test_precedence_flag_over_env_over_recipe_over_default():
+    recipe = {"dyn_steps": 10, "dyn_margin": 1.5, "hot_gib": 3}
+    env = {"HOTSPLIT_DYN_STEPS": "20", "HOTSPLIT_HOT_GIB": "4"}
+    k = resolve_knobs(recipe, env, {"hot_gib": "5"})
+    assert (k.hot_gib, k.dyn_steps, k.dyn_margin, k.dyn_max_swaps) == (5.0, 20, 1.5, 2)
+    assert k.sources == {**k.sources, "hot_gib": "flag", "dyn_steps": "env", "dyn_margin": "recipe",
+                         "dyn_max_swaps": "default"}
+
+
+def test_empty_hot_gib_means_auto():
+    assert resolve_knobs({}, {"HOTSPLIT_HOT_GIB": ""}, {}).hot_gib is None
+
+
+BAD = [
+    ("hot_gib", "-1", ">= 0"), ("hot_gib", "lots", "finite number"), ("hot_gib", "nan", "finite number"),
+    ("dynamic", "2", "0 or 1"), ("dynamic", "yes please", "0 or 1"),
+    ("dyn_steps", "0", ">= 1"), ("dyn_steps", "1.5", "integer"), ("dyn_steps", "", "must be set"),
+    ("dyn_max_swaps", "-1", ">= 0"), ("dyn_margin", "0.9", ">= 1"), ("dyn_margin", "inf", "finite"),
+    ("vram_reserve_gib", "-0.5", ">= 0"), ("numa_policy", "everywhere", "preferred, bind, off"),
+    ("cold_path", "gpus", "gpu, cpu, split"), ("cold_path", "", "must be set"),
+]
+
+
+def test_cold_path_precedence():
+    k = resolve_knobs({"cold_path": "cpu"}, {"HOTSPLIT_COLD_PATH": "split"}, {})
+    assert (k.cold_path, k.sources["cold_path"]) == ("split", "env")
+    assert resolve_knobs({"cold_path": "cpu"}, {"HOTSPLIT_COLD_PATH": "split"}, {"cold_path": "gpu"}).cold_path == "gpu"
+    assert resolve_knobs({"cold_path": "cpu"}, {}, {}).cold_path == "cpu"
+
+
+@pytest.mark.parametrize("name, value, message", BAD)
+def test_every_bad_value_is_refused_from_every_source(name, value, message):
+    spec = next(k for k in KNOBS if k.name == name)
+    with pytest.raises(UsageError, match=message) as exc:
+        resolve_knobs({}, {spec.env: value}, {})
+    assert spec.env in str(exc.value) and exc.value.exit_code == 2
+    with pytest.raises(UsageError, match=f"hotsplit.{name}"):
+        resolve_knobs({name: value}, {}, {})
+    with pytest.raises(UsageError, match=f"--{name.replace('_', '-')}"):
+        resolve_knobs({}, {}, {name: value})
+
+
+def test_recipe_yaml_types_are_checked():
+    with pytest.raises(UsageError, match="hotsplit.dyn_steps: must be >= 1, got 0"):
+        resolve_knobs({"dyn_steps": 0}, {}, {})
+    with pytest.raises(UsageError, match="hotsplit.dyn_steps: must be an integer"):
+        resolve_knobs({"dyn_steps": 2.5}, {}, {})
+    assert resolve_knobs({"dynamic": 0}, {}, {}).dynamic is False

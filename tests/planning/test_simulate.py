@@ -1,0 +1,253 @@
+"""Policy lab: accounting by hand, policy properties, and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hotsplit_cli.analysis.simulate import SimConfig, equal_split, rebatch, run_cache, run_dynamic, simulate, summarise
+from hotsplit_cli.hotset.planner import plan_hot_set, propose_swaps
+from hotsplit_cli.traffic.synthetic import synthetic_trace, zipf_shares
+from hotsplit_cli.traffic.trace import Trace, save_trace
+
+
+def counts_of(ids_SLTK, E):
+    return Trace(np.asarray(ids_SLTK), tuple(range(np.shape(ids_SLTK)[1]))).counts_SLE(E)
+
+
+def cfg(slots, window=2, dyn_steps=2, size=100):
+    return SimConfig(size, slots * size, window, dyn_steps, 2, 1.25)
+
+
+def test_bytes_accounting_by_hand():
+    # One layer, 4 experts, expert 0 and 1 hot (2 slots), 100 B per expert.
+    # step 0: tokens route to (0, 2) and (2, 3) -> hits 1, distinct cold {2, 3} -> 200 B
+    # step 1: (1, 0) and (0, 3)                 -> hits 3, distinct cold {3}    -> 100 B
+    ids = [[[[0, 2], [2, 3]]], [[[1, 0], [0, 3]]]]
+    c = counts_of(ids, 4)
+    hot = np.array([[True, True, False, False]])
+    runs = simulate(c, hot, cfg(2), ["static"])
+    s = summarise(runs["static"], c.sum(axis=(1, 2)), 100, 2, read_gbps=1.0)
+    assert runs["static"].hits_S.tolist() == [1, 3]
+    assert runs["static"].cold_experts_S.tolist() == [2, 1]
+    assert s.hit_rate == pytest.approx(4 / 8)
+    assert s.pcie_bytes_per_step == pytest.approx(150.0)
+    assert s.step_ms == pytest.approx(150 / 1e9 * 1e3)
+    # LRU with 2 slots, starting empty: step 0 misses 0, 2, 3 and keeps the 2 most used (2, then
+    # 0 by lower id) -> 2 fills + 1 read in place; step 1 hits 0 twice, misses 1 and 3: keeps 0
+    # (used twice) and 1 (lower id than 3) -> 1 fill, 3 read in place.
+    lru = run_cache(c, np.array([2]), "lru")
+    assert lru.hits_S.tolist() == [0, 2]
+    assert lru.copied_experts_S.tolist() == [2, 1]
+    assert lru.cold_experts_S.tolist() == [1, 1]
+
+
+def test_lru_on_a_cyclic_trace_larger_than_the_cache_never_hits():
+    E, cap = 5, 4
+    ids = np.array([[[[s % E]]] for s in range(40)])  # one token, top-1, experts 0,1,2,3,4,0,...
+    lru = run_cache(counts_of(ids, E), np.array([cap]), "lru")
+    assert lru.hits_S.sum() == 0
+    assert lru.copied_experts_S.sum() == 40  # every step fills, evicting the next one needed
+
+
+def test_lfu_keeps_the_frequent_expert():
+    ids = np.array([[[[0], [s % 3 + 1]]] for s in range(30)])  # expert 0 every token, 1..3 cycle
+    lfu = run_cache(counts_of(ids, 4), np.array([2]), "lfu")
+    assert lfu.hits_S[1:].sum() >= 29  # expert 0 always resident after the first fill
+
+
+def test_unchanging_hot_set_gives_static_equal_to_oracle():
+    rng = np.random.default_rng(0)
+    step = rng.integers(0, 16, size=(3, 8, 2))  # the same routing every step
+    c = counts_of(np.stack([step] * 12), 16)
+    hot = plan_hot_set(c[:4].sum(axis=0), 100, 10 * 100).hot_RLE[0]
+    runs = simulate(c, hot, cfg(10, window=4), ["static", "oracle"])
+    a = c.sum(axis=(1, 2))
+    st_, orc = (summarise(runs[n], a, 100, 4) for n in ("static", "oracle"))
+    assert st_.hit_rate == pytest.approx(orc.hit_rate)
+    assert st_.pcie_bytes_per_step == pytest.approx(orc.pcie_bytes_per_step)
+
+
+def test_static_reports_exactly_the_plan_hit_rate():
+    tr = synthetic_trace(zipf_shares(3, 16, 1.0, seed=1), (0, 1, 2), steps=40, batch=8, top_k=2, seed=1)
+    c = tr.counts_SLE(16)
+    plan = plan_hot_set(c.sum(axis=0), 100, 12 * 100)
+    runs = simulate(c, plan.hot_RLE[0], cfg(12, window=10), ["static"])
+    assert summarise(runs["static"], c.sum(axis=(1, 2)), 100, 10).hit_rate == plan.hit_rate
+
+
+def test_dynamic_uses_the_runtime_rule():
+    c = np.zeros((4, 1, 4))
+    c[:, 0, 3] = 10  # expert 3 is busy, the hot expert 0 idle
+    hot = np.array([[True, False, False, False]])
+    run = run_dynamic(c, hot, dyn_steps=2, max_swaps=2, margin=1.25)
+    assert run.hits_S.tolist() == [0, 0, 10, 10]
+    assert run.copied_experts_S.tolist() == [0, 0, 1, 0]
+    assert len(propose_swaps(c[:2].sum(axis=0), hot, 2, 1.25)) == 1
+
+
+def test_drift_dynamic_beats_static_and_nothing_beats_oracle():
+    tr = synthetic_trace(zipf_shares(4, 32, 1.1, seed=0), (1, 2, 3, 4), steps=600, batch=16, top_k=4,
+                         drift_every=150, seed=0)
+    c = tr.counts_SLE(32)
+    config = SimConfig(100, 54 * 100, 50, 50, 2, 1.25)
+    hot = plan_hot_set(c[:50].sum(axis=0), 100, config.budget_bytes).hot_RLE[0]
+    runs = simulate(c, hot, config)
+    s = {n: summarise(r, c.sum(axis=(1, 2)), 100, 50) for n, r in runs.items()}
+    assert s["dynamic"].hit_rate > s["static"].hit_rate
+    assert s["dynamic"].pcie_bytes_per_step < s["static"].pcie_bytes_per_step
+    assert s["oracle"].hit_rate >= s["dynamic"].hit_rate
+    assert (s["oracle"].window_hit_rate_W >= s["dynamic"].window_hit_rate_W - 1e-12).all()
+    assert (s["oracle"].window_hit_rate_W >= s["static"].window_hit_rate_W - 1e-12).all()
+
+
+def test_equal_split_and_rebatch():
+    assert equal_split(10, 4, 8).tolist() == [3, 3, 2, 2]
+    ids = np.arange(2 * 3 * 4 * 1).reshape(2, 3, 4, 1)  # [S=2, L=3, T=4, K=1]
+    out = rebatch(ids, 8)
+    assert out.shape == (1, 3, 8, 1)
+    assert out[0, 1, :, 0].tolist() == ids[:, 1, :, 0].ravel().tolist()
+
+
+# ---- CLI ----
+
+
+@pytest.fixture
+def drift_trace(tmp_path):
+    tr = synthetic_trace(zipf_shares(4, 32, 1.1, seed=0), (1, 2, 3, 4), steps=200, batch=16, top_k=4,
+                         drift_every=60, seed=0)
+    return save_trace(tmp_path / "trace.npz", tr)
+
+
+def test_cli_simulate_json_and_plot(cli, drift_trace, tmp_path):
+    png = tmp_path / "sim.png"
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--json", "--plot", png)
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert set(doc["policies"]) == {"static", "dynamic", "lru", "lfu", "oracle"}
+    for p in doc["policies"].values():
+        assert 0 <= p["hit_rate"] <= 1 and p["pcie_bytes_per_step"] > 0
+    assert doc["static"].startswith("fitted on the trace's first window")
+    assert doc["window_steps"] == 50  # the recipe's dyn_steps
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_simulate_fit_and_human(cli, drift_trace, tiny_hist):
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--fit", tiny_hist, "--policies", "static,lru",
+            "--dyn-steps", "20")
+    assert r.code == 0, r.err
+    assert "fitted on" in r.out and "lru" in r.out and "dynamic" not in r.out.split("\n", 3)[-1].split("lru")[0]
+
+
+@pytest.mark.parametrize("extra, code, msg", [
+    (["--policies", "static,mru"], 2, "unknown policy 'mru'"),
+    (["--fit", "a.json", "--plan", "b.json"], 2, "--fit and --plan"),
+    (["--dyn-steps", "0"], 2, "--dyn-steps: must be >= 1"),
+    (["--batch", "0"], 2, "--batch"),
+    (["--fit", "missing.json"], 1, "no such file"),
+])
+def test_cli_simulate_errors_write_nothing(cli, drift_trace, tmp_path, extra, code, msg):
+    png = tmp_path / "never.png"
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--plot", png, *extra)
+    assert r.code == code, r.err
+    assert msg in r.err and r.err.startswith("error:")
+    assert r.out == "" and not png.exists()
+
+
+def test_cli_simulate_missing_trace(cli, tmp_path):
+    r = cli("simulate", "--trace", tmp_path / "none.npz", "--recipe", "tiny")
+    assert r.code == 1 and "no such file" in r.err
+
+
+# ---- --plan: every policy at the plan's budget ----
+
+
+@pytest.fixture
+def small_plan(cli, tiny_hist, tmp_path):
+    """A plan at 0.005 GiB (27 experts): half the tiny recipe's own hot_gib of 0.01."""
+    path = tmp_path / "plan.json"
+    assert cli("plan", tiny_hist, "--recipe", "tiny", "--hot-gib", "0.005", "-o", path).code == 0
+    return path
+
+
+def test_cli_simulate_plan_gives_every_policy_the_plans_budget(cli, drift_trace, small_plan):
+    plan = json.loads(small_plan.read_text())
+    slots = plan["ranks"][0]["hot_experts"]
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--plan", small_plan, "--json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    budget = doc["budget"]
+    assert budget["budget_bytes"] == plan["budget_bytes"] and budget["source"] == "plan"
+    assert budget["hot_slots"] == slots == 27
+    assert {name: p["hot_slots"] for name, p in doc["policies"].items()} == dict.fromkeys(doc["policies"], slots)
+    human = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--plan", small_plan).out
+    assert f"budget 5.12 MiB per rank (from plan {small_plan}) = 27 hot experts" in human
+
+
+def test_cli_simulate_plan_accepts_its_own_budget_and_refuses_another(cli, drift_trace, small_plan, tmp_path):
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--plan", small_plan, "--hot-gib", "0.005",
+            "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["budget"]["hot_slots"] == 27
+    png = tmp_path / "never.png"
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--plan", small_plan, "--hot-gib", "0.01",
+            "--plot", png)
+    assert r.code == 2 and r.out == "" and not png.exists()
+    assert r.err == (f"error: --hot-gib 0.01 disagrees with the budget of {small_plan} (0.005 GiB); drop "
+                     "--hot-gib: with --plan every policy gets the plan's budget\n")
+
+
+def test_cli_simulate_columns_have_units_and_budget_its_unit(cli, drift_trace):
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--hot-gib", "0.001")
+    assert r.code == 0, r.err
+    lines = r.out.splitlines()
+    assert "budget 1.02 MiB per rank (from --hot-gib) = 5 hot experts of 0.19 MiB" in lines[1]
+    assert lines[2].split() == ["policy", "hit", "rate", "min", "window", "PCIe", "MiB/step", "zero-copy",
+                                "MiB/step", "experts", "copied"]
+def _drawn_axes(monkeypatch):
+    """Replace save_png: draw on a real figure and keep its axes for inspection."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hotsplit_cli import plotting
+
+    drawn = []
+
+    def save_png(path, draw):
+        fig, ax = plt.subplots()
+        draw(fig, ax)
+        drawn.append(ax)
+        open(path, "wb").close()
+
+    monkeypatch.setattr(plotting, "save_png", save_png)
+    return drawn
+
+
+def test_cli_simulate_plot_of_a_single_window_is_one_bar_per_policy(cli, drift_trace, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    drawn = _drawn_axes(monkeypatch)
+    png = tmp_path / "sim.png"
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--window-steps", "100000", "--plot", png,
+            "--policies", "static,lru,oracle")
+    assert r.code == 0, r.err
+    ax = drawn[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["static", "lru", "oracle"]
+    assert len(ax.patches) == 3 and ax.get_ylim() == (0, 110) and not ax.lines
+    heights = [p.get_height() for p in ax.patches]
+    assert all(0 < h <= 100 for h in heights)
+    assert "one bar per policy, not a curve" in r.err
+
+
+def test_cli_simulate_plot_of_many_windows_is_a_curve_per_policy(cli, drift_trace, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    drawn = _drawn_axes(monkeypatch)
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--plot", tmp_path / "sim.png",
+            "--policies", "static,lru")
+    assert r.code == 0, r.err
+    ax = drawn[0]
+    assert len(ax.lines) == 2 and not ax.patches and all(len(line.get_xdata()) > 1 for line in ax.lines)
+    assert "not a curve" not in r.err

@@ -1,0 +1,389 @@
+"""The hot/cold model equals the all-resident reference: random hot sets, every swap, both routers,
+shared experts; the Triton kernels (interpreted on a CPU); CUDA-only paths skip without CUDA."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from runtime.device import choose_device
+from runtime.engine import ArraySource, Engine
+from runtime.fp8 import FP8, Fp8Format, dequantize, quantize
+from runtime.moe import MoEGeometry, dense_reference, make_layer_weights
+from runtime.selftest import build_pair, random_hot, random_moves, tolerances
+from tests.conftest import STARTED_INTERPRETED, cpu_without_triton, interpreter_mode
+
+torch.set_num_threads(1)
+CPU = cpu_without_triton()
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def geom(router, shared=True, **kw):
+    g = dict(hidden=32, inter=16, num_experts=8, top_k=2, shared_inter=16 if shared else 0, router=router)
+    if router == "sigmoid":
+        g.update(n_group=4, topk_group=2, routed_scaling_factor=2.5)
+    g.update(kw)
+    return MoEGeometry(**g)
+
+
+@pytest.mark.parametrize("router", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_random_hot_sets_equal_reference(router, shared, seed):
+    rng = np.random.default_rng(seed)
+    g = geom(router, shared)
+    model, ref = build_pair(g, 3, random_hot(3, 8, rng.random(), rng), CPU, torch.float32, seed)
+    x = torch.randn(7, g.hidden, generator=torch.Generator().manual_seed(seed))
+    torch.testing.assert_close(model.step(x), ref.step(x), **tolerances(torch.float32))
+
+
+# Blocks that leave partial blocks in every dimension (hidden 32, inter 16 per gate/up half).
+FP8_BLOCKS = Fp8Format((8, 12))
+
+
+@pytest.mark.parametrize("fmt", [FP8_BLOCKS, Fp8Format(None)], ids=["blocks", "per-tensor"])
+def test_fp8_experts_equal_reference_on_their_dequantised_values(fmt):
+    rng = np.random.default_rng(5)
+    g = geom("sigmoid")
+    model, ref = build_pair(g, 2, random_hot(2, 8, 0.5, rng), CPU, torch.float32, fp8=fmt)
+    bank = model.banks[0]
+    assert bank.cold_EB.dtype == torch.uint8 and bank.compute_dtype == torch.float32
+    assert bank.fp8_meta is not None and bank.w2_offset == 2 * 16 * 32  # fp8 w13 bytes
+    for step in range(4):
+        x = torch.randn(6, g.hidden, generator=torch.Generator().manual_seed(step))
+        torch.testing.assert_close(model.step(x), ref.step(x), **tolerances(torch.float32))
+        model.begin_swaps(random_moves(model, 2, rng))
+    # Quantised values really are fp8: the reference's weights are dequantised e4m3.
+    w = ref.layers[0].w13_EIH
+    assert not torch.equal(w, make_layer_weights(g, 0, torch.float32).w13_EIH)
+
+
+def test_fp8_quantize_round_trips_within_e4m3_precision():
+    w = torch.randn(20, 30, generator=torch.Generator().manual_seed(0))
+    q, s = quantize(w, FP8_BLOCKS)
+    assert q.dtype == FP8 and s.shape == (3, 3)
+    back = dequantize(q, s, FP8_BLOCKS, torch.float32)
+    assert ((back - w).abs() <= w.abs() * 2 ** -3 + 1e-6).all()  # e4m3 keeps 3 mantissa bits
+    assert torch.equal(dequantize(*quantize(back, FP8_BLOCKS), FP8_BLOCKS, torch.float32), back)
+
+
+def test_the_release_fp8_format_is_the_one_plans_charge_scales_for():
+    from hotsplit_cli.config.recipe import parse_recipe
+    from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
+    from runtime.fp8 import RELEASE_FP8
+
+    # DeepSeek-V3's expert (hidden 7168, moe_intermediate 2048) under its weight_block_size [128, 128]:
+    # gate and up [2048, 7168] -> 16 x 56 fp32 scales each, down [7168, 2048] -> 56 x 16.
+    assert RELEASE_FP8.scale_shape(2048, 7168) == (16, 56) and RELEASE_FP8.scale_shape(7168, 2048) == (56, 16)
+    model = dict(hidden_size=7168, moe_intermediate_size=2048, num_hidden_layers=1, num_experts=8, top_k=2,
+                 expert_dtype="fp8", total_params=1e12)
+    assert expert_bytes_per_rank(parse_recipe({"model": model})) == 3 * 7168 * 2048 + 3 * 16 * 56 * 4
+    assert RELEASE_FP8.describe() == "fp8 e4m3, 128x128 block scales"
+    assert Fp8Format(None).describe() == "fp8 e4m3, one scale per tensor"
+
+
+def test_cold_path_measure_reads_every_expert_once():
+    from runtime.selftest import cold_path_gbps
+
+    g = geom("softmax", shared=False, num_experts=8, top_k=4)
+    gbps, n_bytes = cold_path_gbps(CPU, g, reps=2)
+    gbps8, n_bytes8 = cold_path_gbps(CPU, g, FP8_BLOCKS, reps=2)
+    assert gbps > 0 and gbps8 > 0
+    assert n_bytes == 8 * 3 * 32 * 16 * 2  # bf16
+    # e4m3 w13 [32, 32] and w2 [32, 16], float32 scales [2, 2, 3] and [4, 2]: 1536 + 48 + 32 bytes
+    assert n_bytes8 == 8 * (3 * 32 * 16 + 2 * 2 * 3 * 4 + 4 * 2 * 4)
+
+
+def test_bf16_equal_reference_within_dtype_tolerance():
+    g = geom("sigmoid")
+    model, ref = build_pair(g, 2, random_hot(2, 8, 0.5, np.random.default_rng(0)), CPU, torch.bfloat16)
+    x = torch.randn(4, g.hidden, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    torch.testing.assert_close(model.step(x), ref.step(x), **tolerances(torch.bfloat16))
+
+
+def test_every_swap_keeps_outputs_equal_and_maps_consistent():
+    rng = np.random.default_rng(3)
+    g = geom("softmax")
+    model, ref = build_pair(g, 2, random_hot(2, 8, 0.5, rng), CPU, torch.float32)
+    for _ in range(10):
+        model.begin_swaps(random_moves(model, 2, rng))
+        for b in model.banks:
+            assert np.array_equal(b.expert2slot_E.numpy(), b.table.expert2slot_E)
+            for slot, e in enumerate(b.table.slot2expert_S):
+                assert torch.equal(b.hot_SB[slot], b.cold_EB[e])
+        x = torch.randn(5, g.hidden)
+        torch.testing.assert_close(model.step(x), ref.step(x))
+
+
+def test_outputs_equal_reference_after_every_swap_of_a_dynamic_run():
+    from hotsplit_cli.config.knobs import resolve_knobs
+    from hotsplit_cli.traffic.synthetic import SyntheticTraffic, zipf_shares
+
+    g = geom("sigmoid")
+    model, ref = build_pair(g, 2, random_hot(2, 8, 0.25, np.random.default_rng(0)), CPU, torch.float32)
+    traffic = SyntheticTraffic(zipf_shares(2, 8, 1.2, 1), 2, 6, drift_every=6, seed=1)
+
+    def gen():
+        while True:
+            yield traffic.next_step(), None
+
+    knobs = resolve_knobs({"dyn_steps": 3, "dyn_max_swaps": 1, "dyn_margin": 1.0}, env={})
+    eng = Engine(model, ArraySource("synthetic", 6, gen()), knobs, expert_bytes=1000)
+    probe = torch.randn(4, g.hidden)
+    checked = []
+
+    def on_record(rec):
+        model.publish_ready(wait=True)
+        torch.testing.assert_close(model.step(probe), ref.step(probe))
+        checked.append(rec.swaps)
+
+    summary = eng.run(30, on_record)
+    assert summary.swaps > 0 and sum(checked) == summary.swaps
+
+
+def test_triton_kernels_equal_reference_in_the_interpreter(triton_interpreted):
+    from runtime.kernels import TritonExperts
+
+    rng = np.random.default_rng(5)
+    g = geom("sigmoid", hidden=48, inter=24)
+    model, ref = build_pair(g, 2, random_hot(2, 8, 0.5, rng), CPU, torch.float32,
+                            compute=TritonExperts(block_i=16, block_h=32))
+    for _ in range(2):
+        x = torch.randn(3, g.hidden)
+        torch.testing.assert_close(model.step(x), ref.step(x), **tolerances(torch.float32))
+        model.begin_swaps(random_moves(model, 2, rng))
+    ids = torch.tensor([[[0, -1], [3, 5], [7, 1]]] * 2)  # padding is ignored
+    w = torch.rand(2, 3, 2)
+    x = torch.randn(3, g.hidden)
+    torch.testing.assert_close(model.step(x, ids, w), ref.step(x, ids, w), **tolerances(torch.float32))
+
+
+@cuda
+def test_cuda_zero_copy_view_reads_pinned_memory_in_place():
+    from runtime.bank import zero_copy_view
+
+    host = torch.arange(1024, dtype=torch.float32).pin_memory()
+    view = zero_copy_view(host, torch.device("cuda"))
+    assert view.is_cuda and view.data_ptr() == host.data_ptr()
+    host[3] = -7.0  # a host write is seen by the device: same bytes, no copy
+    assert float(view[3]) == -7.0
+
+
+@cuda
+def test_cuda_graph_replay_equals_reference():
+    from runtime.selftest import check_graph
+
+    info = choose_device("cuda")
+    result = check_graph(info, torch.bfloat16)
+    assert result.ok is not False, result.detail
+
+
+@cuda
+def test_cuda_swaps_in_flight_equal_reference():
+    from runtime.selftest import check_reference, check_swaps
+
+    info = choose_device("cuda")
+    for check in (check_reference(info, torch.bfloat16), check_swaps(info, torch.bfloat16)):
+        assert check.ok, check.detail
+
+
+@pytest.mark.parametrize("block_t", [1, 4, 16])
+@pytest.mark.parametrize("seed", range(3))
+def test_align_blocks_groups_each_assignment_once_by_expert(block_t, seed):
+    from runtime.kernels import align_blocks, max_blocks
+
+    g = torch.Generator().manual_seed(seed)
+    E, A = 8, 37  # not a multiple of any block size
+    ids = torch.randint(0, 3, (A,), generator=g) * 2  # experts 0, 2, 4 only: the rest get no tokens
+    ids[torch.rand(A, generator=g) < 0.2] = -1
+    b = align_blocks(ids, E, block_t)
+    assert b.num_blocks == max_blocks(A, E, block_t)
+    seen = []
+    for e, start, n in zip(b.expert_N.tolist(), b.start_N.tolist(), b.count_N.tolist(), strict=True):
+        assert 0 <= n <= block_t and (n == 0) == (e == -1)
+        rows = b.order_A[start:start + n]
+        assert bool((ids[rows] == e).all())
+        seen += rows.tolist()
+    assert sorted(seen) == torch.nonzero(ids >= 0).flatten().tolist()  # padding in no block
+    counts = torch.bincount(ids[ids >= 0], minlength=E)
+    per_expert = torch.bincount(b.expert_N[b.expert_N >= 0].long(), minlength=E)
+    # An expert's weights are read once per block: ceil(n / block_t) times, none for an idle expert.
+    assert per_expert.tolist() == ((counts + block_t - 1) // block_t).tolist()
+
+
+def test_align_blocks_all_padding_has_no_live_block():
+    from runtime.kernels import align_blocks
+
+    b = align_blocks(torch.full((6,), -1), 4, 4)
+    assert b.count_N.tolist() == [0] * b.num_blocks and b.expert_N.tolist() == [-1] * b.num_blocks
+
+
+def _kernel_case(hot_fraction, dtype=torch.float32, seed=0, fp8=None):
+    g = geom("softmax", shared=False, hidden=48, inter=24)
+    model, ref = build_pair(g, 1, random_hot(1, 8, hot_fraction, np.random.default_rng(seed)), CPU, dtype, seed,
+                            fp8=fp8)
+    lw = ref.layers[0]
+    return g, model.banks[0], lambda x, ids, w: dense_reference(x, ids, w, lw.w13_EIH, lw.w2_EHI)
+
+
+# Blocks below 16 take the broadcast-multiply path, 16 and up tl.dot.
+BLOCKS = {"small": dict(block_t=4, block_i=8, block_h=16), "dot": dict(block_t=16, block_i=16, block_h=32)}
+
+
+@pytest.mark.parametrize("blocks", BLOCKS)
+@pytest.mark.parametrize("hot_fraction", [0.0, 0.5, 1.0])
+def test_triton_grouped_kernels_many_tokens_per_expert(triton_interpreted, blocks, hot_fraction):
+    from runtime.kernels import TritonExperts
+
+    g, bank, reference = _kernel_case(hot_fraction)
+    T, K = 21, 3  # A = 63: several full blocks of one expert, and partial ones
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.stack([torch.full((T,), 3), torch.randint(0, 8, (T,), generator=gen), torch.full((T,), 6)], dim=1)
+    ids[::5, 1] = -1  # padding mixed in
+    ids[ids == 5] = 4  # expert 5 gets no token
+    w = torch.rand(T, K, generator=gen)
+    x = torch.randn(T, g.hidden, generator=gen)
+    y = TritonExperts(**BLOCKS[blocks])(x, ids, w, bank)
+    torch.testing.assert_close(y, reference(x, ids, w), **tolerances(torch.float32))
+
+
+@pytest.mark.parametrize("blocks", BLOCKS)
+def test_triton_grouped_kernels_all_padding_gives_zero(triton_interpreted, blocks):
+    from runtime.kernels import TritonExperts
+
+    g, bank, _ = _kernel_case(0.5)
+    ids = torch.full((5, 2), -1)
+    w = torch.full((5, 2), float("nan"))  # never read: padding is in no block
+    y = TritonExperts(**BLOCKS[blocks])(torch.randn(5, g.hidden), ids, w, bank)
+    assert torch.equal(y, torch.zeros(5, g.hidden))
+
+
+def test_triton_grouped_kernels_follow_swaps_and_single_token(triton_interpreted):
+    from runtime.kernels import TritonExperts
+
+    rng = np.random.default_rng(2)
+    g, bank, reference = _kernel_case(0.5, seed=2)
+    compute = TritonExperts(block_t=16, block_i=16, block_h=16)
+    for _ in range(3):
+        for T in (1, 9):
+            ids = torch.from_numpy(rng.integers(0, 8, (T, 2)))
+            w, x = torch.rand(T, 2), torch.randn(T, g.hidden)
+            torch.testing.assert_close(compute(x, ids, w, bank), reference(x, ids, w), **tolerances(torch.float32))
+        hot, cold = np.flatnonzero(bank.table.hot_E), np.flatnonzero(~bank.table.hot_E)
+        bank.begin_swaps([(int(rng.choice(hot)), int(rng.choice(cold)))])
+
+
+def test_triton_grouped_kernels_float16_multiply_in_weight_dtype(triton_interpreted):
+    from runtime.kernels import TritonExperts
+
+    g, bank, reference = _kernel_case(0.5, torch.float16)
+    compute = TritonExperts(block_t=16, block_i=16, block_h=16)
+    assert compute.native_dot(torch.float16) and not compute.native_dot(torch.float32)
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 8, (19, 2), generator=gen)
+    w, x = torch.rand(19, 2, generator=gen), torch.randn(19, g.hidden, generator=gen).half()
+    torch.testing.assert_close(compute(x, ids, w, bank), reference(x, ids, w), **tolerances(torch.float16))
+
+
+@pytest.mark.parametrize("fmt", [FP8_BLOCKS, Fp8Format(None)], ids=["blocks", "per-tensor"])
+@pytest.mark.parametrize("split_h", [1, 3])
+def test_triton_grouped_kernels_fp8_dequantise_tiles_as_they_read_them(triton_interpreted, fmt, split_h):
+    from runtime.kernels import TritonExperts
+
+    g, bank, reference = _kernel_case(0.5, fp8=fmt)
+    assert bank.fp8_meta is not None
+    gen = torch.Generator().manual_seed(6)
+    ids = torch.randint(0, 8, (9, 2), generator=gen)
+    w, x = torch.rand(9, 2, generator=gen), torch.randn(9, g.hidden, generator=gen)
+    for blocks in BLOCKS.values():
+        compute = TritonExperts(**blocks, block_i_down=blocks["block_i"], split_h=split_h)
+        torch.testing.assert_close(compute(x, ids, w, bank), reference(x, ids, w), **tolerances(torch.float32))
+
+
+@pytest.mark.parametrize("split_h", [2, 3, 8])
+@pytest.mark.parametrize("hot_fraction", [0.0, 0.5])
+def test_triton_grouped_kernels_split_h_sums_every_chunk(triton_interpreted, split_h, hot_fraction):
+    """The gate/up reduction over H cut into chunks (partial sums added atomically) computes the
+    same function; 8 chunks of 3 H tiles clamp to 3."""
+    from runtime.kernels import TritonExperts
+
+    g, bank, reference = _kernel_case(hot_fraction)
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 8, (5, 2), generator=gen)
+    ids[1, 0] = -1
+    w, x = torch.rand(5, 2, generator=gen), torch.randn(5, g.hidden, generator=gen)
+    compute = TritonExperts(block_t=16, block_i=16, block_h=16, block_i_down=16, split_h=split_h)
+    assert compute._split(1, g.hidden, x.device) == min(split_h, 3)  # hidden 48 = 3 tiles of 16
+    torch.testing.assert_close(compute(x, ids, w, bank), reference(x, ids, w), **tolerances(torch.float32))
+
+
+def test_split_for_fills_the_gpu_only_when_the_launch_is_small():
+    from runtime.kernels import split_for
+
+    assert split_for(programs=2176, h_tiles=56, target=528) == 1  # 32 experts at full size: plenty
+    assert split_for(programs=72, h_tiles=56, target=528) == 8  # decode, 8 experts x 9 I tiles
+    assert split_for(programs=1, h_tiles=3, target=528) == 3  # never more chunks than H tiles
+
+
+def test_triton_experts_reject_block_sizes_tl_arange_cannot_take():  # raised before triton is imported
+    from runtime.kernels import TritonExperts
+
+    with pytest.raises(ValueError, match="block_t"):
+        TritonExperts(block_t=12)
+
+
+def test_triton_grouped_kernels_no_tokens(triton_interpreted):
+    from runtime.kernels import TritonExperts
+
+    g, bank, _ = _kernel_case(0.5)
+    y = TritonExperts()(torch.zeros(0, g.hidden), torch.zeros(0, 2, dtype=torch.int64), torch.zeros(0, 2), bank)
+    assert y.shape == (0, g.hidden)
+
+
+def test_triton_kernel_tests_run_in_a_fresh_interpreter_process():
+    """transformers may import triton before this file runs, and the interpreter is chosen at that
+    import, so the kernel tests (here, and the checkpoint banks in test_hf_models.py) can skip in a
+    full run. Run them once more in a fresh process with TRITON_INTERPRET=1, where they cannot
+    skip, so CI always checks the kernels."""
+    if interpreter_mode():
+        pytest.skip("this process runs the kernel tests in the interpreter itself")
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[2]
+    files = [str(Path(__file__)), *(str(Path(__file__).with_name(f)) for f in ("test_hf_models.py", "test_hf_fp8.py"))]
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *files,
+         "-k", "(interpreter or grouped_kernels) and not fresh"],
+        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, cwd=root, timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    summary = r.stdout.strip().splitlines()[-1]
+    assert "passed" in summary and "skipped" not in summary, summary
+
+
+def test_kernel_compile_tests_run_in_a_fresh_process_without_the_interpreter():
+    """Kernels built for the interpreter cannot be compiled for a GPU target, so test_kernels_compile.py
+    skips in a process started with TRITON_INTERPRET=1 (or one that built the kernels for it): run it
+    once more in its own process without it."""
+    if not (STARTED_INTERPRETED or interpreter_mode()):
+        pytest.skip("test_kernels_compile.py ran in this process (no interpreter here)")
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    kernels = "tests/runtime/test_kernels_compile.py"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", kernels],
+                       env=env, capture_output=True, text=True, cwd=root, timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    summary = r.stdout.strip().splitlines()[-1]
+    assert "passed" in summary and "skipped" not in summary, summary
+
+
+def test_a_users_triton_interpret_does_not_reach_the_tests(monkeypatch):
+    """A user may export TRITON_INTERPRET=1 for the whole run: each test still sees the environment
+    it was written for (the CPU runtime without Triton unless it asks for the interpreter)."""
+    assert "TRITON_INTERPRET" not in os.environ  # conftest's autouse fixture
+    assert CPU.triton is False
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert cpu_without_triton().triton is False and "TRITON_INTERPRET" in os.environ

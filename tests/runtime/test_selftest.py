@@ -1,0 +1,114 @@
+"""`hotsplit selftest` always reports: an exception of any kind in one check is that check's FAIL
+row, the other checks still run, the JSON document is printed, and the exit code is 1."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from runtime import selftest
+from runtime.device import choose_device
+
+CUDA_ERROR = "CUDA error: invalid argument\nSearch for `cudaErrorInvalidValue' in the CUDA runtime API documentation"
+ALL_CHECKS = [selftest.REFERENCE, selftest.SWAPS, selftest.FP8_EXPERTS, selftest.GRAPH, selftest.ZERO_COPY,
+              selftest.STEP_TIME]
+
+
+def _raise(exc):
+    def fail(*args, **kwargs):
+        raise exc
+    return fail
+
+
+def by_name(doc):
+    return {c["name"]: c for c in doc["checks"]}
+
+
+def test_a_check_raising_a_device_error_is_its_fail_row_and_the_others_run(cli, monkeypatch):
+    monkeypatch.setattr(selftest, "check_swaps", _raise(RuntimeError(CUDA_ERROR)))
+    r = cli("selftest", "--json")
+    assert r.code == 1
+    doc = json.loads(r.out)  # one valid document, nothing else on stdout
+    assert [c["name"] for c in doc["checks"]] == ALL_CHECKS
+    assert doc["ok"] is False
+    checks = by_name(doc)
+    swaps = checks[selftest.SWAPS]
+    assert swaps["ok"] is False and swaps["value"] == "error"
+    assert swaps["detail"].startswith("RuntimeError: CUDA error: invalid argument (at tests/runtime/test_selftest.py:")
+    assert "Search for" not in swaps["detail"]  # the first line only
+    assert swaps["error"]["type"] == "RuntimeError" and swaps["error"]["message"] == \
+        "RuntimeError: CUDA error: invalid argument"
+    assert "Traceback" in swaps["error"]["traceback"]
+    for name in (selftest.REFERENCE, selftest.FP8_EXPERTS):  # ran after the failure too
+        assert checks[name]["ok"] is True and checks[name]["error"] is None
+    assert checks[selftest.STEP_TIME]["value"].startswith("x")
+    assert "step_time" in doc["measures"]
+    assert r.err.startswith("error: selftest failed: runtime = reference (swaps mid-run);")
+    assert "Traceback" not in r.err  # no traceback without --debug
+
+
+def test_human_output_shows_the_fail_row_and_the_error(cli, monkeypatch):
+    monkeypatch.setattr(selftest, "check_reference", _raise(torch.AcceleratorError(CUDA_ERROR)))
+    r = cli("selftest")
+    assert r.code == 1
+    row = next(line for line in r.out.splitlines() if line.startswith("runtime = reference"))
+    assert "FAIL" in row and "error" in row
+    assert ("FAIL runtime = reference (random hot sets): AcceleratorError: CUDA error: invalid argument "
+            "(at tests/runtime/test_selftest.py:") in r.out  # the error on one line below the table
+    assert sum(" pass " in line for line in r.out.splitlines()) == 2  # swaps and fp8 still ran
+    assert r.err.startswith("error: selftest failed: runtime = reference (random hot sets);")
+
+
+def test_debug_prints_the_caught_tracebacks_to_stderr(capsys, monkeypatch):
+    from hotsplit_cli.cli import main
+    from hotsplit_cli.core.errors import HotsplitError
+
+    monkeypatch.setattr(selftest, "check_fp8", _raise(ValueError("bad block")))
+    with pytest.raises(HotsplitError, match="selftest failed"):  # --debug: errors raise, with a traceback
+        main(["--debug", "selftest", "--json"])
+    out, err = capsys.readouterr()
+    assert json.loads(out)["ok"] is False
+    assert "runtime = reference (fp8 experts):\nTraceback" in err and "ValueError: bad block" in err
+
+
+def test_a_measure_that_raises_is_a_fail_row_not_a_crash(monkeypatch):
+    monkeypatch.setattr(selftest, "step_time_ratio", _raise(torch.AcceleratorError(CUDA_ERROR)))
+    result = selftest.run_selftest(choose_device("cpu"))
+    assert result["ok"] is False
+    assert [c["name"] for c in result["checks"]] == ALL_CHECKS
+    row = by_name(result)[selftest.STEP_TIME]
+    assert row["ok"] is False and row["detail"].startswith("AcceleratorError: CUDA error: invalid argument")
+    assert "step_time" not in result["measures"]  # a measure that raised leaves no half-filled entry
+    assert all(c["ok"] is not False for c in result["checks"] if c["name"] != selftest.STEP_TIME)
+
+
+def test_the_zero_copy_measure_that_raises_is_a_fail_row(monkeypatch):
+    cpu = choose_device("cpu")
+    info = dataclasses.replace(cpu, zero_copy=True)  # so that the measure runs
+    monkeypatch.setattr(selftest, "measure_zero_copy", _raise(torch.AcceleratorError(CUDA_ERROR)))
+    measures = {}
+    row = selftest.isolated(selftest.ZERO_COPY, lambda: selftest.check_zero_copy(info, measures), cpu)
+    assert row.ok is False and row.detail.startswith("AcceleratorError: CUDA error: invalid argument")
+    assert measures == {}
+
+
+def test_an_asynchronous_device_error_is_charged_to_the_check_that_launched_the_work(monkeypatch):
+    info = dataclasses.replace(choose_device("cpu"), is_cuda=True)
+    monkeypatch.setattr(torch.cuda, "synchronize", _raise(RuntimeError("CUDA error: an illegal memory access")))
+    row = selftest.isolated("kernel check", lambda: selftest.Check("kernel check", True, "ok"), info)
+    assert row.ok is False and row.name == "kernel check"
+    assert row.detail.startswith("RuntimeError: CUDA error: an illegal memory access")
+
+
+def test_an_error_without_a_message_names_its_type():
+    row = selftest.failed("x", ValueError())
+    assert row.detail == "ValueError" and row.error["at"] is None
+
+
+def test_ctrl_c_is_not_swallowed():
+    info = choose_device("cpu")
+    with pytest.raises(KeyboardInterrupt):
+        selftest.isolated("x", _raise(KeyboardInterrupt()), info)
