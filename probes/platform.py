@@ -29,6 +29,7 @@ from .bandwidth import (
 from .common import DriverReport, GpuDevice, Reason, collect_reasons, to_doc
 from .cpu_expert import DEFAULT_SHAPE, QUICK_POOL_BYTES, TOKENS, CpuExpertRate, ExpertShape, measure_cpu_expert
 from .cuda import CudaReport, list_cuda_devices, same_bus
+from .gpu_numa import decide_gpu_numa_node
 from .host import HostInfo, probe_host
 from .hostmem import SYS_MBIND
 from .numastat import ToolOutput, parse_numastat, parse_numastat_table, run_numastat
@@ -262,7 +263,7 @@ class Inventory:
     def gpu_nodes(self) -> list[int]:
         """The NUMA nodes of the GPUs, each once: where the CPU expert rate is measured."""
         gpus = self.driver.gpus if self.driver else ()
-        nodes = {_gpu_numa_node(g, self.links.get(g.index), self.numa_nodes)[0] for g in gpus}
+        nodes = {decide_gpu_numa_node(self.links.get(g.index), g, self.numa_nodes).node for g in gpus}
         return sorted(n for n in nodes if n is not None)
 
 
@@ -358,28 +359,14 @@ def take_inventory(mode: str = "quick", expert_bytes: int | None = None, sources
 # ----------------------------------------------------------------------------- phase 2: measure
 
 
-def _gpu_numa_node(g: GpuDevice, link: PciLink | None, nodes: tuple[NumaNode, ...]) -> tuple[int | None, str | None]:
-    if link is not None and link.numa_node is not None:
-        return link.numa_node, "sysfs"
-    if g.numa_node is not None:
-        return g.numa_node, "nvml"
-    if g.memory_affinity and len(g.memory_affinity) == 1:
-        return g.memory_affinity[0], "nvml memory affinity"
-    if len(nodes) == 1:
-        return nodes[0].node, "only node"
-    return None, None
-
-
 def _build_gpu(inv: Inventory, g: GpuDevice, sources: Sources, tick: Callable[[int], None]) -> Gpu:
     link = inv.links.get(g.index)
     reasons = list(g.reasons)
-    node, node_source = _gpu_numa_node(g, link, inv.numa_nodes)
+    located = decide_gpu_numa_node(link, g, inv.numa_nodes)
+    node, node_source = located.node, located.source
+    reasons = [r for r in reasons if r.field != "numa_node"]
     if node is None:
-        reasons = [r for r in reasons if r.field != "numa_node"]
-        why = "; ".join(r.why for r in (link.reasons if link else ()) if r.field == "numa_node") or "unknown"
-        reasons.append(Reason("numa_node", f"neither sysfs nor the driver gives it ({why})"))
-    else:
-        reasons = [r for r in reasons if r.field != "numa_node"]
+        reasons.append(Reason("numa_node", located.why_not))
     cuda_index = _cuda_match(g, inv.cuda) if inv.cuda is not None else None
     bw = None
     if cuda_index is None:

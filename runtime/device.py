@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hotsplit_cli.core.errors import UsageError
+from probes.gpu_numa import locate_gpu_numa_node
 
 
 @dataclass(frozen=True)
@@ -43,21 +44,15 @@ def _triton_importable() -> tuple[bool, str | None]:
 
 
 def _gpu_numa_node(index: int) -> tuple[int | None, str | None]:
-    """The NUMA node of GPU `index` from sysfs (its PCI device's numa_node)."""
+    """The NUMA node of GPU `index` by the probe's rule (probes/gpu_numa.py: sysfs, then NVML,
+    then memory affinity, then the only node), so the runtime pins where the probe measured."""
     try:
         props = torch.cuda.get_device_properties(index)
         bus = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
     except Exception as exc:  # older torch without the PCI fields
         return None, f"PCI bus id unknown ({exc})"
-    path = f"/sys/bus/pci/devices/{bus}/numa_node"
-    try:
-        with open(path) as fh:
-            node = int(fh.read().strip())
-    except (OSError, ValueError) as exc:
-        return None, f"cannot read {path} ({exc})"
-    if node < 0:
-        return None, f"{path} is {node}: the platform reports no NUMA affinity"
-    return node, None
+    located = locate_gpu_numa_node(bus)
+    return located.node, located.why_not
 
 
 def choose_device(request: str = "auto", source: str = "run.device") -> DeviceInfo:
