@@ -72,12 +72,13 @@ def run_check(size_bytes: int = 256 * MIB, gpu: int = 0) -> list[dict] | None:
     if not torch.cuda.is_available():
         return None
     from probes.bandwidth import SweepPlan, measure_gpu
+    from probes.common import gpu_of_cuda
     from probes.platform import Sources, measure_platform, take_inventory
 
     # The probe's own view of the link (NVML) and the GPU's NUMA node.
     inv = take_inventory("quick", None, Sources(gpu_bandwidth=lambda *a, **k: None))
     plat = measure_platform(inv, Sources(gpu_bandwidth=lambda *a, **k: None, host_copy=lambda *a, **k: ()))
-    g = next((x for x in plat.gpus if x.cuda_index == gpu), None)
+    g = gpu_of_cuda(plat.gpus, gpu)
     node = g.numa_node if g else None
     link = g.link_max_rate_gbps if g else None
 

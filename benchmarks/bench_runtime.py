@@ -42,7 +42,7 @@ def platform_zero_copy(path: str, info: DeviceInfo) -> tuple[float | None, str]:
 
     plat = load_platform(path)
     index = info.device.index or 0
-    gpu = next((g for g in plat.gpus if g.cuda_index == index), None)
+    gpu = plat.gpu_of_cuda(index)
     if gpu is None or gpu.zero_copy_read_gbps is None:
         return None, f"{path} has no zero-copy read for cuda:{index}"
     return gpu.zero_copy_read_gbps, f"hotsplit probe ({path})"

@@ -96,6 +96,13 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+def gpu_of_cuda(gpus: Iterable[Any], cuda_index: int) -> Any | None:
+    """The GPU record (anything with a `cuda_index`: the probe's or platform.json's) that torch
+    calls `cuda:cuda_index`; None when no record has it. Driver order and CUDA order can differ
+    (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER), so a GPU is never looked up by its driver index."""
+    return next((g for g in gpus if g.cuda_index == cuda_index), None)
+
+
 def parse_cpulist(text: str) -> tuple[int, ...]:
     """Linux cpulist format (`0-3,8-11`, `0`, empty) as sorted ids. Raises ValueError if malformed."""
     ids: set[int] = set()

@@ -237,8 +237,7 @@ def make_split(mode: str, info: DeviceInfo, bank, platform=None) -> ColdSplit | 
     if platform is not None:
         from hotsplit_cli.hotset.coldpath import rates_from_platform
 
-        cuda_index = info.device.index or 0
-        gpu = next((g for g in platform.gpus if g.cuda_index == cuda_index), None)
+        gpu = platform.gpu_of_cuda(info.device.index or 0)
         rates, where = rates_from_platform(platform, gpu.index if gpu else -1)
         if not info.is_cuda:  # the device path of a CPU run is this CPU
             rates = ColdRates(rates.cpu_gbps(1), rates.cpu_points, rates.sync_ms)

@@ -118,8 +118,8 @@ def probe_zero_copy_gbps(work: Path) -> float | None:
     path = work / "probe.out"
     if not path.exists() or not path.read_text().strip():
         return None
-    gpus = load_platform(path).gpus
-    return next((g.zero_copy_read_gbps for g in gpus if g.cuda_index == 0), None)
+    gpu = load_platform(path).gpu_of_cuda(0)
+    return gpu.zero_copy_read_gbps if gpu else None
 
 
 def cold_path_lines(work: Path) -> list[str]:

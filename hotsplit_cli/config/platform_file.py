@@ -16,6 +16,7 @@ from typing import Any
 
 from hotsplit_cli.core.errors import InputFileError
 from hotsplit_cli.core.jsonio import read_json_doc
+from probes.common import gpu_of_cuda
 
 KIND = "platform"
 
@@ -60,6 +61,10 @@ class PlatformInfo:
     def cpu_expert_near(self, node: int | None) -> CpuExpertInfo | None:
         """The CPU expert rate measured on `node` (a GPU's node), else the first one measured."""
         return next((c for c in self.cpu_expert if c.node == node), self.cpu_expert[0] if self.cpu_expert else None)
+
+    def gpu_of_cuda(self, cuda_index: int) -> GpuInfo | None:
+        """The GPU torch calls `cuda:cuda_index`, None when the probe saw none there."""
+        return gpu_of_cuda(self.gpus, cuda_index)
 
     def gpu(self, index: int = 0) -> GpuInfo:
         """The GPU with driver index `index`; InputFileError when the file has none."""

@@ -279,6 +279,8 @@ def test_cli_json_and_platform_file_roundtrip(cli, fake_machine, tmp_path):
     assert [g.index for g in info.gpus] == [0, 1] and info.numa_nodes == 2
     g1 = info.gpu(1)
     assert g1.cuda_index == 0 and g1.zero_copy_read_gbps == 40.0 and g1.h2d_gbps == 50.0
+    # driver GPU 1 is cuda:0 here: the CUDA lookup never goes by the driver index
+    assert info.gpu_of_cuda(0) is g1 and info.gpu_of_cuda(1) is info.gpu(0) and info.gpu_of_cuda(2) is None
     assert g1.mem_total_bytes == 80 * GIB and g1.numa_node == 1 and g1.link_rate_gbps == pytest.approx(31.5, 0.01)
     assert info.host_copy_gbps == 20.0
     with pytest.raises(InputFileError, match="no GPU 7"):
