@@ -25,6 +25,7 @@ import numpy as np
 from .common import Reason, median
 from .hostmem import HostPages, PageLocation
 from .nvml import LinkState
+from .timing import cuda_event_clock, wall_clock
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 Tick = Callable[[int], None]
@@ -119,12 +120,6 @@ def time_samples(op: Callable[[], Any], iterations: int, plan: SweepPlan,
     return [elapsed_s(run) for _ in range(plan.samples)]
 
 
-def wall_clock(run: Callable[[], None]) -> float:
-    t0 = time.perf_counter()
-    run()
-    return time.perf_counter() - t0
-
-
 def rates_gbps(size_bytes: int, iterations: int, seconds: Sequence[float]) -> list[float]:
     return [size_bytes * iterations / max(s, 1e-12) / 1e9 for s in seconds]
 
@@ -194,19 +189,6 @@ ZERO_COPY_METHOD = ("zero-copy read: torch sum() over a CUDA tensor aliasing pin
                     "(cudaHostRegister Portable|Mapped, UVA device pointer); copies: torch copy_(non_blocking) "
                     "from/to the same registered buffer; timed with CUDA events")
 
-def _cuda_clock(torch: Any) -> Callable[[Callable[[], None]], float]:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def elapsed_s(run: Callable[[], None]) -> float:
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-
-    return elapsed_s
-
-
 LINK_LOAD_SECONDS = 0.4  # host->device copying queued while the link state is sampled
 LINK_SAMPLES = 3
 LINK_SAMPLE_GAP_S = 0.05  # the samples span 0.05..0.15 s, well inside the queued copying
@@ -257,7 +239,7 @@ def measure_gpu(cuda_index: int, nodes: Sequence[int | None], local_node: int | 
         return GpuBandwidth(cuda_index, ZERO_COPY_METHOD, (), None, None, tuple(reasons))
     top = max(fitting.sizes_bytes)
     cudart = torch.cuda.cudart()
-    clock = _cuda_clock(torch)
+    clock = cuda_event_clock(torch)
     by_node = []
     link: LinkState | None = None
     with torch.cuda.device(device):

@@ -16,8 +16,6 @@ reason, and the measurement falls back to what it can do, saying so.
 from __future__ import annotations
 
 import os
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +23,7 @@ from typing import Any
 from .bandwidth import MIB, Measurement, summarize
 from .common import Reason
 from .hostmem import HostPages
+from .timing import median_ms, wall_clock
 
 TOKENS = (1, 4, 16)
 POOL_BYTES = 512 * MIB  # 16x a 32 MiB last-level cache: every expert streams from DRAM
@@ -127,12 +126,7 @@ def measure_handoff_ms(samples: int = 200) -> float:
 
     with ThreadPoolExecutor(1) as pool:
         pool.submit(int).result()  # the thread starts here, not in a sample
-        times = []
-        for _ in range(samples):
-            t0 = time.perf_counter()
-            pool.submit(int).result()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        return median_ms(lambda: pool.submit(int).result(), samples)
 
 
 def measure_cpu_expert(shape: ExpertShape, node: int | None, cpus: Sequence[int] | None,
@@ -165,11 +159,7 @@ def measure_cpu_expert(shape: ExpertShape, node: int | None, cpus: Sequence[int]
                     swiglu_expert(torch, x, w13[e], w2[e])
 
             one_pass()  # warm-up: first-use costs (thread team start, kernel selection)
-            seconds = []
-            for _ in range(samples):
-                t0 = time.perf_counter()
-                one_pass()
-                seconds.append(time.perf_counter() - t0)
+            seconds = [wall_clock(one_pass) for _ in range(samples)]
             gbps = [n * shape.expert_bytes / s / 1e9 for s in seconds]
             cells.append((t, summarize(n * shape.expert_bytes, n, gbps)))
             tick(1)

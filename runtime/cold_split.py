@@ -27,8 +27,9 @@ import torch
 
 from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.coldpath import ColdRates, split_cold
+from probes.timing import median_ms
 
-from .device import DeviceInfo
+from .device import DeviceInfo, synchronizer
 
 # Measured (benchmarks/bench_cpu_fp8.py, docs/runtime.md): dequantising a block-scaled fp8 expert on
 # the CPU and computing it streams 0.40 GB/s of stored weights, against 17.2 GB/s for bf16.
@@ -218,13 +219,11 @@ def measure_rates(bank, info: DeviceInfo) -> tuple[ColdRates, str]:
 def _zero_copy_gbps(bank, info: DeviceInfo, max_bytes: int = 1 << 30) -> float:
     """GB/s of a reduction over (up to 1 GiB of) the bank's cold blobs read in place, as the probe
     reads its buffer: the bytes as float32 words, whatever they hold."""
-    from .selftest import _time_ms
-
     flat = bank.cold_read_EB.reshape(-1).view(torch.uint8)
     n = min(flat.numel(), max_bytes) // 4 * 4
     words = flat[:n].view(torch.float32)
     words.sum()  # warm-up
-    return n / _time_ms(words.sum, info, 5) / 1e6
+    return n / median_ms(words.sum, 5, synchronizer(info)) / 1e6
 
 
 def make_split(mode: str, info: DeviceInfo, bank, platform=None) -> ColdSplit | None:

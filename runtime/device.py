@@ -7,12 +7,14 @@ CUDA (or without Triton) gets the slower paths that still work, each with a reas
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from hotsplit_cli.core.errors import UsageError
 from probes.gpu_numa import locate_gpu_numa_node
+from probes.timing import Clock, cuda_event_clock, wall_clock
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,18 @@ def choose_device(request: str = "auto", source: str = "run.device") -> DeviceIn
     # the device current at allocation: make the chosen GPU current before anything is allocated.
     torch.cuda.set_device(dev)
     return DeviceInfo(dev, props.name, True, True, True, triton_ok, triton_ok, node, reasons)
+
+
+def synchronizer(info: DeviceInfo) -> Callable[[], None]:
+    """A callable that waits for the device's queued work (nothing to wait for on the CPU)."""
+    if info.is_cuda:
+        return lambda: torch.cuda.synchronize(info.device)
+    return lambda: None
+
+
+def clock_of(info: DeviceInfo) -> Clock:
+    """The clock that times work on `info`'s device: CUDA events on a GPU, wall time on the CPU."""
+    return cuda_event_clock(torch) if info.is_cuda else wall_clock
 
 
 def tune_cpu_threads(info: DeviceInfo) -> None:

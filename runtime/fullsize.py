@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,7 +20,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .device import DeviceInfo
+from probes import timing
+
+from .device import DeviceInfo, clock_of, synchronizer
 from .fp8 import FP8, RELEASE_FP8, Fp8Experts, Fp8Format
 from .kernels import choose_compute
 from .model import HotColdMoE
@@ -98,38 +98,10 @@ def peer_step(x_TH: torch.Tensor, ids_LTK: torch.Tensor, w_LTK: torch.Tensor,
     return h
 
 
-def _synchronize(info: DeviceInfo) -> None:
-    if info.is_cuda:
-        torch.cuda.synchronize(info.device)
-
-
 def per_call_ms(fn: Callable[[], object], info: DeviceInfo, budget_ms: float = 300.0) -> float:
-    """Median ms per call of `fn`, called back to back in samples of about 10 ms (CUDA events on
-    a GPU) and as many samples (3..20) as fit in `budget_ms`. One call first warms up."""
-    fn()
-    _synchronize(info)
-    t0 = time.perf_counter()
-    fn()
-    _synchronize(info)
-    est_ms = max((time.perf_counter() - t0) * 1e3, 1e-3)
-    calls = max(1, min(50, int(10.0 / est_ms)))
-    samples = max(3, min(20, int(budget_ms / (calls * est_ms))))
-    times = []
-    for _ in range(samples):
-        if info.is_cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(calls):
-                fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / calls)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            times.append((time.perf_counter() - t0) * 1e3 / calls)
-    return statistics.median(times)
+    """Median ms per call of `fn` on `info`'s device (probes/timing.py's per_call_ms, CUDA events
+    on a GPU)."""
+    return timing.per_call_ms(fn, clock_of(info), synchronizer(info), budget_ms)
 
 
 def graphed(fn: Callable[[], torch.Tensor], info: DeviceInfo) -> tuple[Callable[[], torch.Tensor], str]:

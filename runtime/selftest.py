@@ -9,7 +9,6 @@ error and where it was raised, and the remaining checks still run.
 from __future__ import annotations
 
 import statistics
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .device import DeviceInfo
+from probes.timing import median_ms
+
+from .device import DeviceInfo, synchronizer
 from .fp8 import FP8, RELEASE_FP8, Fp8Experts, Fp8Format
 from .kernels import choose_compute
 from .model import HotColdMoE
@@ -70,17 +71,12 @@ def failed(name: str, exc: BaseException) -> Check:
                  {"type": type(exc).__name__, "message": error_line(exc), "at": site, "traceback": tb})
 
 
-def _synchronize(info: DeviceInfo) -> None:
-    if info.is_cuda:
-        torch.cuda.synchronize(info.device)
-
-
 def isolated(name: str, run: Callable[[], Check], info: DeviceInfo) -> Check:
     """Run one check; any exception becomes its FAIL row. The device is synchronised inside, so
     an asynchronous device error is charged to the check whose work raised it."""
     try:
         check = run()
-        _synchronize(info)
+        synchronizer(info)()
     except Exception as exc:  # every kind: an AssertionError, a CUDA error, a bug in the check
         return failed(name, exc)
     return check
@@ -241,18 +237,9 @@ def check_graph(info: DeviceInfo, dtype: torch.dtype, seed: int = 0) -> Check:
     return Check(name, True, f"max err {worst:.2e}", "6 replays with swaps between them")
 
 
-def _time_ms(fn: Callable[[], object], info: DeviceInfo, reps: int) -> float:
+def time_ms(fn: Callable[[], object], info: DeviceInfo, reps: int) -> float:
     """Median wall time of fn in ms (synchronised on CUDA)."""
-    times = []
-    for _ in range(reps):
-        if info.is_cuda:
-            torch.cuda.synchronize(info.device)
-        t0 = time.perf_counter()
-        fn()
-        if info.is_cuda:
-            torch.cuda.synchronize(info.device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return median_ms(fn, reps, synchronizer(info))
 
 
 def raw_zero_copy_gbps(info: DeviceInfo, n_bytes: int = 1 << 30) -> float:
@@ -263,7 +250,7 @@ def raw_zero_copy_gbps(info: DeviceInfo, n_bytes: int = 1 << 30) -> float:
     host = torch.empty(n_bytes // 4, dtype=torch.float32, pin_memory=True).fill_(1.0)
     view = zero_copy_view(host, info.device)
     view.sum()
-    return n_bytes / _time_ms(view.sum, info, 5) / 1e6
+    return n_bytes / time_ms(view.sum, info, 5) / 1e6
 
 
 def measure_zero_copy(info: DeviceInfo, n_bytes: int = 1 << 30) -> dict:
@@ -304,7 +291,7 @@ def cold_path_gbps(info: DeviceInfo, g: MoEGeometry, fp8: Fp8Format | None = Non
     x = torch.randn(ids.shape[0], H, device=info.device, dtype=bf)
     bank = model.banks[0]
     model.compute(x, ids, w, bank)
-    ms = _time_ms(lambda: model.compute(x, ids, w, bank), info, reps)
+    ms = time_ms(lambda: model.compute(x, ids, w, bank), info, reps)
     n_bytes = E * bank.expert_bytes
     model = bank = None  # the last references to the banks' slabs: gigabytes of page-locked memory go now
     return n_bytes / ms / 1e6, n_bytes
@@ -329,8 +316,8 @@ def step_time_ratio(info: DeviceInfo, dtype: torch.dtype, batch: int, hot_fracti
         ref.step(x, ids_LTK, w_LTK)
     run_ms, ref_ms = [], []
     for _ in range(reps):  # interleaved so that machine noise hits both alike
-        run_ms.append(_time_ms(lambda: model.step(x, ids_LTK, w_LTK), info, 1))
-        ref_ms.append(_time_ms(lambda: ref.step(x, ids_LTK, w_LTK), info, 1))
+        run_ms.append(time_ms(lambda: model.step(x, ids_LTK, w_LTK), info, 1))
+        ref_ms.append(time_ms(lambda: ref.step(x, ids_LTK, w_LTK), info, 1))
     r, f = statistics.median(run_ms), statistics.median(ref_ms)
     return {"batch": batch, "hot_fraction": hot_fraction, "runtime_ms": r, "reference_ms": f, "ratio": r / f}
 
