@@ -128,10 +128,6 @@ def _params(n: float | None) -> str:
     return "-" if n is None else f"{n / 1e9:.2f} B"
 
 
-def _gib(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f} GiB"
-
-
 def _render(out: Output, led: Ledger) -> None:
     m = led.memory
     out.print(
@@ -164,26 +160,26 @@ def _render_banks(out: Output, m) -> None:
     t.add_row("one expert, whole", f"{m.expert_bytes_full / (1 << 20):.2f} MiB")
     t.add_row(f"one expert, per rank (1/tp = 1/{m.tp})", f"{m.expert_bytes / (1 << 20):.2f} MiB")
     t.add_row(
-        f"all routed experts ({m.num_experts} x {m.num_moe_layers} layers)", _gib(m.bank_bytes_total / GIB)
+        f"all routed experts ({m.num_experts} x {m.num_moe_layers} layers)", gib(m.bank_bytes_total, unit="GiB")
     )
-    t.add_row(f"per rank ({m.experts_per_rank} experts)", _gib(m.bank_bytes_per_rank / GIB))
+    t.add_row(f"per rank ({m.experts_per_rank} experts)", gib(m.bank_bytes_per_rank, unit="GiB"))
     out.print(t)
 
     t = out.table("cold banks", "GiB", title="Host memory (every expert of every rank, page-locked)")
-    t.add_row("per rank", _gib(m.bank_bytes_per_rank / GIB))
+    t.add_row("per rank", gib(m.bank_bytes_per_rank, unit="GiB"))
     # Each host pins the banks of its own ranks; how ranks spread over hosts is not in the recipe.
     t.add_row(f"all {m.ranks} ranks (tp {m.tp} x ep {m.ep}), summed over their hosts",
-              _gib(m.host_bytes_all_ranks / GIB))
+              gib(m.host_bytes_all_ranks, unit="GiB"))
     out.print(t)
 
 
 def _render_gpu(out: Output, m) -> None:
     t = out.table("per rank", "memory", title="GPU memory per rank")
-    t.add_row("GPU memory", _gib(m.gpu_mem_gib))
-    t.add_row("- dense weights (/tp)", _gib(m.dense_gib))
-    t.add_row("- KV cache", _gib(m.kv_cache_gib))
-    t.add_row("- reserve", _gib(m.reserve_gib))
-    t.add_row("= room for hot experts", _gib(m.room_gib))
+    t.add_row("GPU memory", gib(m.gpu_mem_gib * GIB, unit="GiB"))
+    t.add_row("- dense weights (/tp)", gib(m.dense_gib * GIB, unit="GiB"))
+    t.add_row("- KV cache", gib(m.kv_cache_gib * GIB, unit="GiB"))
+    t.add_row("- reserve", gib(m.reserve_gib * GIB, unit="GiB"))
+    t.add_row("= room for hot experts", gib(m.room_gib * GIB, unit="GiB"))
     t.add_row(f"hot budget ({m.hot_source})", gib(None if m.hot_gib is None else m.hot_gib * GIB))
     held = (
         "-" if m.hot_experts is None else f"{m.hot_experts} of {m.experts_per_rank} ({pct(m.hot_fraction)})"
@@ -196,7 +192,7 @@ def _render_a2a(out: Output, a) -> None:
     t = out.table("All-to-All", "value", title=f"Expert-parallel All-to-All (EP {a.ep})")
     t.add_row(
         "expert memory per card",
-        f"{_gib(a.expert_bytes_per_card / GIB)} ({a.experts_per_card} experts/layer)",
+        f"{gib(a.expert_bytes_per_card, unit='GiB')} ({a.experts_per_card} experts/layer)",
     )
     t.add_row("tokens per step per card (--tokens)", str(a.tokens_per_step))
     t.add_row("activation bytes (--act-bytes)", f"{a.act_bytes} B")

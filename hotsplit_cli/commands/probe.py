@@ -18,6 +18,7 @@ from hotsplit_cli import __version__
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import GIB, Recipe, load_recipe
 from hotsplit_cli.core.errors import PlanError, UsageError
+from hotsplit_cli.core.units import size
 from hotsplit_cli.hotset.sizes import (
     dense_bytes_per_rank,
     derive_hot_budget,
@@ -45,16 +46,6 @@ def id_ranges(ids: Sequence[int] | None) -> str:
         if i is not None:
             start = prev = i
     return ",".join(parts)
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            v = n / scale
-            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.2f} {unit}"
-    return f"{n} B"
 
 
 def _gbps(x: float | None) -> str:
@@ -88,7 +79,7 @@ def _render(out: Output, doc: dict[str, Any]) -> None:
     t = out.table("node", "CPUs", "memory", "free", "distances", "hugepages free/total", "remote allocs",
                   title=f"NUMA nodes (from {host['numa_source']})")
     for n in host["numa_nodes"]:
-        huge = " ".join(f"{_size(h['size_kib'] * 1024).replace(' ', '')}:{h['free']}/{h['total']}"
+        huge = " ".join(f"{size(h['size_kib'] * 1024).replace(' ', '')}:{h['free']}/{h['total']}"
                         for h in n["hugepages"] if h["total"]) or "none"
         stat = n["numastat"] or {}
         hit, miss = stat.get("numa_hit"), stat.get("numa_miss")
@@ -103,7 +94,7 @@ def _render(out: Output, doc: dict[str, Any]) -> None:
         t = out.table("size", *(f"from node {c['node']}" if c["node"] is not None else "unbound"
                                 for c in host["copy"]), title="host memory copy, GB/s (median)")
         for j, m in enumerate(host["copy"][0]["copy"]):
-            t.add_row(_size(m["size_bytes"]), *(_gbps(c["copy"][j]["median_gbps"]) for c in host["copy"]))
+            t.add_row(size(m["size_bytes"]), *(_gbps(c["copy"][j]["median_gbps"]) for c in host["copy"]))
         out.print(t)
     if host.get("cpu_expert"):
         _render_cpu_expert(out, host["cpu_expert"])
@@ -126,7 +117,7 @@ def _render_cpu_expert(out: Output, rates: list[dict[str, Any]]) -> None:
     t = out.table("tokens per expert", *(f"node {r['node']} ({r['threads']} threads)" if r["node"] is not None
                                          else f"unbound ({r['threads']} threads)" for r in rates),
                   title=f"CPU expert rate, GB/s of weights (SwiGLU {shape['hidden']}x{shape['inter']} "
-                        f"{shape['dtype']}, {_size(rates[0]['expert_bytes'])} per expert)")
+                        f"{shape['dtype']}, {size(rates[0]['expert_bytes'])} per expert)")
     for j, (tokens, _) in enumerate(rates[0]["by_tokens"]):
         t.add_row(str(tokens), *(_gbps(r["by_tokens"][j][1]["median_gbps"]) for r in rates))
     out.print(t)
@@ -181,7 +172,7 @@ def _render_gpus(out: Output, doc: dict[str, Any]) -> None:
         zc = {m["size_bytes"]: m for m in entry["zero_copy_read"] or []}
         for h, d in zip(entry["h2d"], entry["d2h"], strict=True):
             z = zc.get(h["size_bytes"])
-            t.add_row(_size(h["size_bytes"]), _gbps(h["median_gbps"]), _gbps(d["median_gbps"]),
+            t.add_row(size(h["size_bytes"]), _gbps(h["median_gbps"]), _gbps(d["median_gbps"]),
                       _gbps(z["median_gbps"] if z else None),
                       "-" if not z or z["pct_of_link"] is None else f"{100 * z['pct_of_link']:.0f}%",
                       f"±{(z or h)['spread_gbps'] / 2:.1f}")
@@ -190,7 +181,7 @@ def _render_gpus(out: Output, doc: dict[str, Any]) -> None:
 
 def _render_budget(out: Output, doc: dict[str, Any]) -> None:
     r = doc["recipe"]
-    out.print(f"recipe {r['name']}: one expert {_size(r['expert_bytes'])} per rank, dense weights "
+    out.print(f"recipe {r['name']}: one expert {size(r['expert_bytes'])} per rank, dense weights "
               f"{gib(r['dense_bytes_per_rank'])} per rank, reserve {r['vram_reserve_gib']:.2f} GiB "
               f"({r['vram_reserve_source']})")
     if not doc["gpus"]:

@@ -8,11 +8,27 @@ def pct(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{100 * x:.{digits}f}%"
 
 
-def gib(n_bytes: float | None, digits: int = 2) -> str:
-    """Bytes in GiB, or in MiB / KiB when that is the more readable unit."""
+UNITS = (("GiB", 30), ("MiB", 20), ("KiB", 10))
+
+
+def gib(n_bytes: float | None, digits: int = 2, unit: str | None = None) -> str:
+    """Bytes in GiB, or in MiB / KiB when that is the more readable unit; `unit` fixes the unit
+    (a column of figures that must read alike)."""
     if n_bytes is None:
         return "-"
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if abs(n_bytes) >= (1 << shift) or unit == "KiB":
-            return f"{n_bytes / (1 << shift):.{digits}f} {unit}"
+    for name, shift in UNITS:
+        if name == unit or (unit is None and (abs(n_bytes) >= (1 << shift) or name == "KiB")):
+            return f"{n_bytes / (1 << shift):.{digits}f} {name}"
+    raise ValueError(f"unit must be one of {[u for u, _ in UNITS]}, got {unit!r}")
+
+
+def size(n_bytes: int | None) -> str:
+    """A buffer or page size: the largest unit it reaches, whole values without decimals
+    (`64 MiB`, `1.50 MiB`, `512 B`)."""
+    if n_bytes is None:
+        return "-"
+    for name, shift in UNITS:
+        if n_bytes >= (1 << shift):
+            v = n_bytes / (1 << shift)
+            return f"{v:.0f} {name}" if v == int(v) else f"{v:.2f} {name}"
     return f"{n_bytes} B"
