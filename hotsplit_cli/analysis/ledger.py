@@ -25,15 +25,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from hotsplit_cli.config.recipe import GIB, ParallelSpec, Recipe
 from hotsplit_cli.core.errors import UsageError
-from hotsplit_cli.hotset.planfile import check_hist_matches_recipe
 from hotsplit_cli.hotset.sizes import bank_bytes_per_rank, dense_bytes_per_rank, expert_bytes_per_rank, over_gpu
 from hotsplit_cli.traffic.hist import Histogram
+from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
 
 BYTES_PER_GB = 1e9  # link bandwidths are in GB/s = 1e9 B/s (not GiB)
 MS_PER_S = 1e3
@@ -300,8 +302,11 @@ def build_ledger(
     hot_gib: float | None = None,
     hot_source: str = "auto",
     hist: Histogram | None = None,
+    hist_path: str | os.PathLike | None = None,
+    warn: Callable[[str], None] = lambda message: None,
 ) -> Ledger:
-    """Both ledgers and their flags; a routing histogram adds the hot-expert check."""
+    """Both ledgers and their flags; a routing histogram (checked against the recipe, `warn` told
+    each warning; `hist_path` names it) adds the hot-expert check."""
     mem = memory_ledger(recipe, reserve_gib, hot_gib, hot_source)
     a2a = a2a_ledger(recipe, comm)
     flags: list[Flag] = []
@@ -327,7 +332,8 @@ def build_ledger(
         )
     hot = None
     if hist is not None:
-        check_hist_matches_recipe(hist, recipe)
+        for warning in check_hist_matches_recipe(hist, recipe, hist_path):
+            warn(warning)
         hot = find_hot_experts(hist.counts_LE, hist.layers)
         for h in hot:
             flags.append(

@@ -40,10 +40,11 @@ from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.core.units import gib
 from hotsplit_cli.hotset.budget import HotBudget, ReadRate, choose_read_rate, resolve_hot_budget
 from hotsplit_cli.hotset.coldpath import rates_from_platform, replay_cold_paths
-from hotsplit_cli.hotset.planfile import PlanFile, check_hist_matches_recipe, load_plan
+from hotsplit_cli.hotset.planfile import PlanFile, load_plan
 from hotsplit_cli.hotset.planner import plan_hot_set, propose_swaps
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.hist import load_hist
+from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
 from hotsplit_cli.traffic.trace import Trace, load_trace
 
 POLICIES = ("static", "dynamic", "lru", "lfu", "oracle")

@@ -25,8 +25,8 @@ def hist_show_cmd(
     expert_bytes = None
     if recipe is not None:
         from hotsplit_cli.config.recipe import load_recipe
-        from hotsplit_cli.hotset.planfile import check_hist_matches_recipe
         from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
+        from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
 
         rec = load_recipe(recipe)
         for warning in check_hist_matches_recipe(hist, rec, file):

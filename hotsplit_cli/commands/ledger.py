@@ -107,11 +107,6 @@ def ledger(
         step_ms=step_ms,
     )
     histogram = load_hist(hist) if hist is not None else None
-    if histogram is not None:
-        from hotsplit_cli.hotset.planfile import check_hist_matches_recipe
-
-        for warning in check_hist_matches_recipe(histogram, rec, hist):
-            out.warn(warning)
     result = build_ledger(
         rec,
         comm,
@@ -119,6 +114,8 @@ def ledger(
         hot_gib=knobs.hot_gib,
         hot_source=knobs.sources["hot_gib"],
         hist=histogram,
+        hist_path=hist,
+        warn=out.warn,
     )
     doc = {"schema": schema_tag("ledger"), **result.to_doc(), "histogram": str(hist) if hist else None}
     out.emit(doc, lambda: _render(out, result))

@@ -22,6 +22,7 @@ from hotsplit_cli.hotset.budget import HotBudget, ReadRate, choose_read_rate, re
 from hotsplit_cli.hotset.planner import Plan, contiguous_owner, plan_hot_set
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.hist import Histogram, file_sha256, load_hist
+from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
 
 if TYPE_CHECKING:
     from hotsplit_cli.placement.algorithm import Placement
@@ -39,40 +40,9 @@ class ColdCost:
     cold_ms: float | None  # cold_bytes at the measured zero-copy read rate
 
 
-def check_hist_matches_recipe(hist: Histogram, recipe: Recipe, where: str | os.PathLike | None = None) -> list[str]:
-    """Refuse a histogram whose shape is not the recipe's model's (experts per layer, MoE layer
-    ids); return warnings for what the shape cannot tell: a histogram that names another model."""
-    m, what = recipe.model, str(where or "histogram")
-    if hist.num_experts != m.num_experts:
-        raise PlanError(
-            f"{what}: {hist.num_experts} experts per layer but recipe {recipe.name!r} has {m.num_experts}",
-            "use the recipe of the model the histogram was captured on",
-        )
-    unknown = [x for x in hist.layers if x not in m.moe_layer_ids]
-    if unknown:
-        raise PlanError(
-            f"{what}: layer {unknown[0]} is not a MoE layer of recipe {recipe.name!r} "
-            f"(MoE layers {m.moe_layer_ids[0]}..{m.moe_layer_ids[-1]})",
-            "check the recipe, or re-import the histogram with --recipe",
-        )
-    if _same_model(hist.model, recipe):
-        return []
-    return [f"{what}: a histogram of model {hist.model!r}, but recipe {recipe.name!r} is {m.name!r} "
-            "(same shape: used as given; is it the right histogram?)"]
-
-
-def _same_model(hist_model: str, recipe: Recipe) -> bool:
-    """Names match by their last path part, ignoring case (a checkpoint folder `DeepSeek-V3` is
-    `deepseek-ai/DeepSeek-V3`); a histogram imported without a recipe names no model."""
-    def key(name: str) -> str:
-        return name.strip().rstrip("/").rsplit("/", 1)[-1].lower()
-
-    return key(hist_model) in ("", "unknown", key(recipe.model.name), key(recipe.name))
-
-
 def plan_for_recipe(hist: Histogram, recipe: Recipe, budget_bytes: int) -> Plan:
-    """TP: one hot set for every rank. EP: each EP group ranks only the experts it owns."""
-    check_hist_matches_recipe(hist, recipe)
+    """TP: one hot set for every rank. EP: each EP group ranks only the experts it owns.
+    `hist` is already checked against the recipe (make_plan)."""
     size = expert_bytes_per_rank(recipe)
     ep = recipe.parallel.ep
     if ep == 1:
@@ -85,13 +55,13 @@ def plan_for_placement(hist: Histogram, recipe: Recipe, budget_bytes: int, place
     """EP with a placement (replicas): each rank plans among the physical experts placed on it.
 
     A logical expert's traffic is split evenly over its replicas. The returned plan's hot_RLE is
-    in logical ids: expert e is hot on rank r when any of r's replicas of e is hot.
+    in logical ids: expert e is hot on rank r when any of r's replicas of e is hot. `hist` is
+    already checked against the recipe (make_plan).
     """
     from dataclasses import replace
 
     from hotsplit_cli.placement.evaluate import physical_counts
 
-    check_hist_matches_recipe(hist, recipe)
     if tuple(placement.layers) != tuple(hist.layers):
         raise PlanError(f"placement layers {placement.layers[:3]}... differ from the histogram's "
                         f"{hist.layers[:3]}...", "create the placement from this histogram with `hotsplit place`")

@@ -12,7 +12,6 @@ import numpy as np
 
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import PlanError
-from hotsplit_cli.hotset.planfile import check_hist_matches_recipe
 from hotsplit_cli.placement.algorithm import Geometry, Placement, check_geometry, place_experts
 from hotsplit_cli.placement.evaluate import (
     FitChoice,
@@ -25,6 +24,7 @@ from hotsplit_cli.placement.evaluate import (
 )
 from hotsplit_cli.placement.file import placement_doc, sglang_doc
 from hotsplit_cli.traffic.hist import Histogram, load_hist
+from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
 
 FILE_KEYS = ("phy2log", "log2phy", "logcnt")  # the maps: in the file, not in the report
 

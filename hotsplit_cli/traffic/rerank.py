@@ -352,7 +352,7 @@ def rerank_files(req: RerankRequest, recipe: Recipe | None = None, knobs: Knobs 
     knobs give one, else with `req.hot_frac` of all experts hot (equal sizes)."""
     ref, mine = load_hist(req.ref_path), load_hist(req.mine_path)
     if recipe is not None:
-        from hotsplit_cli.hotset.planfile import check_hist_matches_recipe
+        from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
 
         for path, hist in ((req.ref_path, ref), (req.mine_path, mine)):
             for warning in check_hist_matches_recipe(hist, recipe, path):

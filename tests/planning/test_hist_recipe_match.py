@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from hotsplit_cli.config.recipe import load_recipe
-from hotsplit_cli.hotset.planfile import _same_model
 from hotsplit_cli.traffic.hist import save_hist
+from hotsplit_cli.traffic.recipe_match import _same_model
 from hotsplit_cli.traffic.synthetic import synthetic_trace, zipf_shares
 from hotsplit_cli.traffic.trace import save_trace
 from tests.conftest import make_hist
@@ -99,3 +99,18 @@ def test_same_model_names():
     assert _same_model("DeepSeek-V3", v3)  # `balance --model /models/DeepSeek-V3` names the folder
     assert _same_model("deepseek-v3", v3) and _same_model("unknown", v3)  # `hist import` without a recipe
     assert not _same_model("deepseek-ai/DeepSeek-V2-Lite", v3)
+
+
+@pytest.mark.parametrize("command", ["hist show", "rerank", "plan", "place", "ledger", "simulate"])
+def test_each_command_checks_the_histogram_once(cli, other_name, tmp_path, command, monkeypatch):
+    """One check per run, wherever the command's library function makes it (plan and ledger
+    used to check twice). Every check that passes the shape test compares the model names once."""
+    from hotsplit_cli.traffic import recipe_match
+
+    calls = []
+    same = recipe_match._same_model
+    monkeypatch.setattr(recipe_match, "_same_model", lambda *a: calls.append(a) or same(*a))
+    r = cli(*_commands(other_name, tmp_path)[command], "--json")
+    assert r.code == 0, r.err
+    files = 2 if command == "rerank" else 1  # rerank reads two histograms (REF and MINE)
+    assert len(calls) == files, f"{command} checked {len(calls)} times for {files} histogram(s)"
