@@ -144,16 +144,14 @@ def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path 
         import transformers  # noqa: F401
     except ImportError:
         raise UsageError("a checkpoint recipe needs transformers", "pip install 'hotsplit[hf]'") from None
-    from runtime.hf.run import run_checkpoint
+    from runtime.hf.run import checkpoint_prompts, run_checkpoint
 
     say = out.note if json_out else out.print
     say(f"{rec.name}: {rec.model.family} checkpoint {rec.model.path}, prompts {rec.traffic.path}")
-    from hotsplit_cli.traffic.prompts import read_prompts
-
-    total = len(read_prompts(rec.traffic.path)) if rec.traffic.kind == "prompts" else None
-    with out.progress(f"{rec.name}: prompts", total) as advance:
-        result = _logged(say, log_jsonl, lambda on_record: run_checkpoint(rec, knobs, plan, on_record, advance,
-                                                                          platform))
+    prompts = checkpoint_prompts(rec)
+    with out.progress(f"{rec.name}: prompts", len(prompts)) as advance:
+        result = _logged(say, log_jsonl, lambda on_record: run_checkpoint(rec, knobs, prompts, plan, on_record,
+                                                                          advance, platform))
     doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), "summary": result.to_doc()}
     if plot is not None:
         _plot(plot, result.summary, rec.name)

@@ -54,17 +54,23 @@ class CheckpointRun:
                 "device": self.device, "kernel": self.kernel, "numa": self.numa.to_doc(), "texts": self.texts}
 
 
-def run_checkpoint(recipe: Recipe, knobs: Knobs, plan_path: str | Path | None = None,
-                   on_record: Callable[[HitRateRecord], None] | None = None,
-                   advance: Callable[[int], None] | None = None, platform_path: str | Path | None = None
-                   ) -> CheckpointRun:
-    """Generate greedy text for the recipe's prompts on the hot/cold banks, logging hit rates;
-    `advance(n)` after each batch of n prompts is generated."""
-    m, t = recipe.model, recipe.traffic
+def checkpoint_prompts(recipe: Recipe) -> list:
+    """The prompts a checkpoint run of `recipe` generates from, read once (the caller sizes its
+    progress bar from them and passes them to run_checkpoint)."""
+    t = recipe.traffic
     if t.kind != "prompts" or t.path is None:
         raise UsageError(f"recipe {recipe.name!r}: a checkpoint run needs traffic.kind: prompts with a path",
                          "name a .jsonl or text file of prompts")
-    prompts = read_prompts(t.path)
+    return read_prompts(t.path)
+
+
+def run_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: str | Path | None = None,
+                   on_record: Callable[[HitRateRecord], None] | None = None,
+                   advance: Callable[[int], None] | None = None, platform_path: str | Path | None = None
+                   ) -> CheckpointRun:
+    """Generate greedy text for `prompts` (checkpoint_prompts) on the hot/cold banks, logging hit
+    rates; `advance(n)` after each batch of n prompts is generated."""
+    m, t = recipe.model, recipe.traffic
     if m.expert_dtype == "fp8" and knobs.cold_path != "gpu":  # before gigabytes are loaded
         raise UsageError(FP8_REFUSAL.format(mode=knobs.cold_path))
     platform = load_platform(platform_path) if platform_path is not None else None  # read once, before the work

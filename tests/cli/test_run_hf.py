@@ -94,14 +94,20 @@ def test_run_checkpoint_refuses_a_recipe_that_does_not_match(ckpt, tmp_path, cap
     assert code == 1 and "8 experts" in err and "recipe 'tiny-ckpt' says" in err
 
 
-def test_run_checkpoint_human_summary_and_plot(ckpt, tmp_path, capsys):
+def test_run_checkpoint_human_summary_and_plot(ckpt, tmp_path, capsys, monkeypatch):
     pytest.importorskip("matplotlib")
+    import runtime.hf.run as hf_run
+
+    reads = []
+    read = hf_run.read_prompts
+    monkeypatch.setattr(hf_run, "read_prompts", lambda path: reads.append(path) or read(path))
     prompts = tmp_path / "p.txt"
     prompts.write_text(SENTENCES[0] + "\n")
     plot = tmp_path / "hits.png"
     code = main(["run", str(_recipe(tmp_path, ckpt, prompts, 4, _geometry(ckpt))), "--plot", str(plot)])
     out = capsys.readouterr().out
     assert code == 0
+    assert len(reads) == 1  # the prompts file is read once: for the progress bar and the run alike
     for row in ("device", "torch per expert", "plan", "cold bank", "numa_policy", "copy time", "hit rate (overall)"):
         assert row in out, row
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
