@@ -30,7 +30,7 @@ import os
 import platform
 import sys
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -120,6 +120,8 @@ class PageLocation:
     share_by_node: dict[int, float]
     verified: bool | None  # None: nothing to check against (no wanted node, or pages not located)
     detail: str | None = None
+    pages_by_node: dict[int, int] = field(default_factory=dict)  # the sample pages located per node
+    why_not_located: str | None = None  # set when no sample page could be located
 
 
 def locate(address: int, n_bytes: int, wanted_node: int | None, bind_error: str | None = None) -> PageLocation:
@@ -127,14 +129,14 @@ def locate(address: int, n_bytes: int, wanted_node: int | None, bind_error: str 
     found, why = page_nodes(address, n_bytes)
     total = sum(found.values())
     if not total:
-        return PageLocation(wanted_node, {}, None, f"pages not located: {why}")
+        return PageLocation(wanted_node, {}, None, f"pages not located: {why}", why_not_located=why)
     share = {n: c / total for n, c in sorted(found.items())}
     if wanted_node is None:
-        return PageLocation(None, share, None, "not bound to a node")
+        return PageLocation(None, share, None, "not bound to a node", found)
     ok = share.get(wanted_node, 0.0) >= VERIFIED_SHARE
     detail = bind_error or (None if ok else f"only {share.get(wanted_node, 0.0):.0%} of pages on node "
                                             f"{wanted_node} (node short of free memory?)")
-    return PageLocation(wanted_node, share, ok, detail)
+    return PageLocation(wanted_node, share, ok, detail, found)
 
 
 # ----------------------------------------------------------------------------- CUDA runtime

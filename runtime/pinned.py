@@ -31,7 +31,8 @@ from probes.hostmem import (
     MPOL_PREFERRED,
     VERIFIED_SHARE,
     HostPages,
-    page_nodes,
+    PageLocation,
+    locate,
     set_mempolicy,
 )
 from probes.sysfs import list_numa_nodes
@@ -108,6 +109,7 @@ class _Slab:
     device_address: int | None  # where kernels read it (None: not mapped for a device)
     n_bytes: int
     owner: weakref.ref | None  # the slab's HostPages (None: torch's pinned allocator owns the memory)
+    location: PageLocation  # where its pages landed, located once (by HostPages, or here for torch's)
 
     @property
     def alive(self) -> bool:
@@ -139,13 +141,12 @@ class PinnedAllocator:
         elif made is None:
             pages = HostPages(n_bytes, *self._node_mode())
             self._note_bind(pages.bind_error)
-            made = pages.tensor(), _Slab(pages.address, None, pages.size_bytes, weakref.ref(pages))
+            made = pages.tensor(), _Slab(pages.address, None, pages.size_bytes, weakref.ref(pages), pages.location)
             self.method = "pageable"
         tensor, slab = made
-        found, why = page_nodes(slab.host_address, slab.n_bytes)
-        for node, n in found.items():
+        for node, n in slab.location.pages_by_node.items():
             self.numa.pages_by_node[node] = self.numa.pages_by_node.get(node, 0) + n
-        self.numa.located = self.numa.located or why
+        self.numa.located = self.numa.located or slab.location.why_not_located
         self.requested_bytes += n_bytes
         self.reserved_bytes += slab.n_bytes
         self.slabs = [s for s in self.slabs if s.alive] + [slab]
@@ -170,7 +171,8 @@ class PinnedAllocator:
             self.fallback = f"{pages.register_error}: torch's pinned allocator (power of two)"
             return None  # the mapping goes with `pages`
         self.method = "cudaHostRegister"
-        return pages.tensor(), _Slab(pages.address, pages.device_address, pages.size_bytes, weakref.ref(pages))
+        return pages.tensor(), _Slab(pages.address, pages.device_address, pages.size_bytes, weakref.ref(pages),
+                                     pages.location)
 
     def _torch_pinned(self, n_bytes: int) -> tuple[torch.Tensor, _Slab]:
         """torch's pinned allocator (cudaHostAlloc, rounded up to a power of two, mapped under UVA),
@@ -184,7 +186,7 @@ class PinnedAllocator:
             if node is not None and err is None:
                 set_mempolicy(MPOL_DEFAULT, None)
         self.method = "torch pinned"
-        return t, _Slab(t.data_ptr(), t.data_ptr(), t.numel(), None)
+        return t, _Slab(t.data_ptr(), t.data_ptr(), t.numel(), None, locate(t.data_ptr(), t.numel(), node))
 
     def device_address(self, host_tensor: torch.Tensor) -> int:
         """Where the device reads `host_tensor` (a view into one of the slabs)."""

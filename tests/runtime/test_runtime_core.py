@@ -77,10 +77,17 @@ def test_round_up_pow2(n, want):
     assert round_up_pow2(n) == want
 
 
-def test_pageable_slabs_are_whole_pages():
+def test_pageable_slabs_are_whole_pages(monkeypatch):
+    from probes import hostmem
+
+    located = []
+    page_nodes = hostmem.page_nodes
+    monkeypatch.setattr(hostmem, "page_nodes", lambda *a, **k: located.append(a) or page_nodes(*a, **k))
     a = PinnedAllocator(pin=False, numa=numa_policy_for("off", None))
     slab = a.alloc(3000)
     assert slab.numel() == 4096 and a.requested_bytes == 3000 and a.reserved_bytes == 4096 and a.method == "pageable"
+    assert len(located) == 1  # each slab's pages are located once (by its HostPages), not again here
+    assert a.numa.pages_by_node == a.slabs[0].location.pages_by_node
     assert int(slab.sum()) == 0
     with pytest.raises(ValueError, match="not mapped for a device"):
         a.device_address(slab[10:])
@@ -131,6 +138,7 @@ def test_a_failed_registration_falls_back_to_torch_pinned_and_says_why(monkeypat
     a = PinnedAllocator(pin=True, numa=numa_policy_for("off", None))
     slab = a.alloc(3000)
     assert slab.numel() == 4096 and a.method == "torch pinned" and "cudaError 2" in a.fallback
+    assert a.slabs[-1].location.share_by_node or a.slabs[-1].location.why_not_located  # located once, here
     a.alloc(5000)  # no second attempt once registration failed
     assert len(cudart.registered) == 1 and a.reserved_bytes == 4096 + 8192
     assert cudart.unregistered == []  # a failed registration is never undone
