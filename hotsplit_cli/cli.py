@@ -20,7 +20,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 from hotsplit_cli import __version__
 from hotsplit_cli.core.errors import HotsplitError, one_line_error
 from hotsplit_cli.core.jsonio import forget_written, written_files
-from hotsplit_cli.output import StdoutClosed
+from hotsplit_cli.output import StdoutClosed, debug_on, set_debug
 
 app = typer.Typer(
     name="hotsplit",
@@ -33,7 +33,7 @@ app = typer.Typer(
 hist_app = typer.Typer(help="Inspect and import routing histograms.", no_args_is_help=True)
 app.add_typer(hist_app, name="hist")
 
-_DEBUG = {"on": os.environ.get("HOTSPLIT_DEBUG", "") not in ("", "0")}
+set_debug(os.environ.get("HOTSPLIT_DEBUG", "") not in ("", "0"))
 
 
 def _version(value: bool) -> None:
@@ -48,7 +48,7 @@ def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     if debug:
-        _DEBUG["on"] = True
+        set_debug(True)
 
 
 def _register() -> None:
@@ -66,14 +66,14 @@ _register()
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one-line errors, exit 1 (2 for usage), tracebacks only with --debug."""
     argv = sys.argv[1:] if argv is None else argv
-    _DEBUG["on"] = "--debug" in argv or os.environ.get("HOTSPLIT_DEBUG", "") not in ("", "0")
+    set_debug("--debug" in argv or os.environ.get("HOTSPLIT_DEBUG", "") not in ("", "0"))
     if "--debug" in argv[1:]:  # anywhere, not only before the command (typer takes it there alone)
         argv = [argv[0]] + [a for a in argv[1:] if a != "--debug"]
     forget_written()
     try:
         rc = app(args=argv, prog_name="hotsplit", standalone_mode=False)
     except HotsplitError as exc:
-        if _DEBUG["on"]:
+        if debug_on():
             raise
         print(exc.render(), file=sys.stderr)
         return exc.exit_code
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         _silence_stdout()
         return 141
     except _CliError as exc:
-        if _DEBUG["on"]:
+        if debug_on():
             raise
         ctx = getattr(exc, "ctx", None)
         cmd = f"{ctx.command_path} --help" if ctx is not None else "hotsplit --help"
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         print(one_line_error(exc.format_message(), f"see `{cmd}`"), file=sys.stderr)
         return getattr(exc, "exit_code", 2)
     except Exception as exc:  # noqa: BLE001 - a bug, not a refusal: one line unless --debug
-        if _DEBUG["on"]:
+        if debug_on():
             raise
         print(one_line_error(f"unexpected {type(exc).__name__}: {exc}",
                              "this is a bug in hotsplit: rerun with --debug and report the traceback"),

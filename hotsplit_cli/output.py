@@ -19,6 +19,18 @@ from rich.table import Table
 from hotsplit_cli.core.jsonio import dumps
 from hotsplit_cli.core.units import gib, pct  # noqa: F401 - the commands take them from here with Output
 
+_DEBUG = {"on": False}  # --debug / HOTSPLIT_DEBUG=1, set by the entry point (cli.main) for this run
+
+
+def set_debug(on: bool) -> None:
+    """Whether this run shows tracebacks (the entry point sets it from --debug and HOTSPLIT_DEBUG)."""
+    _DEBUG["on"] = bool(on)
+
+
+def debug_on() -> bool:
+    """Whether this run shows tracebacks: commands that caught errors print theirs when it is on."""
+    return _DEBUG["on"]
+
 
 def _no_progress(n: float = 1) -> None:
     pass

@@ -10,7 +10,7 @@ from rich.text import Text
 from hotsplit_cli.core.errors import HotsplitError
 from hotsplit_cli.core.jsonio import schema_tag
 from hotsplit_cli.options import DeviceOpt, JsonOpt
-from hotsplit_cli.output import Output
+from hotsplit_cli.output import Output, debug_on
 
 
 def selftest(
@@ -42,9 +42,7 @@ def selftest(
     out.emit(doc, render)
     if not result["ok"]:
         failed = [c["name"] for c in result["checks"] if c["ok"] is False]
-        from hotsplit_cli.cli import _DEBUG  # set by --debug / HOTSPLIT_DEBUG=1
-
-        if _DEBUG["on"]:  # the tracebacks the checks caught, for a bug report
+        if debug_on():  # --debug / HOTSPLIT_DEBUG=1: the tracebacks the checks caught, for a bug report
             for c in result["checks"]:
                 if c["error"]:
                     print(f"{c['name']}:\n{c['error']['traceback']}", file=sys.stderr)  # no markup

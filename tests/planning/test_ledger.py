@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from hotsplit_cli import cli
+from hotsplit_cli import output
 from hotsplit_cli.analysis.ledger import CommModel, a2a_ledger, build_ledger, find_hot_experts, memory_ledger, with_ep
 from hotsplit_cli.cli import main
 from hotsplit_cli.config.recipe import GIB, load_recipe, parse_recipe
@@ -21,8 +21,8 @@ from hotsplit_cli.traffic.hist import Histogram, save_hist
 
 @pytest.fixture(autouse=True)
 def _no_debug(monkeypatch):
-    # cli.main keeps --debug in a module-level switch; another test's --debug must not leak here.
-    monkeypatch.setitem(cli._DEBUG, "on", False)
+    # --debug is a switch of the run (output.set_debug); another test's --debug must not leak here.
+    monkeypatch.setitem(output._DEBUG, "on", False)
 
 
 # A small deployment whose every number is worked out by hand below.

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hotsplit_cli import cli
+from hotsplit_cli import output
 from hotsplit_cli.cli import main
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import GIB, RECIPES_DIR, load_recipe, parse_recipe
@@ -25,8 +25,8 @@ from hotsplit_cli.hotset.sizes import (
 
 @pytest.fixture(autouse=True)
 def _no_debug(monkeypatch):
-    # cli.main keeps --debug in a module-level switch; another test's --debug must not leak here.
-    monkeypatch.setitem(cli._DEBUG, "on", False)
+    # --debug is a switch of the run (output.set_debug); another test's --debug must not leak here.
+    monkeypatch.setitem(output._DEBUG, "on", False)
 
 
 SHIPPED = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
