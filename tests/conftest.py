@@ -127,3 +127,23 @@ def triton_interpreted(monkeypatch):
                     f"{RERUN} runs this test again in its own process")
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when triton is first imported
     pytest.importorskip("triton")
+
+
+@pytest.fixture
+def gpu_sources(tmp_path):
+    """The probe's fake two-GPU, two-node machine (tests/fakes/machine.py), for probe, planning
+    and CLI tests alike."""
+    from tests.fakes.machine import fake_gpu_sources
+
+    return fake_gpu_sources(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """A tiny random checkpoint of every supported family, built once per session (tests/fakes/hf.py)."""
+    pytest.importorskip("transformers", minversion="5.0")
+    from runtime.hf.loader import FAMILIES
+    from tests.fakes.hf import build_checkpoint
+
+    root = tmp_path_factory.mktemp("hf")
+    return {f: build_checkpoint(root / f, f) for f in FAMILIES}

@@ -13,7 +13,7 @@ from hotsplit_cli.traffic.trace import load_trace
 pytest.importorskip("torch")
 pytest.importorskip("transformers", minversion="5.0", reason="transformers>=5 (hotsplit[hf])")
 
-from tests.runtime.test_hf_models import SENTENCES, build_checkpoint  # noqa: E402
+from tests.fakes.hf import SENTENCES, build_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from rich.console import Console
 
 from hotsplit_cli.analysis.simulate import POLICIES, SimConfig, simulate
 from hotsplit_cli.output import Output
-from tests.probes.test_probe_platform import gpu_sources  # noqa: F401  (fixture)
 
 
 def tty(buf: StringIO) -> Console:

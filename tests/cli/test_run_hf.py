@@ -14,7 +14,7 @@ from hotsplit_cli.cli import main
 pytest.importorskip("transformers", minversion="5.0", reason="transformers>=5 (hotsplit[hf])")
 
 from runtime.hf.loader import FAMILIES  # noqa: E402
-from tests.runtime.test_hf_models import SENTENCES, build_checkpoint, checkpoints, reference  # noqa: E402, F401
+from tests.fakes.hf import SENTENCES, build_checkpoint, reference  # noqa: E402
 
 
 @pytest.fixture(scope="module")

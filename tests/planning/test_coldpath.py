@@ -16,14 +16,6 @@ from hotsplit_cli.hotset.coldpath import ColdRates, predict_cold_paths, split_co
 MB = 1e6
 
 
-@pytest.fixture
-def gpu_sources(tmp_path):
-    """The probe's fake two-GPU, two-node machine (tests/probes/test_probe_platform.py)."""
-    from tests.probes import test_probe_platform as fakes
-
-    return fakes.gpu_sources.__wrapped__(tmp_path)
-
-
 def test_equal_rates_halve_the_bytes():
     rates = ColdRates(10.0, ((1, 10.0), (16, 10.0)))
     s = split_cold([MB] * 6, [1] * 6, rates)

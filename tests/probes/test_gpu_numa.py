@@ -9,8 +9,7 @@ from probes.common import GpuDevice
 from probes.gpu_numa import decide_gpu_numa_node, locate_gpu_numa_node
 from probes.nvml import probe_nvml
 from probes.sysfs import read_numa_nodes, read_pci_link
-from tests.probes.test_probe_nvml import FakeNvml
-from tests.probes.test_probe_sysfs import make_node, write
+from tests.fakes.machine import FakeNvml, make_node, write
 
 BUS_GPU1 = "00000000:3B:00.0"  # FakeNvml's second GPU (0x19 + 0x22)
 

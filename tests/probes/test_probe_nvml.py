@@ -6,108 +6,13 @@ the probe's error handling is exercised exactly as on a machine.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pynvml
 import pytest
 
 from probes.nvml import probe_nvml, read_link_state
+from tests.fakes.machine import FakeNvml
 
 GIB = 1 << 30
-
-
-def err(code: int) -> pynvml.NVMLError:
-    return pynvml.NVMLError(code)
-
-
-class FakeNvml:
-    """A healthy two-GPU H100 host; scenarios override single calls with `fail`."""
-
-    NVMLError = pynvml.NVMLError
-    nvmlMemory_v2 = pynvml.nvmlMemory_v2
-    NVML_AFFINITY_SCOPE_NODE = pynvml.NVML_AFFINITY_SCOPE_NODE
-
-    def __init__(self, fail: dict[str, int] | None = None, count: int = 2):
-        self.fail = fail or {}
-        self.count = count
-        self.shutdowns = 0
-        for const in dir(pynvml):
-            if const.startswith("NVML_ERROR_"):
-                setattr(self, const, getattr(pynvml, const))
-
-    def _check(self, name: str, handle=None) -> None:
-        key = name if handle is None else f"{name}:{handle}"
-        for k in (key, name):
-            if k in self.fail:
-                raise err(self.fail[k])
-
-    def nvmlInit(self):
-        self._check("nvmlInit")
-
-    def nvmlShutdown(self):
-        self.shutdowns += 1
-
-    def nvmlSystemGetDriverVersion(self):
-        return "550.54.15"
-
-    def nvmlDeviceGetCount(self):
-        self._check("nvmlDeviceGetCount")
-        return self.count
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        self._check("nvmlDeviceGetHandleByIndex", i)
-        return i
-
-    def nvmlDeviceGetHandleByPciBusId(self, bus):
-        return 0
-
-    def nvmlDeviceGetName(self, h):
-        self._check("nvmlDeviceGetName", h)
-        return b"NVIDIA H100 80GB HBM3"  # older bindings return bytes
-
-    def nvmlDeviceGetUUID(self, h):
-        return f"GPU-0000000{h}"
-
-    def nvmlDeviceGetPciInfo(self, h):
-        return SimpleNamespace(busId=f"00000000:{0x19 + h * 0x22:02X}:00.0")
-
-    def nvmlDeviceGetMemoryInfo(self, h, version=None):
-        if version is not None:
-            self._check("nvmlDeviceGetMemoryInfo_v2", h)
-            return SimpleNamespace(total=80 * GIB, used=GIB, free=79 * GIB - (512 << 20), reserved=512 << 20)
-        self._check("nvmlDeviceGetMemoryInfo", h)
-        return SimpleNamespace(total=80 * GIB, used=GIB, free=79 * GIB)
-
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, h):
-        self._check("nvmlDeviceGetCurrPcieLinkGeneration", h)
-        return 1  # idle
-
-    def nvmlDeviceGetMaxPcieLinkGeneration(self, h):
-        self._check("nvmlDeviceGetMaxPcieLinkGeneration", h)
-        return 5
-
-    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, h):
-        self._check("nvmlDeviceGetGpuMaxPcieLinkGeneration", h)
-        return 5
-
-    def nvmlDeviceGetCurrPcieLinkWidth(self, h):
-        self._check("nvmlDeviceGetCurrPcieLinkWidth", h)
-        return 16
-
-    def nvmlDeviceGetMaxPcieLinkWidth(self, h):
-        return 16
-
-    def nvmlDeviceGetNumaNodeId(self, h):
-        self._check("nvmlDeviceGetNumaNodeId", h)
-        return h
-
-    def nvmlDeviceGetCpuAffinity(self, h, words):
-        self._check("nvmlDeviceGetCpuAffinity", h)
-        return [0xFF << (8 * h)] + [0] * (words - 1)
-
-    def nvmlDeviceGetMemoryAffinity(self, h, words, scope):
-        self._check("nvmlDeviceGetMemoryAffinity", h)
-        return [1 << h] + [0] * (words - 1)
 
 
 def reasons_of(gpu) -> dict[str, str]:

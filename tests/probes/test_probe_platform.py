@@ -5,96 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 
 from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.core.errors import InputFileError
-from probes.bandwidth import GpuBandwidth, HostCopyNode, NodeBandwidth, SweepPlan, summarize
 from probes.common import DriverReport
-from probes.cuda import CudaDevice, CudaReport, same_bus
-from probes.host import HostInfo
-from probes.hostmem import PageLocation
+from probes.cuda import CudaReport, same_bus
 from probes.numastat import ToolOutput
-from probes.nvml import LinkState, probe_nvml
-from probes.platform import Sources, link_verdict, measure_platform, take_inventory
-from tests.probes.test_probe_nvml import FakeNvml
-from tests.probes.test_probe_sysfs import make_node, write
-
-GIB = 1 << 30
-NUMASTAT = Path(__file__).parents[1] / "data" / "numastat"
-
-
-def fake_host(root) -> HostInfo:
-    return HostInfo("gpu-box", "6.8.0", "x86_64", "AMD EPYC 9654", 2, 192, 384, 768 * GIB, 700 * GIB)
-
-
-def fake_tree(root: Path) -> None:
-    make_node(root, 0, "0-95", 384 << 20, 300 << 20, "10 32")
-    make_node(root, 1, "96-191", 384 << 20, 310 << 20, "32 10")
-    for i, (bus, node) in enumerate((("0000:19:00.0", "0"), ("0000:3b:00.0", "1"))):
-        d = f"sys/bus/pci/devices/{bus}"
-        write(root, f"{d}/numa_node", node + "\n")
-        write(root, f"{d}/local_cpulist", ("0-95" if i == 0 else "96-191") + "\n")
-
-
-def fake_gpu_bandwidth(cuda_index, nodes, local_node, plan: SweepPlan, sample_link=None, tick=None):
-    """Local reads at 50 GB/s copies / 40 GB/s zero-copy, remote at half; small sizes collapse."""
-    link = sample_link() if sample_link else (None, None)
-    by_node = []
-    for node in nodes:
-        scale = 1.0 if node == local_node else 0.5
-
-        def sweep(peak, scale=scale):
-            return tuple(summarize(s, plan.iterations(s), [peak * scale * min(1.0, s / (64 << 20))] * plan.samples)
-                         for s in plan.sizes_bytes)
-
-        tick(3 * len(plan.sizes_bytes))
-        by_node.append(NodeBandwidth(node, node == local_node, PageLocation(node, {node: 1.0}, True), sweep(50.0),
-                                     sweep(48.0), sweep(40.0)))
-    return GpuBandwidth(cuda_index, "fake", tuple(by_node), link[0], link[1])
-
-
-def fake_host_copy(nodes, plan, tick=None):
-    tick(len(nodes) * len(plan.sizes_bytes))
-    return tuple(HostCopyNode(n, PageLocation(n, {n: 1.0}, True),
-                              tuple(summarize(s, 1, [20.0] * plan.samples) for s in plan.sizes_bytes)) for n in nodes)
-
-
-CPU_EXPERT_CALLS = []
-
-
-def fake_cpu_expert(shape, node, cpus, pool_bytes=None, samples=None, tick=None):
-    """10 GB/s at one token, falling with more tokens (the CPU turns compute-bound)."""
-    from probes.cpu_expert import CpuExpertRate
-
-    CPU_EXPERT_CALLS.append((shape, node, cpus))
-    tick(3)
-    cells = tuple((t, summarize(shape.expert_bytes, 4, [10.0 / t ** 0.5] * 3)) for t in (1, 4, 16))
-    return CpuExpertRate(node, cpus, len(cpus or ()) or 2, shape, shape.expert_bytes, 4, cells)
-
-
-def fake_cuda() -> CudaReport:
-    # CUDA enumerates the GPUs in the opposite order to the driver: matched by bus id.
-    return CudaReport(True, "2.13.0", "12.8", (
-        CudaDevice(0, "NVIDIA H100 80GB HBM3", "00000000:3b:00.0", 80 * GIB, 78 * GIB),
-        CudaDevice(1, "NVIDIA H100 80GB HBM3", "00000000:19:00.0", 80 * GIB, 78 * GIB)), None)
-
-
-def numastat_from_captures(args):
-    name = "two-node-rhel78-m.txt" if args == ("-m",) else "two-node-rhel78.txt"
-    return ToolOutput((NUMASTAT / name).read_text(), None)
-
-
-@pytest.fixture
-def gpu_sources(tmp_path) -> Sources:
-    fake_tree(tmp_path)
-    return Sources(root=tmp_path, nvml=lambda: probe_nvml(lambda: FakeNvml()),
-                   nvidia_smi=lambda: pytest.fail("nvidia-smi must not run when NVML works"),
-                   numastat=numastat_from_captures, cuda=fake_cuda, host=fake_host, host_copy=fake_host_copy,
-                   gpu_bandwidth=fake_gpu_bandwidth, link_state=lambda bus: LinkState(4, 16), machine="x86_64",
-                   cpu_expert=fake_cpu_expert)
+from probes.platform import link_verdict, measure_platform, take_inventory
+from tests.fakes.machine import CPU_EXPERT_CALLS, GIB, fake_host
 
 
 def fields(doc) -> dict[str, str]:

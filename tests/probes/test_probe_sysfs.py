@@ -7,42 +7,7 @@ from pathlib import Path
 import pytest
 
 from probes.sysfs import list_numa_nodes, read_numa_nodes, read_pci_link
-
-BDF = "0000:3b:00.0"
-
-
-def write(root: Path, rel: str, text: str) -> None:
-    p = root / rel
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text)
-
-
-def make_node(root: Path, node: int, cpus: str, total_kib: int, free_kib: int, distances: str,
-              huge_2m: tuple[int, int] = (0, 0)) -> None:
-    d = f"sys/devices/system/node/node{node}"
-    write(root, f"{d}/cpulist", cpus + "\n")
-    write(root, f"{d}/meminfo", f"Node {node} MemTotal:       {total_kib} kB\n"
-                                f"Node {node} MemFree:        {free_kib} kB\n"
-                                f"Node {node} MemUsed:        {total_kib - free_kib} kB\n"
-                                f"Node {node} HugePages_Total:     {huge_2m[0]}\n")
-    write(root, f"{d}/distance", distances + "\n")
-    write(root, f"{d}/numastat", "numa_hit 100\nnuma_miss 7\nnuma_foreign 0\ninterleave_hit 1\nlocal_node 100\n"
-                                 "other_node 7\n")
-    h = f"{d}/hugepages/hugepages-2048kB"
-    write(root, f"{h}/nr_hugepages", f"{huge_2m[0]}\n")
-    write(root, f"{h}/free_hugepages", f"{huge_2m[1]}\n")
-    write(root, f"{h}/surplus_hugepages", "0\n")
-
-
-def make_pci(root: Path, numa_node: str = "1", cur_speed: str | None = "16.0 GT/s PCIe",
-             max_speed: str | None = "32.0 GT/s PCIe", cur_width: str | None = "16", max_width: str | None = "16",
-             cpulist: str | None = "32-63") -> None:
-    d = f"sys/bus/pci/devices/{BDF}"
-    write(root, f"{d}/numa_node", numa_node + "\n")
-    for name, value in (("current_link_speed", cur_speed), ("max_link_speed", max_speed),
-                        ("current_link_width", cur_width), ("max_link_width", max_width), ("local_cpulist", cpulist)):
-        if value is not None:
-            write(root, f"{d}/{name}", value + "\n")
+from tests.fakes.machine import BDF, make_node, make_pci, write
 
 
 def reasons_of(obj) -> dict[str, str]:

@@ -23,7 +23,7 @@ from safetensors.torch import save_file  # noqa: E402
 from runtime.device import choose_device  # noqa: E402
 from runtime.fp8 import FP8, Fp8Format, dequantize, quantize  # noqa: E402
 from runtime.hf.loader import load_model, load_tokenizer  # noqa: E402
-from tests.runtime.test_hf_models import SENTENCES, build_checkpoint, reference  # noqa: E402
+from tests.fakes.hf import SENTENCES, build_checkpoint, reference  # noqa: E402
 
 # Blocks that do not divide every dimension (hidden 32, expert intermediate 16): the last block
 # of a row or column is partial, as in real checkpoints whose sizes are not multiples of 128.

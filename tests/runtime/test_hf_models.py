@@ -19,85 +19,12 @@ from runtime.device import choose_device  # noqa: E402
 from runtime.hf.capture import capture, trace_of  # noqa: E402
 from runtime.hf.loader import FAMILIES, load_model, load_tokenizer  # noqa: E402
 from tests.conftest import cpu_without_triton  # noqa: E402
-
-VOCAB = 320
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Mixture of experts models route every token to a few experts.",
-    "Hot experts live in GPU memory; cold experts are read over PCIe.",
-    "Pack my box with five dozen liquor jugs.",
-    "How vexingly quick daft zebras jump!",
-]
-COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-              tie_word_embeddings=False)
-# Geometry is made up (tiny); each keeps its family's structure: dense first layers, shared
-# experts, group-limited sigmoid routers, gpt-oss's interleaved gate/up with biases.
-FAMILY_KW = {
-    "qwen3_moe": dict(moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2, head_dim=8,
-                      mlp_only_layers=[0]),
-    "qwen2_moe": dict(moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2,
-                      shared_expert_intermediate_size=32),
-    "mixtral": dict(num_local_experts=8, num_experts_per_tok=2),
-    "olmoe": dict(num_experts=8, num_experts_per_tok=2),
-    "deepseek_v3": dict(num_key_value_heads=4, moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2,
-                        n_group=2, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=16,
-                        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, n_shared_experts=1),
-    "glm4_moe": dict(moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
-                     first_k_dense_replace=1, head_dim=8, n_shared_experts=1),
-    "mimo_v2_flash": dict(moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2),
-    "gpt_oss": dict(num_local_experts=8, num_experts_per_tok=2, head_dim=8, sliding_window=16,
-                    layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
-}
-EXPECTED_MOE_LAYERS = {"qwen3_moe": (1, 2), "deepseek_v3": (1, 2), "glm4_moe": (1, 2), "mimo_v2_flash": (1, 2)}
-
-
-def build_tokenizer(folder):
-    from tokenizers import ByteLevelBPETokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(SENTENCES * 4, vocab_size=VOCAB, min_frequency=1,
-                            special_tokens=["<pad>", "<s>", "</s>"])
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, pad_token="<pad>", bos_token="<s>",
-                                  eos_token="</s>")
-    tok.save_pretrained(folder)
-    return tok
-
-
-def build_checkpoint(folder, family: str, seed: int = 0):
-    """A random tiny checkpoint of `family` in `folder` (fp32 weights)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    config = AutoConfig.for_model(family, **{**COMMON, **FAMILY_KW[family]})
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # larger router weights: sharper, less tie-prone routing
-        for name, p in model.named_parameters():
-            if name.endswith(("gate.weight", "router.weight")):
-                p.normal_(0, 1.0)
-            elif "e_score_correction_bias" in name or name.endswith("router.bias"):
-                p.uniform_(-0.1, 0.1)
-    model.save_pretrained(folder)
-    build_tokenizer(folder)
-    return folder
-
-
-@pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hf")
-    return {f: build_checkpoint(root / f, f) for f in FAMILIES}
+from tests.fakes.hf import EXPECTED_MOE_LAYERS, SENTENCES, reference  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def cpu():
     return cpu_without_triton()
-
-
-def reference(folder, impl="eager"):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, experts_implementation=impl).eval()
 
 
 def router_counts(model, ids_BS, am_BS, moe_layers):
