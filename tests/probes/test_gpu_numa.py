@@ -52,3 +52,21 @@ def test_no_source_says_why(tmp_path):
     located = locate_gpu_numa_node(BUS_GPU1, tmp_path, no_nvml)
     assert located.node is None and located.source is None
     assert located.why_not.startswith("neither sysfs nor the driver gives it (")
+
+
+def test_the_runtime_asks_this_rule_for_its_gpus_node(monkeypatch):
+    """runtime/device.py passes torch's PCI address of the GPU to the same rule (on a GPU box)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from probes.gpu_numa import GpuNumaNode
+    from runtime import device
+
+    props = SimpleNamespace(pci_domain_id=0, pci_bus_id=0x3B, pci_device_id=0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    asked = []
+    monkeypatch.setattr(device, "locate_gpu_numa_node", lambda bus: asked.append(bus) or GpuNumaNode(1, "nvml"))
+    assert device._gpu_numa_node(0) == (1, None) and asked == ["0000:3b:00.0"]
+    monkeypatch.setattr(device, "locate_gpu_numa_node", lambda bus: GpuNumaNode(None, None, "neither ..."))
+    assert device._gpu_numa_node(0) == (None, "neither ...")
