@@ -31,8 +31,8 @@ from probes.timing import median_ms
 
 from .device import DeviceInfo, synchronizer
 
-# Measured (benchmarks/bench_cpu_fp8.py, docs/runtime.md): dequantising a block-scaled fp8 expert on
-# the CPU and computing it streams 0.40 GB/s of stored weights, against 17.2 GB/s for bf16.
+# Measured (benchmarks/bench_cpu_fp8.py, docs/benchmarks.md): dequantising a block-scaled fp8 expert on
+# the CPU and computing it streams 25-45x fewer bytes of stored weights per second than bf16.
 FP8_REFUSAL = ("cold_path {mode}: the CPU cannot compute fp8 experts usefully (dequantising them streams ~30-40x "
                "fewer bytes/s than bf16); use cold_path gpu, which reads fp8 tiles in place")
 

@@ -82,8 +82,15 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 def save_hist(path: str | os.PathLike, hist: Histogram) -> Path:
-    """Validate, then write atomically (a bad histogram never reaches the disk)."""
+    """Validate counts and windows by the rules `load_hist` applies, then write atomically (a bad
+    histogram never reaches the disk)."""
     validate_counts(hist.counts_LE, hist.layers, str(path))
+    if hist.windows_WLE is not None:
+        windows = np.asarray(hist.windows_WLE, dtype=np.float64)
+        if windows.ndim != 3 or len(windows) == 0:
+            raise HistogramError(f"{path}: `windows.counts` must be [windows, layers, experts], "
+                                 f"got shape {list(windows.shape)}")
+        validate_windows(windows, hist.counts_LE.shape, str(path))
     return write_json_atomic(path, hist.to_doc())
 
 
@@ -137,12 +144,7 @@ def hist_from_doc(doc: object, where: str) -> Histogram:
         if not isinstance(w, list) or not w:
             raise HistogramError(f"{where}: `windows.counts` must be a non-empty list")
         mats = [_matrix(m, where, f"windows.counts[{i}]") for i, m in enumerate(w)]
-        for i, m in enumerate(mats):
-            if m.shape != counts.shape:
-                raise HistogramError(
-                    f"{where}: `windows.counts[{i}]` has shape {list(m.shape)}, expected {list(counts.shape)}"
-                )
-            _check_values(m, where, f"windows.counts[{i}]")
+        validate_windows(mats, counts.shape, where)
         windows_WLE = np.stack(mats)
     return Histogram(
         model=doc["model"],
@@ -191,6 +193,14 @@ def _check_values(a: np.ndarray, where: str, name: str) -> None:
         return f"{where}: `{name}{index_str(idx)}` is {a[idx]} ({rule})"
 
     check_finite_nonneg(a, HistogramError, message)
+
+
+def validate_windows(windows_WLE, shape: tuple[int, ...], where: str) -> None:
+    """Each window's counts [L, E]: the shape of `counts`, finite and >= 0."""
+    for i, m in enumerate(windows_WLE):
+        if m.shape != shape:
+            raise HistogramError(f"{where}: `windows.counts[{i}]` has shape {list(m.shape)}, expected {list(shape)}")
+        _check_values(m, where, f"windows.counts[{i}]")
 
 
 def validate_counts(counts_LE: np.ndarray, layers, where: str) -> None:

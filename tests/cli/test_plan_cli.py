@@ -48,10 +48,36 @@ def test_plan_hit_rate_is_exact(cli, tmp_path):
     assert doc["ranks"][0]["hot"]["1"] == [0, 2]
 
 
-def test_json_mode_prints_only_json(cli, tiny_hist):
+def test_json_mode_prints_only_json_with_the_plans_values(cli, tiny_hist):
+    """stdout is one JSON document and stderr is empty; its values are those worked out here
+    from the histogram alone (equal expert sizes: the hot set is the top counts, ties by layer
+    then expert; the LP bound adds the fraction of the next count that the budget leaves room for)."""
+    from hotsplit_cli.traffic.hist import load_hist
+
     r = cli("plan", tiny_hist, "--recipe", "tiny", "--json")
-    assert r.code == 0
-    json.loads(r.out)
+    assert r.code == 0 and r.err == ""
+    doc = json.loads(r.out)
+    counts = load_hist(tiny_hist).counts_LE
+    one = 3 * 256 * 128 * 2  # recipes/tiny.yaml: hidden 256, moe_intermediate 128, bf16 gate/up/down
+    budget = int(0.01 * 2**30)  # its hot_gib
+    n = budget // one
+    order = np.argsort(-counts.ravel(), kind="stable")
+    hot = np.zeros(counts.size, dtype=bool)
+    hot[order[:n]] = True
+    hot = hot.reshape(counts.shape)
+    total = counts.sum()
+    assert (doc["hot_gib"], doc["budget_bytes"], doc["expert_bytes"]) == (0.01, budget, one)
+    assert doc["ranks"][0]["hot"] == {str(layer): np.flatnonzero(hot[i]).tolist()
+                                      for i, layer in enumerate((1, 2, 3, 4))}
+    assert doc["ranks"][0]["hot_experts"] == n and doc["ranks"][0]["hot_bytes"] == n * one
+    assert doc["hit_rate"] == pytest.approx(counts[hot].sum() / total, rel=1e-12)
+    assert doc["greedy_hit_rate"] == doc["hit_rate"] and doc["certified_optimal"] is True
+    assert doc["layer_hit_rate"] == pytest.approx(
+        {str(layer): counts[i][hot[i]].sum() / counts[i].sum() for i, layer in enumerate((1, 2, 3, 4))}, rel=1e-12)
+    fraction = budget / one - n
+    bound = (counts[hot].sum() + fraction * counts.ravel()[order[n]]) / total
+    assert doc["bound"]["hit_rate"] == pytest.approx(bound, rel=1e-12)
+    assert doc["bound"]["gap"] == pytest.approx(bound - doc["hit_rate"], rel=1e-9)
 
 
 def test_auto_budget_says_how_it_was_derived(cli, tiny_hist, tmp_path, monkeypatch):

@@ -127,14 +127,16 @@ def test_run_checkpoint_draws_a_bar_per_prompt_on_a_terminal(ckpt, tmp_path, cap
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("cold_path", ["cpu", "split"])
 def test_checkpoint_runs_with_a_cpu_cold_path_generate_the_same_text(checkpoints, family, cold_path, tmp_path,  # noqa: F811
-                                                                     capsys, monkeypatch):
+                                                                     capsys, monkeypatch, fixed_rates_platform):
     """Every family's layout (transposed, biased, interleaved gate/up) computed by the CPU from the
-    host cold bank gives transformers' greedy text."""
+    host cold bank gives transformers' greedy text. The rates are fixed (a platform file), so the
+    split gives the CPU its share however loaded the machine is."""
     ckpt = checkpoints[family]
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(orjson.dumps({"prompt": SENTENCES[0]}).decode() + "\n")
     monkeypatch.setenv("HOTSPLIT_COLD_PATH", cold_path)
-    code = main(["run", str(_recipe(tmp_path, ckpt, prompts, 2, _geometry(ckpt))), "--json"])
+    code = main(["run", str(_recipe(tmp_path, ckpt, prompts, 2, _geometry(ckpt))), "--json",
+                 "--platform", str(fixed_rates_platform)])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     doc = json.loads(captured.out)
@@ -147,7 +149,10 @@ def test_checkpoint_runs_with_a_cpu_cold_path_generate_the_same_text(checkpoints
     assert doc["summary"]["texts"] == [tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)]
     paths = doc["summary"]["cold_paths"]
     assert doc["knobs"]["cold_path"] == cold_path and paths["mode"] == cold_path
+    assert paths["rates"].startswith(f"{fixed_rates_platform}: ")
     assert paths["cpu"]["experts"] > 0
     if cold_path == "cpu":
         assert paths["gpu"]["experts"] == 0
+    else:  # equal rates: the device path keeps the second half of each layer's cold experts
+        assert paths["gpu"]["experts"] > 0
     assert f"CPU cold path ({cold_path}" in doc["summary"]["kernel"]

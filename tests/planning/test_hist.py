@@ -86,3 +86,53 @@ def test_save_refuses_bad_counts_and_keeps_old_file(tmp_path):
         save_hist(path, make_hist([[1, -2]]))
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["h.json"]  # no temp file left behind
+
+
+def _with_windows(windows, counts=((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))):
+    h = make_hist(counts, layers=(3, 4))
+    return type(h)(**{**h.__dict__, "windows_WLE": np.asarray(windows, dtype=np.float64), "steps_per_window": 5})
+
+
+@pytest.mark.parametrize("bad, message", [
+    (-5.0, "`windows.counts[1][0][2]` is -5.0 (counts must be >= 0)"),
+    (np.nan, "`windows.counts[1][0][2]` is nan (must be finite)"),
+    (np.inf, "`windows.counts[1][0][2]` is inf (must be finite)"),
+])
+def test_save_refuses_bad_window_values_in_one_line_and_writes_nothing(tmp_path, bad, message):
+    windows = np.ones((2, 2, 3))
+    windows[1, 0, 2] = bad
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    save_hist(old, make_hist([[1, 2]]))
+    before = old.read_bytes()
+    for path in (new, old):
+        with pytest.raises(HistogramError) as exc:
+            save_hist(path, _with_windows(windows))
+        assert str(exc.value) == f"{path}: {message}" and "\n" not in str(exc.value)
+    assert not new.exists() and old.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json"]
+
+
+@pytest.mark.parametrize("windows, message", [
+    (np.ones((2, 2, 4)), "`windows.counts[0]` has shape [2, 4], expected [2, 3]"),
+    (np.ones((2, 3)), "`windows.counts` must be [windows, layers, experts], got shape [2, 3]"),
+    (np.ones((0, 2, 3)), "`windows.counts` must be [windows, layers, experts], got shape [0, 2, 3]"),
+])
+def test_save_refuses_windows_of_the_wrong_shape(tmp_path, windows, message):
+    with pytest.raises(HistogramError) as exc:
+        save_hist(tmp_path / "h.json", _with_windows(windows))
+    assert message in str(exc.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("cell, message", [
+    ("-5", "`windows.counts[1][0][2]` is -5.0 (counts must be >= 0)"),
+    ("NaN", "`windows.counts[1][0][2]` is nan (must be finite)"),
+    ("Infinity", "`windows.counts[1][0][2]` is inf (must be finite)"),
+])
+def test_load_refuses_bad_window_values_naming_the_entry(tmp_path, cell, message):
+    windows = f'{{"steps_per_window": 5, "counts": [[[1, 2, 3], [4, 5, 6]], [[1, 2, {cell}], [4, 5, 6]]]}}'
+    raw = json.dumps(_doc())[:-1] + f', "windows": {windows}}}'
+    p = _write(tmp_path, None, raw)
+    with pytest.raises(HistogramError) as exc:
+        load_hist(p)
+    assert str(exc.value) == f"{p}: {message}"

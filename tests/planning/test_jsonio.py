@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from hotsplit_cli.core.errors import HistogramError, InputFileError
-from hotsplit_cli.core.jsonio import read_json, read_json_doc, write_json_atomic
+from hotsplit_cli.core.jsonio import read_json, read_json_doc, write_atomic, write_json_atomic
 
 
 @pytest.fixture
@@ -48,6 +48,56 @@ def test_replaced_file_keeps_its_mode_as_cp_does(tmp_path, umask):
     out.chmod(0o640)
     write_json_atomic(out, {"x": 2})
     assert mode(out) == 0o640 and out.read_text().startswith('{\n  "x": 2')
+
+
+OLD = b'{\n  "old": [1, 2, 3]\n}\n'
+
+
+@pytest.mark.parametrize("failure", [ValueError("bad value"), KeyboardInterrupt()], ids=["error", "ctrl-c"])
+def test_a_failing_write_keeps_the_old_file_and_leaves_no_temp_file(tmp_path, failure):
+    """The callback writes half a document, then fails (an error, or Ctrl-C): the old file is
+    byte-identical, and the folder holds nothing else."""
+    out = tmp_path / "a.json"
+    out.write_bytes(OLD)
+
+    def write(fh):
+        fh.write(b'{"new": [4, 5')
+        fh.flush()
+        raise failure
+
+    with pytest.raises(type(failure)):
+        write_atomic(out, write)
+    assert out.read_bytes() == OLD
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+
+
+def test_a_failing_first_write_creates_nothing(tmp_path):
+    def write(fh):
+        fh.write(b"{")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        write_atomic(tmp_path / "new.json", write)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_target_holds_the_old_bytes_until_the_new_file_is_complete(tmp_path):
+    """While the callback writes, the target is untouched and the bytes go to another file in the
+    same folder (so that the final rename is atomic)."""
+    out = tmp_path / "a.json"
+    out.write_bytes(OLD)
+    seen = {}
+
+    def write(fh):
+        fh.write(b'{"new": 1}\n')
+        fh.flush()
+        seen["target"] = out.read_bytes()
+        seen["others"] = sorted(p.name for p in tmp_path.iterdir() if p.name != "a.json")
+
+    write_atomic(out, write)
+    assert seen["target"] == OLD and out.read_bytes() == b'{"new": 1}\n'
+    assert len(seen["others"]) == 1 and seen["others"][0].startswith(".a.json.")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
 
 
 def test_a_folder_is_refused_with_nothing_left_behind(tmp_path):

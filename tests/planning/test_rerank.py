@@ -94,7 +94,26 @@ def test_empirical_bayes_recovers_concentration_order():
         n = np.stack([rng.multinomial(400, p[i]) for i in range(L)]).astype(float)
         fits.append(fit_strength(n, q, "shared")[0])
     assert fits[0] < fits[1]
-    assert 5 < fits[0] < 80  # close to the true 20 on this many layers
+    # Close to the true 20: over seeds 2..11 of this draw the fit ranged 17.0-21.7 (and 20.4 here).
+    assert 17 < fits[0] < 23.5, fits
+
+
+def test_the_fitted_strength_maximises_the_dirichlet_multinomial_likelihood():
+    """The fit is the maximum of the likelihood written out here with math.lgamma (constant terms
+    dropped): no strength 1% either side, nor any of a wide grid, does better."""
+    rng = np.random.default_rng(2)
+    q = zipf_shares(L, E, 1.0, seed=3)
+    n = np.stack([rng.multinomial(400, rng.dirichlet(20.0 * q[i])) for i in range(L)]).astype(float)
+
+    def log_likelihood(a: float) -> float:
+        return sum(math.lgamma(a) - math.lgamma(n[i].sum() + a)
+                   + sum(math.lgamma(n[i, e] + a * q[i, e]) - math.lgamma(a * q[i, e]) for e in range(E))
+                   for i in range(L))
+
+    fit = float(fit_strength(n, q, "shared")[0])
+    best = log_likelihood(fit)
+    assert best >= max(log_likelihood(fit * 0.99), log_likelihood(fit * 1.01))
+    assert all(best >= log_likelihood(a) for a in np.geomspace(0.1, 1e5, 60))
 
 
 def test_layers_without_evidence_keep_ref():

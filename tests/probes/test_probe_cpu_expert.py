@@ -58,6 +58,15 @@ def _plain_loop_gbps(shape: ExpertShape, n: int, tokens: int, samples: int, cpu:
 
 @pytest.mark.parametrize("tokens", [1, 16])
 def test_probe_rate_is_within_25_percent_of_a_plain_torch_loop(tokens):
+    """The probe measures what a plain torch loop over the same experts achieves (it adds no
+    overhead of its own and is not inflated by, say, a warm cache).
+
+    This is not a timed assertion: no duration or rate is compared with a fixed limit. It
+    compares two measurements of the same work taken side by side in this process on the same
+    CPU, so a machine slowed by other processes slows both. It stays robust under load because
+    (1) each side keeps its best pass (noise only ever slows a pass down), (2) the two sides
+    alternate in 5 rounds, so a burst of load hits both rather than one, and (3) the median round
+    is checked, so up to two rounds disturbed on one side only cannot fail it."""
     shape = ExpertShape(1024, 512, "float32")  # 6 MiB per expert; the pool is 16 of them
     pool = 16 * shape.expert_bytes
     cpu = min(os.sched_getaffinity(0))

@@ -97,15 +97,37 @@ def test_the_cpu_gets_only_its_tokens_activations(monkeypatch):
         assert ((ids >= 0).sum(dim=1) < g.top_k).any() or split.counters.gpu_experts == 0
 
 
-def test_counters_add_up_and_report_per_path():
+def test_counters_add_up_and_report_per_path(monkeypatch):
+    """The counters and the report agree with what was actually handed out: the distinct experts
+    in each CPU job (seen at the worker's door) and each layer's distinct cold experts (seen where
+    the split is decided), counted apart from the counters."""
     model, ref, split, rng, g = _split_model(0.5, "split")
+    cold_per_call, cpu_per_call = [], []
+    decide = cold_split.split_cold
+
+    def counting_split(bytes_N, tokens_N, rates, mode="split"):
+        cold_per_call.append(len(bytes_N))
+        return decide(bytes_N, tokens_N, rates, mode)
+
+    submit = split.pool.submit
+
+    def counting_submit(fn, cpu_compute, x, ids, w):
+        cpu_per_call.append(len(torch.unique(ids[ids >= 0])))
+        return submit(fn, cpu_compute, x, ids, w)
+
+    monkeypatch.setattr(cold_split, "split_cold", counting_split)
+    monkeypatch.setattr(split.pool, "submit", counting_submit)
     _run_against_reference(model, ref, rng, g, steps=3)
     c = split.counters
+    cold, on_cpu = sum(cold_per_call), sum(cpu_per_call)
+    assert 0 < on_cpu < cold  # equal rates: both paths served some
+    assert (c.cpu_experts, c.gpu_experts) == (on_cpu, cold - on_cpu)
+    assert (c.layers, c.cpu_layers) == (len(cold_per_call), len(cpu_per_call))
     bank_bytes = model.banks[0].expert_bytes
     assert c.gpu_bytes == c.gpu_experts * bank_bytes and c.cpu_bytes == c.cpu_experts * bank_bytes
     doc = split.report(real_expert_bytes=1000)
-    assert doc["gpu"]["bytes"] == c.gpu_experts * 1000 and doc["cpu"]["experts"] == c.cpu_experts
-    assert doc["cpu_share"] == pytest.approx(c.cpu_experts / (c.cpu_experts + c.gpu_experts))
+    assert doc["gpu"]["bytes"] == (cold - on_cpu) * 1000 and doc["cpu"]["experts"] == on_cpu
+    assert doc["cpu_share"] == on_cpu / cold
     assert doc["cpu"]["ms"] > 0 and doc["cpu"]["predicted_ms"] > 0 and doc["gpu"]["ms"] > 0
 
 
@@ -122,18 +144,33 @@ def test_host_weights_are_the_cold_bank_in_host_memory():
 # ----------------------------------------------------------------------------- the run CLI
 
 
-def test_run_with_the_split_reports_both_paths(cli, tmp_path):
+def test_run_with_the_split_reports_both_paths(cli, tmp_path, fixed_rates_platform):
+    """With fixed rates (the device path and the CPU alike) the split serves both paths, however
+    loaded the machine is."""
     log = tmp_path / "log.jsonl"
-    r = cli("run", "tiny", "--cold-path", "split", "--steps", "60", "--json", "--log-jsonl", str(log))
+    r = cli("run", "tiny", "--cold-path", "split", "--steps", "60", "--json", "--log-jsonl", str(log),
+            "--platform", fixed_rates_platform)
     assert r.code == 0, r.err
     doc = json.loads(r.out)
     assert doc["knobs"]["cold_path"] == "split" and doc["cold_path"]["mode"] == "split"
-    assert "measured now" in doc["cold_path"]["rates"] and not doc["cuda_graph"]
+    assert doc["cold_path"]["rates"].startswith(f"{fixed_rates_platform}: ") and not doc["cuda_graph"]
+    assert "CPU 10.0 GB/s at 1 token" in doc["cold_path"]["rates"]
     paths = doc["summary"]["cold_paths"]
     assert paths["cpu"]["experts"] > 0 and paths["gpu"]["experts"] > 0
     assert doc["kernel"].endswith("CPU cold path (split)")
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert all(0 < r["cold_cpu_bytes_per_step"] <= r["cold_bytes_per_step"] for r in records)
+
+
+def test_without_a_platform_file_the_rates_are_measured_now(cli):
+    """No platform.json: the run measures the rates itself and says so. What the split then does
+    depends on how busy the machine is, so only its bookkeeping is checked."""
+    r = cli("run", "tiny", "--cold-path", "split", "--steps", "10", "--json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert doc["cold_path"]["rates"].startswith("measured now: no GPU: the device path is this CPU")
+    paths = doc["summary"]["cold_paths"]
+    assert paths["layers"] > 0 and paths["gpu"]["experts"] + paths["cpu"]["experts"] > 0
 
 
 def test_the_default_run_has_no_cpu_path(cli):

@@ -32,6 +32,27 @@ def _compile(fn, types: dict, consts: dict):
     return triton.compile(ASTSource(fn, sig, consts), target=HOPPER)
 
 
+MMA = {"bf16": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+       "fp16": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"}
+
+
+def _check_ptx(kernel, name: str, w: str, dot: bool, fp8: bool, atomic: bool | None = None) -> None:
+    """The compiled kernel is the variant asked for, read from its PTX: an sm_90 entry of that
+    name with a cubin; tensor-core multiplies in the weights' 16-bit dtype exactly when the variant
+    takes the native tl.dot path (none for float32 weights, which multiply exactly, nor for the
+    broadcast path of small blocks); fp8 tiles converted from e4m3 as they are read; and, for the
+    gate/up kernel, the partial sums of an H split added atomically (a whole reduction stores).
+    What the kernels compute is checked against the torch reference by the interpreter tests of
+    test_runtime_bank.py, at these same block sizes."""
+    ptx = kernel.asm["ptx"]
+    assert ".target sm_90" in ptx and f".entry {name}(" in ptx and len(kernel.asm["cubin"]) > 0
+    mma = [op for op in MMA.values() if op in ptx]
+    assert mma == ([MMA[w]] if dot and w in MMA else []), mma
+    assert ("cvt.rn.f16x2.e4m3x2" in ptx) == fp8
+    if atomic is not None:
+        assert ("atom.global.gpu.acq_rel.add.f32" in ptx) == atomic
+
+
 def _common(w: str, fp8: bool) -> dict:
     blob = "*u8" if fp8 else WEIGHT[w]  # an fp8 blob is bytes: e4m3 weights, then float32 scales
     return {"order_ptr": "*i64", "blk_expert_ptr": "*i32", "blk_start_ptr": "*i64", "blk_count_ptr": "*i32",
@@ -50,8 +71,10 @@ VARIANTS = [("bf16", True, (16, 32, 128)), ("fp16", True, (16, 32, 128)), ("fp32
 def test_gate_up_kernel_compiles_for_hopper(w, native, blocks, split, fp8):
     bt, bi, bh = blocks
     types = {**_common(w, fp8), "x_ptr": WEIGHT[w], "out_ptr": "*fp32"}
-    _compile(tk.gate_up_kernel, types, dict(K=8, BLOCK_T=bt, BLOCK_I=bi, BLOCK_H=bh, USE_DOT=min(blocks) >= 16,
-                                    NATIVE=native, SPLIT=split, FP8=fp8, BM=128, BN=128))
+    dot = min(blocks) >= 16
+    kernel = _compile(tk.gate_up_kernel, types, dict(K=8, BLOCK_T=bt, BLOCK_I=bi, BLOCK_H=bh, USE_DOT=dot,
+                                                     NATIVE=native, SPLIT=split, FP8=fp8, BM=128, BN=128))
+    _check_ptx(kernel, "gate_up_kernel", w, dot and native, fp8, atomic=split > 1)
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["weights", "fp8-weights"])
@@ -61,5 +84,7 @@ def test_down_kernel_compiles_for_hopper(w, native, blocks, fp8):
     bi = 64 if min(blocks) >= 16 else 8
     types = {**_common(w, fp8), "act_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "w2_offset": "i32"}
     del types["s_rows"], types["tiles"]
-    _compile(tk.down_kernel, types, dict(BLOCK_T=bt, BLOCK_H=bh, BLOCK_I=bi, USE_DOT=min(bt, bi, bh) >= 16,
-                                 NATIVE=native, FP8=fp8, BM=128, BN=128, BF16=w == "bf16"))
+    dot = min(bt, bi, bh) >= 16
+    kernel = _compile(tk.down_kernel, types, dict(BLOCK_T=bt, BLOCK_H=bh, BLOCK_I=bi, USE_DOT=dot,
+                                                  NATIVE=native, FP8=fp8, BM=128, BN=128, BF16=w == "bf16"))
+    _check_ptx(kernel, "down_kernel", w, dot and native, fp8)

@@ -222,8 +222,8 @@ def test_align_blocks_all_padding_has_no_live_block():
     assert b.count_N.tolist() == [0] * b.num_blocks and b.expert_N.tolist() == [-1] * b.num_blocks
 
 
-def _kernel_case(hot_fraction, dtype=torch.float32, seed=0, fp8=None):
-    g = geom("softmax", shared=False, hidden=48, inter=24)
+def _kernel_case(hot_fraction, dtype=torch.float32, seed=0, fp8=None, hidden=48, inter=24):
+    g = geom("softmax", shared=False, hidden=hidden, inter=inter)
     model, ref = build_pair(g, 1, random_hot(1, 8, hot_fraction, np.random.default_rng(seed)), CPU, dtype, seed,
                             fp8=fp8)
     lw = ref.layers[0]
@@ -319,6 +319,26 @@ def test_triton_grouped_kernels_split_h_sums_every_chunk(triton_interpreted, spl
     compute = TritonExperts(block_t=16, block_i=16, block_h=16, block_i_down=16, split_h=split_h)
     assert compute._split(1, g.hidden, x.device) == min(split_h, 3)  # hidden 48 = 3 tiles of 16
     torch.testing.assert_close(compute(x, ids, w, bank), reference(x, ids, w), **tolerances(torch.float32))
+
+
+@pytest.mark.parametrize("dtype, fp8", [(torch.float32, None), (torch.float16, None), (torch.float32, FP8_BLOCKS)],
+                         ids=["fp32", "fp16", "fp8"])
+@pytest.mark.parametrize("split_h", [1, 4])
+def test_triton_grouped_kernels_at_the_compiled_block_sizes(triton_interpreted, dtype, fp8, split_h):
+    """The block sizes the runtime launches by default (t/i/h 16/32/128, down I 64) and the H
+    splits test_kernels_compile.py compiles for sm_90, run here in the interpreter: the same
+    variants compute the reference's output."""
+    from runtime.kernels import TritonExperts
+
+    g, bank, reference = _kernel_case(0.5, dtype, fp8=fp8, hidden=512, inter=64)  # 4 H tiles of 128
+    compute = TritonExperts(split_h=split_h)
+    assert (compute.block_t, compute.block_i, compute.block_h, compute.block_i_down) == (16, 32, 128, 64)
+    assert compute._split(1, g.hidden, CPU.device) == split_h
+    gen = torch.Generator().manual_seed(8)
+    ids = torch.randint(0, 8, (19, 2), generator=gen)
+    ids[3, 1] = -1
+    w, x = torch.rand(19, 2, generator=gen), torch.randn(19, g.hidden, generator=gen).to(dtype)
+    torch.testing.assert_close(compute(x, ids, w, bank), reference(x, ids, w), **tolerances(dtype))
 
 
 def test_split_for_fills_the_gpu_only_when_the_launch_is_small():

@@ -161,6 +161,20 @@ def test_router_source_runs_and_counts_every_assignment():
     r = dataclasses.replace(r, traffic=dataclasses.replace(r.traffic, kind="prompts", path=r.path),
                             run=dataclasses.replace(r.run, scale=0.25))
     p = prepare_run(r, knobs(r, dyn_steps=5), steps=10)
+    model = p.engine.model
+    seen = []  # per layer call: how many assignments, how many served by a hot expert
+    inner = model.compute
+
+    def spy(x_TH, ids_TK, w_TK, bank, counts_E=None):
+        ids = ids_TK.reshape(-1).cpu().numpy()
+        ids = ids[ids >= 0]
+        seen.append((len(ids), int(bank.served_hot_E[ids].sum())))
+        return inner(x_TH, ids_TK, w_TK, bank, counts_E)
+
+    model.compute = spy
     s = p.engine.run(p.steps)
     assert p.engine.source.name == "router" and s.tokens == 10 * r.traffic.batch
-    assert 0.0 < s.hit_rate <= 1.0
+    assigned, hits = np.sum(seen, axis=0)
+    assert len(seen) == 10 * r.model.num_moe_layers
+    assert assigned == s.tokens * r.model.top_k * r.model.num_moe_layers
+    assert 0 < hits < assigned and s.hit_rate == pytest.approx(hits / assigned, rel=1e-12)
