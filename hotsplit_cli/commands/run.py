@@ -174,16 +174,22 @@ def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path 
 
 
 def _cold_path_rows(paths: dict | None) -> list[tuple[str, str]]:
-    """Summary rows of a CPU cold path: per path the cold bytes served and the time, achieved vs predicted."""
+    """Summary rows of a CPU cold path: per path the cold bytes served (as allocated, and at full
+    size), and the time achieved vs predicted for the tensors as allocated."""
     if not paths:
         return []
     rows = [("cold path", f"{paths['mode']}: the CPU computed {100 * paths['cpu_share']:.1f}% of the distinct cold "
                           f"experts, in {paths['layers_with_cpu']} of {paths['layers']} layer calls")]
-    for key, label in (("gpu", "device (zero-copy)"), ("cpu", "CPU")):
+    for key, label in (("gpu", "device"), ("cpu", "CPU")):
         p = paths[key]
-        what = " (with the hot experts)" if key == "gpu" else ""
-        rows.append((f"  {label}", f"{p['bytes'] / MIB:,.2f} MiB real; {p['ms']:,.2f} ms achieved{what} vs "
-                                   f"{p['predicted_ms']:,.2f} ms predicted for its cold share"))
+        share = ("its hot and cold experts" if paths.get("hot_modelled") else "its cold share (hot experts not "
+                 "modelled)") if key == "gpu" else "its cold share"
+        allocated = p.get("allocated_bytes", p["bytes"])
+        full = "" if allocated == p["bytes"] else f" ({p['bytes'] / MIB:,.2f} MiB at full size)"
+        rows.append((f"  {label}", f"{allocated / MIB:,.2f} MiB allocated{full}; {p['ms']:,.2f} ms achieved vs "
+                                   f"{p['predicted_ms']:,.2f} ms predicted for {share}"))
+    if paths.get("rates_not_used"):
+        rows.append(("  rates not used", paths["rates_not_used"]))
     return rows
 
 

@@ -196,7 +196,7 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
     # Rank 0 reads cold only the experts placed on it: under EP the others are another rank's reads.
     not_cold_LE = plan.hot_RLE[0] | ~rank0_experts(hist, recipe, layout)
     costs = cold_costs(hist, not_cold_LE, size, rate.gbps) if platform is not None or rate.gbps else None
-    cold_paths = cold_path_prediction(hist, not_cold_LE, size, platform) if platform is not None else None
+    cold_paths = cold_path_prediction(hist, not_cold_LE, recipe, platform, warn) if platform is not None else None
     return PlanResult(hist, hist_path, recipe, knobs, plan, budget, rate, costs, platform_path, layout,
                       placement_path, cold_paths)
 
@@ -256,14 +256,32 @@ def plan_doc(result: PlanResult) -> dict:
     return doc
 
 
-def cold_path_prediction(hist: Histogram, hot_LE: np.ndarray, expert_bytes: int, platform) -> dict:
-    """plan.json's `cold_paths`: predicted cold time per decode step of gpu / cpu / split at each
-    batch size, from platform.json's measured rates, and the fastest path at each."""
-    from hotsplit_cli.hotset.coldpath import predict_cold_paths, rates_from_platform
+def recipe_cold_rates(recipe: Recipe, platform, warn: Callable[[str], None]):
+    """platform.json's cold-path rates for the recipe's experts (coldpath.fit_rates) and the bytes
+    of one expert they time; `warn` is told, in one line, when the probe timed other experts."""
+    from hotsplit_cli.hotset.coldpath import fit_rates
+    from hotsplit_cli.hotset.sizes import expert_compute_shape
 
-    rates, where = rates_from_platform(platform)
-    times = predict_cold_paths(routing_probs(hist), hot_LE, expert_bytes, rates, BATCH_SIZES)
-    return {"rates": where, "by_batch": [t.to_doc() for t in times]}
+    fitted = fit_rates(platform, *expert_compute_shape(recipe))
+    if fitted.mismatch:
+        warn(f"{fitted.mismatch}: the cpu and split times are for other experts; re-probe with "
+             f"`hotsplit probe --recipe {recipe.name} -o {platform.path}`")
+    return fitted, fitted.compute_bytes or expert_bytes_per_rank(recipe)
+
+
+def cold_path_prediction(hist: Histogram, hot_LE: np.ndarray, recipe: Recipe, platform,
+                         warn: Callable[[str], None] = lambda message: None) -> dict:
+    """plan.json's `cold_paths`: predicted cold time per decode step of gpu / cpu / split at each
+    batch size, from platform.json's measured rates (coldpath.fit_rates), and the fastest path at
+    each. `warn` is told when the probe timed experts of another shape than the recipe's."""
+    from hotsplit_cli.hotset.coldpath import predict_cold_paths
+
+    fitted, size = recipe_cold_rates(recipe, platform, warn)
+    times = predict_cold_paths(routing_probs(hist), hot_LE, size, fitted.rates, BATCH_SIZES)
+    doc = {"rates": fitted.where, "spread": fitted.rates.spread, "by_batch": [t.to_doc() for t in times]}
+    if fitted.compute_bytes:
+        doc["compute_expert_bytes"] = fitted.compute_bytes
+    return doc
 
 
 @dataclass(frozen=True)
