@@ -191,6 +191,8 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
         plan = plan_for_placement(hist, recipe, budget.budget_bytes, layout)
     else:
         plan = plan_for_recipe(hist, recipe, budget.budget_bytes)
+    for warning in plan_warnings(hist, recipe, plan, layout):
+        warn(warning)
     rate = choose_read_rate(recipe, platform)
     size = expert_bytes_per_rank(recipe)
     # Rank 0 reads cold only the experts placed on it: under EP the others are another rank's reads.
@@ -199,6 +201,24 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
     cold_paths = cold_path_prediction(hist, not_cold_LE, recipe, platform, warn) if platform is not None else None
     return PlanResult(hist, hist_path, recipe, knobs, plan, budget, rate, costs, platform_path, layout,
                       placement_path, cold_paths)
+
+
+def plan_warnings(hist: Histogram, recipe: Recipe, plan: Plan, placement=None) -> list[str]:
+    """What a planner should say about a plan that looks better or worse than it is: experts the
+    histogram never saw (a small sample), an empty budget, and replicas that cost hot bytes."""
+    out = []
+    unseen = int((hist.counts_LE == 0).sum())
+    if unseen:
+        out.append(f"the histogram never saw {unseen} of {hist.counts_LE.size} experts ({hist.tokens} tokens): "
+                   f"the hit rate counts only the routing it saw; capture more tokens for a plan to trust")
+    if plan.budget_bytes == 0:
+        out.append("hot budget 0: no expert is hot and every routed assignment is read cold (hit rate 0%)")
+    if placement is not None and placement.num_physical > hist.num_experts:
+        plain = plan_for_recipe(hist, recipe, plan.budget_bytes)
+        out.append(f"the placement's {placement.num_physical - hist.num_experts} redundant replicas per layer take "
+                   f"hot bytes on their ranks: hit rate {100 * plan.hit_rate:.2f}% vs {100 * plain.hit_rate:.2f}% "
+                   f"for the same budget without replicas")
+    return out
 
 
 def plan_doc(result: PlanResult) -> dict:

@@ -219,7 +219,9 @@ def test_plan_placement_with_the_shipped_expert_parallel_deepseek_v3(cli, ds3_hi
     r = cli("plan", ds3_hist, "--recipe", "deepseek-v3-ep8", "--placement", placement, "-o", plan, "--json")
     assert r.code == 0, r.err
     doc = json.loads(r.out)
+    warnings = doc.pop("warnings")  # stdout's document adds the warnings to the plan file's
     assert doc == json.loads(plan.read_text())
+    assert len(warnings) == 1 and warnings[0].startswith("the placement's 32 redundant replicas per layer take hot")
     assert doc["parallel"] == {"tp": 1, "ep": 8, "ranks": 8} and len(doc["ranks"]) == 8
     assert doc["placement"]["physical_experts"] == 288 and doc["expert_bytes"] == 44_050_944
     assert doc["budget_source"] == "auto"  # the recipe's hardware: 79.6 - 17.77 - 8 - 2 GiB
