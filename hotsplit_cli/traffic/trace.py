@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from hotsplit_cli.core.errors import InputFileError
-from hotsplit_cli.core.jsonio import write_atomic
+from hotsplit_cli.core.jsonio import sniff_kind, write_atomic
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,10 @@ def save_trace(path: str | os.PathLike, trace: Trace) -> Path:
 def load_trace(path: str | os.PathLike, num_experts: int | None = None) -> Trace:
     """Read and validate a trace; `num_experts` (when known) bounds the expert ids."""
     path = Path(path)
+    kind = sniff_kind(path) if path.is_file() else None
+    if kind and not kind.startswith("a routing trace") and "npz" not in kind:
+        raise InputFileError(f"{path}: is {kind}, not a routing trace (.npz)",
+                             "capture a trace with `hotsplit balance RECIPE --trace FILE.npz`")
     try:
         with np.load(path, allow_pickle=False) as z:
             files = set(z.files)
