@@ -13,6 +13,7 @@ from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.core.errors import Interrupted, UsageError
 from hotsplit_cli.core.jsonio import schema_tag, write_atomic
+from hotsplit_cli.hotset.planfile import check_run_inputs
 from hotsplit_cli.options import ColdPathOpt, HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeArg, output_option
 from hotsplit_cli.output import Output, gib, pct
 
@@ -42,6 +43,7 @@ def run(
     rec = load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path})
     _check_options(platform, steps, scale, plot)
+    check_run_inputs(rec, plan, trace)
     if rec.model.kind == "hf":
         if trace is not None or steps is not None or scale is not None:
             raise UsageError("--trace, --steps and --scale apply to synthetic models",

@@ -315,10 +315,18 @@ class PlanFile:
     expert_bytes: int | None
     budget_bytes: int | None
     made_from: str | None = None  # the histogram the plan was made from, as a user reads it
+    recipe: str | None = None  # the recipe it was made with
 
     def hot_LE(self, layers, num_experts: int, rank: int = 0, model: str = "the model") -> np.ndarray:
         """Boolean hot mask [L, E] of one rank, rows in the order of `layers` (model layer ids)."""
         rows = {int(lid): i for i, lid in enumerate(layers)}
+        top = max((max(ids) for ids in self.hot_by_rank[rank].values() if ids), default=-1)
+        misfit = top >= num_experts or not set(self.hot_by_rank[rank]) <= set(rows)
+        if self.recipe and self.recipe != model and misfit:
+            raise PlanError(f"{self.path}: a plan for recipe {self.recipe!r} (expert ids up to {top}, MoE layers "
+                            f"{min(self.layers)}..{max(self.layers)}) but recipe {model!r} has {num_experts} experts "
+                            f"per layer in MoE layers {min(rows)}..{max(rows)}",
+                            f"use the recipe the plan was made for, or plan for {model!r} with `hotsplit plan`")
         hot = np.zeros((len(rows), num_experts), dtype=bool)
         for lid, ids in self.hot_by_rank[rank].items():
             if lid not in rows:
@@ -362,7 +370,20 @@ def load_plan(path: str | os.PathLike) -> PlanFile:
     layers = doc.get("layers")
     layers = tuple(int(x) for x in layers) if isinstance(layers, list) else tuple(sorted(hot_by_rank[0]))
     return PlanFile(Path(path), layers, tuple(hot_by_rank), number("hit_rate", float),
-                    number("expert_bytes", int), number("budget_bytes", int), _made_from(doc.get("histogram")))
+                    number("expert_bytes", int), number("budget_bytes", int), _made_from(doc.get("histogram")),
+                    doc.get("recipe") if isinstance(doc.get("recipe"), str) else None)
+
+
+def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | None) -> None:
+    """What `run` reads, checked before anything is built: the plan exists, is a plan and fits
+    the recipe; the trace exists and is a trace (its contents are checked as it is loaded)."""
+    if plan_path is not None:
+        m = recipe.model
+        load_plan(plan_path).hot_LE(m.moe_layer_ids, m.num_experts, model=recipe.name)
+    if trace_path is not None:
+        from hotsplit_cli.traffic.trace import check_trace_file
+
+        check_trace_file(trace_path)
 
 
 def _made_from(hist: object) -> str | None:

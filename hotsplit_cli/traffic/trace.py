@@ -49,13 +49,21 @@ def save_trace(path: str | os.PathLike, trace: Trace) -> Path:
     return write_atomic(path, lambda fh: np.savez_compressed(fh, **arrays))
 
 
-def load_trace(path: str | os.PathLike, num_experts: int | None = None) -> Trace:
-    """Read and validate a trace; `num_experts` (when known) bounds the expert ids."""
+def check_trace_file(path: str | os.PathLike) -> None:
+    """Refuse, before any work, a trace path that does not exist or holds another kind of file."""
     path = Path(path)
-    kind = sniff_kind(path) if path.is_file() else None
+    if not path.is_file():
+        raise InputFileError(f"{path}: no such file", "check the path, or capture one with `hotsplit balance --trace`")
+    kind = sniff_kind(path)
     if kind and not kind.startswith("a routing trace") and "npz" not in kind:
         raise InputFileError(f"{path}: is {kind}, not a routing trace (.npz)",
                              "capture a trace with `hotsplit balance RECIPE --trace FILE.npz`")
+
+
+def load_trace(path: str | os.PathLike, num_experts: int | None = None) -> Trace:
+    """Read and validate a trace; `num_experts` (when known) bounds the expert ids."""
+    path = Path(path)
+    check_trace_file(path)
     try:
         with np.load(path, allow_pickle=False) as z:
             files = set(z.files)
