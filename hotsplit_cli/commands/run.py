@@ -79,7 +79,9 @@ def run(
         _render_summary(out, title, summary, [], [("copy time", f"{summary.copy_ms:,.2f} ms"),
                                                   *_cold_path_rows(summary.cold_paths)], origin)
         if plot is not None:
-            out.print(f"plot: {plot}")
+            one = len(summary.records) <= 1
+            out.print(f"plot: {plot}" + (f" (one window: bars, not a curve; HOTSPLIT_DYN_STEPS below {summary.steps} "
+                                         "gives more points)" if one else ""))
 
     out.emit(doc, render)
     if summary.interrupted:
@@ -243,6 +245,8 @@ def _plot(path: Path, summary, title: str) -> None:
 
 def _draw_hit_rates(ax, summary, title: str) -> None:
     recs = summary.records
+    if len(recs) <= 1:  # one window has no curve: bars of what it can show, and why there is one
+        return _draw_one_window(ax, summary, title)
     steps = [r.step for r in recs]
     ax.plot(steps, [100 * r.hit_rate_window for r in recs], marker="o", label="window")
     ax.plot(steps, [100 * r.hit_rate_total for r in recs], label="cumulative")
@@ -257,6 +261,20 @@ def _draw_hit_rates(ax, summary, title: str) -> None:
     ax.set_ylim(0, 100)
     ax.set_title(f"hotsplit run {title}")
     ax.legend(loc="lower right")
+
+
+def _draw_one_window(ax, summary, title: str) -> None:
+    """A run shorter than two windows (steps <= dyn_steps): its one hit rate next to the plan's."""
+    labels = [f"run (steps 1-{summary.steps})"]
+    values = [100 * summary.hit_rate]
+    if summary.expected_hit_rate is not None:
+        labels.append("plan expected")
+        values.append(100 * summary.expected_hit_rate)
+    bars = ax.bar(labels, values, color=["tab:blue", "gray"][:len(values)])
+    ax.bar_label(bars, fmt="%.1f%%")
+    ax.set_ylabel("hit rate (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(f"hotsplit run {title}: one window ({summary.steps} steps, updates every dyn_steps): no curve")
 
 
 def register(app: typer.Typer, hist_app: typer.Typer) -> None:
