@@ -43,7 +43,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document o
 OutOpt = Annotated[Path | None, output_option("--output", "-o", help="Write the result here (atomically).",
                                               suffix=".json")]
 RecipeOpt = Annotated[str | None, typer.Option("--recipe", "-r", help="Recipe YAML file or shipped recipe name.")]
-RecipeArg = Annotated[str, typer.Argument(help="Recipe YAML file or shipped recipe name (e.g. tiny).")]
+RecipeArg = Annotated[str, typer.Argument(metavar="RECIPE",
+                                          help="Recipe YAML file or shipped recipe name (e.g. tiny).")]
 HotGibOpt = Annotated[
     str | None,
     typer.Option("--hot-gib", help="Per-rank hot budget in GiB (overrides HOTSPLIT_HOT_GIB and the recipe)."),

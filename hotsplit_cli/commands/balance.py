@@ -29,7 +29,7 @@ def windows_of(steps_SLE: np.ndarray, steps_per_window: int) -> np.ndarray:
 
 
 def balance_cmd(
-    recipe_arg: Annotated[str | None, typer.Argument(metavar="[RECIPE]", help="Recipe YAML or shipped name.")] = None,
+    recipe_arg: Annotated[str | None, typer.Argument(metavar="RECIPE", help="Recipe YAML or shipped name.")] = None,
     recipe: RecipeOpt = None,
     model: Annotated[Path | None, typer.Option("--model", help="Local Hugging Face checkpoint folder.")] = None,
     prompts: Annotated[Path | None, typer.Option("--prompts", help=".jsonl (prompt / messages) or text, "

@@ -21,7 +21,7 @@ from hotsplit_cli.traffic.histstats import (
 
 
 def hist_show_cmd(
-    file: Annotated[Path, typer.Argument(help="Routing histogram (hotsplit.hist/1).")],
+    file: Annotated[Path, typer.Argument(metavar="HIST", help="Routing histogram (hotsplit.hist/1).")],
     recipe: RecipeOpt = None,
     plot: PlotOpt = None,
     json: JsonOpt = False,

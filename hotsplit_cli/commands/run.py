@@ -44,7 +44,7 @@ def run(
     rec = load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path})
     _check_options(platform, steps, scale, plot)
-    check_run_inputs(rec, plan, trace)
+    check_run_inputs(rec, plan, trace)  # before anything is built
     if rec.model.kind == "hf":
         if trace is not None or steps is not None or scale is not None:
             raise UsageError("--trace, --steps and --scale apply to synthetic models",
@@ -79,9 +79,7 @@ def run(
         _render_summary(out, title, summary, [], [("copy time", f"{summary.copy_ms:,.2f} ms"),
                                                   *_cold_path_rows(summary.cold_paths)], origin)
         if plot is not None:
-            one = len(summary.records) <= 1
-            out.print(f"plot: {plot}" + (f" (one window: bars, not a curve; HOTSPLIT_DYN_STEPS below {summary.steps} "
-                                         "gives more points)" if one else ""))
+            out.print(f"plot: {plot}{_one_window_note(summary)}")
 
     out.emit(doc, render)
     if summary.interrupted:
@@ -261,6 +259,13 @@ def _draw_hit_rates(ax, summary, title: str) -> None:
     ax.set_ylim(0, 100)
     ax.set_title(f"hotsplit run {title}")
     ax.legend(loc="lower right")
+
+
+def _one_window_note(summary) -> str:
+    """Why the plot of a run with one window has bars, not a curve."""
+    if len(summary.records) > 1:
+        return ""
+    return f" (one window: bars, not a curve; HOTSPLIT_DYN_STEPS below {summary.steps} gives more points)"
 
 
 def _draw_one_window(ax, summary, title: str) -> None:
