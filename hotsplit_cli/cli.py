@@ -22,6 +22,24 @@ from hotsplit_cli.core.errors import HotsplitError, one_line_error
 from hotsplit_cli.core.jsonio import forget_written, written_files
 from hotsplit_cli.output import StdoutClosed, debug_on, set_debug
 
+
+def _hide_flag_types() -> None:
+    """A flag takes no value, so its help shows none: typer >= 0.2x prints `<bool>` beside every
+    flag (`--json <bool>`), as if it wanted one. Options with a value keep their type."""
+    try:
+        from typer.core import TyperOption
+    except ImportError:  # pragma: no cover - older typer prints no type on flags
+        return
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag else shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich
+
+
+_hide_flag_types()
+
 app = typer.Typer(
     name="hotsplit",
     help="Serve MoE models on GPUs too small for every expert: probe, profile, plan, run.",

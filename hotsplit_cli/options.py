@@ -11,26 +11,40 @@ from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.core.jsonio import output_problem
 
 
-def writable_output(param: typer.CallbackParam, value: Path | None) -> Path | None:
+def writable_output(param: typer.CallbackParam, value: Path | None, suffix: str | None = None) -> Path | None:
     """Callback of every option that names an output file: refuse a folder, a missing or read-only
-    folder while the command line is parsed, before any work (exit 2, nothing written)."""
+    folder, and a name whose extension is not `suffix` (the one rule for every output: the
+    extension names the format written), while the command line is parsed, before any work
+    (exit 2, nothing written)."""
     if value is not None:
+        flag = max(param.opts, key=len)
         problem = output_problem(value)
         if problem:
-            flag = max(param.opts, key=len)
             raise UsageError(f"{flag} {value}: {problem[0]}", problem[1])
+        if suffix is not None and value.suffix.lower() != suffix:
+            raise UsageError(f"{flag} {value}: must end in {suffix} (it writes {FORMATS[suffix]})",
+                             f"name it {value.with_suffix(suffix).name}")
     return value
 
 
-def output_option(*names: str, help: str) -> typer.models.OptionInfo:
-    """A `typer.Option` for a file the command writes, checked by `writable_output`."""
-    return typer.Option(*names, help=help, callback=writable_output)
+FORMATS = {".png": "a PNG image", ".npz": "a numpy .npz routing trace", ".json": "JSON", ".jsonl": "JSON lines"}
+
+
+def output_option(*names: str, help: str, suffix: str | None = None) -> typer.models.OptionInfo:
+    """A `typer.Option` for a file the command writes in the format `suffix` names, checked by
+    `writable_output`."""
+    def check(param: typer.CallbackParam, value: Path | None) -> Path | None:
+        return writable_output(param, value, suffix)
+
+    return typer.Option(*names, help=help, callback=check)
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
-OutOpt = Annotated[Path | None, output_option("--output", "-o", help="Write the result here (atomically).")]
+OutOpt = Annotated[Path | None, output_option("--output", "-o", help="Write the result here (atomically).",
+                                              suffix=".json")]
 RecipeOpt = Annotated[str | None, typer.Option("--recipe", "-r", help="Recipe YAML file or shipped recipe name.")]
-RecipeArg = Annotated[str, typer.Argument(help="Recipe YAML file or shipped recipe name (e.g. tiny).")]
+RecipeArg = Annotated[str, typer.Argument(metavar="RECIPE",
+                                          help="Recipe YAML file or shipped recipe name (e.g. tiny).")]
 HotGibOpt = Annotated[
     str | None,
     typer.Option("--hot-gib", help="Per-rank hot budget in GiB (overrides HOTSPLIT_HOT_GIB and the recipe)."),
@@ -43,5 +57,5 @@ ColdPathOpt = Annotated[
     typer.Option("--cold-path", help="Who computes cold experts: gpu (zero-copy), cpu, or split by the measured "
                                      "cost model (overrides HOTSPLIT_COLD_PATH and the recipe)."),
 ]
-PlotOpt = Annotated[Path | None, output_option("--plot", help="Also draw a PNG here.")]
+PlotOpt = Annotated[Path | None, output_option("--plot", help="Also draw a PNG here.", suffix=".png")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]

@@ -2,12 +2,15 @@
 path, in GB/s of expert weights streamed (1e9 B/s).
 
 An expert is SwiGLU: gate and up [2I, H], then down [H, I], computed with torch on the CPU in the
-cold bank's dtype for 1, 4 and 16 tokens. A cold expert's weights are not in any cache, so the
-probe computes a pool of distinct experts, together many times the last-level cache, one after
-another: each is streamed from DRAM, as a cold expert would be. The pool sits on the GPU's NUMA
-node (where the cold bank is pinned) and the threads are that node's CPUs (sched_setaffinity
-and torch's intra-op threads), restored afterwards. A sample times one pass over the pool; the
-figure is the median of `samples` samples after one warm-up pass.
+cold bank's dtype for 1, 4 and 16 tokens, as the runtime computes a cold expert on the CPU
+(runtime/moe.py grouped_experts): its tokens gathered from the batch, the MLP, the weighted
+result added into a float32 output, so that the per-expert work around the matmuls is timed
+too. A cold expert's weights are not in any cache, so the probe computes a pool of distinct
+experts, together many times the last-level cache, one after another: each is streamed from
+DRAM, as a cold expert would be. The pool sits on the GPU's NUMA node (where the cold bank is
+pinned) and the threads are that node's CPUs (sched_setaffinity and torch's intra-op threads),
+restored afterwards; without a GPU, one thread in float32, as the CPU runtime computes. A sample
+times one pass over the pool; the figure is the median of `samples` samples after one warm-up.
 
 torch is imported lazily. Whatever cannot be done (no torch, no CPU list for the node) is a
 reason, and the measurement falls back to what it can do, saying so.
@@ -32,6 +35,10 @@ METHOD = ("torch on the CPU: x @ w13.T, silu(gate) * up, @ w2.T for each expert 
           "(several times the last-level cache) on the GPU's NUMA node, threads of that node; one pass per sample, "
           "wall clock; GB/s = expert weight bytes / time")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# How the runtime computes experts on a machine without CUDA (runtime/from_recipe.py picks float32,
+# runtime/device.py tune_cpu_threads one intra-op thread): what the probe measures there.
+CPU_RUNTIME_DTYPE = "float32"
+CPU_RUNTIME_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -98,14 +105,16 @@ def swiglu_expert(torch: Any, x_TH: Any, w13_IH: Any, w2_HI: Any) -> Any:
     return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w2_HI)
 
 
-def on_cpus(torch: Any, cpus: Sequence[int] | None, work: Callable[[], Any]) -> tuple[Any, int]:
-    """Run `work` in a fresh thread pinned to `cpus`, with as many torch intra-op threads, and return
-    (its result, the thread count). Pinning the calling thread would not do: torch's thread team,
-    made at its first parallel op, keeps the CPUs it had; a fresh thread's team takes its CPUs."""
+def on_cpus(torch: Any, cpus: Sequence[int] | None, work: Callable[[], Any], threads: int | None = None
+            ) -> tuple[Any, int]:
+    """Run `work` in a fresh thread pinned to `cpus`, with `threads` (default: as many as `cpus`)
+    torch intra-op threads, and return (its result, the thread count). Pinning the calling thread
+    would not do: torch's thread team, made at its first parallel op, keeps the CPUs it had; a
+    fresh thread's team takes its CPUs."""
     from concurrent.futures import ThreadPoolExecutor
 
     saved = torch.get_num_threads()
-    n = len(cpus) if cpus else len(os.sched_getaffinity(0))
+    n = threads or (len(cpus) if cpus else len(os.sched_getaffinity(0)))
 
     def start() -> None:  # in the fresh thread: OpenMP's thread count is per thread
         if cpus:
@@ -131,8 +140,9 @@ def measure_handoff_ms(samples: int = 200) -> float:
 
 def measure_cpu_expert(shape: ExpertShape, node: int | None, cpus: Sequence[int] | None,
                        pool_bytes: int = POOL_BYTES, tokens: Sequence[int] = TOKENS, samples: int = 5,
-                       tick: Callable[[int], None] | None = None) -> CpuExpertRate:
-    """Time the expert pool for each token count on `node`'s memory with `cpus` as threads."""
+                       tick: Callable[[int], None] | None = None, threads: int | None = None) -> CpuExpertRate:
+    """Time the expert pool for each token count on `node`'s memory with `cpus` (and `threads`
+    torch threads, default one per CPU)."""
     import torch
 
     tick = tick or (lambda n: None)
@@ -152,11 +162,19 @@ def measure_cpu_expert(shape: ExpertShape, node: int | None, cpus: Sequence[int]
     def timed() -> list:
         cells = []
         for t in tokens:
-            x = torch.full((t, H), 0.5, dtype=dtype)
+            # A step of 2t tokens routing t of them (one assignment each) to the expert, as
+            # grouped_experts gathers them: ids sorted by expert, tokens = ids // top_k.
+            x = torch.full((2 * t, H), 0.5, dtype=dtype)
+            order = torch.arange(0, 2 * t, 2)
+            w_flat = torch.full((2 * t,), 0.25)
+            out = torch.zeros(2 * t, H, dtype=torch.float32)
 
-            def one_pass(x=x) -> None:
+            def one_pass(x=x, order=order, w_flat=w_flat, out=out) -> None:
                 for e in range(n):
-                    swiglu_expert(torch, x, w13[e], w2[e])
+                    idx = order[0:len(order)]
+                    tok = idx // 1
+                    y = swiglu_expert(torch, x[tok], w13[e], w2[e])
+                    out.index_add_(0, tok, y.float() * w_flat[idx, None])
 
             one_pass()  # warm-up: first-use costs (thread team start, kernel selection)
             seconds = [wall_clock(one_pass) for _ in range(samples)]
@@ -165,7 +183,7 @@ def measure_cpu_expert(shape: ExpertShape, node: int | None, cpus: Sequence[int]
             tick(1)
         return cells
 
-    cells, threads = on_cpus(torch, cpus, timed)
+    cells, threads = on_cpus(torch, cpus, timed, threads)
     handoff = measure_handoff_ms()
     return CpuExpertRate(node, tuple(cpus) if cpus else None, threads, shape, shape.expert_bytes, n, tuple(cells),
                          handoff, reasons=tuple(reasons))

@@ -27,7 +27,16 @@ from .bandwidth import (
     with_link,
 )
 from .common import DriverReport, GpuDevice, Reason, collect_reasons, to_doc
-from .cpu_expert import DEFAULT_SHAPE, QUICK_POOL_BYTES, TOKENS, CpuExpertRate, ExpertShape, measure_cpu_expert
+from .cpu_expert import (
+    CPU_RUNTIME_DTYPE,
+    CPU_RUNTIME_THREADS,
+    DEFAULT_SHAPE,
+    QUICK_POOL_BYTES,
+    TOKENS,
+    CpuExpertRate,
+    ExpertShape,
+    measure_cpu_expert,
+)
 from .cuda import CudaReport, list_cuda_devices, same_bus
 from .gpu_numa import decide_gpu_numa_node
 from .host import HostInfo, probe_host
@@ -406,16 +415,25 @@ def _measure_cpu_expert(inv: Inventory, gpus: tuple, sources: Sources, tick: Cal
     """The CPU expert rate with the threads and memory of each GPU's NUMA node (the cold bank's);
     unbound when no GPU's node is known."""
     nodes = inv.gpu_nodes
+    shape = inv.expert_shape
     if not nodes:
         why = "no GPU" if not gpus else "the GPUs' NUMA node is unknown"
         reasons.append(Reason("cpu_expert[*].node", f"{why}: measured with every CPU and unplaced memory"))
     cpus_of = {n.node: n.cpus for n in inv.numa_nodes}
     pool = QUICK_POOL_BYTES if inv.mode == "quick" else None
+    extra: dict[str, Any] = {}
+    if not gpus:
+        # Without a GPU the runtime computes every expert on this CPU in float32 with one torch
+        # thread (runtime/device.py tune_cpu_threads): measure that, so a run can use the figures.
+        shape = ExpertShape(shape.hidden, shape.inter, CPU_RUNTIME_DTYPE)
+        extra["threads"] = CPU_RUNTIME_THREADS
+        reasons.append(Reason("cpu_expert[*].shape", f"no GPU: measured in {CPU_RUNTIME_DTYPE} with "
+                                                     f"{CPU_RUNTIME_THREADS} thread, as the CPU runtime computes"))
     out = []
     for node in nodes or [None]:
-        kwargs = {"tick": tick} if pool is None else {"tick": tick, "pool_bytes": pool, "samples": 3}
+        kwargs = {"tick": tick, **extra} if pool is None else {"tick": tick, "pool_bytes": pool, "samples": 3, **extra}
         try:
-            out.append(sources.cpu_expert(inv.expert_shape, node, cpus_of.get(node), **kwargs))
+            out.append(sources.cpu_expert(shape, node, cpus_of.get(node), **kwargs))
         except Exception as exc:  # noqa: BLE001 - a failed measurement is a reason, not a lost report
             reasons.append(Reason("cpu_expert", f"CPU expert rate not measured: {type(exc).__name__}: {exc}"))
             tick(len(TOKENS) * (len(nodes or [None]) - len(out)))

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from hotsplit_cli.core.errors import UsageError
-from hotsplit_cli.hotset.coldpath import ColdRates, split_cold
+from hotsplit_cli.hotset.coldpath import ColdRates, describe_rates, fit_rates, split_cold
 from probes.timing import median_ms
 
 from .device import DeviceInfo, synchronizer
@@ -51,6 +51,7 @@ class PathCounters:
     cpu_ms: float = 0.0  # the CPU worker, hand-off and copies included (measured)
     gpu_pred_ms: float = 0.0  # the cost model's cold time for the device's share
     cpu_pred_ms: float = 0.0  # ... and for the CPU's (sync included)
+    hot_pred_ms: float = 0.0  # the device's hot experts, when the device is this CPU (else not modelled)
     _events: list = field(default_factory=list)  # (start, end) CUDA events not yet read
 
     def settle(self, wait: bool = True) -> None:
@@ -88,6 +89,7 @@ class ColdSplit:
     def __init__(self, mode: str, rates: ColdRates, info: DeviceInfo):
         self.mode, self.rates, self.info = mode, rates, info
         self.rates_source = ""  # where the rates came from, for the run's header
+        self.rates_not_used = None  # platform.json's rates when they were for other experts (full size)
         self.counters = PathCounters()
         self.cpus = node_cpus(info.numa_node)  # the worker runs next to the cold bank's memory
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="hotsplit-cold-cpu", initializer=_pin,
@@ -104,9 +106,13 @@ class ColdSplit:
         valid_A = flat_A >= 0
         cold_A = valid_A & (bank.served_E[np.where(valid_A, flat_A, 0)] < 0)
         experts, tokens = np.unique(flat_A[cold_A], return_counts=True)
+        expert_bytes = bank.expert_bytes
+        if self.rates.shared_cpu:  # the device path is this CPU: a hot expert costs what a cold one does
+            _, hot_tokens = np.unique(flat_A[valid_A & ~cold_A], return_counts=True)
+            hot_s = self.rates.gpu_seconds(np.full(len(hot_tokens), float(expert_bytes)), hot_tokens)
+            self.counters.hot_pred_ms += float(hot_s.sum()) * 1e3
         if len(experts) == 0:
             return self._device(device_compute, ids_TK)
-        expert_bytes = bank.expert_bytes
         split = split_cold(np.full(len(experts), float(expert_bytes)), tokens, self.rates, self.mode)
         c = self.counters
         c.layers += 1
@@ -132,18 +138,22 @@ class ColdSplit:
         y_cpu = job.result()
         return y_TH.index_add(0, tok_dev, y_cpu.to(dev, y_TH.dtype))
 
-    def report(self, real_expert_bytes: int) -> dict:
-        """Per path: distinct cold experts, their real bytes, ms achieved and predicted (for the
-        tensors as allocated), and the CPU's share of the cold bytes."""
+    def report(self, real_expert_bytes: int, allocated_expert_bytes: int | None = None) -> dict:
+        """Per path: distinct cold experts, their bytes as allocated and at full size (`bytes`),
+        ms achieved and predicted for the tensors as allocated (the device's with its hot experts
+        where the device is this CPU), and the CPU's share of the cold experts."""
         c = self.counters
         c.settle()
         n = c.gpu_experts + c.cpu_experts
-        return {"mode": self.mode, "rates": self.rates_source, "layers": c.layers, "layers_with_cpu": c.cpu_layers,
-                "cpu_share": c.cpu_experts / n if n else 0.0,
+        alloc = allocated_expert_bytes or real_expert_bytes
+        return {"mode": self.mode, "rates": self.rates_source, "rates_not_used": self.rates_not_used,
+                "layers": c.layers, "layers_with_cpu": c.cpu_layers, "cpu_share": c.cpu_experts / n if n else 0.0,
+                "hot_modelled": self.rates.shared_cpu,
                 "gpu": {"experts": c.gpu_experts, "bytes": c.gpu_experts * real_expert_bytes,
-                        "ms": c.gpu_ms, "predicted_ms": c.gpu_pred_ms},
+                        "allocated_bytes": c.gpu_experts * alloc, "ms": c.gpu_ms,
+                        "predicted_ms": c.gpu_pred_ms + c.hot_pred_ms, "hot_predicted_ms": c.hot_pred_ms},
                 "cpu": {"experts": c.cpu_experts, "bytes": c.cpu_experts * real_expert_bytes,
-                        "ms": c.cpu_ms, "predicted_ms": c.cpu_pred_ms}}
+                        "allocated_bytes": c.cpu_experts * alloc, "ms": c.cpu_ms, "predicted_ms": c.cpu_pred_ms}}
 
     def _device(self, device_compute, ids_TK: torch.Tensor) -> torch.Tensor:
         if self.info.is_cuda:
@@ -191,29 +201,29 @@ class SplitExperts:
 CALIBRATION_POOL_BYTES = 64 << 20  # a quick measurement at the start of a run: about a second
 
 
-def measure_rates(bank, info: DeviceInfo) -> tuple[ColdRates, str]:
-    """The cost model's rates measured now, on this run's expert shape, when no platform.json is
-    given: the CPU expert rate (probes.cpu_expert) on the GPU's node, the zero-copy read of the
-    bank's cold blobs (on a GPU) and the per-layer sync (hand-off, and the activations' round trip
-    on a GPU). On a CPU the device path is this same CPU: its rate is the CPU rate at one token."""
+def measure_rates(bank, info: DeviceInfo, zero_copy_gbps: float | None = None) -> tuple[ColdRates, str]:
+    """The cost model's rates measured now, on this run's expert shape, by the probe's own
+    measurement (probes.cpu_expert, the runtime's threads): the CPU expert rate on the GPU's node,
+    the zero-copy read of the bank's cold blobs (on a GPU, unless `zero_copy_gbps` is given) and the
+    per-layer sync (hand-off, and the activations' round trip on a GPU). On a CPU the device path
+    is this same CPU (`shared_cpu`)."""
     from probes.bandwidth import measure_roundtrip_ms
-    from probes.cpu_expert import ExpertShape, measure_cpu_expert
+    from probes.cpu_expert import CPU_RUNTIME_THREADS, ExpertShape, measure_cpu_expert
 
     shape = ExpertShape(bank.hidden, bank.inter, str(bank.compute_dtype).replace("torch.", ""))
     cpu = measure_cpu_expert(shape, info.numa_node, node_cpus(info.numa_node), pool_bytes=CALIBRATION_POOL_BYTES,
-                             samples=3)  # the memory and CPUs the worker will use
+                             samples=3, threads=None if info.is_cuda else CPU_RUNTIME_THREADS)
     points = tuple((float(t), m.median_gbps) for t, m in cpu.by_tokens)
+    spread = max((m.spread_gbps / m.median_gbps for _, m in cpu.by_tokens if m.median_gbps), default=0.0)
     sync_ms = cpu.handoff_ms
     if info.is_cuda:
         sync_ms += measure_roundtrip_ms(torch, info.device)
-        zero_copy = _zero_copy_gbps(bank, info)
-        device = f"zero-copy {zero_copy:.1f} GB/s"
+        zero_copy = zero_copy_gbps or _zero_copy_gbps(bank, info)
+        rates = ColdRates(zero_copy, points, sync_ms, spread=spread)
     else:
-        zero_copy = points[0][1]
-        device = f"no GPU: the device path is this CPU ({zero_copy:.1f} GB/s)"
-    where = (f"measured now: {device}, CPU {points[0][1]:.1f} GB/s at 1 token ({shape.hidden}x{shape.inter} "
-             f"{shape.dtype}, {cpu.threads} threads), sync {sync_ms:.3f} ms/layer")
-    return ColdRates(zero_copy, points, sync_ms), where
+        rates = ColdRates(None, points, sync_ms, shared_cpu=True, spread=spread)
+    shape_text = f"{shape.hidden}x{shape.inter} {shape.dtype}, {cpu.threads} thread{'s' * (cpu.threads != 1)}"
+    return rates, "measured now for the experts this run allocates: " + describe_rates(rates, shape_text)
 
 
 def _zero_copy_gbps(bank, info: DeviceInfo, max_bytes: int = 1 << 30) -> float:
@@ -227,24 +237,29 @@ def _zero_copy_gbps(bank, info: DeviceInfo, max_bytes: int = 1 << 30) -> float:
 
 
 def make_split(mode: str, info: DeviceInfo, bank, platform=None) -> ColdSplit | None:
-    """The CPU cold path of `mode` (None for `gpu`), its rates from `platform` (a loaded
-    platform.json: the GPU this run uses) when given, else measured now on `bank`'s expert shape."""
+    """The CPU cold path of `mode` (None for `gpu`). Its rates follow coldpath.fit_rates, the rule
+    `plan` and `simulate` use: platform.json's (the GPU this run uses) when they were measured on
+    the experts this run allocates; else measured now on them (a scaled run, another recipe's
+    probe, or none), the platform's then reported as not used."""
     if mode == "gpu":
         return None
     if getattr(bank, "fp8_meta", None) is not None:
         raise UsageError(FP8_REFUSAL.format(mode=mode))
+    not_used = None
     if platform is not None:
-        from hotsplit_cli.hotset.coldpath import rates_from_platform
-
-        gpu = platform.gpu_of_cuda(info.device.index or 0)
-        rates, where = rates_from_platform(platform, gpu.index if gpu else -1)
-        if not info.is_cuda:  # the device path of a CPU run is this CPU
-            rates = ColdRates(rates.cpu_gbps(1), rates.cpu_points, rates.sync_ms)
-            where += "; no GPU here: the device path is this CPU"
+        cuda_index = info.device.index or 0
+        gpu = platform.gpu_of_cuda(cuda_index) if info.is_cuda else None
+        fitted = fit_rates(platform, bank.hidden, bank.inter, str(bank.compute_dtype).replace("torch.", ""),
+                           gpu.index if gpu else None, device_is_cpu=not info.is_cuda)
+        if fitted.mismatch is None and fitted.compute_bytes is None:
+            rates, where = fitted.rates, fitted.where
+        else:
+            rates, where = measure_rates(bank, info, fitted.rates.zero_copy_gbps)
+            not_used = f"{fitted.where} ({fitted.mismatch or 'other experts'}: full-size figures, not used)"
     else:
         rates, where = measure_rates(bank, info)
     split = ColdSplit(mode, rates, info)
-    split.rates_source = where
+    split.rates_source, split.rates_not_used = where, not_used
     return split
 
 

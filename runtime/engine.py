@@ -205,5 +205,5 @@ class Engine:
                                     self.expected_hit_rate, interrupted)
         split = getattr(self.model.compute, "split", None)
         if split is not None:
-            summary.cold_paths = split.report(self.expert_bytes)
+            summary.cold_paths = split.report(self.expert_bytes, self.model.banks[0].expert_bytes)
         return summary

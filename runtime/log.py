@@ -31,8 +31,10 @@ class HitRateRecord:
 
 
 def format_line(r: HitRateRecord) -> str:
-    """`step   600  hit  71.2% window  68.9% total  swaps  3  copied  0.56 MiB in  0.21 ms`."""
-    line = (f"step {r.step:>7}  hit {100 * r.hit_rate_window:5.1f}% window {100 * r.hit_rate_total:5.1f}% total"
+    """`step   600  hit rate: window  71.2%, cumulative  68.9%  swaps  3  copied  0.56 MiB in  0.21 ms`
+    (the plot's words: the last window, and everything so far)."""
+    line = (f"step {r.step:>7}  hit rate: window {100 * r.hit_rate_window:5.1f}%, cumulative "
+            f"{100 * r.hit_rate_total:5.1f}%"
             f"  swaps {r.swaps:>3}  copied {r.bytes_copied / MIB:8.2f} MiB in {r.copy_ms:7.2f} ms"
             f"  cold {r.cold_bytes_per_step / MIB:8.2f} MiB/step")
     if r.cold_cpu_bytes_per_step is not None:

@@ -112,3 +112,39 @@ def test_readme_blocks_are_parsed_as_a_shell_reads_them():
     assert readme_commands(text) == ["./setup.sh && .venv/bin/hotsplit run recipes/tiny.yaml",
                                      ".venv/bin/hotsplit plan h.json --recipe tiny"]
     assert to_run(readme_commands(text)) == [".venv/bin/hotsplit plan h.json --recipe tiny"]
+
+
+def readme_blocks(text: str) -> list[list[str]]:
+    """The command lines of each ```bash block, block by block."""
+    return [readme_commands(f"```bash\n{block}\n```\n") for block in text.split("```bash\n")[1:]]
+
+
+def test_a_run_after_a_plan_in_the_same_block_runs_that_plan():
+    """Issue: the cold-path block planned 21 hot experts (62.19%), then ran without --plan (54 hot
+    experts, 81.6% expected). A run that follows `plan ... -o FILE` in a block runs FILE."""
+    checked = 0
+    for block in readme_blocks((ROOT / "README.md").read_text()):
+        plans: list[str] = []
+        for cmd in block:
+            words = cmd.split()
+            if words[1:2] == ["plan"] and "-o" in words:
+                plans.append(words[words.index("-o") + 1])
+            elif words[1:2] == ["run"] and plans:
+                assert "--plan" in words and words[words.index("--plan") + 1] == plans[-1], cmd
+                checked += 1
+    assert checked >= 2  # the DeepSeek-V3 walk-through and the cold-path block
+
+
+def test_what_the_readme_writes_is_ignored_by_git():
+    """Following the README leaves nothing untracked: every file its commands write is ignored."""
+    written = []
+    for cmd in readme_commands((ROOT / "README.md").read_text()):
+        words = cmd.split()
+        written += [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-o", "--plot", "--trace", "--log-jsonl")
+                    and not (w == "--trace" and words[1] == "run")]  # run --trace reads a trace
+    assert "platform.json" in written and "tiny-hit-rate.png" in written and "ds3-hist.json" in written
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    r = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=ROOT, capture_output=True, text=True)
+    ignored = set(r.stdout.split())
+    assert [w for w in written if w not in ignored] == []

@@ -39,8 +39,8 @@ from hotsplit_cli.config.recipe import GIB, Recipe
 from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.core.units import gib
 from hotsplit_cli.hotset.budget import HotBudget, ReadRate, choose_read_rate, resolve_hot_budget
-from hotsplit_cli.hotset.coldpath import rates_from_platform, replay_cold_paths
-from hotsplit_cli.hotset.planfile import PlanFile, load_plan
+from hotsplit_cli.hotset.coldpath import replay_cold_paths
+from hotsplit_cli.hotset.planfile import PlanFile, load_plan, recipe_cold_rates
 from hotsplit_cli.hotset.planner import plan_hot_set, propose_swaps
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.hist import load_hist
@@ -399,9 +399,9 @@ def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _
     sums = {n: summarise(r, assignments_S, size, wsteps, rate.gbps, rate.h2d_gbps) for n, r in runs.items()}
     cold_paths = None
     if platform is not None:
-        rates, where = rates_from_platform(platform)
-        times = replay_cold_paths(counts_SLE, static_hot, size, rates, int(tr.topk_ids_SLTK.shape[2]))
-        cold_paths = {"policy": "static", "rates": where, **times.to_doc()}
+        fitted, time_bytes = recipe_cold_rates(recipe, platform, warn)
+        times = replay_cold_paths(counts_SLE, static_hot, time_bytes, fitted.rates, int(tr.topk_ids_SLTK.shape[2]))
+        cold_paths = {"policy": "static", "rates": fitted.where, **times.to_doc()}
     return SimResult(req, recipe.name, tr, recipe.model.num_experts, float(assignments_S.sum()), budget, cfg,
                      static_source, knobs, rate, sums, cold_paths)
 

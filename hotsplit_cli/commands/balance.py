@@ -29,7 +29,7 @@ def windows_of(steps_SLE: np.ndarray, steps_per_window: int) -> np.ndarray:
 
 
 def balance_cmd(
-    recipe_arg: Annotated[str | None, typer.Argument(metavar="[RECIPE]", help="Recipe YAML or shipped name.")] = None,
+    recipe_arg: Annotated[str | None, typer.Argument(metavar="RECIPE", help="Recipe YAML or shipped name.")] = None,
     recipe: RecipeOpt = None,
     model: Annotated[Path | None, typer.Option("--model", help="Local Hugging Face checkpoint folder.")] = None,
     prompts: Annotated[Path | None, typer.Option("--prompts", help=".jsonl (prompt / messages) or text, "
@@ -40,7 +40,8 @@ def balance_cmd(
     steps: Annotated[int | None, typer.Option("--steps", help="Synthetic model: engine steps to route.")] = None,
     windows_steps: Annotated[int | None, typer.Option("--windows-steps", help="Keep counts per window of N "
                                                       "steps.")] = None,
-    trace: Annotated[Path | None, output_option("--trace", help="Also save the routing trace (.npz).")] = None,
+    trace: Annotated[Path | None, output_option("--trace", help="Also save the routing trace (.npz).",
+                                                                  suffix=".npz")] = None,
     device: DeviceOpt = "auto",
     dtype: Annotated[str, typer.Option("--dtype", help="auto (the checkpoint's), bfloat16, float16, "
                                        "float32.")] = "auto",
@@ -60,8 +61,6 @@ def balance_cmd(
             raise UsageError(f"{flag}: must be >= 1, got {value}")
     if dtype not in DTYPES:
         raise UsageError(f"--dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if trace is not None and trace.suffix != ".npz":
-        raise UsageError(f"--trace: must end in .npz, got {trace}")
     rec = None
     if recipe_name is not None:
         from hotsplit_cli.config.recipe import load_recipe

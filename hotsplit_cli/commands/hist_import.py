@@ -17,7 +17,7 @@ TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Experts per token 
 
 
 def import_cmd(
-    files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Engine dumps (per-rank dumps are summed).")],
+    files: Annotated[list[Path], typer.Argument(metavar="FILE", help="Engine dumps (per-rank dumps are summed).")],
     engine: FromOpt = "sglang",
     recipe: RecipeOpt = None,
     model: ModelOpt = None,

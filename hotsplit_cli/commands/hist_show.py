@@ -10,11 +10,18 @@ import typer
 from hotsplit_cli.options import JsonOpt, PlotOpt, RecipeOpt
 from hotsplit_cli.output import Output, gib, pct
 from hotsplit_cli.traffic.hist import load_hist
-from hotsplit_cli.traffic.histstats import COVERAGE_TARGETS, HOT_FLAG_RATIO, TOP_FRACTIONS, HistReport, hist_report
+from hotsplit_cli.traffic.histstats import (
+    COVERAGE_TARGETS,
+    HOT_FLAG_RATIO,
+    TOP_FRACTIONS,
+    HistReport,
+    hist_report,
+    top_count,
+)
 
 
 def hist_show_cmd(
-    file: Annotated[Path, typer.Argument(help="Routing histogram (hotsplit.hist/1).")],
+    file: Annotated[Path, typer.Argument(metavar="HIST", help="Routing histogram (hotsplit.hist/1).")],
     recipe: RecipeOpt = None,
     plot: PlotOpt = None,
     json: JsonOpt = False,
@@ -44,21 +51,24 @@ def render_hist_report(out: Output, report: HistReport) -> None:
     out.print(f"{report.model}: {report.num_layers} MoE layers x {report.num_experts} experts, top-{report.top_k}, "
               f"{report.tokens:,} tokens, {report.total:,.0f} routed assignments")
     out.print(f"source: {report.source}")
-    t = out.table("layer", "total", "mean", "max", "max/mean", "top 10%", f"> {HOT_FLAG_RATIO:g}x mean")
+    E, n = report.num_experts, report.num_layers * report.num_experts
+    top = f"top {top_count(0.10, E)} of {E}"
+    t = out.table("layer", "total", "mean", "max", "max/mean", top, f"> {HOT_FLAG_RATIO:g}x mean")
     for x in report.layers:
         flag = ", ".join(map(str, x.flagged[:6])) + (" ..." if len(x.flagged) > 6 else "")
         t.add_row(str(x.layer), f"{x.total:,.0f}", f"{x.mean:,.1f}", f"{x.max:,.0f}", f"{x.max_over_mean:.2f}",
                   pct(x.top10_share), f"{len(x.flagged)}: {flag}" if x.flagged else "0")
     out.print(t)
-    out.print(f"max/mean: the busiest expert's load over the layer's mean; top 10%: share of the layer's "
-              f"routed assignments on its hottest 10% of experts; > {HOT_FLAG_RATIO:g}x mean: how many experts "
+    out.print(f"max/mean: the busiest expert's load over the layer's mean; {top}: share of the layer's "
+              f"routed assignments on its hottest {top_count(0.10, E)} experts (10% rounded up to whole experts: "
+              f"{pct(top_count(0.10, E) / E)}); > {HOT_FLAG_RATIO:g}x mean: how many experts "
               f"carry more than {HOT_FLAG_RATIO:g}x the layer's mean load, and their ids")
     flagged = sum(len(x.flagged) for x in report.layers)
     if flagged:
         out.print(f"{flagged} experts are above {HOT_FLAG_RATIO:g}x their layer's mean load")
-    t = out.table("hottest experts", "share of routed traffic")
+    t = out.table("hottest experts, all layers", "share of routed traffic")
     for f in TOP_FRACTIONS:
-        t.add_row(f"{pct(f, 0)}", pct(report.top_share[f]))
+        t.add_row(f"{top_count(f, n)} of {n} ({pct(top_count(f, n) / n)})", pct(report.top_share[f]))
     out.print(t)
     cols = ["coverage", "experts"] + (["bytes per rank"] if report.cover_bytes else [])
     t = out.table(*cols)

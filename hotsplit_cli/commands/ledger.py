@@ -88,8 +88,9 @@ def ledger(
     hist: HistOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Memory ledger (parameters, expert bytes, what stays on the GPU, what the hot budget holds)
-    and the expert-parallel All-to-All ledger."""
+    """Memory and expert-parallel All-to-All ledgers of a recipe.
+
+    Parameters, expert bytes, what stays on the GPU and what the hot budget holds."""
     from hotsplit_cli.config.knobs import resolve_knobs
     from hotsplit_cli.config.recipe import load_recipe
     from hotsplit_cli.traffic.hist import load_hist

@@ -72,17 +72,19 @@ def _render(out: Output, report: PlaceReport) -> None:
     later = req.eval_path is not None
     cols = ["layout", "fitted balancedness", "dup ranks"]
     if later:
-        cols += ["eval bottleneck", "eval imbalance", "eval balancedness"]
+        cols += ["eval bottleneck, assignments", "eval imbalance", "eval balancedness"]
     t = out.table(*cols, title=None)
     for name, row in report.compare.items():
         cells = [name, f"{row['fitted']['balancedness']:.4f}", str(row["duplicate_ranks"])]
         if later:
             e = row["eval"]
-            cells += [f"{e['bottleneck']:.6g}", f"{e['imbalance']:.4f}", f"{e['balancedness']:.4f}"]
+            cells += [f"{e['bottleneck']:,.1f}", f"{e['imbalance']:.4f}", f"{e['balancedness']:.4f}"]
         t.add_row(*cells)
     out.print(t)
     out.print("balancedness = mean / max rank load summed over windows and layers (1 = perfect); "
-              "dup ranks = (layer, rank) pairs holding two replicas of one expert")
+              "dup ranks = (layer, rank) pairs holding two replicas of one expert"
+              + ("; bottleneck = the busiest rank's routed assignments summed over windows and layers (a replicated "
+                 "expert's load split evenly, hence the fractions); imbalance = bottleneck / mean" if later else ""))
 
 
 def register(app: typer.Typer, hist_app: typer.Typer) -> None:

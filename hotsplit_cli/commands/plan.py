@@ -11,6 +11,7 @@ import typer
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.hotset.coldpath import fastest_spans
 from hotsplit_cli.hotset.planfile import PlanResult, make_plan, plan_doc
 from hotsplit_cli.options import HotGibOpt, JsonOpt, OutOpt, PlatformOpt, RecipeOpt
 from hotsplit_cli.output import Output, gib, pct
@@ -89,15 +90,12 @@ def _render_cold_paths(out: Output, paths: dict) -> None:
         t.add_row(str(b["batch"]), ms(b["gpu_ms"]), ms(b["cpu_ms"]), ms(b["split_ms"]),
                   f"{100 * b['split_cpu_share']:.0f}%", b["fastest"] or "-")
     out.print(t)
-    runs: list[list] = []  # [path, first batch, last batch] of consecutive batch sizes
-    for b in paths["by_batch"]:
-        if runs and runs[-1][0] == b["fastest"]:
-            runs[-1][2] = b["batch"]
-        else:
-            runs.append([b["fastest"], b["batch"], b["batch"]])
-    spans = [f"{p} (batch {lo}{'' if lo == hi else f'-{hi}'})" for p, lo, hi in runs if p]
+    spans = fastest_spans(paths["by_batch"])
     if spans:
-        out.print(f"fastest here: {', '.join(spans)}; choose with run --cold-path or HOTSPLIT_COLD_PATH")
+        out.print(f"fastest here: {spans}; choose with run --cold-path or HOTSPLIT_COLD_PATH")
+    if paths["by_batch"] and paths["by_batch"][0]["gpu_ms"] is not None and "no GPU" in paths["rates"]:
+        out.print("no GPU: the device path is this CPU, which the CPU path would share, so the split gives the CPU "
+                  "path nothing (docs/runtime.md)")
 
 
 def register(app: typer.Typer, hist_app: typer.Typer) -> None:

@@ -13,6 +13,7 @@ from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.core.errors import Interrupted, UsageError
 from hotsplit_cli.core.jsonio import schema_tag, write_atomic
+from hotsplit_cli.hotset.planfile import check_run_inputs
 from hotsplit_cli.options import ColdPathOpt, HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeArg, output_option
 from hotsplit_cli.output import Output, gib, pct
 
@@ -21,7 +22,8 @@ PlanFileOpt = Annotated[Path | None, typer.Option("--plan", help="plan.json from
 TraceOpt = Annotated[Path | None, typer.Option("--trace", help="Replay this routing trace (.npz).")]
 StepsOpt = Annotated[int | None, typer.Option("--steps", help="Engine steps (default: the recipe's run.steps).")]
 ScaleOpt = Annotated[float | None, typer.Option("--scale", help="Shrink tensors, (0, 1]; plans keep real bytes.")]
-LogJsonlOpt = Annotated[Path | None, output_option("--log-jsonl", help="Also write each record as a JSON line.")]
+LogJsonlOpt = Annotated[Path | None, output_option("--log-jsonl", help="Also write each record as a JSON line.",
+                                                                suffix=".jsonl")]
 
 
 def run(
@@ -42,6 +44,7 @@ def run(
     rec = load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path})
     _check_options(platform, steps, scale, plot)
+    check_run_inputs(rec, plan, trace)  # before anything is built
     if rec.model.kind == "hf":
         if trace is not None or steps is not None or scale is not None:
             raise UsageError("--trace, --steps and --scale apply to synthetic models",
@@ -76,7 +79,7 @@ def run(
         _render_summary(out, title, summary, [], [("copy time", f"{summary.copy_ms:,.2f} ms"),
                                                   *_cold_path_rows(summary.cold_paths)], origin)
         if plot is not None:
-            out.print(f"plot: {plot}")
+            out.print(f"plot: {plot}{_one_window_note(summary)}")
 
     out.emit(doc, render)
     if summary.interrupted:
@@ -172,16 +175,22 @@ def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path 
 
 
 def _cold_path_rows(paths: dict | None) -> list[tuple[str, str]]:
-    """Summary rows of a CPU cold path: per path the cold bytes served and the time, achieved vs predicted."""
+    """Summary rows of a CPU cold path: per path the cold bytes served (as allocated, and at full
+    size), and the time achieved vs predicted for the tensors as allocated."""
     if not paths:
         return []
     rows = [("cold path", f"{paths['mode']}: the CPU computed {100 * paths['cpu_share']:.1f}% of the distinct cold "
                           f"experts, in {paths['layers_with_cpu']} of {paths['layers']} layer calls")]
-    for key, label in (("gpu", "device (zero-copy)"), ("cpu", "CPU")):
+    for key, label in (("gpu", "device"), ("cpu", "CPU")):
         p = paths[key]
-        what = " (with the hot experts)" if key == "gpu" else ""
-        rows.append((f"  {label}", f"{p['bytes'] / MIB:,.2f} MiB real; {p['ms']:,.2f} ms achieved{what} vs "
-                                   f"{p['predicted_ms']:,.2f} ms predicted for its cold share"))
+        share = ("its hot and cold experts" if paths.get("hot_modelled") else "its cold share (hot experts not "
+                 "modelled)") if key == "gpu" else "its cold share"
+        allocated = p.get("allocated_bytes", p["bytes"])
+        full = "" if allocated == p["bytes"] else f" ({p['bytes'] / MIB:,.2f} MiB at full size)"
+        rows.append((f"  {label}", f"{allocated / MIB:,.2f} MiB allocated{full}; {p['ms']:,.2f} ms achieved vs "
+                                   f"{p['predicted_ms']:,.2f} ms predicted for {share}"))
+    if paths.get("rates_not_used"):
+        rows.append(("  rates not used", paths["rates_not_used"]))
     return rows
 
 
@@ -232,6 +241,8 @@ def _plot(path: Path, summary, title: str) -> None:
 
 def _draw_hit_rates(ax, summary, title: str) -> None:
     recs = summary.records
+    if len(recs) <= 1:  # one window has no curve: bars of what it can show, and why there is one
+        return _draw_one_window(ax, summary, title)
     steps = [r.step for r in recs]
     ax.plot(steps, [100 * r.hit_rate_window for r in recs], marker="o", label="window")
     ax.plot(steps, [100 * r.hit_rate_total for r in recs], label="cumulative")
@@ -246,6 +257,27 @@ def _draw_hit_rates(ax, summary, title: str) -> None:
     ax.set_ylim(0, 100)
     ax.set_title(f"hotsplit run {title}")
     ax.legend(loc="lower right")
+
+
+def _one_window_note(summary) -> str:
+    """Why the plot of a run with one window has bars, not a curve."""
+    if len(summary.records) > 1:
+        return ""
+    return f" (one window: bars, not a curve; HOTSPLIT_DYN_STEPS below {summary.steps} gives more points)"
+
+
+def _draw_one_window(ax, summary, title: str) -> None:
+    """A run shorter than two windows (steps <= dyn_steps): its one hit rate next to the plan's."""
+    labels = [f"run (steps 1-{summary.steps})"]
+    values = [100 * summary.hit_rate]
+    if summary.expected_hit_rate is not None:
+        labels.append("plan expected")
+        values.append(100 * summary.expected_hit_rate)
+    bars = ax.bar(labels, values, color=["tab:blue", "gray"][:len(values)])
+    ax.bar_label(bars, fmt="%.1f%%")
+    ax.set_ylabel("hit rate (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(f"hotsplit run {title}: one window ({summary.steps} steps, updates every dyn_steps): no curve")
 
 
 def register(app: typer.Typer, hist_app: typer.Typer) -> None:

@@ -17,9 +17,10 @@ def selftest(
     device: DeviceOpt = "auto",
     json_out: JsonOpt = False,
 ) -> None:
-    """Check the hot/cold runtime against an all-resident reference; measure zero-copy GB/s and
-    step time vs the reference. Every check runs, each isolated; the report is always printed.
-    Exits 1 when any check failed."""
+    """Check the hot/cold runtime against an all-resident reference and measure its speed.
+
+    Zero-copy GB/s and step time vs the reference. Every check runs, each isolated; the report is
+    always printed. Exits 1 when any check failed."""
     out = Output(json_out)
     from runtime.device import choose_device, tune_cpu_threads  # torch is imported only from here on
     from runtime.selftest import run_selftest

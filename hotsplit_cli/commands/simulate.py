@@ -104,9 +104,11 @@ def _render(out: Output, result: SimResult) -> None:
         def ms(x):
             return "-" if x is None else f"{x:.3f} ms"
 
+        others = [m for m in c["tied"] if m != c["fastest"]]
+        tie = f" ({' and '.join(others)} within the spread: a tie)" if others else ""
         out.print(f"cold time per step of the static hot set by cold path ({c['rates']}): gpu {ms(c['gpu_ms'])}, "
                   f"cpu {ms(c['cpu_ms'])}, split {ms(c['split_ms'])} (CPU share {100 * c['split_cpu_share']:.0f}%)"
-                  f"; fastest here: {c['fastest'] or '-'}")
+                  f"; fastest here: {c['fastest'] or '-'}{tie}")
 
 
 def draw_policies(ax, sums: dict, wsteps: int, title: str) -> None:

@@ -44,7 +44,13 @@ class CpuExpertInfo:
     node: int | None
     points: tuple[tuple[float, float], ...]  # (tokens per expert, median GB/s)
     handoff_ms: float | None  # a task to a worker thread and back
-    shape: str  # the expert it computed, for the report
+    shape: str  # the expert it computed, for the report: "HIDDENxINTER DTYPE"
+    spread: float = 0.0  # the largest (max - min) / median of its points
+    threads: int | None = None
+
+    def fits(self, hidden: int, inter: int, dtype: str) -> bool:
+        """Whether these rates were measured on experts of this shape and dtype."""
+        return self.shape == f"{hidden}x{inter} {dtype}"
 
 
 @dataclass(frozen=True)
@@ -161,16 +167,21 @@ def _cpu_expert(raw: Any, where: str) -> tuple[CpuExpertInfo, ...]:
         cells = e.get("by_tokens")
         if not isinstance(cells, list):
             raise InputFileError(f"{where}[{i}].by_tokens: must be a list")
-        points = []
+        points, spreads = [], []
         for j, cell in enumerate(cells):
             if not (isinstance(cell, list) and len(cell) == 2 and isinstance(cell[1], dict)):
                 raise InputFileError(f"{where}[{i}].by_tokens[{j}]: must be [tokens, measurement]")
             tokens = _number(cell[0], f"{where}[{i}].by_tokens[{j}][0]", integer=True)
             gbps = _number(cell[1].get("median_gbps"), f"{where}[{i}].by_tokens[{j}].median_gbps")
+            spread = _number(cell[1].get("spread_gbps"), f"{where}[{i}].by_tokens[{j}].spread_gbps")
             if tokens is not None and gbps is not None:
                 points.append((float(tokens), float(gbps)))
+                if spread is not None and gbps > 0:
+                    spreads.append(spread / gbps)
         shape = e.get("shape") if isinstance(e.get("shape"), dict) else {}
         out.append(CpuExpertInfo(_number(e.get("node"), f"{where}[{i}].node", integer=True), tuple(points),
                                  _number(e.get("handoff_ms"), f"{where}[{i}].handoff_ms"),
-                                 f"{shape.get('hidden')}x{shape.get('inter')} {shape.get('dtype')}"))
+                                 f"{shape.get('hidden')}x{shape.get('inter')} {shape.get('dtype')}",
+                                 max(spreads, default=0.0), _number(e.get("threads"), f"{where}[{i}].threads",
+                                                                    integer=True)))
     return tuple(out)

@@ -7,6 +7,7 @@ Paths inside a recipe (checkpoint, traffic files) are relative to the recipe's f
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from dataclasses import dataclass, field
@@ -144,6 +145,10 @@ class _Section:
              maximum=None, choices=None) -> Any:
         if name not in self.data:
             if default is _REQUIRED:
+                near = difflib.get_close_matches(name, [str(k) for k in self.data], n=1, cutoff=0.6)
+                if near:  # a misspelt key: say so rather than call the intended one missing
+                    raise RecipeError(f"{self.key(near[0])}: unknown key (did you mean {self.key(name)}?)",
+                                      "docs/recipes.md lists every key")
                 raise RecipeError(f"{self.key(name)}: missing", "docs/recipes.md lists every key")
             return default
         value = self.data.pop(name)
@@ -194,6 +199,10 @@ def resolve_recipe_path(name_or_path: str | os.PathLike) -> Path:
         if cand.is_file():
             return cand
     shipped = ", ".join(sorted(x.stem for x in RECIPES_DIR.glob("*.yaml"))) or "none"
+    if p.is_dir():
+        raise RecipeError(f"recipe {str(name_or_path)!r}: is a folder, not a recipe YAML file",
+                          f"name a recipe file or a shipped recipe ({shipped}); a checkpoint folder goes in "
+                          "a recipe's model.path")
     raise RecipeError(f"recipe {str(name_or_path)!r}: no such file", f"shipped recipes: {shipped}")
 
 

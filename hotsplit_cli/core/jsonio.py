@@ -128,6 +128,50 @@ def schema_tag(kind: str, version: int = 1) -> str:
     return f"hotsplit.{kind}/{version}"
 
 
+# The commands that read each hotsplit file kind, for an error that names a file given to the wrong one.
+TAKEN_BY = {"hist": "`hotsplit plan HIST`, `hist show`, `simulate --fit`", "plan": "`run --plan`, `simulate --plan`",
+            "platform": "`plan --platform`, `run --platform`", "placement": "`plan --placement`",
+            "trace": "`run --trace`, `simulate --trace`"}
+
+
+def sniff_kind(path: str | os.PathLike) -> str | None:
+    """What a file is, from its first bytes, as a user reads it: a hotsplit JSON kind (and which
+    command takes it), a routing trace (.npz), a torch dump, an image; None when unknown."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(512)
+    except OSError:
+        return None
+    if head.startswith(b"PK\x03\x04"):
+        import zipfile
+
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+        except (zipfile.BadZipFile, OSError):
+            return "a zip archive"
+        if any(n.endswith("data.pkl") for n in names):
+            return "a torch.save dump (`hotsplit hist import --from sglang|vllm` reads these)"
+        if "topk_ids.npy" in names:
+            return f"a routing trace (.npz; {TAKEN_BY['trace']} take it)"
+        return "a .npz or zip archive"
+    if head.startswith(b"\x93NUMPY"):
+        return "a numpy .npy array"
+    if head.startswith(b"\x89PNG"):
+        return "a PNG image"
+    text = head.lstrip()
+    if text.startswith(b"{"):
+        import re
+
+        m = re.search(rb'"schema"\s*:\s*"hotsplit\.([a-z_]+)/\d+"', head)
+        if m:
+            kind = m.group(1).decode()
+            takers = TAKEN_BY.get(kind)
+            return f"a hotsplit.{kind} file" + (f" ({takers} take it)" if takers else "")
+        return "a JSON file"
+    return None
+
+
 def read_json(path: str | os.PathLike, error: type[InputFileError] = InputFileError, *,
               nonfinite: bool = False) -> Any:
     """Parse a JSON file; every failure is `error` naming the file. `nonfinite`: also accept the
@@ -148,6 +192,9 @@ def read_json(path: str | os.PathLike, error: type[InputFileError] = InputFileEr
             return json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             problem = exc
+    kind = sniff_kind(path)
+    if kind and not kind.startswith(("a hotsplit.", "a JSON")):  # a truncated JSON file stays one
+        raise error(f"{path}: is {kind}, not JSON", "pass the file this option asks for") from None
     raise error(f"{path}: not valid JSON ({problem})", "was the file truncated?") from None
 
 
@@ -159,6 +206,10 @@ def read_json_doc(path: str | os.PathLike, kind: str, versions: tuple[int, ...] 
     schema = doc.get("schema")
     known = [schema_tag(kind, v) for v in versions]
     if schema not in known:
+        other = isinstance(schema, str) and schema.startswith("hotsplit.") and schema.split("/")[0][9:] != kind
+        if other:
+            raise InputFileError(f"{path}: is {sniff_kind(path)}, not a hotsplit.{kind} file",
+                                 "pass the file this option asks for")
         raise InputFileError(
             f"{path}: schema {schema!r} is not {' or '.join(known)}",
             "was it written by another tool or a newer hotsplit?",

@@ -6,8 +6,9 @@ Hot budget, the first that applies:
    was made for, and a --hot-gib that says otherwise is refused;
 2. the `hot_gib` knob: --hot-gib > HOTSPLIT_HOT_GIB > recipe hotsplit.hot_gib;
 3. derived ("auto"): GPU memory - dense weights - KV cache - reserve, never more than the bank,
-   where GPU memory is the smallest probed free memory of platform.json's GPUs, else the
-   recipe's hardware.gpu_mem_gib.
+   where GPU memory is the smallest probed free memory of platform.json's GPUs, else (no
+   platform.json, or one probed without a GPU: its rates still count) the recipe's
+   hardware.gpu_mem_gib, said so.
 
 Cold read rate, the first that applies: with platform.json, the slowest GPU's zero-copy read,
 else the host's memory copy rate (no GPU measured); without one, the recipe's
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import GIB, Recipe
-from hotsplit_cli.core.errors import PlanError, UsageError
+from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.core.units import gib
 from hotsplit_cli.hotset.sizes import BudgetDerivation, derive_hot_budget, over_gpu
 
@@ -74,12 +75,11 @@ def resolve_hot_budget(recipe: Recipe, knobs: Knobs, platform: PlatformInfo | No
         return _plan_budget(knobs, plan, flag)
     free_gib = probed_free_gib(platform)
     mem_source = RECIPE_GPU_MEM if free_gib is None else f"{platform.path}: smallest free GPU memory"
+    if platform is not None and free_gib is None:
+        mem_source = f"{RECIPE_GPU_MEM}: {platform.path} has no GPU with a measured free memory"
     if knobs.hot_gib is not None:
         return HotBudget(int(knobs.hot_gib * GIB), knobs.hot_gib, knobs.sources["hot_gib"], knobs.origin("hot_gib"),
                          over_gpu=over_gpu(recipe, knobs.hot_gib, knobs.vram_reserve_gib, free_gib, mem_source))
-    if platform is not None and free_gib is None:
-        raise PlanError(f"{platform.path} has no GPU with a measured free memory",
-                        "pass --hot-gib, or probe on the GPU machine")
     derivation = derive_hot_budget(recipe, knobs.vram_reserve_gib, free_gib, mem_source)
     return HotBudget(int(derivation.hot_gib * GIB), derivation.hot_gib, "auto", "auto", derivation)
 

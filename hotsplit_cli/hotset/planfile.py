@@ -161,14 +161,34 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
         plan = plan_for_placement(hist, recipe, budget.budget_bytes, layout)
     else:
         plan = plan_for_recipe(hist, recipe, budget.budget_bytes)
+    for warning in plan_warnings(hist, recipe, plan, layout):
+        warn(warning)
     rate = choose_read_rate(recipe, platform)
     size = expert_bytes_per_rank(recipe)
     # Rank 0 reads cold only the experts placed on it: under EP the others are another rank's reads.
     not_cold_LE = plan.hot_RLE[0] | ~rank0_experts(hist, recipe, layout)
     costs = cold_costs(hist, not_cold_LE, size, rate.gbps) if platform is not None or rate.gbps else None
-    cold_paths = cold_path_prediction(hist, not_cold_LE, size, platform) if platform is not None else None
+    cold_paths = cold_path_prediction(hist, not_cold_LE, recipe, platform, warn) if platform is not None else None
     return PlanResult(hist, hist_path, recipe, knobs, plan, budget, rate, costs, platform_path, layout,
                       placement_path, cold_paths)
+
+
+def plan_warnings(hist: Histogram, recipe: Recipe, plan: Plan, placement=None) -> list[str]:
+    """What a planner should say about a plan that looks better or worse than it is: experts the
+    histogram never saw (a small sample), an empty budget, and replicas that cost hot bytes."""
+    out = []
+    unseen = int((hist.counts_LE == 0).sum())
+    if unseen:
+        out.append(f"the histogram never saw {unseen} of {hist.counts_LE.size} experts ({hist.tokens} tokens): "
+                   f"the hit rate counts only the routing it saw; capture more tokens for a plan to trust")
+    if plan.budget_bytes == 0:
+        out.append("hot budget 0: no expert is hot and every routed assignment is read cold (hit rate 0%)")
+    if placement is not None and placement.num_physical > hist.num_experts:
+        plain = plan_for_recipe(hist, recipe, plan.budget_bytes)
+        out.append(f"the placement's {placement.num_physical - hist.num_experts} redundant replicas per layer take "
+                   f"hot bytes on their ranks: hit rate {100 * plan.hit_rate:.2f}% vs {100 * plain.hit_rate:.2f}% "
+                   f"for the same budget without replicas")
+    return out
 
 
 def plan_doc(result: PlanResult) -> dict:
@@ -226,14 +246,32 @@ def plan_doc(result: PlanResult) -> dict:
     return doc
 
 
-def cold_path_prediction(hist: Histogram, hot_LE: np.ndarray, expert_bytes: int, platform) -> dict:
-    """plan.json's `cold_paths`: predicted cold time per decode step of gpu / cpu / split at each
-    batch size, from platform.json's measured rates, and the fastest path at each."""
-    from hotsplit_cli.hotset.coldpath import predict_cold_paths, rates_from_platform
+def recipe_cold_rates(recipe: Recipe, platform, warn: Callable[[str], None]):
+    """platform.json's cold-path rates for the recipe's experts (coldpath.fit_rates) and the bytes
+    of one expert they time; `warn` is told, in one line, when the probe timed other experts."""
+    from hotsplit_cli.hotset.coldpath import fit_rates
+    from hotsplit_cli.hotset.sizes import expert_compute_shape
 
-    rates, where = rates_from_platform(platform)
-    times = predict_cold_paths(routing_probs(hist), hot_LE, expert_bytes, rates, BATCH_SIZES)
-    return {"rates": where, "by_batch": [t.to_doc() for t in times]}
+    fitted = fit_rates(platform, *expert_compute_shape(recipe))
+    if fitted.mismatch:
+        warn(f"{fitted.mismatch}: the cpu and split times are for other experts; re-probe with "
+             f"`hotsplit probe --recipe {recipe.name} -o {platform.path}`")
+    return fitted, fitted.compute_bytes or expert_bytes_per_rank(recipe)
+
+
+def cold_path_prediction(hist: Histogram, hot_LE: np.ndarray, recipe: Recipe, platform,
+                         warn: Callable[[str], None] = lambda message: None) -> dict:
+    """plan.json's `cold_paths`: predicted cold time per decode step of gpu / cpu / split at each
+    batch size, from platform.json's measured rates (coldpath.fit_rates), and the fastest path at
+    each. `warn` is told when the probe timed experts of another shape than the recipe's."""
+    from hotsplit_cli.hotset.coldpath import predict_cold_paths
+
+    fitted, size = recipe_cold_rates(recipe, platform, warn)
+    times = predict_cold_paths(routing_probs(hist), hot_LE, size, fitted.rates, BATCH_SIZES)
+    doc = {"rates": fitted.where, "spread": fitted.rates.spread, "by_batch": [t.to_doc() for t in times]}
+    if fitted.compute_bytes:
+        doc["compute_expert_bytes"] = fitted.compute_bytes
+    return doc
 
 
 @dataclass(frozen=True)
@@ -247,10 +285,18 @@ class PlanFile:
     expert_bytes: int | None
     budget_bytes: int | None
     made_from: str | None = None  # the histogram the plan was made from, as a user reads it
+    recipe: str | None = None  # the recipe it was made with
 
     def hot_LE(self, layers, num_experts: int, rank: int = 0, model: str = "the model") -> np.ndarray:
         """Boolean hot mask [L, E] of one rank, rows in the order of `layers` (model layer ids)."""
         rows = {int(lid): i for i, lid in enumerate(layers)}
+        top = max((max(ids) for ids in self.hot_by_rank[rank].values() if ids), default=-1)
+        misfit = top >= num_experts or not set(self.hot_by_rank[rank]) <= set(rows)
+        if self.recipe and self.recipe != model and misfit:
+            raise PlanError(f"{self.path}: a plan for recipe {self.recipe!r} (expert ids up to {top}, MoE layers "
+                            f"{min(self.layers)}..{max(self.layers)}) but recipe {model!r} has {num_experts} experts "
+                            f"per layer in MoE layers {min(rows)}..{max(rows)}",
+                            f"use the recipe the plan was made for, or plan for {model!r} with `hotsplit plan`")
         hot = np.zeros((len(rows), num_experts), dtype=bool)
         for lid, ids in self.hot_by_rank[rank].items():
             if lid not in rows:
@@ -294,7 +340,20 @@ def load_plan(path: str | os.PathLike) -> PlanFile:
     layers = doc.get("layers")
     layers = tuple(int(x) for x in layers) if isinstance(layers, list) else tuple(sorted(hot_by_rank[0]))
     return PlanFile(Path(path), layers, tuple(hot_by_rank), number("hit_rate", float),
-                    number("expert_bytes", int), number("budget_bytes", int), _made_from(doc.get("histogram")))
+                    number("expert_bytes", int), number("budget_bytes", int), _made_from(doc.get("histogram")),
+                    doc.get("recipe") if isinstance(doc.get("recipe"), str) else None)
+
+
+def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | None) -> None:
+    """What `run` reads, checked before anything is built: the plan exists, is a plan and fits
+    the recipe; the trace exists and is a trace (its contents are checked as it is loaded)."""
+    if plan_path is not None:
+        m = recipe.model
+        load_plan(plan_path).hot_LE(m.moe_layer_ids, m.num_experts, model=recipe.name)
+    if trace_path is not None:
+        from hotsplit_cli.traffic.trace import check_trace_file
+
+        check_trace_file(trace_path)
 
 
 def _made_from(hist: object) -> str | None:

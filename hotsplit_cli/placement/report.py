@@ -77,6 +77,9 @@ def place_from_hist(req: PlaceRequest, recipe: Recipe | None = None,
     if recipe is not None:
         for warning in check_hist_matches_recipe(hist, recipe, req.hist_path):
             warn(warning)
+    if req.redundant:
+        warn(f"each of the {req.redundant} redundant replicas per layer takes an expert's bytes on its rank: under a "
+             f"hot budget they leave room for fewer distinct hot experts (`hotsplit plan --placement` says how many)")
     groups, nodes = req.groups, max(req.nodes, 1)
     if groups is None:
         groups = recipe.model.n_group if recipe is not None and recipe.model.n_group % nodes == 0 else nodes

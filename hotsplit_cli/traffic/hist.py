@@ -15,7 +15,7 @@ import numpy as np
 
 from hotsplit_cli.core.checks import NOT_FINITE, check_finite_nonneg, index_str
 from hotsplit_cli.core.errors import HistogramError
-from hotsplit_cli.core.jsonio import read_json, schema_tag, write_json_atomic
+from hotsplit_cli.core.jsonio import TAKEN_BY, read_json, schema_tag, write_json_atomic
 
 KIND = "hist"
 
@@ -103,6 +103,10 @@ def hist_from_doc(doc: object, where: str) -> Histogram:
     if not isinstance(doc, dict):
         raise HistogramError(f"{where}: expected a JSON object")
     schema = doc.get("schema")
+    if isinstance(schema, str) and schema.startswith("hotsplit.") and not schema.startswith(f"hotsplit.{KIND}/"):
+        kind = schema.split("/")[0]
+        raise HistogramError(f"{where}: is a {kind} file ({TAKEN_BY.get(kind[9:], 'another command')} take it), "
+                             f"not a routing histogram", "pass a hotsplit.hist/1 file (`hotsplit balance -o`)")
     if schema != schema_tag(KIND):
         raise HistogramError(
             f"{where}: schema {schema!r} is not {schema_tag(KIND)!r}",

@@ -68,6 +68,12 @@ class HistReport:
         }
 
 
+def top_count(fraction: float, n: int) -> int:
+    """How many of `n` experts "the hottest `fraction`" is: ceil(fraction x n), at least one. The
+    cut is whole experts, so its real share of the experts can exceed `fraction` (4 of 32 for 10%)."""
+    return max(1, int(np.ceil(fraction * n - 1e-9)))
+
+
 def hist_report(hist: Histogram, expert_bytes: int | None = None) -> HistReport:
     """Summarise `hist`; with `expert_bytes` (per rank, one expert) also the GiB per coverage."""
     c = hist.counts_LE
@@ -78,7 +84,7 @@ def hist_report(hist: Histogram, expert_bytes: int | None = None) -> HistReport:
         row = c[i]
         s = float(row.sum())
         mean = s / E
-        top_n = max(1, int(np.ceil(0.10 * E)))
+        top_n = top_count(0.10, E)
         layers.append(LayerLoad(
             layer=int(layer),
             total=s,
@@ -93,7 +99,7 @@ def hist_report(hist: Histogram, expert_bytes: int | None = None) -> HistReport:
     order = np.lexsort((np.arange(flat.size), -flat))
     cum_share = np.cumsum(flat[order]) / total
     n = flat.size
-    top_share = {f: float(cum_share[max(1, int(np.ceil(f * n))) - 1]) for f in TOP_FRACTIONS}
+    top_share = {f: float(cum_share[top_count(f, n) - 1]) for f in TOP_FRACTIONS}
     cover_experts = {t: int(np.searchsorted(cum_share, t - 1e-12) + 1) for t in COVERAGE_TARGETS}
     cover_bytes = None
     curve_bytes = None

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from hotsplit_cli.core.errors import InputFileError
-from hotsplit_cli.core.jsonio import write_atomic
+from hotsplit_cli.core.jsonio import sniff_kind, write_atomic
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,21 @@ def save_trace(path: str | os.PathLike, trace: Trace) -> Path:
     return write_atomic(path, lambda fh: np.savez_compressed(fh, **arrays))
 
 
+def check_trace_file(path: str | os.PathLike) -> None:
+    """Refuse, before any work, a trace path that does not exist or holds another kind of file."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputFileError(f"{path}: no such file", "check the path, or capture one with `hotsplit balance --trace`")
+    kind = sniff_kind(path)
+    if kind and not kind.startswith("a routing trace") and "npz" not in kind:
+        raise InputFileError(f"{path}: is {kind}, not a routing trace (.npz)",
+                             "capture a trace with `hotsplit balance RECIPE --trace FILE.npz`")
+
+
 def load_trace(path: str | os.PathLike, num_experts: int | None = None) -> Trace:
     """Read and validate a trace; `num_experts` (when known) bounds the expert ids."""
     path = Path(path)
+    check_trace_file(path)
     try:
         with np.load(path, allow_pickle=False) as z:
             files = set(z.files)

@@ -110,6 +110,9 @@ def read_config(path: str | Path):
     from transformers import AutoConfig
 
     path = Path(path)
+    if not path.is_dir():
+        raise InputFileError(f"{path}: no such folder" if not path.exists() else f"{path}: is a file, not a folder",
+                             "point --model at a Hugging Face checkpoint folder")
     if not (path / "config.json").is_file():
         raise InputFileError(f"{path}: no config.json", "point --model at a checkpoint folder")
     config = AutoConfig.from_pretrained(path)

@@ -34,7 +34,8 @@ def test_cli_text_json_and_plot(cli, tmp_path):
     assert r.code == 0 and "> 2x mean" in r.out and "1: 0" in r.out
     legend = next(x for x in r.out.splitlines() if x.startswith("max/mean:"))
     assert "> 2x mean: how many experts carry more than 2x the layer's mean load, and their ids" in legend
-    assert "top 10%: share of the layer's routed assignments on its hottest 10% of experts" in legend
+    assert ("top 1 of 10: share of the layer's routed assignments on its hottest 1 experts (10% rounded up to whole "
+            "experts: 10.0%)") in legend
     doc = json.loads(cli("hist", "show", path, "--json").out)
     assert doc["layers"][0]["flagged_experts"] == [0] and doc["cover_gib"] is None
     pytest.importorskip("matplotlib")
@@ -64,3 +65,12 @@ def test_cli_bad_file_names_the_file_and_what_is_wrong(cli, tmp_path, text, mess
     r = cli("hist", "show", bad)
     assert (r.code, r.out) == (1, "")
     assert r.err == f"error: {bad}{message}\n"
+
+
+def test_both_top_cuts_are_labelled_with_the_experts_they_count(cli):
+    """Issue: per layer "top 10%" was 4 of 32 experts (12.5%), overall 13 of 128: two shares, one label."""
+    r = cli("hist", "show", "examples/hist-tiny.json")
+    assert r.code == 0, r.err
+    assert "top 4 of 32" in r.out and "top 10%" not in r.out
+    assert "10% rounded up to whole experts: 12.5%" in r.out
+    assert "13 of 128 (10.2%)" in r.out and "7 of 128 (5.5%)" in r.out

@@ -11,7 +11,7 @@ import pytest
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.config.recipe import GIB, load_recipe
-from hotsplit_cli.core.errors import PlanError, UsageError
+from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.budget import choose_read_rate, resolve_hot_budget
 from hotsplit_cli.hotset.planfile import PlanFile
 from hotsplit_cli.hotset.sizes import dense_bytes_per_rank
@@ -69,10 +69,14 @@ def test_derived_from_the_probed_free_memory_else_the_recipe(tiny, tmp_path):
     assert b.derivation.gpu_mem_source == f"{path}: smallest free GPU memory" and b.over_gpu is None
 
 
-def test_a_platform_without_free_memory_cannot_derive_but_a_knob_needs_none(tiny, tmp_path):
+def test_a_platform_without_gpu_derives_from_the_recipes_hardware_and_says_so(tiny, tmp_path):
+    """A probe of a CPU-only machine still gives rates: the budget then comes from the recipe."""
     cpu_only = load_platform(write_platform(tmp_path / "cpu.json", [], copy_gbps=10.0))
-    with pytest.raises(PlanError, match=f"{tmp_path / 'cpu.json'} has no GPU with a measured free memory"):
-        resolve_hot_budget(tiny, auto(tiny), cpu_only)
+    b = resolve_hot_budget(tiny, auto(tiny), cpu_only)
+    assert b.budget_bytes == resolve_hot_budget(tiny, auto(tiny)).budget_bytes
+    assert b.derivation.gpu_mem_source == (f"recipe hardware.gpu_mem_gib: {tmp_path / 'cpu.json'} has no GPU with "
+                                           "a measured free memory")
+    assert f"{tmp_path / 'cpu.json'} has no GPU" in b.explain()
     assert resolve_hot_budget(tiny, resolve_knobs(tiny.knobs, {}), cpu_only).budget_bytes == int(0.01 * GIB)
 
 

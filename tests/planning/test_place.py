@@ -276,3 +276,15 @@ def test_auto_fit_with_few_windows_uses_the_totals(cli, windowed_hist):
     r = cli("place", windowed_hist, "--ranks", "8", "--json")
     fit = json.loads(r.out)["placement"]["source"]["fit"]
     assert fit == {"mode": "totals", "reason": "3 windows are too few to hold some out", "held_out": None}
+
+
+def test_the_eval_table_gives_the_bottleneck_a_unit_and_one_format(cli, tiny_hist):
+    """Issue: the bottleneck column had no unit and mixed `43573` with `37973.5`."""
+    r = cli("place", tiny_hist, "--ranks", "4", "--redundant", "4", "--eval", tiny_hist)
+    assert r.code == 0, r.err
+    assert "assignments" in r.out and "bottleneck = the busiest rank's routed assignments" in r.out
+    import re
+
+    rows = [line for line in r.out.splitlines() if line.split()[:1] in (["trivial"], ["random"], ["hotsplit"])]
+    cells = [line.split()[3] for line in rows]
+    assert cells and all(re.fullmatch(r"\d{1,3}(,\d{3})*\.\d", c) for c in cells), cells

@@ -1,0 +1,35 @@
+"""A run with one window draws what one window can show and says why (was: one dot at step 200
+on an axis running 190-210 with fractional ticks)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_a_one_window_run_draws_bars_and_says_why(cli, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    drawn = {}
+    from hotsplit_cli.commands import run as run_cmd
+
+    real = run_cmd._draw_hit_rates
+
+    def spy(ax, summary, title):
+        real(ax, summary, title)
+        drawn["bars"] = [p.get_height() for p in ax.patches]
+        drawn["labels"] = [t.get_text() for t in ax.get_xticklabels()]
+        drawn["title"] = ax.get_title()
+        drawn["summary"] = summary
+
+    monkeypatch.setattr(run_cmd, "_draw_hit_rates", spy)
+    plot = tmp_path / "hit.png"
+    r = cli("run", "tiny", "--steps", "20", "--plot", plot)  # dyn_steps 50: one window
+    assert r.code == 0, r.err and plot.stat().st_size > 0
+    s = drawn["summary"]
+    assert len(s.records) == 1
+    assert drawn["labels"] == ["run (steps 1-20)", "plan expected"]
+    assert drawn["bars"] == pytest.approx([100 * s.hit_rate, 100 * s.expected_hit_rate])
+    assert "one window (20 steps" in drawn["title"]
+    assert f"plot: {plot} (one window: bars, not a curve; HOTSPLIT_DYN_STEPS below 20 gives more points)" in r.out
