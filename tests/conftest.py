@@ -119,10 +119,10 @@ def tiny_hist(tmp_path):
 
 def write_fixed_rates_platform(path, cpu_gbps: float = 10.0):
     """A platform.json of a machine without a GPU whose CPU expert rate is `cpu_gbps` at every
-    token count and whose hand-off costs nothing. A CPU run's device path is this same CPU, so the
-    two paths cost the same per byte and the split gives the CPU the first half of each layer's
-    cold experts (in expert order): a fixed split, whatever else the machine is running. (Rates
-    measured at run time under load can give the CPU nothing.)"""
+    token count and whose hand-off costs nothing, measured on recipes/tiny.yaml's experts as the
+    CPU runtime computes them (256x128 float32): a tiny run takes these rates as they are, never
+    rates measured at run time (which under load vary from run to run). A CPU run's device path is
+    this same CPU, so the split's decision is fixed too."""
     from hotsplit_cli.core.jsonio import write_json_atomic
 
     cells = [[t, {"median_gbps": cpu_gbps}] for t in (1, 4, 16)]
@@ -130,7 +130,7 @@ def write_fixed_rates_platform(path, cpu_gbps: float = 10.0):
         "schema": "hotsplit.platform/1", "created": "2026-01-01T00:00:00Z",
         "host": {"numa_nodes": [{}], "copy_gbps": None, "mem_available_bytes": None,
                  "cpu_expert": [{"node": None, "by_tokens": cells, "handoff_ms": 0.0,
-                                 "shape": {"hidden": 0, "inter": 0, "dtype": "fixed in tests"}}]},
+                                 "shape": {"hidden": 256, "inter": 128, "dtype": "float32"}}]},
         "gpus": [], "reasons": []})
     return path
 
