@@ -176,23 +176,37 @@ def pack_items(load_WXN: np.ndarray, num_packs: int, owner_XN: np.ndarray | None
 
 
 def _make_room(x, item, pack_XN, owner, holds, pack_load, item_XNW, fill, quota) -> int:
-    """Every pack with room already holds this item's owner: move one item of a full pack
-    that lacks the owner into a pack with room. Always possible when replicas <= packs: the
-    full pack has `quota` distinct owners, the open pack fewer, so one of them is movable."""
-    own = owner[x, item]
-    open_pack = int(np.flatnonzero(fill[x] < quota)[0])
-    for target in np.flatnonzero(~holds[x, :, own]):
-        for j in np.flatnonzero(pack_XN[x] == target):
-            if not holds[x, open_pack, owner[x, j]]:
-                pack_XN[x, j] = open_pack
-                pack_load[x, target] -= item_XNW[x, j]
-                pack_load[x, open_pack] += item_XNW[x, j]
-                fill[x, target] -= 1
-                fill[x, open_pack] += 1
-                holds[x, target, owner[x, j]] = False
-                holds[x, open_pack, owner[x, j]] = True
-                return int(target)
-    raise PlanError("internal: no pack can take a replica without a duplicate")
+    """Every pack with room already holds this item's owner: move one item j of a full pack t
+    that lacks the owner into a pack o with room that lacks j's owner, and return t for the
+    item. Always possible when replicas <= packs: a full pack has `quota` distinct owners, an
+    open one fewer, so one of them is movable. Of all such moves, the one with the lowest
+    objective after placing the item (ties: the lighter j, then the lower t, o): chosen by loads,
+    never by expert ids, so renaming experts renames the layout."""
+    own, v = owner[x, item], item_XNW[x, item]
+    open_packs = np.flatnonzero(fill[x] < quota)
+    best = None
+    for t in np.flatnonzero(~holds[x, :, own]):
+        for j in np.flatnonzero(pack_XN[x] == t):
+            for o in open_packs:
+                if holds[x, o, owner[x, j]]:
+                    continue
+                load = pack_load[x].copy()
+                load[t] += v - item_XNW[x, j]
+                load[o] += item_XNW[x, j]
+                key = (float(load.max(axis=0).sum()), float(item_XNW[x, j].sum()), int(t), int(o))
+                if best is None or key < best[0]:
+                    best = (key, int(j))
+    if best is None:
+        raise PlanError("internal: no pack can take a replica without a duplicate")
+    (_, _, t, o), j = best
+    pack_XN[x, j] = o
+    pack_load[x, t] -= item_XNW[x, j]
+    pack_load[x, o] += item_XNW[x, j]
+    fill[x, t] -= 1
+    fill[x, o] += 1
+    holds[x, t, owner[x, j]] = False
+    holds[x, o, owner[x, j]] = True
+    return t
 
 
 def _objective(pack_load_XRW: np.ndarray) -> np.ndarray:

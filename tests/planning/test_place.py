@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hotsplit_cli.core.errors import InputFileError, UsageError
@@ -59,8 +60,17 @@ def test_placement_invariants(case):
     check_invariants(place_experts(w, (0, 1), geo), w.shape[2], geo)
 
 
+def _gamma_case(seed, E, R, S, W):
+    """The loads `cases` draws for these sizes and seed."""
+    return np.random.default_rng(seed).gamma(0.5, size=(W, 2, E)) * 1000 + 1e-3, Geometry(R, R * S - E)
+
+
 @settings(max_examples=40, deadline=None)
 @given(cases(), st.randoms(use_true_random=False))
+# E=10, R=5, 20 redundant, W=3: the packer had to make room for a replica (every open rank held
+# its expert) and moved the first item by expert id, so renaming gave bottleneck 8014.3 vs 7841.8.
+# The layout was wrong, not the property: the move is now chosen by loads (placement._make_room).
+@example(_gamma_case(3, 10, 5, 6, 3), random.Random(1))
 def test_permuting_experts_permutes_the_layout(case, rnd):
     """Expert ids are labels: renaming them gives a layout of the same balance. The layout itself is
     the renamed one unless two moves tie exactly (equal objective), where the lower id goes first."""
