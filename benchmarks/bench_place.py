@@ -10,6 +10,9 @@ Traffic: SGLang's DeepSeek-R1 distributions in `../shared/data/routing` next to 
 file of a pair and judged on the second. Without the folder the script says so and uses
 heavy-tailed synthetic counts, with a later window resampled from them under multiplicative drift.
 
+Then every way of fitting that was tried for later traffic, with its later-window balancedness
+(pair by pair, flat then hierarchical) and its worst gap to EPLB's.
+
 Method: every function is called once before timing (so no row pays an import or a first-call
 cost), then the rows are timed in turn, three rounds interleaved (round 1 of every row, then
 round 2 of every row, ...), and each row reports its best round. Ratios are printed with two
@@ -144,6 +147,56 @@ def cli_times(fit: np.ndarray) -> None:
         print(f"| {label} | {t:.3f} | {t - base:+.3f} |")
 
 
+def _custom_replicas(fit: np.ndarray, geo: Geometry, score) -> Placement:
+    """Flat layout with replicas given one by one to argmax score(weight, replicas), then
+    hotsplit's packer."""
+    from hotsplit_cli.placement.algorithm import _slots_from_packs, expand_replicas, pack_items
+
+    cnt = np.ones(fit.shape, dtype=np.int64)
+    rows = np.arange(fit.shape[0])
+    for _ in range(geo.num_redundant):
+        cnt[rows, np.argmax(np.where(cnt >= geo.num_ranks, -np.inf, score(fit, cnt)), axis=1)] += 1
+    items = expand_replicas(cnt)
+    per = np.take_along_axis(fit, items, 1) / np.take_along_axis(cnt, items, 1)
+    pack = pack_items(per[None], geo.num_ranks, items)
+    return Placement(tuple(range(L)), geo.num_ranks, _slots_from_packs(items, pack, geo.num_ranks))
+
+
+def later_window_methods(pairs) -> None:
+    """Every way of fitting tried for later traffic, fitted on the first file of each pair and
+    judged on the second (flat and hierarchical): balancedness later, and its gap to EPLB's."""
+    rng = np.random.default_rng(0)
+
+    def noisy_windows(fit, sigma=0.3, w=8):  # lognormal resamples: a risk model for one window
+        return fit[None] * np.exp(sigma * rng.standard_normal((w, *fit.shape)) - sigma ** 2 / 2)
+
+    methods = {
+        "EPLB port (reference)": lambda fit, geo: Placement(tuple(range(L)), RANKS, eplb_port.rebalance_experts(
+            fit, E + REDUNDANT, geo.num_groups, geo.num_nodes, RANKS)[0]),
+        "hotsplit place (default)": lambda fit, geo: place_experts(fit[None], range(L), geo),
+        "place on counts^0.8 (hedge toward uniform)": lambda fit, geo: place_experts(fit[None] ** 0.8, range(L), geo),
+        "place on 8 lognormal resamples, sigma 0.3, as windows": lambda fit, geo: place_experts(
+            noisy_windows(fit), range(L), geo),
+        "replicas by variance, w / sqrt(c (c + 1)) (flat only: mean of the flat pairs, EPLB 0.7732)":
+            lambda fit, geo: _custom_replicas(fit, geo, lambda w, c: w / np.sqrt(c * (c + 1)))
+            if geo.num_nodes == 1 else None,
+    }
+    print("| method | later balancedness per pair-mode | mean | min vs EPLB |")
+    print("| --- | --- | ---: | ---: |")
+    ref = None
+    for label, fn in methods.items():
+        got = []
+        for _, fit, later in pairs:
+            for nodes, groups in ((1, 1), (NODES, GROUPS)):
+                lay = fn(fit, Geometry(RANKS, REDUNDANT, nodes, groups))
+                got.append(np.nan if lay is None else evaluate(later[None], lay).balancedness)
+        got = np.array(got)
+        ref = got if ref is None else ref
+        ok = ~np.isnan(got)
+        print(f"| {label} | {' '.join('-' if np.isnan(g) else f'{g:.4f}' for g in got)} | {got[ok].mean():.4f} "
+              f"| {(got[ok] - ref[ok]).min():+.4f} |")
+
+
 def sglang_check() -> None:
     if importlib.util.find_spec("sglang") is None:
         print("note: sglang is not installed: the comparison with SGLang's own `deepseek` and `deepseek_vec` "
@@ -153,6 +206,7 @@ def sglang_check() -> None:
 def main() -> None:
     source, pairs = load_pairs()
     in_process(source, pairs)
+    later_window_methods(pairs)
     cli_times(pairs[0][1])
     sglang_check()
 
