@@ -3,7 +3,7 @@
 Routing sources: the model's own router on generated hidden states (`RouterSource`), a trace,
 or the synthetic sampler (`ArraySource`: either gives expert ids per step). Every `dyn_steps`
 steps a window closes: counters are read (the one host synchronisation), a record is made,
-and in dynamic mode `hotsplit_cli.hotset.planner.propose_swaps` (the rule shared with the simulator)
+and in dynamic mode `hotsplit_cli.hotset.planner.SwapRule` (the rule shared with the simulator)
 proposes swaps, which start on the swap stream and are published between later steps.
 """
 
@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from hotsplit_cli.config.knobs import Knobs
-from hotsplit_cli.hotset.planner import propose_swaps
 from hotsplit_cli.traffic.synthetic import SyntheticTraffic
 from hotsplit_cli.traffic.trace import Trace
 from probes.hostmem import release_deferred
@@ -100,7 +99,7 @@ class Engine:
     """Runs steps and windows. `propose` is the swap rule (replaceable in tests)."""
 
     def __init__(self, model: HotColdMoE, source, knobs: Knobs, expert_bytes: int, seed: int = 0,
-                 expected_hit_rate: float | None = None, propose: Propose = propose_swaps,
+                 expected_hit_rate: float | None = None, propose: Propose | None = None,
                  use_graph: bool | None = None):
         self.model, self.source, self.knobs = model, source, knobs
         self.expert_bytes = expert_bytes  # real bytes of one expert on this rank

@@ -12,8 +12,9 @@ How each policy splits the slots across layers:
 - static: the planner's greedy by share per byte over all (layer, expert) pairs, so layers get
   as many slots as their traffic earns; fitted on a histogram, a plan, or the trace's first window.
 - dynamic: starts from the static hot set, keeps its per-layer slot counts, and every
-  `dyn_steps` steps applies `planner.propose_swaps` (the runtime's rule and knobs) to the counts
-  of the last `dyn_steps` steps; swaps apply from the next step and each copies one expert.
+  `dyn_steps` steps applies `planner.SwapRule` (the runtime's rule and knobs: counts decayed by
+  `dyn_decay` per window, then `propose_swaps`); swaps apply from the next step and each copies
+  one expert.
 - lru / lfu: per-layer caches with an equal share of the slots (the remainder to the first
   layers), starting empty. A missed expert is copied in (a fill; its assignments still count as
   misses) and evicts the least recently / least frequently used one. Recency and frequency are
@@ -22,6 +23,9 @@ How each policy splits the slots across layers:
 - oracle: per window, the planner's best hot set for that window's own counts (hindsight), with
   the copies to switch between windows. An upper bound on the hit rate of any policy whose hot
   set changes only at window boundaries (static, dynamic); caches may change mid-window.
+- hindsight: the planner's best static hot set for the whole replayed trace (the counts of every
+  step, known in advance) at the same budget: the yardstick of a rule that learns the traffic
+  as it comes. Nothing static does better on this trace.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hotsplit_cli.config.knobs import Knobs
+from hotsplit_cli.config.knobs import DYN_DECAY, Knobs
 from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.config.recipe import GIB, Recipe
 from hotsplit_cli.core.errors import PlanError, UsageError
@@ -41,19 +45,20 @@ from hotsplit_cli.core.units import gib
 from hotsplit_cli.hotset.budget import HotBudget, ReadRate, choose_read_rate, resolve_hot_budget
 from hotsplit_cli.hotset.coldpath import replay_cold_paths
 from hotsplit_cli.hotset.planfile import PlanFile, load_plan, recipe_cold_rates
-from hotsplit_cli.hotset.planner import plan_hot_set, propose_swaps
+from hotsplit_cli.hotset.planner import SwapRule, plan_hot_set
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.hist import load_hist
 from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
 from hotsplit_cli.traffic.trace import Trace, load_trace
 
-POLICIES = ("static", "dynamic", "lru", "lfu", "oracle")
+POLICIES = ("static", "dynamic", "lru", "lfu", "oracle", "hindsight")
 LAYER_SPLIT = {
     "static": "planner greedy over all layers (share per byte)",
     "dynamic": "static's per-layer slots; swaps keep them",
     "lru": "equal slots per layer",
     "lfu": "equal slots per layer",
     "oracle": "planner greedy over all layers, per window",
+    "hindsight": "planner greedy over all layers, on the whole replayed trace",
 }
 
 
@@ -115,9 +120,11 @@ def run_static(counts_SLE: np.ndarray, hot_LE: np.ndarray, advance: Advance = _i
 
 
 def run_dynamic(counts_SLE: np.ndarray, hot_LE: np.ndarray, dyn_steps: int, max_swaps: int,
-                margin: float, advance: Advance = _ignore) -> PolicyRun:
-    """The runtime's rule: every `dyn_steps` steps, `propose_swaps` on the last window's counts."""
+                margin: float, advance: Advance = _ignore, decay: float = DYN_DECAY) -> PolicyRun:
+    """The runtime's rule: every `dyn_steps` steps, one `SwapRule` (decayed counts) is told the
+    last window's counts and proposes the swaps."""
     S = counts_SLE.shape[0]
+    rule = SwapRule(decay)
     hot = np.array(hot_LE, dtype=bool)
     hits = np.zeros(S)
     cold = np.zeros(S, dtype=np.int64)
@@ -129,7 +136,7 @@ def run_dynamic(counts_SLE: np.ndarray, hot_LE: np.ndarray, dyn_steps: int, max_
         end = start + len(chunk)
         if end >= S:
             break
-        swaps = propose_swaps(chunk.sum(axis=0), hot, max_swaps, margin)
+        swaps = rule(chunk.sum(axis=0), hot, max_swaps, margin)
         for s in swaps:
             hot[s.layer, s.out_expert] = False
             hot[s.layer, s.in_expert] = True
@@ -209,6 +216,14 @@ def run_oracle(counts_SLE: np.ndarray, expert_bytes, budget_bytes: int, window_s
     return PolicyRun("oracle", hits, cold, copied, slots)
 
 
+def run_hindsight(counts_SLE: np.ndarray, expert_bytes, budget_bytes: int, advance: Advance = _ignore) -> PolicyRun:
+    """The best static hot set for the whole trace, fitted on the trace itself."""
+    hot = plan_hot_set(counts_SLE.sum(axis=0), expert_bytes, budget_bytes).hot_RLE[0]
+    hits, cold = _static_stats(counts_SLE, hot)
+    advance(len(hits))
+    return PolicyRun("hindsight", hits, cold, np.zeros(len(hits), dtype=np.int64), int(hot.sum()))
+
+
 def summarise(run: PolicyRun, assignments_S: np.ndarray, expert_bytes: int, window_steps: int,
               read_gbps: float | None = None, h2d_gbps: float | None = None) -> PolicySummary:
     """Rates from a run. Step time = zero-copy bytes / read rate + copy bytes / H2D copy rate
@@ -250,6 +265,7 @@ class SimConfig:
     dyn_steps: int
     dyn_max_swaps: int
     dyn_margin: float
+    dyn_decay: float = DYN_DECAY
 
     @property
     def hot_slots(self) -> int:
@@ -270,11 +286,13 @@ def simulate(counts_SLE: np.ndarray, static_hot_LE: np.ndarray, cfg: SimConfig,
             out[name] = run_static(counts_SLE, static_hot_LE, advance)
         elif name == "dynamic":
             out[name] = run_dynamic(counts_SLE, static_hot_LE, cfg.dyn_steps, cfg.dyn_max_swaps, cfg.dyn_margin,
-                                    advance)
+                                    advance, cfg.dyn_decay)
         elif name in ("lru", "lfu"):
             out[name] = run_cache(counts_SLE, equal_split(cfg.hot_slots, L, E), name, advance)
         elif name == "oracle":
             out[name] = run_oracle(counts_SLE, cfg.expert_bytes, cfg.budget_bytes, cfg.window_steps, advance)
+        elif name == "hindsight":
+            out[name] = run_hindsight(counts_SLE, cfg.expert_bytes, cfg.budget_bytes, advance)
         else:
             raise PlanError(f"unknown policy {name!r}", f"policies are: {', '.join(POLICIES)}")
     return out
@@ -350,7 +368,8 @@ class SimResult:
                        "origin": self.budget.origin, "budget_bytes": cfg.budget_bytes,
                        "expert_bytes": cfg.expert_bytes, "hot_slots": cfg.hot_slots},
             "static": self.static_source, "window_steps": cfg.window_steps,
-            "knobs": {"dyn_steps": k.dyn_steps, "dyn_max_swaps": k.dyn_max_swaps, "dyn_margin": k.dyn_margin},
+            "knobs": {"dyn_steps": k.dyn_steps, "dyn_max_swaps": k.dyn_max_swaps, "dyn_margin": k.dyn_margin,
+                      "dyn_decay": k.dyn_decay},
             "platform": {"path": str(platform), "zero_copy_read_gbps": self.rate.zero_copy_gbps,
                          "h2d_gbps": self.rate.h2d_gbps} if platform else None,
         }
@@ -392,7 +411,8 @@ def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _
     else:
         fit_counts, static_source = _fit_counts(req, recipe, tr, counts_SLE, wsteps, warn)
         static_hot = plan_hot_set(fit_counts, size, budget.budget_bytes).hot_RLE[0]
-    cfg = SimConfig(size, budget.budget_bytes, wsteps, knobs.dyn_steps, knobs.dyn_max_swaps, knobs.dyn_margin)
+    cfg = SimConfig(size, budget.budget_bytes, wsteps, knobs.dyn_steps, knobs.dyn_max_swaps, knobs.dyn_margin,
+                    knobs.dyn_decay)
     with progress(f"replaying {tr.num_steps} steps x {len(req.policies)} policies",
                   tr.num_steps * len(req.policies)) as advance:
         runs = simulate(counts_SLE, static_hot, cfg, req.policies, advance)

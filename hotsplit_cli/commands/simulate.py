@@ -1,5 +1,5 @@
 """`hotsplit simulate --trace T --recipe R`: replay a routing trace under static / dynamic /
-LRU / LFU / oracle policies with the same byte budget; hit rates and PCIe bytes per step."""
+LRU / LFU / oracle / hindsight policies with the same byte budget; hit rates and PCIe bytes per step."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def simulate_cmd(
     fit: Annotated[Path | None, typer.Option("--fit", help="Fit the static plan on this histogram.")] = None,
     plan: Annotated[Path | None, typer.Option("--plan", help="Use this plan.json as the static hot set.")] = None,
     policies: Annotated[str, typer.Option("--policies", help="Comma-separated policies to run.")] = (
-        "static,dynamic,lru,lfu,oracle"),
+        "static,dynamic,lru,lfu,oracle,hindsight"),
     batch: Annotated[int | None, typer.Option("--batch", help="Regroup the trace's tokens into steps of B.")] = None,
     window_steps: Annotated[int | None, typer.Option(
         "--window-steps", help="Steps per reporting and oracle window (default: dyn_steps).")] = None,
@@ -33,6 +33,7 @@ def simulate_cmd(
     dyn_max_swaps: Annotated[str | None, typer.Option(
         "--dyn-max-swaps", help="Override HOTSPLIT_DYN_MAX_SWAPS.")] = None,
     dyn_margin: Annotated[str | None, typer.Option("--dyn-margin", help="Override HOTSPLIT_DYN_MARGIN.")] = None,
+    dyn_decay: Annotated[str | None, typer.Option("--dyn-decay", help="Override HOTSPLIT_DYN_DECAY.")] = None,
     platform: PlatformOpt = None,
     plot: PlotOpt = None,
     json: JsonOpt = False,
@@ -49,7 +50,8 @@ def simulate_cmd(
     req = SimRequest(trace, names, fit, plan, batch, window_steps, platform)
     rec = load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "dyn_steps": dyn_steps,
-                                                   "dyn_max_swaps": dyn_max_swaps, "dyn_margin": dyn_margin})
+                                                   "dyn_max_swaps": dyn_max_swaps, "dyn_margin": dyn_margin,
+                                                   "dyn_decay": dyn_decay})
     result = run_simulation(req, rec, knobs, out.warn, out.progress)
     doc = result.to_doc()
     if plot is not None:
@@ -80,12 +82,12 @@ def _render(out: Output, result: SimResult) -> None:
     out.print(f"budget {gib(cfg.budget_bytes)} per rank (from {result.budget.origin}) = {cfg.hot_slots} hot experts "
               f"of {cfg.expert_bytes / (1 << 20):.2f} MiB; static {result.static_source}; windows of "
               f"{cfg.window_steps} steps; dyn_steps={k.dyn_steps} dyn_max_swaps={k.dyn_max_swaps} "
-              f"dyn_margin={k.dyn_margin:g}")
+              f"dyn_margin={k.dyn_margin:g} dyn_decay={k.dyn_decay:g}")
     if rate.gbps:
         copies = (f" + copied bytes at {rate.h2d_gbps:.1f} GB/s (slowest GPU's host->device copy)" if rate.h2d_gbps
                   else "; no copy rate: a policy that copies gets none")
         out.print(f"step ms = cold bytes at {rate.gbps:.1f} GB/s ({rate.source}){copies}")
-    cols = ["policy", "hit rate", "min window", "PCIe MiB/step", "zero-copy MiB/step", "experts copied"]
+    cols = ["policy", "hit rate", "min window", "PCIe MiB/step", "zero-copy MiB/step", "copies"]
     if rate.gbps:
         cols.insert(4, "step ms")
     t = out.table(*cols)

@@ -15,6 +15,7 @@ from hotsplit_cli.core.errors import UsageError
 
 NUMA_POLICIES = ("preferred", "bind", "off")
 COLD_PATHS = ("gpu", "cpu", "split")  # who computes cold experts: see coldpath.py
+DYN_DECAY = 0.8  # the swap rule's memory per window (hotset/planner.py SwapRule; docs/simulate.md)
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class KnobSpec:
     kind: type  # float | int | bool | str
     default: Any
     minimum: float | None = None
+    maximum: float | None = None
     choices: tuple[str, ...] | None = None
     nullable: bool = False  # empty = auto
 
@@ -34,6 +36,7 @@ KNOBS = (
     KnobSpec("dyn_steps", "HOTSPLIT_DYN_STEPS", int, 2000, minimum=1),
     KnobSpec("dyn_max_swaps", "HOTSPLIT_DYN_MAX_SWAPS", int, 2, minimum=0),
     KnobSpec("dyn_margin", "HOTSPLIT_DYN_MARGIN", float, 1.25, minimum=1.0),
+    KnobSpec("dyn_decay", "HOTSPLIT_DYN_DECAY", float, DYN_DECAY, minimum=0.0, maximum=1.0),
     KnobSpec("vram_reserve_gib", "HOTSPLIT_VRAM_RESERVE_GIB", float, 2.0, minimum=0.0),
     KnobSpec("numa_policy", "HOTSPLIT_NUMA_POLICY", str, "preferred", choices=NUMA_POLICIES),
     KnobSpec("cold_path", "HOTSPLIT_COLD_PATH", str, "gpu", choices=COLD_PATHS),
@@ -48,6 +51,7 @@ class Knobs:
     dyn_steps: int
     dyn_max_swaps: int
     dyn_margin: float
+    dyn_decay: float  # weight the swap rule keeps of its score per window (0 = the last window only)
     vram_reserve_gib: float
     numa_policy: str
     cold_path: str  # gpu | cpu | split
@@ -98,6 +102,8 @@ def _convert(spec: KnobSpec, raw: Any, where: str) -> Any:
         raise UsageError(f"{where}: must be {kind}, got {raw!r}") from None
     if spec.minimum is not None and value < spec.minimum:
         raise UsageError(f"{where}: must be >= {spec.minimum:g}, got {value!r}")
+    if spec.maximum is not None and value > spec.maximum:
+        raise UsageError(f"{where}: must be <= {spec.maximum:g}, got {value!r}")
     if spec.choices is not None and value not in spec.choices:
         raise UsageError(f"{where}: must be one of {', '.join(spec.choices)}, got {value!r}")
     return value

@@ -303,11 +303,15 @@ class Swap:
 
 
 def propose_swaps(counts_LE: np.ndarray, hot_LE: np.ndarray, max_swaps: int, margin: float) -> list[Swap]:
-    """Dynamic-mode rule, shared by the runtime and the simulator.
+    """Dynamic-mode rule, shared by the runtime and the simulator (through `SwapRule`).
 
-    Per layer, pair the strongest cold experts with the weakest hot ones (by live counts, ties
-    by expert id) and swap a pair only if in_count > margin * out_count; at most `max_swaps`
-    per layer. Swaps keep each layer's number of hot slots, so the budget is never exceeded.
+    Per layer, the swaps that gain the most: the set of at most `max_swaps` (out, in) pairs, each
+    expert in at most one pair and each pair with in_count > margin * out_count, that maximises
+    the sum of in_count - out_count. That set is always the k strongest cold experts and the k
+    weakest hot ones (ties by expert id) for the largest k whose k-th pair still gains and whose
+    experts can be paired within the margin: strongest incoming with the strongest outgoing of
+    the k, and so on (if those pairs fail, so does every other pairing). Swaps keep each layer's
+    number of hot slots, so the budget is never exceeded.
     """
     counts_LE = np.asarray(counts_LE, dtype=np.float64)
     hot_LE = np.asarray(hot_LE, dtype=bool)
@@ -326,13 +330,76 @@ def propose_swaps(counts_LE: np.ndarray, hot_LE: np.ndarray, max_swaps: int, mar
         if hot.all() or not hot.any():
             continue
         c = counts_LE[layer]
-        cold_ids = ids[~hot]
-        hot_ids = ids[hot]
-        cold_order = cold_ids[np.lexsort((cold_ids, -c[cold_ids]))][:max_swaps]
-        hot_order = hot_ids[np.lexsort((hot_ids, c[hot_ids]))][:max_swaps]
-        for e_in, e_out in zip(cold_order, hot_order, strict=False):
-            if c[e_in] > margin * c[e_out]:
-                swaps.append(Swap(layer, int(e_out), int(e_in), float(c[e_in]), float(c[e_out])))
-            else:
-                break  # pairs only get weaker from here
+        cold_ids, hot_ids = ids[~hot], ids[hot]
+        ins = cold_ids[np.lexsort((cold_ids, -c[cold_ids]))][:max_swaps]  # strongest cold first
+        outs = hot_ids[np.lexsort((hot_ids, c[hot_ids]))][:max_swaps]  # weakest hot first
+        k = 0
+        for j in range(min(len(ins), len(outs))):
+            # The (j+1)-th pair must gain, and the j+1 incoming must pair within the margin with
+            # the j+1 outgoing, strongest with strongest. Both only get harder as j grows.
+            if c[ins[j]] <= c[outs[j]] or not (c[ins[:j + 1]] > margin * c[outs[j::-1]]).all():
+                break
+            k = j + 1
+        for i in range(k):
+            e_in, e_out = int(ins[i]), int(outs[k - 1 - i])
+            swaps.append(Swap(layer, e_out, e_in, float(c[e_in]), float(c[e_out])))
     return swaps
+
+
+class SwapRule:
+    """The dynamic-mode rule with memory, one instance per run (runtime and simulator alike).
+
+    Two scores per (layer, expert): the last window's counts, and a decayed score
+    `decayed = decay * decayed + counts` (an exponential moving average up to a constant factor;
+    with decay 0.8 a window's counts keep weight 0.8^k after k more windows, a memory of about
+    1 / (1 - decay) = 5 windows). Neither is right for all traffic: the decayed score ignores one
+    window's noise on stationary traffic, the last window follows a hotspot that moves every few
+    windows. So each layer keeps, per score, the credit it has earned: the assignments of every
+    new window that its top-k experts (k = the layer's hot slots, as scored before the window)
+    would have served. A layer's swaps come from `propose_swaps` on the score with more credit
+    (ties: the last window). decay 0 makes the two scores one: the last window alone.
+    docs/simulate.md has the measurements. Called like `propose_swaps`.
+    """
+
+    def __init__(self, decay: float):
+        if not 0.0 <= decay <= 1.0:
+            raise PlanError(f"swap decay must be in [0, 1], got {decay}")
+        self.decay = float(decay)
+        self.last_LE: np.ndarray | None = None  # the last window's counts
+        self.decayed_LE: np.ndarray | None = None
+        self.credit_2L: np.ndarray | None = None  # [last window, decayed] x layers
+
+    @property
+    def score_LE(self) -> np.ndarray | None:
+        """The score each layer swaps on now (None before the first window)."""
+        if self.last_LE is None:
+            return None
+        use_decayed = self.credit_2L[1] > self.credit_2L[0]
+        return np.where(use_decayed[:, None], self.decayed_LE, self.last_LE)
+
+    def __call__(self, counts_LE: np.ndarray, hot_LE: np.ndarray, max_swaps: int, margin: float) -> list[Swap]:
+        counts_LE = np.asarray(counts_LE, dtype=np.float64)
+        hot_LE = np.asarray(hot_LE, dtype=bool)
+        if counts_LE.shape != hot_LE.shape or counts_LE.ndim != 2:
+            raise PlanError(f"live counts {counts_LE.shape} and hot mask {hot_LE.shape} must match [L, E]")
+        if self.last_LE is not None and self.last_LE.shape != counts_LE.shape:
+            raise PlanError(f"live counts {counts_LE.shape} do not match the earlier windows' {self.last_LE.shape}")
+        check_finite_nonneg(counts_LE, PlanError, lambda *_: "live counts must be finite and >= 0")
+        if self.last_LE is None:
+            self.last_LE, self.decayed_LE = counts_LE, counts_LE
+            self.credit_2L = np.zeros((2, counts_LE.shape[0]))
+        else:
+            slots_L = hot_LE.sum(axis=1)
+            for j, score in enumerate((self.last_LE, self.decayed_LE)):
+                self.credit_2L[j] += (counts_LE * _top_k_mask(score, slots_L)).sum(axis=1)
+            self.last_LE, self.decayed_LE = counts_LE, self.decay * self.decayed_LE + counts_LE
+        return propose_swaps(self.score_LE, hot_LE, max_swaps, margin)
+
+
+def _top_k_mask(score_LE: np.ndarray, k_L: np.ndarray) -> np.ndarray:
+    """bool [L, E]: the k_L[l] highest-scored experts of each layer (ties by expert id)."""
+    L, E = score_LE.shape
+    order = np.lexsort((np.broadcast_to(np.arange(E), (L, E)), -score_LE), axis=1)
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.broadcast_to(np.arange(E), (L, E)), axis=1)
+    return rank < k_L[:, None]

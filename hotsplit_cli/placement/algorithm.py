@@ -16,8 +16,11 @@ The policy is composed of two primitives, both vectorised across rows:
   load, each item goes to the pack that least raises the objective sum over windows of the busiest
   pack's load (ties: the lighter pack, then the lower index); never two replicas of one expert in a
   pack; then pairwise swaps out of the pack that costs most, while the objective drops.
-With one window the greedy is exactly LPT (longest processing time first) under quotas. With
-windows, experts that peak together are split and experts that alternate may share a rank.
+With windows, experts that peak together are split and experts that alternate may share a rank.
+With one window (totals) the same objective is the busiest pack, and a faster form is used: the
+items go in rounds of one per pack (round k: the k-th `num_packs` heaviest items, heaviest to the
+lightest pack, a replica whose pack already holds its expert to the lightest free pack that does
+not), then swaps between the busiest pack and the 4 lightest. Both are vectorised across rows.
 Hierarchical mode first packs expert groups on nodes (equal groups per node) with the same
 primitive, then replicates and packs within each node. See docs/placement.md.
 
@@ -35,6 +38,7 @@ from hotsplit_cli.core.checks import check_finite_nonneg
 from hotsplit_cli.core.errors import PlanError, UsageError
 
 REFINE_MAX_ROUNDS = 16  # later rounds gain < 0.5% balancedness on fitted data, none on later windows
+REFINE_PARTNERS = 4  # one window: the busiest pack swaps with one of the 4 lightest
 _REL_EPS = 1e-12
 
 
@@ -137,6 +141,11 @@ def pack_items(load_WXN: np.ndarray, num_packs: int, owner_XN: np.ndarray | None
     # Heaviest first; ties by owner then item index, so equal replicas are placed together.
     order_XN = np.lexsort((np.broadcast_to(np.arange(N), (X, N)), owner, -total_XN), axis=1)
     item_XNW = np.moveaxis(load_WXN, 0, 2)  # [X, N, W]
+    if W == 1 and refine:  # without refinement (the EPLB-style baseline) the greedy stays LPT
+        pack_XN = _pack_rounds(total_XN, order_XN, owner, num_packs, owner_XN is not None)
+        if pack_XN is not None:
+            _refine_one_window(pack_XN, total_XN, owner if owner_XN is not None else None, num_packs)
+            return pack_XN
     pack_load = np.zeros((X, num_packs, W))
     fill = np.zeros((X, num_packs), dtype=np.int64)
     holds = np.zeros((X, num_packs, num_owners), dtype=bool)
@@ -175,24 +184,84 @@ def pack_items(load_WXN: np.ndarray, num_packs: int, owner_XN: np.ndarray | None
     return pack_XN
 
 
+def _pack_rounds(total_XN: np.ndarray, order_XN: np.ndarray, owner_XN: np.ndarray, num_packs: int,
+                 distinct: bool) -> np.ndarray | None:
+    """One window, vectorised across rows: every pack takes exactly one item per round, so in
+    round k the k-th `num_packs` heaviest items go heaviest-first to the packs lightest-first
+    (ties: the lower pack index), which keeps the quotas by construction. With `distinct`, an
+    item whose pack already holds its owner takes the lightest free pack that does not (heavier
+    items of the round keep theirs). None when a round cannot avoid a duplicate that way (the
+    caller falls back to the item-by-item packer, which can always make room)."""
+    X, N = total_XN.shape
+    rows = np.arange(X)[:, None]
+    pack_XN = np.full((X, N), -1, dtype=np.int64)
+    pack_total = np.zeros((X, num_packs))
+    holds = np.zeros((X, num_packs, int(owner_XN.max()) + 1), dtype=bool) if distinct else None
+    by_index = np.broadcast_to(np.arange(num_packs), (X, num_packs))
+    for k in range(N // num_packs):
+        items = order_XN[:, k * num_packs:(k + 1) * num_packs]  # heaviest first
+        packs = np.lexsort((by_index, pack_total), axis=1)  # lightest first
+        if distinct:
+            own = np.take_along_axis(owner_XN, items, 1)
+            clash = holds[rows, packs, own]
+            for x in np.flatnonzero(clash.any(axis=1)):
+                fixed = _reassign_round(packs[x], own[x], holds[x])
+                if fixed is None:
+                    return None
+                packs[x] = fixed
+            holds[rows, packs, own] = True
+        pack_XN[rows, items] = packs
+        pack_total[rows, packs] += np.take_along_axis(total_XN, items, 1)
+    return pack_XN
+
+
+def _reassign_round(packs_R: np.ndarray, own_R: np.ndarray, holds_RO: np.ndarray) -> np.ndarray | None:
+    """Items heaviest first, packs lightest first: each item takes its greedy pack if that pack
+    lacks its owner, else the lightest pack still free that does; None if some item finds none."""
+    free = list(packs_R)
+    out = np.empty_like(packs_R)
+    for i, own in enumerate(own_R):
+        want = packs_R[i] if packs_R[i] in free and not holds_RO[packs_R[i], own] else next(
+            (p for p in free if not holds_RO[p, own]), None)
+        if want is None:
+            return None
+        out[i] = want
+        free.remove(want)
+    return out
+
+
 def _make_room(x, item, pack_XN, owner, holds, pack_load, item_XNW, fill, quota) -> int:
-    """Every pack with room already holds this item's owner: move one item of a full pack
-    that lacks the owner into a pack with room. Always possible when replicas <= packs: the
-    full pack has `quota` distinct owners, the open pack fewer, so one of them is movable."""
-    own = owner[x, item]
-    open_pack = int(np.flatnonzero(fill[x] < quota)[0])
-    for target in np.flatnonzero(~holds[x, :, own]):
-        for j in np.flatnonzero(pack_XN[x] == target):
-            if not holds[x, open_pack, owner[x, j]]:
-                pack_XN[x, j] = open_pack
-                pack_load[x, target] -= item_XNW[x, j]
-                pack_load[x, open_pack] += item_XNW[x, j]
-                fill[x, target] -= 1
-                fill[x, open_pack] += 1
-                holds[x, target, owner[x, j]] = False
-                holds[x, open_pack, owner[x, j]] = True
-                return int(target)
-    raise PlanError("internal: no pack can take a replica without a duplicate")
+    """Every pack with room already holds this item's owner: move one item j of a full pack t
+    that lacks the owner into a pack o with room that lacks j's owner, and return t for the
+    item. Always possible when replicas <= packs: a full pack has `quota` distinct owners, an
+    open one fewer, so one of them is movable. Of all such moves, the one with the lowest
+    objective after placing the item (ties: the lighter j, then the lower t, o): chosen by loads,
+    never by expert ids, so renaming experts renames the layout."""
+    own, v = owner[x, item], item_XNW[x, item]
+    open_packs = np.flatnonzero(fill[x] < quota)
+    best = None
+    for t in np.flatnonzero(~holds[x, :, own]):
+        for j in np.flatnonzero(pack_XN[x] == t):
+            for o in open_packs:
+                if holds[x, o, owner[x, j]]:
+                    continue
+                load = pack_load[x].copy()
+                load[t] += v - item_XNW[x, j]
+                load[o] += item_XNW[x, j]
+                key = (float(load.max(axis=0).sum()), float(item_XNW[x, j].sum()), int(t), int(o))
+                if best is None or key < best[0]:
+                    best = (key, int(j))
+    if best is None:
+        raise PlanError("internal: no pack can take a replica without a duplicate")
+    (_, _, t, o), j = best
+    pack_XN[x, j] = o
+    pack_load[x, t] -= item_XNW[x, j]
+    pack_load[x, o] += item_XNW[x, j]
+    fill[x, t] -= 1
+    fill[x, o] += 1
+    holds[x, t, owner[x, j]] = False
+    holds[x, o, owner[x, j]] = True
+    return t
 
 
 def _objective(pack_load_XRW: np.ndarray) -> np.ndarray:
@@ -266,6 +335,65 @@ def _refine(pack_XN: np.ndarray, item_XNW: np.ndarray, owner_XN: np.ndarray | No
             i = in_a[k, s]
             pack_XN[x, i], pack_XN[x, j] = pack_XN[x, j], pack_XN[x, i]
         active[xs[~gain]] = False
+
+
+def _refine_one_window(pack_XN: np.ndarray, load_XN: np.ndarray, owner_XN: np.ndarray | None, num_packs: int,
+                       partners: int = REFINE_PARTNERS, max_rounds: int = REFINE_MAX_ROUNDS) -> None:
+    """`_refine` for one window, cheaper (in place): each round, per row, the best swap of an item
+    of the busiest pack with an item of one of the `partners` lightest packs, applied if it
+    lowers the busiest pack's load (ties: the swap that evens the two packs most). The items of
+    each pack are kept as [pack, slot] arrays and swapped in place, not regrouped every round."""
+    X, N = load_XN.shape
+    quota = N // num_packs
+    K = min(partners, num_packs - 1)
+    if K < 1 or max_rounds < 1:
+        return
+    slot = np.argsort(pack_XN, axis=1, kind="stable").reshape(X, num_packs, quota)  # items by pack
+    vals = np.take_along_axis(load_XN, slot.reshape(X, N), 1).reshape(X, num_packs, quota)
+    own = None if owner_XN is None else np.take_along_axis(owner_XN, slot.reshape(X, N), 1).reshape(
+        X, num_packs, quota)
+    tot = vals.sum(axis=2)
+    ids = np.broadcast_to(np.arange(num_packs), (X, num_packs))
+    active = np.arange(X)
+    for _ in range(max_rounds):
+        n = len(active)
+        if not n:
+            break
+        rx = np.arange(n)
+        t = tot[active]
+        by_load = np.lexsort((ids[:n], -t), axis=1)
+        a, b = by_load[:, 0], by_load[:, num_packs - K:]  # busiest; the K lightest [n, K]
+        # The busiest pack other than a and b_k: the second busiest unless it is b_k.
+        second = t[rx, by_load[:, 1]]
+        third = t[rx, by_load[:, 2]] if num_packs > 2 else np.zeros(n)
+        rest = np.where(b == by_load[:, 1:2], third[:, None], second[:, None])  # [n, K]
+        va, vb = vals[active, a], vals[active[:, None], b]  # [n, q], [n, K, q]
+        la, lb = t[rx, a], t[rx[:, None], b]
+        delta = vb[:, :, None, :] - va[:, None, :, None]  # [n, K, q(a), q(b)]: what a gains
+        new_a = la[:, None, None, None] + delta
+        new_b = lb[:, :, None, None] - delta
+        cand = np.maximum(np.maximum(new_a, new_b), rest[:, :, None, None])
+        if own is not None:
+            oa, ob = own[active, a], own[active[:, None], b]
+            a_in_b = (oa[:, None, :, None] == ob[:, :, None, :]).any(axis=3, keepdims=True)  # [n, K, q, 1]
+            b_in_a = (ob[:, :, :, None] == oa[:, None, None, :]).any(axis=3)[:, :, None, :]  # [n, K, 1, q]
+            cand = np.where(a_in_b | b_in_a, np.inf, cand)
+        cand = cand.reshape(n, -1)
+        low = cand.min(axis=1, keepdims=True)
+        spread = (new_a ** 2 + new_b ** 2).reshape(n, -1)
+        best = np.argmin(np.where(cand <= low + _REL_EPS * np.abs(low), spread, np.inf), axis=1)
+        gain = cand[rx, best] < la * (1 - 1e-9) - 1e-12
+        r = np.flatnonzero(gain)
+        k, rem = np.divmod(best[r], quota * quota)
+        i, j = np.divmod(rem, quota)
+        x, pa, pb = active[r], a[r], b[r, k]
+        d = delta.reshape(n, -1)[r, best[r]]
+        for arr in (slot, vals) if own is None else (slot, vals, own):
+            arr[x, pa, i], arr[x, pb, j] = arr[x, pb, j], arr[x, pa, i]
+        tot[x, pa] += d
+        tot[x, pb] -= d
+        active = x
+    pack_XN[np.arange(X)[:, None, None], slot] = np.arange(num_packs)[None, :, None]
 
 
 def _slots_from_packs(expert_XN: np.ndarray, pack_XN: np.ndarray, num_packs: int) -> np.ndarray:

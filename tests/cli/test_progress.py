@@ -137,7 +137,7 @@ def fake_probe(monkeypatch, gpu_sources):  # noqa: F811
 COMMANDS = {  # name: (argv, the bar's description)
     "run": (["run", "tiny", "--steps", "20", "--scale", "0.25"], "tiny: steps"),
     "balance": (["balance", "tiny", "--steps", "5"], "balance (synthetic)"),
-    "simulate": (["simulate", "--trace", "{trace}", "--recipe", "tiny"], "replaying 60 steps x 5 policies"),
+    "simulate": (["simulate", "--trace", "{trace}", "--recipe", "tiny"], "replaying 60 steps x 6 policies"),
     "probe": (["probe", "--full"], "measuring bandwidth"),
 }
 

@@ -7,7 +7,7 @@ from hotsplit_cli.core.errors import UsageError
 def test_defaults():
     k = resolve_knobs({}, {}, {})
     assert (k.hot_gib, k.dynamic, k.dyn_steps, k.dyn_max_swaps, k.dyn_margin, k.vram_reserve_gib, k.numa_policy,
-            k.cold_path) == (None, True, 2000, 2, 1.25, 2.0, "preferred", "gpu")
+            k.cold_path, k.dyn_decay) == (None, True, 2000, 2, 1.25, 2.0, "preferred", "gpu", 0.8)
     assert set(k.sources.values()) == {"default"}
 
 
@@ -31,7 +31,15 @@ BAD = [
     ("dyn_max_swaps", "-1", ">= 0"), ("dyn_margin", "0.9", ">= 1"), ("dyn_margin", "inf", "finite"),
     ("vram_reserve_gib", "-0.5", ">= 0"), ("numa_policy", "everywhere", "preferred, bind, off"),
     ("cold_path", "gpus", "gpu, cpu, split"), ("cold_path", "", "must be set"),
+    ("dyn_decay", "1.5", "<= 1"), ("dyn_decay", "-0.1", ">= 0"), ("dyn_decay", "nan", "finite"),
 ]
+
+
+def test_dyn_decay_precedence_and_range_ends():
+    k = resolve_knobs({"dyn_decay": 0.5}, {"HOTSPLIT_DYN_DECAY": "0"}, {})
+    assert (k.dyn_decay, k.sources["dyn_decay"]) == (0.0, "env")
+    assert resolve_knobs({"dyn_decay": 0.5}, {"HOTSPLIT_DYN_DECAY": "0"}, {"dyn_decay": "1"}).dyn_decay == 1.0
+    assert resolve_knobs({"dyn_decay": 0.5}, {}, {}).dyn_decay == 0.5
 
 
 def test_cold_path_precedence():

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hotsplit_cli.core.errors import InputFileError, UsageError
@@ -59,8 +60,17 @@ def test_placement_invariants(case):
     check_invariants(place_experts(w, (0, 1), geo), w.shape[2], geo)
 
 
+def _gamma_case(seed, E, R, S, W):
+    """The loads `cases` draws for these sizes and seed."""
+    return np.random.default_rng(seed).gamma(0.5, size=(W, 2, E)) * 1000 + 1e-3, Geometry(R, R * S - E)
+
+
 @settings(max_examples=40, deadline=None)
 @given(cases(), st.randoms(use_true_random=False))
+# E=10, R=5, 20 redundant, W=3: the packer had to make room for a replica (every open rank held
+# its expert) and moved the first item by expert id, so renaming gave bottleneck 8014.3 vs 7841.8.
+# The layout was wrong, not the property: the move is now chosen by loads (placement._make_room).
+@example(_gamma_case(3, 10, 5, 6, 3), random.Random(1))
 def test_permuting_experts_permutes_the_layout(case, rnd):
     """Expert ids are labels: renaming them gives a layout of the same balance. The layout itself is
     the renamed one unless two moves tie exactly (equal objective), where the lower id goes first."""
@@ -288,3 +298,28 @@ def test_the_eval_table_gives_the_bottleneck_a_unit_and_one_format(cli, tiny_his
     rows = [line for line in r.out.splitlines() if line.split()[:1] in (["trivial"], ["random"], ["hotsplit"])]
     cells = [line.split()[3] for line in rows]
     assert cells and all(re.fullmatch(r"\d{1,3}(,\d{3})*\.\d", c) for c in cells), cells
+
+
+def test_one_window_rounds_move_a_clashing_replica_to_the_lightest_pack_without_its_expert():
+    from hotsplit_cli.placement.algorithm import _reassign_round
+
+    holds = np.zeros((3, 9), dtype=bool)
+    holds[0, 7] = True  # pack 0 already holds a replica of expert 7
+    # Items heaviest first (experts 5, 7, 8), packs lightest first (2, 0, 1).
+    assert _reassign_round(np.array([2, 0, 1]), np.array([5, 7, 8]), holds).tolist() == [2, 1, 0]
+    assert _reassign_round(np.array([1, 0]), np.array([5, 7]), holds[:2]) is None  # only pack 0 is left
+
+
+def test_one_window_falls_back_to_the_item_by_item_packer(monkeypatch):
+    import hotsplit_cli.placement.algorithm as algorithm
+
+    rng = np.random.default_rng(4)
+    w = rng.gamma(0.5, 100.0, size=(1, 3, 12))
+    geo = Geometry(4, 8)
+    fast = place_experts(w, (0, 1, 2), geo)
+    monkeypatch.setattr(algorithm, "_pack_rounds", lambda *a: None)
+    slow = place_experts(w, (0, 1, 2), geo)
+    for p in (fast, slow):
+        check_invariants(p, 12, geo)
+    # Both reach a good layout: within 2% of each other on the data they were fitted on.
+    assert evaluate(w, fast).bottleneck == pytest.approx(evaluate(w, slow).bottleneck, rel=0.02)

@@ -1,3 +1,5 @@
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -6,6 +8,7 @@ from hypothesis.extra.numpy import arrays
 
 from hotsplit_cli.core.errors import BudgetOverflowError, HistogramError, PlanError
 from hotsplit_cli.hotset.planner import (
+    SwapRule,
     brute_force_select,
     contiguous_owner,
     greedy_select,
@@ -178,3 +181,126 @@ def test_swap_rule_respects_the_margin_exactly():
     assert propose_swaps(counts, hot, 2, 1.25) == []  # 10 is not > 1.25 * 8
     (s,) = propose_swaps(counts, hot, 2, 1.2)
     assert (s.out_expert, s.in_expert) == (1, 0)
+
+
+def best_swaps_by_brute_force(c_E, hot_E, max_swaps, margin):
+    """Every set of at most `max_swaps` disjoint (out, in) pairs with in > margin * out, by
+    enumeration: the largest total gain sum(in - out) and the (outs, ins) sets that reach it."""
+    pairs = [(o, i) for o in np.flatnonzero(hot_E) for i in np.flatnonzero(~hot_E) if c_E[i] > margin * c_E[o]]
+    best, sets = 0.0, {(frozenset(), frozenset())}
+    for k in range(1, max_swaps + 1):
+        for combo in itertools.combinations(pairs, k):
+            outs, ins = {o for o, _ in combo}, {i for _, i in combo}
+            if len(outs) < k or len(ins) < k:
+                continue  # an expert in two pairs
+            gain = float(sum(c_E[i] - c_E[o] for o, i in combo))
+            if gain > best + 1e-9:
+                best, sets = gain, set()
+            if gain >= best - 1e-9:
+                sets.add((frozenset(outs), frozenset(ins)))
+    return best, sets
+
+
+@settings(max_examples=300, deadline=None)
+@given(counts=counts_st, seed=st.integers(0, 1000), max_swaps=st.integers(0, 3),
+       margin=st.sampled_from([1.0, 1.1, 1.25, 2.0]))
+def test_swap_rule_gives_exactly_the_best_swaps_of_brute_force(counts, seed, max_swaps, margin):
+    hot = np.random.default_rng(seed).random(counts.shape) < 0.5
+    swaps = propose_swaps(counts, hot, max_swaps, margin)
+    for layer in range(counts.shape[0]):
+        mine = [s for s in swaps if s.layer == layer]
+        best, sets = best_swaps_by_brute_force(counts[layer], hot[layer], max_swaps, margin)
+        assert sum(s.in_count - s.out_count for s in mine) == pytest.approx(best)
+        outs, ins = frozenset(s.out_expert for s in mine), frozenset(s.in_expert for s in mine)
+        assert (outs, ins) in sets
+        if len(sets) == 1:  # a unique best: the exact pairs' experts
+            assert {(outs, ins)} == sets
+        for s in mine:  # every pair is itself within the margin, with its own counts
+            assert s.in_count == counts[layer, s.in_expert] and s.out_count == counts[layer, s.out_expert]
+            assert s.in_count > margin * s.out_count
+
+
+def test_swap_rule_pairs_across_the_margin_as_well_as_possible():
+    # Strongest cold 10, 3; weakest hot 1, 2.5. Pairing 10-1 and 3-2.5 fails the margin at the
+    # second pair (3 <= 1.25 * 2.5), but 10-2.5 and 3-1 both pass: two swaps, gain 9.5.
+    counts = np.array([[1.0, 2.5, 7.0, 10.0, 3.0]])
+    hot = np.array([[True, True, True, False, False]])
+    swaps = propose_swaps(counts, hot, 2, 1.25)
+    assert sorted((s.out_expert, s.in_expert) for s in swaps) == [(0, 4), (1, 3)]
+    # A pair that no longer gains is left out, even within the margin of its partner.
+    counts = np.array([[1.0, 50.0, 100.0, 2.0]])
+    hot = np.array([[True, True, False, False]])
+    assert [(s.out_expert, s.in_expert) for s in propose_swaps(counts, hot, 2, 1.25)] == [(0, 2)]
+
+
+def test_swap_rule_uses_the_score_that_served_the_traffic_better():
+    # One slot, expert 0 hot. Windows: expert 0 busy, one noisy window on expert 2, expert 0
+    # again, noise again. The window-only rule (decay 0) chases the noise every time.
+    windows = [[10.0, 0, 0], [0, 0, 6], [10, 0, 0], [0, 0, 6]]
+    for decay, expected in ((0.8, [[], [(0, 2)], [(2, 0)], []]), (0.0, [[], [(0, 2)], [(2, 0)], [(0, 2)]])):
+        rule, hot, got = SwapRule(decay), np.array([[True, False, False]]), []
+        for w in windows:
+            swaps = rule(np.array([w]), hot, 1, 1.25)
+            got.append([(s.out_expert, s.in_expert) for s in swaps])
+            for s in swaps:
+                hot[0, s.out_expert], hot[0, s.in_expert] = False, True
+        assert got == expected, decay
+    # decay 0.8 by hand: window 3's 10 assignments go to expert 0, the top of the decayed score
+    # [8, 0, 6] but not of the last window [0, 0, 6]: credit 10 to the decayed score, 0 to the last
+    # window. Window 4 (noise) then scores [0.8 * 16.4, 0, 0.8 * 4.8 + 6] = [13.12, 0, 9.84]:
+    # 9.84 <= 1.25 * 13.12, no swap.
+    assert rule.credit_2L.tolist() == [[0.0], [0.0]]  # decay 0: both scores are the last window
+    rule = SwapRule(0.8)
+    for w, h in zip(windows, ([True, False, False], [True, False, False], [False, False, True],
+                              [True, False, False]), strict=True):
+        rule(np.array([w]), np.array([h]), 1, 1.25)
+    assert rule.credit_2L.tolist() == [[0.0], [10.0]]
+    assert rule.score_LE == pytest.approx(np.array([[13.12, 0.0, 9.84]]))
+
+
+def test_swap_rule_follows_the_last_window_where_it_predicts_better():
+    # A hotspot that moves to expert 1 and stays: the last window's top (1) serves window 3,
+    # the decayed score's top (0, from 0.8 * 10 > 6) does not.
+    rule = SwapRule(0.8)
+    for w, h in (([10.0, 0, 0], [True, False, False]), ([0, 6, 0], [True, False, False]),
+                 ([0, 6, 0], [False, True, False])):
+        swaps = rule(np.array([w]), np.array([h]), 1, 1.25)
+    assert swaps == [] and rule.credit_2L.tolist() == [[6.0], [0.0]]
+    assert rule.score_LE.tolist() == [[0.0, 6.0, 0.0]]
+
+
+def test_swap_rule_refuses_bad_input_and_keeps_its_score():
+    rule = SwapRule(0.8)
+    hot = np.array([[True, False]])
+    rule(np.array([[1.0, 2.0]]), hot, 1, 1.25)
+    with pytest.raises(PlanError, match="must match"):
+        rule(np.array([[1.0, 2.0]]), np.array([[True, False, False]]), 1, 1.25)
+    with pytest.raises(PlanError, match="finite"):
+        rule(np.array([[np.nan, 2.0]]), hot, 1, 1.25)
+    with pytest.raises(PlanError, match="do not match"):
+        rule(np.ones((2, 2)), np.ones((2, 2), dtype=bool), 1, 1.25)
+    assert rule.score_LE.tolist() == [[1.0, 2.0]] and rule.credit_2L.tolist() == [[0.0], [0.0]]
+    with pytest.raises(PlanError, match="decay"):
+        SwapRule(1.5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), decay=st.sampled_from([0.0, 0.5, 0.8, 1.0]), max_swaps=st.integers(0, 3))
+def test_swap_rule_keeps_the_budget_and_permuting_experts_permutes_its_swaps(seed, decay, max_swaps):
+    rng = np.random.default_rng(seed)
+    L, E = 3, 8
+    windows = rng.permutation(6 * L * E).reshape(6, L, E).astype(float) * rng.random((6, L, E))  # no ties
+    hot0 = np.zeros((L, E), dtype=bool)
+    hot0[:, :3] = True
+    perm = rng.permutation(E)  # new id of old expert e is perm[e]
+    inv = np.argsort(perm)
+    a, b = SwapRule(decay), SwapRule(decay)
+    hot_a, hot_b = hot0.copy(), hot0[:, inv].copy()
+    for w in windows:
+        sa, sb = a(w, hot_a, max_swaps, 1.25), b(w[:, inv], hot_b, max_swaps, 1.25)
+        assert sorted((s.layer, int(perm[s.out_expert]), int(perm[s.in_expert])) for s in sa) == sorted(
+            (s.layer, s.out_expert, s.in_expert) for s in sb)
+        for hot, swaps in ((hot_a, sa), (hot_b, sb)):
+            for s in swaps:
+                hot[s.layer, s.out_expert], hot[s.layer, s.in_expert] = False, True
+        assert (hot_a.sum(axis=1) == 3).all()  # every layer keeps its slots: the budget holds

@@ -6,9 +6,20 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from hotsplit_cli.analysis.simulate import SimConfig, equal_split, rebatch, run_cache, run_dynamic, simulate, summarise
-from hotsplit_cli.hotset.planner import plan_hot_set, propose_swaps
+from hotsplit_cli.analysis.simulate import (
+    SimConfig,
+    equal_split,
+    rebatch,
+    run_cache,
+    run_dynamic,
+    run_hindsight,
+    simulate,
+    summarise,
+)
+from hotsplit_cli.hotset.planner import plan_hot_set
 from hotsplit_cli.traffic.synthetic import synthetic_trace, zipf_shares
 from hotsplit_cli.traffic.trace import Trace, save_trace
 
@@ -78,14 +89,58 @@ def test_static_reports_exactly_the_plan_hit_rate():
     assert summarise(runs["static"], c.sum(axis=(1, 2)), 100, 10).hit_rate == plan.hit_rate
 
 
-def test_dynamic_uses_the_runtime_rule():
-    c = np.zeros((4, 1, 4))
-    c[:, 0, 3] = 10  # expert 3 is busy, the hot expert 0 idle
-    hot = np.array([[True, False, False, False]])
-    run = run_dynamic(c, hot, dyn_steps=2, max_swaps=2, margin=1.25)
-    assert run.hits_S.tolist() == [0, 0, 10, 10]
-    assert run.copied_experts_S.tolist() == [0, 0, 1, 0]
-    assert len(propose_swaps(c[:2].sum(axis=0), hot, 2, 1.25)) == 1
+def test_dynamic_swaps_by_the_rule_worked_by_hand():
+    # One layer, one slot (expert 0 hot), windows of 2 steps, 1 swap per window, margin 1.25.
+    # Windows: expert 0 busy (5 per step), noise on expert 2 (3 per step), 0, noise, 0.
+    c = np.zeros((10, 1, 3))
+    c[[0, 1, 4, 5, 8, 9], 0, 0] = 5
+    c[[2, 3, 6, 7], 0, 2] = 3
+    hot = np.array([[True, False, False]])
+    # decay 0.8 (see test_swap_rule_uses_the_score_that_served_the_traffic_better): swaps 0 -> 2
+    # after window 1 and back after window 2, then keeps expert 0 through the second noise.
+    run = run_dynamic(c, hot, dyn_steps=2, max_swaps=1, margin=1.25, decay=0.8)
+    assert run.hits_S.tolist() == [5, 5, 0, 0, 0, 0, 0, 0, 5, 5]
+    assert run.copied_experts_S.tolist() == [0, 0, 0, 0, 1, 0, 1, 0, 0, 0]
+    assert run.cold_experts_S.tolist() == [0, 0, 1, 1, 1, 1, 1, 1, 0, 0]
+    # decay 0 (the last window alone) follows the noise again and misses the last window.
+    run = run_dynamic(c, hot, dyn_steps=2, max_swaps=1, margin=1.25, decay=0.0)
+    assert run.hits_S.tolist() == [5, 5, 0, 0, 0, 0, 0, 0, 0, 0]
+    assert run.copied_experts_S.tolist() == [0, 0, 0, 0, 1, 0, 1, 0, 1, 0]
+    # dyn_max_swaps 0 never swaps.
+    assert run_dynamic(c, hot, dyn_steps=2, max_swaps=0, margin=1.25).copied_experts_S.sum() == 0
+
+
+def test_hindsight_is_the_plan_of_the_whole_trace_and_no_static_set_beats_it():
+    tr = synthetic_trace(zipf_shares(3, 16, 1.0, seed=3), (0, 1, 2), steps=60, batch=8, top_k=2, drift_every=20,
+                         seed=3)
+    c = tr.counts_SLE(16)
+    a = c.sum(axis=(1, 2))
+    plan = plan_hot_set(c.sum(axis=0), 100, 12 * 100)
+    runs = simulate(c, plan_hot_set(c[:10].sum(axis=0), 100, 1200).hot_RLE[0], cfg(12, window=10),
+                    ["static", "hindsight"])
+    best = summarise(runs["hindsight"], a, 100, 10)
+    assert best.hit_rate == pytest.approx(plan.hit_rate) and best.copies == 0 and best.hot_slots == 12
+    assert best.hit_rate >= summarise(runs["static"], a, 100, 10).hit_rate
+    rng = np.random.default_rng(0)
+    for _ in range(20):  # any other hot set of 12 experts serves no more
+        other = np.zeros((3, 16), dtype=bool)
+        other.ravel()[rng.choice(48, 12, replace=False)] = True
+        assert (c * other).sum() <= runs["hindsight"].hits_S.sum()
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), slots=st.integers(0, 24), more=st.integers(1, 24))
+def test_hindsight_a_larger_budget_never_lowers_the_hit_rate_and_relabelling_relabels(seed, slots, more):
+    rng = np.random.default_rng(seed)
+    c = rng.poisson(rng.gamma(0.5, 3.0, size=(1, 3, 16)), size=(12, 3, 16)).astype(float)
+    c[0, 0, 0] += 1  # never all zero
+    small = run_hindsight(c, 100, slots * 100)
+    large = run_hindsight(c, 100, (slots + more) * 100)
+    assert large.hits_S.sum() >= small.hits_S.sum()
+    assert small.hot_slots <= slots and large.hot_slots <= slots + more  # the budget holds
+    perm = rng.permutation(16)
+    renamed = run_hindsight(c[:, :, np.argsort(perm)], 100, slots * 100)
+    assert renamed.hits_S.sum() == pytest.approx(small.hits_S.sum())  # ties may pick other ids, same hits
 
 
 def test_drift_dynamic_beats_static_and_nothing_beats_oracle():
@@ -126,7 +181,8 @@ def test_cli_simulate_json_and_plot(cli, drift_trace, tmp_path):
     r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--json", "--plot", png)
     assert r.code == 0, r.err
     doc = json.loads(r.out)
-    assert set(doc["policies"]) == {"static", "dynamic", "lru", "lfu", "oracle"}
+    assert set(doc["policies"]) == {"static", "dynamic", "lru", "lfu", "oracle", "hindsight"}
+    assert doc["knobs"]["dyn_decay"] == 0.8  # the default
     # static and oracle worked out here from the trace's ids with plain numpy: equal expert sizes,
     # so a hot set is the top counts (ties by layer, then expert).
     from hotsplit_cli.traffic.trace import load_trace
@@ -240,7 +296,7 @@ def test_cli_simulate_columns_have_units_and_budget_its_unit(cli, drift_trace):
     lines = r.out.splitlines()
     assert "budget 1.02 MiB per rank (from --hot-gib) = 5 hot experts of 0.19 MiB" in lines[1]
     assert lines[2].split() == ["policy", "hit", "rate", "min", "window", "PCIe", "MiB/step", "zero-copy",
-                                "MiB/step", "experts", "copied"]
+                                "MiB/step", "copies"]
 def _drawn_axes(monkeypatch):
     """Replace save_png: draw on a real figure and keep its axes for inspection."""
     import matplotlib

@@ -178,3 +178,27 @@ def test_router_source_runs_and_counts_every_assignment():
     assert len(seen) == 10 * r.model.num_moe_layers
     assert assigned == s.tokens * r.model.top_k * r.model.num_moe_layers
     assert 0 < hits < assigned and s.hit_rate == pytest.approx(hits / assigned, rel=1e-12)
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.8])
+def test_dynamic_run_on_a_trace_equals_simulate_exactly(tmp_path, decay):
+    """The runtime and `simulate` share one SwapRule: same swaps, same hits, window by window."""
+    from hotsplit_cli.analysis.simulate import run_dynamic
+
+    r = tiny()
+    m = r.model
+    trace = synthetic_trace(zipf_shares(m.num_moe_layers, m.num_experts, 1.2, 5), m.moe_layer_ids, 60, 8, m.top_k,
+                            drift_every=15, seed=5)
+    path = save_trace(tmp_path / "t.npz", trace)
+    p = prepare_run(r, knobs(r, dyn_steps=5, dyn_max_swaps=2, dyn_margin=1.25, dyn_decay=decay), trace_path=path)
+    hot0 = p.engine.model.hot_LE().copy()
+    s = p.engine.run(p.steps)
+    c = trace.counts_SLE(m.num_experts)
+    sim = run_dynamic(c, hot0, dyn_steps=5, max_swaps=2, margin=1.25, decay=decay)
+    # The run also decides at its last window, after which no step runs: simulate stops before.
+    assert [rec.swaps for rec in s.records[:-1]] == sim.copied_experts_S[5::5].tolist()
+    assert sim.copied_experts_S.sum() > 0
+    a = c.sum(axis=(1, 2))
+    sim_windows = [sim.hits_S[i:i + 5].sum() / a[i:i + 5].sum() for i in range(0, 60, 5)]
+    assert [rec.hit_rate_window for rec in s.records] == pytest.approx(sim_windows, abs=1e-12)
+    assert s.hit_rate == pytest.approx(sim.hits_S.sum() / a.sum(), abs=1e-12)
