@@ -225,6 +225,19 @@ def test_cli_simulate_json_and_plot(cli, drift_trace, tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_cli_simulate_dyn_decay_zero_is_the_last_window_rule(cli, drift_trace, monkeypatch):
+    from hotsplit_cli.analysis import simulate as sim
+
+    seen = []
+    real = sim.SwapRule
+    monkeypatch.setattr(sim, "SwapRule", lambda decay: seen.append(decay) or real(decay))
+    monkeypatch.setenv("HOTSPLIT_DYN_DECAY", "0.5")
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--policies", "dynamic", "--dyn-decay", "0",
+            "--json")
+    assert r.code == 0, r.err
+    assert seen == [0.0] and json.loads(r.out)["knobs"]["dyn_decay"] == 0.0  # the flag beats the environment
+
+
 def test_cli_simulate_fit_and_human(cli, drift_trace, tiny_hist):
     r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--fit", tiny_hist, "--policies", "static,lru",
             "--dyn-steps", "20")
@@ -236,6 +249,7 @@ def test_cli_simulate_fit_and_human(cli, drift_trace, tiny_hist):
     (["--policies", "static,mru"], 2, "unknown policy 'mru'"),
     (["--fit", "a.json", "--plan", "b.json"], 2, "--fit and --plan"),
     (["--dyn-steps", "0"], 2, "--dyn-steps: must be >= 1"),
+    (["--dyn-decay", "1.5"], 2, "--dyn-decay: must be <= 1, got 1.5"),
     (["--batch", "0"], 2, "--batch"),
     (["--fit", "missing.json"], 1, "no such file"),
 ])
