@@ -168,13 +168,17 @@ def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path 
         for i, text in enumerate(result.texts[:8]):
             out.print(f"[{i}] {text!r}")
         plan_row = ("plan", f"{result.hot_experts} hot experts ({result.plan_source})")
-        _render_summary(out, f"hotsplit run {rec.name}", result.summary,
+        title = f"hotsplit run {rec.name}" + (" (interrupted)" if result.summary.interrupted else "")
+        _render_summary(out, title, result.summary,
                         [("device", f"{result.device} ({result.kernel})"), plan_row,
                          ("cold bank", result.numa.describe())],
                         [("copy time", f"{result.summary.copy_ms:,.2f} ms"),
                          *_cold_path_rows(result.summary.cold_paths)], origin)
 
     out.emit(doc, render)
+    if result.summary.interrupted:
+        raise Interrupted(f"interrupted after {result.summary.steps} steps",
+                          _wrote(log_jsonl, len(result.summary.records), plot))
 
 
 def _cold_path_rows(paths: dict | None) -> list[tuple[str, str]]:
