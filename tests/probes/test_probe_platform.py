@@ -305,7 +305,7 @@ def test_platform_file_minimal(tmp_path):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda d: d.update(schema="hotsplit.plan/1"), "schema"),
+    (lambda d: d.update(schema="hotsplit.plan/1"), "is a hotsplit.plan file .* not a hotsplit.platform file"),
     (lambda d: d.pop("gpus"), "missing key 'gpus'"),
     (lambda d: d.update(gpus={}), "gpus: must be a list"),
     (lambda d: d["gpus"][0].update(mem_free_bytes=-1), r"gpus\[0\].mem_free_bytes: must be finite and >= 0"),
