@@ -3,7 +3,7 @@ path (gpu, cpu, split) and compare, per path, the time it achieved with the time
 predicted for the experts it computed, with the rates `run` itself uses (hotsplit_cli/hotset/
 coldpath.py fit_rates: measured now on the allocated experts, or platform.json's when they fit).
 
-    python benchmarks/bench_cold_agreement.py                        # tiny, and deepseek-v3 at scale 0.05
+    python benchmarks/bench_cold_agreement.py                        # tiny, and mixtral-8x7b at scale 1/16
     python benchmarks/bench_cold_agreement.py --recipe tiny --steps 100 --platform platform.json
 
 Each mode is run `--rounds` times, interleaved with the others, each round with its own rates
@@ -29,7 +29,7 @@ from hotsplit_cli.config.knobs import resolve_knobs  # noqa: E402
 from hotsplit_cli.config.recipe import load_recipe  # noqa: E402
 
 MODES = ("gpu", "cpu", "split")
-DEFAULT_CASES = (("tiny", 1.0, 200), ("deepseek-v3", 0.05, 20))
+DEFAULT_CASES = (("tiny", 1.0, 200), ("mixtral-8x7b", 0.0625, 40))
 TARGET = 0.25
 
 
@@ -85,7 +85,7 @@ def measure(recipe: str, scale: float, steps: int, rounds: int, platform: str | 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", help="one recipe (default: tiny, and deepseek-v3 at scale 0.05)")
+    ap.add_argument("--recipe", help="one recipe (default: tiny, and mixtral-8x7b at scale 1/16)")
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)

@@ -28,8 +28,11 @@ for name, lay in layouts.items():
 
 best = layouts["history-optimised (window 1)"]
 loads = rank_loads(window2[None], best)[0, 0]
+copies = best.logcnt_LE(8)[0]
 print("\nwindow-2 load per rank under the history-optimised layout:", loads.tolist())
-print("Why it loses its advantage: it spent all four redundant slots on expert 0, the hotspot of\n"
-      "window 1. In window 2 expert 3 is hot but has a single replica, so its rank carries all 800\n"
-      "assignments while expert 0's four replicas idle. A layout fitted on both windows gives both\n"
-      "hot experts replicas on different ranks and stays balanced when the hotspot moves.")
+print(f"Why it loses its advantage: it spent {copies[0] - 1} of its {geo.num_redundant} redundant slots on expert 0 "
+      f"({copies[0]} copies),\nthe hotspot of window 1. In window 2 expert 3 is hot but has "
+      f"{'a single copy' if copies[3] == 1 else f'{copies[3]} copies'}, so one rank carries its\n"
+      f"{window2[0, 3]:.0f} assignments ({loads.max():.0f} in all) while expert 0's {copies[0]} copies share "
+      f"{window2[0, 0]:.0f}. A layout fitted on both\nwindows gives both hot experts copies on different ranks and "
+      "stays balanced when the hotspot moves.")

@@ -212,7 +212,7 @@ def measure_rates(bank, info: DeviceInfo, zero_copy_gbps: float | None = None) -
 
     shape = ExpertShape(bank.hidden, bank.inter, str(bank.compute_dtype).replace("torch.", ""))
     cpu = measure_cpu_expert(shape, info.numa_node, node_cpus(info.numa_node), pool_bytes=CALIBRATION_POOL_BYTES,
-                             samples=3, threads=None if info.is_cuda else CPU_RUNTIME_THREADS)
+                             samples=5, threads=None if info.is_cuda else CPU_RUNTIME_THREADS)
     points = tuple((float(t), m.median_gbps) for t, m in cpu.by_tokens)
     spread = max((m.spread_gbps / m.median_gbps for _, m in cpu.by_tokens if m.median_gbps), default=0.0)
     sync_ms = cpu.handoff_ms

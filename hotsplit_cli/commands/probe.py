@@ -201,6 +201,15 @@ def _render_budget(out: Output, doc: dict[str, Any]) -> None:
     out.print(t)
 
 
+def scaled_shape(shape: tuple[int, int, str], scale: float | None) -> tuple[int, int, str]:
+    """(hidden, inter, dtype) as `run --scale` allocates them (runtime/moe.py scaled_dim)."""
+    if scale is None or scale >= 1:
+        return shape
+    from runtime.moe import scaled_dim
+
+    return scaled_dim(shape[0], scale), scaled_dim(shape[1], scale), shape[2]
+
+
 def _sources() -> Any:
     """Where the probes read from (tests replace this with scenario fakes)."""
     from probes.platform import Sources
@@ -214,11 +223,15 @@ def probe_cmd(
     quick: QuickOpt = False,
     full: FullOpt = False,
     recipe: RecipeOpt = None,
+    scale: Annotated[float | None, typer.Option(
+        "--scale", help="With --recipe: time the CPU expert rate on the experts `run --scale S` allocates.")] = None,
 ) -> None:
     """Measure this machine (PCIe, zero-copy reads, NUMA, GPU memory) and write platform.json."""
     out = Output(json)
     if quick and full:
         raise UsageError("--quick and --full exclude each other", "pick one (quick is the default)")
+    if scale is not None and (recipe is None or not 0 < scale <= 1):
+        raise UsageError(f"--scale: must be in (0, 1] with --recipe, got {scale}", "pass --recipe R --scale S")
     rec, knobs = None, None
     if recipe is not None:
         rec = load_recipe(recipe)
@@ -227,7 +240,7 @@ def probe_cmd(
     from probes.platform import measure_platform, take_inventory
 
     sources = _sources()
-    shape = ExpertShape(*expert_compute_shape(rec)) if rec else None
+    shape = ExpertShape(*scaled_shape(expert_compute_shape(rec), scale)) if rec else None
     inv = take_inventory("full" if full else "quick", expert_bytes_per_rank(rec) if rec else None, sources, shape)
     with out.progress("measuring bandwidth", inv.measurement_steps) as advance:
         platform = measure_platform(inv, sources, tick=advance)

@@ -72,7 +72,8 @@ def run(
     if plot is not None:
         _plot(plot, summary, rec.name)
         doc["plot"] = str(plot)
-    origin = _origin(out, summary, prepared.plan.made_from, prepared.traffic)
+    origin = _origin(out, summary, prepared.plan.made_from, prepared.traffic,
+                     rec.traffic.drift_every if trace is None else None, knobs.dynamic)
 
     def render():
         title = f"hotsplit run {rec.name}" + (" (interrupted)" if summary.interrupted else "")
@@ -165,13 +166,17 @@ def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path 
         for i, text in enumerate(result.texts[:8]):
             out.print(f"[{i}] {text!r}")
         plan_row = ("plan", f"{result.hot_experts} hot experts ({result.plan_source})")
-        _render_summary(out, f"hotsplit run {rec.name}", result.summary,
+        title = f"hotsplit run {rec.name}" + (" (interrupted)" if result.summary.interrupted else "")
+        _render_summary(out, title, result.summary,
                         [("device", f"{result.device} ({result.kernel})"), plan_row,
                          ("cold bank", result.numa.describe())],
                         [("copy time", f"{result.summary.copy_ms:,.2f} ms"),
                          *_cold_path_rows(result.summary.cold_paths)], origin)
 
     out.emit(doc, render)
+    if result.summary.interrupted:
+        raise Interrupted(f"interrupted after {result.summary.steps} steps",
+                          _wrote(log_jsonl, len(result.summary.records), plot))
 
 
 def _cold_path_rows(paths: dict | None) -> list[tuple[str, str]]:
@@ -194,12 +199,13 @@ def _cold_path_rows(paths: dict | None) -> list[tuple[str, str]]:
     return rows
 
 
-def _origin(out: Output, summary, made_from: str, traffic: str) -> list[tuple[str, str]]:
+def _origin(out: Output, summary, made_from: str, traffic: str, drift_every: int | None = None,
+            dynamic: bool = True) -> list[tuple[str, str]]:
     """Summary rows naming the routing the plan was made from next to this run's traffic; a
     warning when the achieved hit rate is far from the plan's expectation."""
     from runtime.windows import expectation_warning
 
-    warning = expectation_warning(summary, made_from, traffic)
+    warning = expectation_warning(summary, made_from, traffic, drift_every, dynamic)
     if warning:
         out.warn(warning)
     return [("plan made from", made_from), ("this run's traffic", traffic)]

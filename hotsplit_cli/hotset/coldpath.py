@@ -153,7 +153,7 @@ class ModeTimes:
 
 def fastest_spans(by_batch: Sequence[dict]) -> str:
     """The fastest path over runs of consecutive batch sizes (`ModeTimes.to_doc` rows), with the
-    paths tied with it: "gpu (batch 1-8), split (batch 16-256, tie with gpu)"."""
+    paths tied with it: "gpu (batch 1-8), split (batch 16-256; gpu within the spread: a tie)"."""
     runs: list[list] = []  # [path, tied, first batch, last batch]
     for b in by_batch:
         tied = tuple(m for m in b.get("tied", ()) if m != b["fastest"])

@@ -348,8 +348,9 @@ class RerankReport:
 
 def rerank_files(req: RerankRequest, recipe: Recipe | None = None, knobs: Knobs | None = None,
                  warn: Callable[[str], None] = lambda message: None) -> RerankReport:
-    """Re-rank REF for MINE, and count the hot-set changes at the recipe's hot budget when the
-    knobs give one, else with `req.hot_frac` of all experts hot (equal sizes)."""
+    """Re-rank REF for MINE, and count the hot-set changes at the recipe's hot budget (given, or
+    derived from its hardware as `plan` derives it), else with `req.hot_frac` of all experts hot
+    (equal sizes)."""
     ref, mine = load_hist(req.ref_path), load_hist(req.mine_path)
     if recipe is not None:
         from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
@@ -359,9 +360,11 @@ def rerank_files(req: RerankRequest, recipe: Recipe | None = None, knobs: Knobs 
                 warn(warning)
     result = rerank(ref, mine, *parse_strength(req.strength))
     h, hot_frac = result.hist, req.hot_frac
-    if recipe is not None and knobs is not None and knobs.hot_gib is not None:
-        size, budget = expert_bytes_per_rank(recipe), resolve_hot_budget(recipe, knobs).budget_bytes
-        budget_desc = f"{gib(budget)} per rank ({recipe.name}, expert {gib(size)})"
+    if recipe is not None and knobs is not None:
+        hot = resolve_hot_budget(recipe, knobs)
+        size, budget = expert_bytes_per_rank(recipe), hot.budget_bytes
+        how = " auto" if hot.source == "auto" else ""
+        budget_desc = f"{gib(budget)} per rank ({recipe.name}{how}, expert {gib(size)})"
     else:
         size = 1
         budget = max(1, int(hot_frac * h.num_layers * h.num_experts))

@@ -35,6 +35,7 @@ class HFServe:
         self.hits_L, self.assigned_L = np.zeros(L), np.zeros(L)
         self.cold_reads = 0
         self.steps = 0
+        self.interrupted = False  # Ctrl-C stopped the generation
 
     @property
     def records(self) -> list[HitRateRecord]:
@@ -82,15 +83,19 @@ class HFServe:
 
     def generate(self, tokenizer, prompts: list, max_new_tokens: int, batch_size: int,
                  advance: Callable[[int], None] | None = None) -> list[str]:
-        """Greedy text for each prompt; a last partial window is closed without swaps."""
-        ids = capture(self.hm, tokenizer, prompts, max_new_tokens, batch_size, advance, self.on_step)
+        """Greedy text for each prompt; a last partial window is closed without swaps. Ctrl-C stops
+        it between steps: the windows so far are kept (`interrupted`), the texts are not."""
+        try:
+            ids = capture(self.hm, tokenizer, prompts, max_new_tokens, batch_size, advance, self.on_step)
+        except KeyboardInterrupt:
+            self.interrupted, ids = True, []
         self.publish_ready(wait=True)
         if self.steps > self.book.window_start:
             self.close_window(update=False)
         return [tokenizer.decode(x, skip_special_tokens=True) for x in ids]
 
     def summary(self, tokens: int, elapsed_s: float, expected_hit_rate: float | None) -> RunSummary:
-        summary = self.book.summary(self.steps, tokens, elapsed_s, expected_hit_rate)
+        summary = self.book.summary(self.steps, tokens, elapsed_s, expected_hit_rate, self.interrupted)
         split = self.hm.banks[0].cold_split
         if split is not None:
             summary.cold_paths = split.report(self.book.expert_bytes)

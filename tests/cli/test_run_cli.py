@@ -329,3 +329,20 @@ def test_ctrl_c_mid_run_without_output_files_says_nothing_was_written(capsys, mo
     monkeypatch.setattr(from_recipe, "prepare_run", interrupted_at_once)
     code, _, err = run(capsys, *FAST)
     assert code == 130 and err.splitlines()[-1] == "error: interrupted at step 0 of 40; nothing was written"
+
+
+def test_a_gap_from_drifting_traffic_names_the_drift_and_dynamic_mode():
+    """The Quickstart's run warns 13 points below the plan: say that the traffic drifted after the
+    plan was made, and that following it is dynamic mode's job."""
+    from runtime.windows import RunSummary, expectation_warning
+
+    s = RunSummary(steps=600, tokens=9600, elapsed_s=1.0, tokens_per_s=1.0, hit_rate=0.68, hit_rate_last_window=0.7,
+                   expected_hit_rate=0.816, swaps=70, bytes_copied=0, copy_ms=0.0, cold_bytes_per_step=0.0,
+                   layer_hit_rate=[0.68], interrupted=False)
+    traffic = "synthetic skew 1.1, hotspot moves every 150 steps"
+    w = expectation_warning(s, traffic, traffic, drift_every=150, dynamic=True)
+    assert w.endswith("the traffic drifted after the plan was made (its hotspot moves every 150 steps, the plan "
+                      "knows where it started); following it is what dynamic mode is for: it made 70 swaps (more per "
+                      "update: HOTSPLIT_DYN_MAX_SWAPS; sooner: HOTSPLIT_DYN_STEPS)")
+    assert "HOTSPLIT_DYNAMIC=1 turns it on" in expectation_warning(s, traffic, traffic, 150, dynamic=False)
+    assert "drifted" not in expectation_warning(s, traffic, traffic)  # no drift known: the old reason

@@ -155,3 +155,33 @@ def test_checkpoint_runs_with_a_cpu_cold_path_generate_the_same_text(checkpoints
     if cold_path == "cpu":
         assert paths["gpu"]["experts"] == 0
     assert f"CPU cold path ({cold_path}" in doc["summary"]["kernel"]
+
+
+def test_ctrl_c_in_a_checkpoint_run_prints_the_summary_so_far(checkpoints, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """As a synthetic run does: the summary of the steps so far, then what was written, exit 130."""
+    import runtime.hf.serve as serve
+
+    real = serve.capture
+
+    def stopped(hm, tokenizer, prompts, max_new_tokens, batch_size, advance=None, on_step=None):
+        steps = {"n": 0}
+
+        def step(step_LE):
+            on_step(step_LE)
+            steps["n"] += 1
+            if steps["n"] == 3:
+                raise KeyboardInterrupt
+
+        return real(hm, tokenizer, prompts, max_new_tokens, batch_size, advance, step)
+
+    monkeypatch.setattr(serve, "capture", stopped)
+    ckpt = checkpoints[FAMILIES[0]]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(orjson.dumps({"prompt": SENTENCES[0]}).decode() + "\n")
+    log = tmp_path / "log.jsonl"
+    code = main(["run", str(_recipe(tmp_path, ckpt, prompts, 2, _geometry(ckpt))), "--log-jsonl", str(log)])
+    captured = capsys.readouterr()
+    assert code == 130
+    assert "(interrupted)" in captured.out and "hit rate (overall)" in captured.out
+    records = log.read_text().splitlines()
+    assert captured.err.splitlines()[-1] == f"error: interrupted after 3 steps; wrote {log} ({len(records)} records)"

@@ -245,3 +245,23 @@ def test_rerank_files_compares_hot_sets_at_the_recipe_budget_or_a_fraction(pair,
     report = rerank_files(RerankRequest(ref, mine), rec, resolve_knobs(rec.knobs, {}))
     assert report.change.budget_bytes == int(0.001 * (1 << 30))  # the recipe's knob, not --hot-frac
     assert report.budget_desc == "1.02 MiB per rank (toy, expert 12.00 KiB)"
+
+
+def test_rerank_with_a_recipe_and_no_budget_uses_the_recipes_automatic_budget(cli, tiny_hist, tmp_path, monkeypatch):
+    """As `plan` does: no --hot-gib and none in the recipe means the budget derived from its hardware."""
+    import yaml
+
+    from hotsplit_cli.config.recipe import RECIPES_DIR
+
+    rec = yaml.safe_load((RECIPES_DIR / "tiny.yaml").read_text())
+    del rec["hotsplit"]["hot_gib"]
+    recipe = tmp_path / "auto.yaml"
+    recipe.write_text(yaml.safe_dump(rec))
+    monkeypatch.delenv("HOTSPLIT_HOT_GIB", raising=False)
+    r = cli("rerank", tiny_hist, tiny_hist, "--recipe", recipe, "-o", tmp_path / "out.json", "--json")
+    assert r.code == 0, r.err
+    import json
+
+    plan = json.loads(cli("plan", tiny_hist, "--recipe", recipe, "--json").out)
+    doc = json.loads(r.out)
+    assert doc["hot_budget"].startswith(f"{plan['budget_bytes'] / (1 << 20):.2f} MiB per rank (tiny auto")

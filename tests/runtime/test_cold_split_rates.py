@@ -81,3 +81,18 @@ def test_a_probe_of_other_experts_is_remeasured_and_reported_as_full_size(cli, t
     assert "(128x64 float32, 1 thread)" in r.out
     assert "rates not used" in r.out and "full-size figures, not used" in r.out
     assert "MiB allocated (" in r.out and "at full size)" in r.out
+
+
+def test_a_probe_of_the_scaled_experts_gives_a_scaled_run_its_figures(cli, tmp_path):
+    """`probe --recipe R --scale S` times the experts `run R --scale S` allocates: the run then
+    takes platform.json's figures as they are instead of measuring its own."""
+    platform = tmp_path / "platform.json"
+    r = cli("probe", "--quick", "--recipe", "tiny", "--scale", "0.5", "-o", platform, "--json")
+    assert r.code == 0, r.err
+    (cpu,) = json.loads(platform.read_text())["host"]["cpu_expert"]
+    assert cpu["shape"] == {"hidden": 128, "inter": 64, "dtype": "float32"}
+    r = cli("run", "tiny", "--cold-path", "cpu", "--platform", platform, "--steps", "4", "--scale", "0.5", "--json")
+    assert r.code == 0, r.err
+    paths = json.loads(r.out)["summary"]["cold_paths"]
+    assert paths["rates"].startswith(f"{platform}: no GPU") and paths["rates_not_used"] is None
+    assert cli("probe", "--scale", "0.5").code == 2  # --scale needs the recipe whose experts it shrinks
