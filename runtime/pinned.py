@@ -188,13 +188,18 @@ class PinnedAllocator:
 
     def device_address(self, host_tensor: torch.Tensor) -> int:
         """Where the device reads `host_tensor` (a view into one of the slabs)."""
-        ptr = host_tensor.data_ptr()
-        for s in reversed(self.slabs):  # the newest first: a freed slab's range may be reused
-            if s.alive and s.host_address <= ptr < s.host_address + s.n_bytes:
-                if s.device_address is None:
-                    raise ValueError("the slab is not mapped for a device (pageable memory)")
-                return s.device_address + (ptr - s.host_address)
-        raise ValueError("the tensor is not in a slab of this allocator")
+        return slab_device_address(self.slabs, host_tensor)
+
+
+def slab_device_address(slabs: list[_Slab], host_tensor: torch.Tensor) -> int:
+    """Where the device reads `host_tensor`, a view into one of the live `slabs`."""
+    ptr = host_tensor.data_ptr()
+    for s in reversed(slabs):  # the newest first: a freed slab's range may be reused
+        if s.alive and s.host_address <= ptr < s.host_address + s.n_bytes:
+            if s.device_address is None:
+                raise ValueError("the slab is not mapped for a device (pageable memory)")
+            return s.device_address + (ptr - s.host_address)
+    raise ValueError("the tensor is not in a slab of this allocator")
 
 
 
