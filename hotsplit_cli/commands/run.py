@@ -42,6 +42,8 @@ def run(
     rec = load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path})
     _check_options(platform, steps, scale, plot)
+    if rec.parallel.ep > 1:  # the ranks of an expert-parallel run
+        return _expert_parallel(out, rec, knobs, plan, trace, steps, scale, log_jsonl, plot, platform)
     if rec.model.kind == "hf":
         if trace is not None or steps is not None or scale is not None:
             raise UsageError("--trace, --steps and --scale apply to synthetic models",
@@ -60,7 +62,6 @@ def run(
     pdoc = prepared.to_doc()
     say = out.note if json_out else out.print
     _describe(say, rec.name, prepared, pdoc)
-
     with out.progress(f"{rec.name}: steps", prepared.steps) as advance:
         summary = _logged(say, log_jsonl, lambda on_record: prepared.engine.run(prepared.steps, on_record, advance))
 
@@ -82,6 +83,18 @@ def run(
     if summary.interrupted:
         raise Interrupted(f"interrupted at step {summary.steps} of {prepared.steps}",
                           _wrote(log_jsonl, len(summary.records), plot))
+
+
+def _expert_parallel(out: Output, rec, knobs, *options) -> None:
+    """parallel.ep > 1: launch the local ranks, or be one of them (commands/_run_ep.py), reporting
+    for the job with this command's own lines and tables."""
+    from types import SimpleNamespace
+
+    from ._run_ep import run_expert_parallel
+
+    report = SimpleNamespace(describe=_describe, logged=_logged, origin=_origin, plot=_plot,
+                             render_summary=_render_summary)
+    return run_expert_parallel(out, rec, knobs, *options, report=report)
 
 
 def _check_options(platform: Path | None, steps: int | None, scale: float | None, plot: Path | None) -> None:
@@ -118,14 +131,17 @@ def _wrote(log_jsonl: Path | None, records: int, plot: Path | None) -> str:
     return f"wrote {' and '.join(files)}" if files else "nothing was written"
 
 
-def _logged(say, log_jsonl: Path | None, runner):
-    """Run `runner(on_record)`: each hit-rate record as a human line, and as a JSON line in
-    `log_jsonl` (streamed into a temp file that is renamed when the run ends, even by Ctrl-C)."""
+def _logged(say, log_jsonl: Path | None, runner, line=None):
+    """Run `runner(on_record)`: each hit-rate record as a human line (`line(record)`, by default
+    runtime.log's), and as a JSON line in `log_jsonl` (streamed into a temp file that is renamed
+    when the run ends, even by Ctrl-C)."""
     from runtime.log import format_line, write_jsonl
+
+    line = line or format_line
 
     def go(fh=None):
         def on_record(r):
-            say(format_line(r))
+            say(line(r))
             if fh is not None:
                 write_jsonl(fh, r)
         return runner(on_record)

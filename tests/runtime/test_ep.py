@@ -16,7 +16,7 @@ from hotsplit_cli.placement.evaluate import random_layout
 from hotsplit_cli.placement.file import placement_doc, save_placement
 from runtime.moe import MoEGeometry, ReferenceMoE, make_layer_weights
 
-from .ep.harness import REPO, run_job, tiny_ep_recipe, torchrun
+from .ep.harness import REPO, env_for_ranks, run_job, tiny_ep_recipe, torchrun
 
 WORKER = str(REPO / "tests" / "runtime" / "ep" / "worker.py")
 
@@ -97,3 +97,24 @@ def test_hot_experts_stay_on_their_ranks(tmp_path):
         for li in range(hot.shape[1]):
             held = set(lay.phy2log_LP[li, r * S:(r + 1) * S].tolist())
             assert set(np.flatnonzero(hot[:, li].any(axis=0)).tolist()) <= held
+
+
+def test_four_ranks_hold_the_cold_bank_once(tmp_path):
+    """Each rank maps and reads the node's whole cold bank, yet the node holds its pages once:
+    the ranks' proportional shares (Pss) add up to one bank, their resident views to four."""
+    recipe = tiny_ep_recipe(tmp_path / "r.yaml", 4, **{"run.steps": 2})
+    env = env_for_ranks()
+    env["EP_TEST_MEMORY"] = "1"
+    done = run_job(torchrun(4, [WORKER, str(recipe), str(tmp_path)]), env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rec = load_recipe(recipe)
+    geom = MoEGeometry.from_recipe(rec, 1.0)
+    bank = rec.model.num_moe_layers * rec.model.num_experts * geom.blob_elems * 4  # float32 on a CPU
+    mem = [json.loads((tmp_path / f"mem{r}.json").read_text()) for r in range(4)]
+    for m in mem:
+        assert m["mappings"] == rec.model.num_moe_layers  # one shared file per layer, mapped by every rank
+        assert bank <= m["size"] < bank + 4 * rec.model.num_moe_layers * 4096
+        assert m["rss"] >= bank  # each rank reads every expert ...
+        assert m["private"] == 0  # ... and owns none of the pages
+    assert sum(m["rss"] for m in mem) >= 4 * bank
+    assert sum(m["pss"] for m in mem) <= bank * 1.01 + 4 * 4096 * rec.model.num_moe_layers  # held once

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import yaml
@@ -35,30 +36,57 @@ def tiny_ep_recipe(path: Path, ep: int, **over) -> Path:
     return path
 
 
-def env_for_ranks() -> dict:
+TAG = "HOTSPLIT_TEST_JOB"  # every process of a test job carries it, so none escapes the cleanup
+
+
+def env_for_ranks(tag: str | None = None) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("HOTSPLIT_EP_ERROR_DIR", None)
     env["OMP_NUM_THREADS"] = "1"
+    env[TAG] = tag or uuid.uuid4().hex
     return env
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Live processes started for the job `tag` (the launcher's ranks run in sessions of their
+    own, so a process group would miss them)."""
+    pids = []
+    needle = f"{TAG}={tag}".encode()
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit() or int(p.name) == os.getpid():
+            continue
+        try:
+            zombie = (p / "stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z"
+            if not zombie and needle in (p / "environ").read_bytes().split(b"\0"):
+                pids.append(int(p.name))
+        except OSError:
+            pass
+    return pids
+
+
+def kill_tagged(tag: str) -> None:
+    for pid in tagged_pids(tag):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def run_job(args: list[str], timeout: float = JOB_TIMEOUT_S, env: dict | None = None,
             cwd=None) -> subprocess.CompletedProcess:
-    """Run a command in its own session; on a timeout kill the whole session (every rank)."""
+    """Run a job; on a timeout, or whatever happens, kill every process of it."""
+    env = env or env_for_ranks()
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env or env_for_ranks(), cwd=cwd or REPO, start_new_session=True)
+                            env=env, cwd=cwd or REPO, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tagged(env[TAG])
         out, err = proc.communicate()
         raise AssertionError(f"{args} did not finish in {timeout} s:\n{err[-3000:]}") from None
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # nothing of the job may outlive it
-        except ProcessLookupError:
-            pass
+        kill_tagged(env[TAG])  # nothing of the job may outlive it
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 

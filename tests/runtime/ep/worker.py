@@ -5,6 +5,8 @@ routing and outputs, so the test compares them with the single-process reference
 argv: recipe.yaml out_dir [placement.json]
 """
 
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +26,32 @@ captured = []
 _step = Engine.step
 
 
+def _shared_bank_memory() -> dict:
+    """This rank's view of the shared cold bank files (from /proc/self/smaps): bytes mapped,
+    resident (Rss), its proportional share (Pss) and its private bytes."""
+    got = {"size": 0, "rss": 0, "pss": 0, "private": 0, "mappings": 0}
+    inside = False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()
+            if len(head) >= 5 and "-" in head[0] and not head[0].endswith(":"):
+                inside = len(head) >= 6 and head[5].startswith("/dev/shm/hotsplit-")
+                got["mappings"] += inside
+            elif inside and head[0] in ("Size:", "Rss:", "Pss:", "Private_Clean:", "Private_Dirty:"):
+                key = {"Size:": "size", "Rss:": "rss", "Pss:": "pss"}.get(head[0], "private")
+                got[key] += int(head[1]) * 1024
+    return got
+
+
 def _capture(self, routed):
+    if not captured and os.environ.get("EP_TEST_MEMORY"):
+        import torch.distributed as dist
+
+        for bank in self.model.banks:
+            float(bank.cold_EB.float().sum())  # every rank reads the whole bank: its pages come in
+        dist.barrier()
+        (Path(sys.argv[2]) / f"mem{os.environ['RANK']}.json").write_text(json.dumps(_shared_bank_memory()))
+        dist.barrier()
     _step(self, routed)
     x = self.x_TH.clone()  # this step's input: drawn at the start of the step
     ids, w = routed
@@ -58,14 +85,10 @@ def main() -> None:
     rec = load_recipe(recipe_path)
     Engine.step = _capture
     result = run_ep_rank(rec, resolve_knobs(rec.knobs), placement=placement)
-    import os
-
     rank = int(os.environ["RANK"])
     np.savez(out / f"rank{rank}.npz", x=np.stack([c[0] for c in captured]), ids=np.stack([c[1] for c in captured]),
              out=np.stack([c[3] for c in captured]), hot=np.stack([c[4] for c in captured]))
     if result is not None:
-        import json
-
         doc = {"summary": result.summary.to_doc(), "figures": result.figures.to_doc(),
                "records": [r.to_doc() for r in result.records]}
         (out / "job.json").write_text(json.dumps(doc))
