@@ -79,7 +79,8 @@ def join(environ=os.environ) -> Group:
     local_rank = int(environ["LOCAL_RANK"])
     local_world = int(environ.get("LOCAL_WORLD_SIZE", 1))
     node = int(environ.get("GROUP_RANK", rank // max(local_world, 1)))
-    job = environ.get("TORCHELASTIC_RUN_ID") or f"{environ['MASTER_ADDR']}-{environ['MASTER_PORT']}"
+    # Unique per job on a machine (a static rendezvous names every run "none"), the same on every rank.
+    job = f"{environ.get('TORCHELASTIC_RUN_ID', 'run')}-{environ['MASTER_ADDR']}-{environ['MASTER_PORT']}"
     backend = backend_for(local_world)
     timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
     if backend == "nccl":

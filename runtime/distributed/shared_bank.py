@@ -92,8 +92,9 @@ class SharedAllocator:
 
 
 def remove_leftovers(prefix_dir: str, job: str) -> list[str]:
-    """Unlink the cold bank files a job left in /dev/shm (ranks killed before they were
-    unlinked); returns what was removed. Called by the launcher after its ranks are gone."""
+    """Unlink the cold bank files of every job whose id starts with `job` left in /dev/shm (ranks
+    killed before they were unlinked); returns what was removed. Called by the launcher after
+    its ranks are gone."""
     removed = []
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in job)
     try:
@@ -101,7 +102,7 @@ def remove_leftovers(prefix_dir: str, job: str) -> list[str]:
     except OSError:
         return removed
     for name in names:
-        if name.startswith(f"hotsplit-{safe}-node"):
+        if name.startswith(f"hotsplit-{safe}-"):
             try:
                 os.unlink(os.path.join(prefix_dir, name))
                 removed.append(name)

@@ -5,6 +5,7 @@ Each job is a few tiny steps, bounded in time, and leaves no process behind."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from hotsplit_cli.placement.evaluate import random_layout
 from hotsplit_cli.placement.file import placement_doc, save_placement
 from runtime.moe import MoEGeometry, ReferenceMoE, make_layer_weights
 
-from .ep.harness import REPO, env_for_ranks, run_job, tiny_ep_recipe, torchrun
+from .ep.harness import JOB_TIMEOUT_S, REPO, TAG, env_for_ranks, kill_tagged, run_job, tiny_ep_recipe, torchrun
 
 WORKER = str(REPO / "tests" / "runtime" / "ep" / "worker.py")
 
@@ -118,3 +119,38 @@ def test_four_ranks_hold_the_cold_bank_once(tmp_path):
         assert m["private"] == 0  # ... and owns none of the pages
     assert sum(m["rss"] for m in mem) >= 4 * bank
     assert sum(m["pss"] for m in mem) <= bank * 1.01 + 4 * 4096 * rec.model.num_moe_layers  # held once
+
+
+def test_two_nodes_of_two_ranks_share_a_bank_per_node(tmp_path):
+    """Two torchrun launches on loopback (--nnodes 2), as two nodes would run: every token equals
+    the reference, and each node's two ranks map that node's cold bank, not the other's."""
+    import socket
+
+    recipe = tiny_ep_recipe(tmp_path / "r.yaml", 4, **{"run.steps": 4})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = env_for_ranks()
+    env["EP_TEST_MEMORY"] = "1"
+
+
+    nodes = []
+    try:
+        for node in range(2):
+            args = torchrun(2, [WORKER, str(recipe), str(tmp_path)])
+            args = [a for a in args if a != "--standalone"]
+            args[3:3] = ["--nnodes=2", f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}"]
+            nodes.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                          cwd=REPO))
+        results = [p.communicate(timeout=JOB_TIMEOUT_S) for p in nodes]
+    finally:
+        kill_tagged(env[TAG])
+    for p, (_, err) in zip(nodes, results, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    _check_against_reference(recipe, tmp_path, 4)
+    mem = [json.loads((tmp_path / f"mem{r}.json").read_text()) for r in range(4)]
+    node_of = [{f.split("-node")[1].split("-")[0] for f in m["files"]} for m in mem]
+    assert node_of == [{"0"}, {"0"}, {"1"}, {"1"}]
+    assert mem[0]["files"] == mem[1]["files"] and mem[2]["files"] == mem[3]["files"]
+    for pair in ((0, 1), (2, 3)):
+        assert sum(mem[r]["pss"] for r in pair) <= mem[pair[0]]["size"] * 1.01  # once per node

@@ -29,7 +29,7 @@ _step = Engine.step
 def _shared_bank_memory() -> dict:
     """This rank's view of the shared cold bank files (from /proc/self/smaps): bytes mapped,
     resident (Rss), its proportional share (Pss) and its private bytes."""
-    got = {"size": 0, "rss": 0, "pss": 0, "private": 0, "mappings": 0}
+    got = {"size": 0, "rss": 0, "pss": 0, "private": 0, "mappings": 0, "files": []}
     inside = False
     with open("/proc/self/smaps") as fh:
         for line in fh:
@@ -37,6 +37,8 @@ def _shared_bank_memory() -> dict:
             if len(head) >= 5 and "-" in head[0] and not head[0].endswith(":"):
                 inside = len(head) >= 6 and head[5].startswith("/dev/shm/hotsplit-")
                 got["mappings"] += inside
+                if inside:
+                    got["files"].append(head[5])
             elif inside and head[0] in ("Size:", "Rss:", "Pss:", "Private_Clean:", "Private_Dirty:"):
                 key = {"Size:": "size", "Rss:": "rss", "Pss:": "pss"}.get(head[0], "private")
                 got[key] += int(head[1]) * 1024
