@@ -90,6 +90,15 @@ def _render(out: Output, name: str, s, fig, origin, plot, report) -> None:
             ("exchange per layer and rank", f"{ex['measured_bytes_per_layer'] / 1024:,.1f} KiB measured vs "
                                             f"{ex['predicted_bytes_per_layer'] / 1024:,.1f} KiB by the ledger, "
                                             f"{ex['ms_per_layer']:.2f} ms")]
+    for r in fig.rebalances:
+        if r["skipped"]:
+            rows.append((f"rebalance at step {r['step']}", f"skipped: {r['skipped']}"))
+            continue
+        after = "" if r["achieved_after"] is None else f", achieved {r['achieved_after']:.3f}"
+        rows.append((f"rebalance at step {r['step']}",
+                     f"balancedness {r['before']:.3f} -> {r['predicted_after']:.3f} predicted{after}; "
+                     f"{r['experts_moved']} slots refilled, up to {max(r['bytes_moved_R']) / 2**20:.2f} MiB per rank "
+                     f"from the shared cold bank, {r['ms']:.1f} ms, {r['steps_disturbed']} steps disturbed"))
     report.render_summary(out, f"hotsplit run {name} (ep {len(fig.ranks)})", s, [], rows, origin)
     t = out.table("rank", "assignments", "hit rate", "expected", "cold reads", "swaps", title="ranks")
     for r in fig.ranks:

@@ -71,7 +71,12 @@ class Exchange:
 
     def _a2a(self, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits, group) -> None:
         t0 = time.perf_counter()
-        dist.all_to_all_single(out, inp, out_splits, in_splits, group=group)
+        if out.is_cuda and dist.get_backend(group) == "gloo":  # ranks sharing a GPU: gloo moves host tensors
+            host = torch.empty(out.shape, dtype=out.dtype)
+            dist.all_to_all_single(host, inp.cpu(), out_splits, in_splits, group=group)
+            out.copy_(host)
+        else:
+            dist.all_to_all_single(out, inp, out_splits, in_splits, group=group)
         self.stats.ms += (time.perf_counter() - t0) * 1e3
 
     def dispatch(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor) -> Sent:
@@ -124,6 +129,8 @@ class EPMoE(HotColdMoE):
         super().__init__(*args, **kwargs)
         self.exchange = exchange
         self._step_loads: list[int] = []
+        self.live_counts_LE = torch.zeros_like(self.counts_LE, device="cpu")  # since the last rebalance
+        self.held_LE: np.ndarray | None = None  # bool [L, E]: experts with a replica here (set by the rank)
 
     def layer(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor | None = None,
               w_TK: torch.Tensor | None = None) -> torch.Tensor:
@@ -141,8 +148,17 @@ class EPMoE(HotColdMoE):
             y = y + swiglu(x_TH, *self.shared[li])
         return y
 
+    def read_counters(self, reset_window: bool = True) -> dict[str, np.ndarray]:
+        """The window's counters; counts only of the experts this rank holds now (`held_LE`), so
+        that a dynamic swap never brings in an expert a rebalance took away."""
+        out = super().read_counters(reset_window)
+        if self.held_LE is not None:
+            out["counts_LE"][~self.held_LE] = 0.0
+        return out
+
     def step(self, x_TH, ids_LTK=None, w_LTK=None):
         self._step_loads = []
         h = super().step(x_TH, ids_LTK, w_LTK)
+        self.live_counts_LE += self.step_counts_LE.cpu()
         self.exchange.stats.loads.append(self._step_loads)
         return h

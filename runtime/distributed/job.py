@@ -25,6 +25,7 @@ from hotsplit_cli.placement.dispatch import contiguous_placement, predict_trace
 from ..from_recipe import Prepared, prepare_run
 from . import launch
 from .rank import RankHooks, placement_of_plan, run_rank
+from .rebalance import Rebalancer
 from .summary import EPFigures, gather_rows, job_record, job_summary
 
 
@@ -87,7 +88,8 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
             if on_record is not None:
                 on_record(job)
 
-    run = run_rank(engine, prepared.steps, on_window)
+    rebalancer = Rebalancer(hooks, engine.model, control, prepared.expert_bytes) if knobs.eplb_steps else None
+    run = run_rank(engine, prepared.steps, on_window, rebalancer)
     stats = engine.model.exchange.stats
     hot_RLE = gather_rows(engine.model.hot_LE().astype(np.float64), control)  # for the prediction (static runs)
     out = job_summary(run, stats, hooks.expected_rank_hit_rate, book.cold_reads, 0.0, control)
@@ -108,7 +110,8 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
     figures.exchange["predicted_by"] = "ledger: 2 x tokens x top_k x hidden x act_bytes x (ep - 1) / ep"
     figures.placement = {"method": placement.method, "physical_experts": placement.num_physical,
                          "slots_per_rank": placement.slots_per_rank}
-    if hooks.trace is not None:
+    figures.rebalances = [r.to_doc() for r in rebalancer.reports] if rebalancer else []
+    if hooks.trace is not None and not figures.rebalances:  # a static layout: the prediction holds
         pred = predict_trace(hooks.trace.topk_ids_SLTK[:summary.steps], placement, E,
                              hot_RLE.reshape(group.world, L, E) > 0.5)
         figures.predicted_balancedness = pred.balancedness

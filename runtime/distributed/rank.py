@@ -149,6 +149,7 @@ class RankHooks:
             model = build()
         g.barrier()
         allocator.unlink()
+        model.held_LE = self.held_LE()
         self.allocator = allocator
         return allocator, model
 
@@ -161,13 +162,14 @@ class RankRun:
     loads_SL: np.ndarray  # int64 [steps, L] assignments received
 
 
-def run_rank(engine, steps: int, on_window: Callable) -> RankRun:
+def run_rank(engine, steps: int, on_window: Callable, rebalancer=None) -> RankRun:
     """Step in lockstep with the other ranks; every `dyn_steps` steps close a window here and
-    call `on_window(record, loads_WL)` on every rank (it gathers to rank 0). A KeyboardInterrupt
-    propagates: a rank cannot stop alone in the middle of collectives."""
+    call `on_window(record, loads_WL)` on every rank (it gathers to rank 0); every `eplb_steps`
+    steps `rebalancer.maybe(step)` (a collective). A KeyboardInterrupt propagates: a rank cannot
+    stop alone in the middle of collectives."""
     import time
 
-    dyn = engine.knobs.dyn_steps
+    dyn, eplb = engine.knobs.dyn_steps, engine.knobs.eplb_steps
     stats = engine.model.exchange.stats
     t0 = time.perf_counter()
     start = 0
@@ -179,7 +181,13 @@ def run_rank(engine, steps: int, on_window: Callable) -> RankRun:
             rec = engine.close_window(update=engine.knobs.dynamic)
             on_window(rec, np.asarray(stats.loads[start:], dtype=np.int64))
             start = len(stats.loads)
+        if rebalancer is not None:  # after the window's swaps, so they are decided on the map they served
+            rebalancer.after_step(engine.step_count)
+            if eplb and engine.step_count % eplb == 0 and engine.step_count < steps:
+                rebalancer.maybe(engine.step_count)
     elapsed = time.perf_counter() - t0
+    if rebalancer is not None:
+        rebalancer.finish()
     engine.book.landed(engine.model.publish_ready(wait=True)[1])
     if engine.step_count > engine.book.window_start:
         rec = engine.close_window(update=False)

@@ -89,6 +89,7 @@ class EPFigures:
     bottleneck: dict
     exchange: dict
     placement: dict
+    rebalances: list[dict] = field(default_factory=list)
 
     def to_doc(self) -> dict:
         return dataclasses.asdict(self)

@@ -119,3 +119,36 @@ def test_a_killed_rank_or_ctrl_c_stops_every_rank(how):
         assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"hotsplit-hotsplit-{proc.pid}-")]
     finally:
         kill_tagged(tag)
+
+
+@pytest.mark.parametrize("where, value, message", [
+    ("flag", "-1", "error: --eplb-steps: must be >= 0, got -1"),
+    ("env", "often", "error: HOTSPLIT_EPLB_STEPS: must be an integer, got 'often'"),
+    ("recipe", "-3", "error: hotsplit.eplb_steps: must be >= 0, got -3"),
+])
+def test_a_bad_eplb_steps_exits_2_with_one_line_and_writes_nothing(tmp_path, where, value, message):
+    recipe = "tiny-ep4"
+    env = env_for_ranks()
+    args = [*HOTSPLIT, "run"]
+    if where == "recipe":
+        from tests.runtime.ep.harness import tiny_ep_recipe
+
+        recipe = str(tiny_ep_recipe(tmp_path / "r.yaml", 2, **{"hotsplit.eplb_steps": int(value)}))
+    args += [recipe, "--log-jsonl", str(tmp_path / "log.jsonl")]
+    if where == "flag":
+        args += ["--eplb-steps", value]
+    if where == "env":
+        env["HOTSPLIT_EPLB_STEPS"] = value
+    done = run_job(args, env=env, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [message]
+    assert done.stdout == "" and not (tmp_path / "log.jsonl").exists()
+
+
+def test_the_eplb_flag_beats_the_environment_and_the_recipe():
+    from hotsplit_cli.config.knobs import resolve_knobs
+
+    assert resolve_knobs({"eplb_steps": 5}, {"HOTSPLIT_EPLB_STEPS": "7"}, {"eplb_steps": 9}).eplb_steps == 9
+    assert resolve_knobs({"eplb_steps": 5}, {"HOTSPLIT_EPLB_STEPS": "7"}, {}).eplb_steps == 7
+    assert resolve_knobs({"eplb_steps": 5}, {}, {}).eplb_steps == 5
+    assert resolve_knobs({}, {}, {}).eplb_steps == 0

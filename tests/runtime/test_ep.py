@@ -154,3 +154,21 @@ def test_two_nodes_of_two_ranks_share_a_bank_per_node(tmp_path):
     assert mem[0]["files"] == mem[1]["files"] and mem[2]["files"] == mem[3]["files"]
     for pair in ((0, 1), (2, 3)):
         assert sum(mem[r]["pss"] for r in pair) <= mem[pair[0]]["size"] * 1.01  # once per node
+
+
+def test_a_rebalance_mid_run_still_equals_the_reference(tmp_path):
+    """eplb_steps 2 on a skewed contiguous start: the ranks move to a new placement mid-run
+    (gained experts served from the shared cold bank, then hot), and every token still equals the
+    reference."""
+    recipe = tiny_ep_recipe(tmp_path / "r.yaml", 4, **{"hotsplit.eplb_steps": 2, "traffic.skew": 2.0})
+    done = run_job(torchrun(4, [WORKER, str(recipe), str(tmp_path)]))
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = _check_against_reference(recipe, tmp_path, 4)
+    reps = job["figures"]["rebalances"]
+    assert [r["step"] for r in reps] == [2, 4]  # not after the last step
+    done_reps = [r for r in reps if r["skipped"] is None]
+    assert done_reps and sum(r["experts_moved"] for r in done_reps) > 0
+    for r in done_reps:
+        assert r["predicted_after"] >= r["predicted_before"] - 1e-9
+        assert len(r["bytes_moved_R"]) == 4 and r["steps_disturbed"] == 0  # CPU copies land at once
+    assert done_reps[0]["achieved_after"] is not None or done_reps[0]["step"] == 4
