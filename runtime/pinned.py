@@ -76,6 +76,19 @@ class NumaPolicy:
         tail = {True: " (verified)", False: " (NOT on the target node)", None: ""}[self.verified]
         return f"{head}; {where}{tail}"
 
+    def node_mode(self) -> tuple[int | None, int]:
+        """(node, mbind mode) for the next slab: no node when the policy is not applied."""
+        if not self.applied:
+            return None, MPOL_PREFERRED
+        return self.node, MPOL_BIND if self.policy == "bind" else MPOL_PREFERRED
+
+    def locate_slab(self, address: int, n_bytes: int) -> None:
+        """Count where a new slab's sampled pages are."""
+        found, why = page_nodes(address, n_bytes)
+        for node, n in found.items():
+            self.pages_by_node[node] = self.pages_by_node.get(node, 0) + n
+        self.located = self.located or why
+
     def to_doc(self) -> dict:
         total = sum(self.pages_by_node.values())
         return {"policy": self.policy, "node": self.node, "applied": self.applied, "reason": self.reason,
@@ -142,20 +155,14 @@ class PinnedAllocator:
             made = pages.tensor(), _Slab(pages.address, None, pages.size_bytes, weakref.ref(pages))
             self.method = "pageable"
         tensor, slab = made
-        found, why = page_nodes(slab.host_address, slab.n_bytes)
-        for node, n in found.items():
-            self.numa.pages_by_node[node] = self.numa.pages_by_node.get(node, 0) + n
-        self.numa.located = self.numa.located or why
+        self.numa.locate_slab(slab.host_address, slab.n_bytes)
         self.requested_bytes += n_bytes
         self.reserved_bytes += slab.n_bytes
         self.slabs = [s for s in self.slabs if s.alive] + [slab]
         return tensor
 
     def _node_mode(self) -> tuple[int | None, int]:
-        """(node, mbind mode) for the next slab: no node when the policy is not applied."""
-        if not self.numa.applied:
-            return None, MPOL_PREFERRED
-        return self.numa.node, MPOL_BIND if self.numa.policy == "bind" else MPOL_PREFERRED
+        return self.numa.node_mode()
 
     def _note_bind(self, error: str | None) -> None:
         if error:

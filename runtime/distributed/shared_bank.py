@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from probes.hostmem import MPOL_BIND, MPOL_PREFERRED, HostPages, page_nodes
+from probes.hostmem import HostPages
 
 from ..pinned import NumaPolicy, _Slab, slab_device_address
 
@@ -56,8 +56,7 @@ class SharedAllocator:
 
     def alloc(self, n_bytes: int) -> torch.Tensor:
         path = f"{self.prefix}{len(self.paths)}"
-        node, mode = (self.numa.node, MPOL_BIND if self.numa.policy == "bind" else MPOL_PREFERRED) \
-            if self.numa.applied else (None, MPOL_PREFERRED)
+        node, mode = self.numa.node_mode()
         pages = HostPages.shared(path, n_bytes, self.creator, node, mode,
                                  torch.cuda.cudart() if self.pin else None)
         self.paths.append(path)
@@ -68,10 +67,7 @@ class SharedAllocator:
             self.fallback = f"{pages.register_error}: the cold bank is read through pageable memory"
         self.method = "shared, cudaHostRegister" if registered else "shared"
         if self.creator:
-            found, why = page_nodes(pages.address, pages.size_bytes)
-            for n, c in found.items():
-                self.numa.pages_by_node[n] = self.numa.pages_by_node.get(n, 0) + c
-            self.numa.located = self.numa.located or why
+            self.numa.locate_slab(pages.address, pages.size_bytes)
         self.requested_bytes += n_bytes
         self.reserved_bytes += pages.size_bytes
         self.slabs.append(_Slab(pages.address, pages.device_address, pages.size_bytes, weakref.ref(pages)))
