@@ -209,7 +209,9 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     if split is not None and info.graphs:
         notes.append(f"cold_path {knobs.cold_path}: no CUDA graph (the split reads each layer's routing on the host)")
     seed = recipe.run.seed if ep is None else ep.seed(recipe.run.seed)
-    engine = Engine(model, source, knobs, expert_bytes, seed=seed, expected_hit_rate=plan.expected_hit_rate)
+    # An EP step exchanges over the network, sized on the host: it cannot be captured in a CUDA graph.
+    engine = Engine(model, source, knobs, expert_bytes, seed=seed, expected_hit_rate=plan.expected_hit_rate,
+                    use_graph=False if ep is not None else None)
     return Prepared(engine, n_steps, info, geom, plan, allocator, expert_bytes, traffic, scale, notes, expert_format,
                     trace_steps)
 
