@@ -52,6 +52,7 @@ hist_app = typer.Typer(help="Inspect and import routing histograms.", no_args_is
 app.add_typer(hist_app, name="hist")
 
 set_debug(os.environ.get("HOTSPLIT_DEBUG", "") not in ("", "0"))
+INVOCATION = {"argv": []}  # the arguments of this run, for a command that relaunches itself on N ranks
 
 
 def _version(value: bool) -> None:
@@ -88,12 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     if "--debug" in argv[1:]:  # anywhere, not only before the command (typer takes it there alone)
         argv = [argv[0]] + [a for a in argv[1:] if a != "--debug"]
     forget_written()
+    INVOCATION["argv"] = list(argv)
     try:
         rc = app(args=argv, prog_name="hotsplit", standalone_mode=False)
     except HotsplitError as exc:
-        if debug_on():
+        if debug_on() and exc.message:
             raise
-        print(exc.render(), file=sys.stderr)
+        if exc.message:  # an empty one was already reported (a rank's error, by its launcher)
+            print(exc.render(), file=sys.stderr)
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code

@@ -1,7 +1,9 @@
 """Host memory that a GPU reads in place: the one owner of pages that are NUMA-placed, located,
 page-locked and mapped for the device. The probe's buffers and the runtime's cold bank both use it.
 
-`HostPages` is an anonymous mapping of exactly the bytes asked for (rounded up to whole pages).
+`HostPages` is an anonymous mapping of exactly the bytes asked for (rounded up to whole pages),
+or (`HostPages.shared`) a shared mapping of a file in /dev/shm that every rank of a node maps, so
+that the node holds an expert-parallel cold bank once.
 Its NUMA policy is set on the range with mbind(2) before the first touch, so the kernel allocates
 the pages on that node; `cudaHostRegister(Portable | Mapped)` then locks them and maps them for
 every device (under UVA the device address is the host address). Pages are located afterwards
@@ -271,14 +273,16 @@ class HostPages:
     `bind_error` and `location` say what happened."""
 
     def __init__(self, size_bytes: int, node: int | None = None, mode: int = MPOL_PREFERRED, cudart: Any = None,
-                 fill: int = 0):
+                 fill: int | None = 0, *, shared_fd: int | None = None):
         if size_bytes <= 0:
             raise ValueError(f"cannot map {size_bytes} bytes")
         release_deferred()
         page = mmap.PAGESIZE
         self.size_bytes = -(-size_bytes // page) * page
-        address = _libc.mmap(None, self.size_bytes, mmap.PROT_READ | mmap.PROT_WRITE,
-                             mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        flags, fd = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1
+        if shared_fd is not None:  # a file other processes map too (see `shared`)
+            flags, fd = mmap.MAP_SHARED, shared_fd
+        address = _libc.mmap(None, self.size_bytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
         if address in (None, _MAP_FAILED):
             raise MemoryError(f"mmap of {self.size_bytes} bytes failed: {os.strerror(ctypes.get_errno())}")
         self.address: int = address
@@ -288,12 +292,31 @@ class HostPages:
         self._finalizer.atexit = False  # at exit, _unregister_at_exit undoes the registration only
         self.node = node
         self.bind_error = mbind(address, self.size_bytes, mode, node) if node is not None else None
-        ctypes.memset(address, fill, self.size_bytes)  # first touch: the pages are allocated now, under the policy
+        if fill is not None:
+            ctypes.memset(address, fill, self.size_bytes)  # first touch: the pages are allocated now, under the policy
         self.location = locate(address, self.size_bytes, node, self.bind_error)
         self.register_error: str | None = None
         self.device_address: int | None = None
         if cudart is not None:
             self._register(cudart)
+
+    @classmethod
+    def shared(cls, path: str, size_bytes: int, create: bool, node: int | None = None, mode: int = MPOL_PREFERRED,
+               cudart: Any = None) -> HostPages:
+        """Pages of the file `path` (in /dev/shm: memory, not disk) mapped shared, so that every
+        process of a node that maps it holds the same pages once. The creator sizes the file and
+        places and zero-fills its pages (first touch, under the NUMA policy); a process that opens
+        it maps the pages as they are. Each process registers its own mapping with CUDA, and its
+        mapping goes the way of any HostPages; the file stays until it is unlinked."""
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, -(-size_bytes // mmap.PAGESIZE) * mmap.PAGESIZE)
+            elif os.fstat(fd).st_size < size_bytes:
+                raise ValueError(f"{path} holds {os.fstat(fd).st_size} bytes, {size_bytes} expected")
+            return cls(size_bytes, node if create else None, mode, cudart, 0 if create else None, shared_fd=fd)
+        finally:
+            os.close(fd)  # the mapping keeps the pages
 
     def _register(self, cudart: Any) -> None:
         rc = int(cudart.cudaHostRegister(self.address, self.size_bytes, HOST_REGISTER_FLAGS))

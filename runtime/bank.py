@@ -273,12 +273,15 @@ class ExpertBank(BlobBank):
         self.compute_dtype, self.fp8 = dt, fp8
         self.hidden, self.inter = H, inter
         self.w2_offset = self.blob_layout.offsets["w2"][0]  # elements into a blob where w2 starts
-        if fp8 is None:
+        # A cold bank shared by a node's ranks is written once, by the rank that created it.
+        fills = getattr(allocator, "fills", True)
+        if fp8 is None and fills:
             self.blob_layout.view(self.cold_EB, "w1").copy_(w13_EIH)
             self.blob_layout.view(self.cold_EB, "w2").copy_(w2_EHI)
-        else:
+        elif fp8 is not None:
             for name, t in (("w1", fp8.q13_EIH), ("w2", fp8.q2_EHI), ("s1", fp8.s13_E2RC), ("s2", fp8.s2_ERC)):
-                self.blob_layout.view(self.cold_EB, name).copy_(t)
+                if fills:
+                    self.blob_layout.view(self.cold_EB, name).copy_(t)
             self.fp8_meta = self.blob_layout.fp8_meta(fp8.fmt)
         self.cold_views = [self._views(self.cold_read_EB[e]) for e in range(E)]
         self.set_hot(hot_E)

@@ -109,9 +109,14 @@ def _check_memory(geom: MoEGeometry, layers: int, dtype: torch.dtype, info: Devi
 def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = None,
                 trace_path: str | Path | None = None, steps: int | None = None, scale: float | None = None,
                 dtype: torch.dtype | None = None, advance: Callable[[int], None] | None = None,
-                platform_path: str | Path | None = None) -> Prepared:
+                platform_path: str | Path | None = None, ep=None) -> Prepared:
     """Build everything a run needs; every check that can refuse happens before allocation.
-    `advance(1)` is called as each MoE layer's weights are made (the slow part of a large recipe)."""
+    `advance(1)` is called as each MoE layer's weights are made (the slow part of a large recipe).
+    `ep`: this rank's part of an expert-parallel run (runtime/distributed/rank.py RankHooks): its tokens,
+    its plan among the experts placed on it, the node-shared cold bank and the exchange."""
+    if recipe.parallel.ep > 1 and ep is None:
+        raise UsageError(f"parallel.ep is {recipe.parallel.ep}: an expert-parallel recipe runs on its ranks",
+                         "run it with `hotsplit run` (it starts the ranks) or under torchrun")
     scale = recipe.run.scale if scale is None else scale
     if not 0 < scale <= 1:
         raise UsageError(f"--scale: must be in (0, 1], got {scale}")
@@ -121,7 +126,7 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     platform = load_platform(platform_path) if platform_path is not None else None  # read once, before the work
     m, t = recipe.model, recipe.traffic
     L, E = m.num_moe_layers, m.num_experts
-    info = choose_device(recipe.run.device)
+    info = choose_device(recipe.run.device if ep is None else ep.device(recipe.run.device))
     dtype = dtype or (torch.bfloat16 if info.is_cuda else torch.float32)
     notes: list[str] = []
     n_steps, trace_steps = steps or recipe.run.steps, None
@@ -160,6 +165,8 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
         n_steps, trace_steps = steps or trace.num_steps, trace.num_steps  # the whole trace unless --steps
         # The plan is made from the steps that are replayed.
         source, counts_LE = trace_source(trace), Trace(trace.topk_ids_SLTK[:n_steps], trace.layers).counts_LE(E)
+        if ep is not None:
+            source = ep.shard_trace(trace)
         traffic = f"trace {trace_file} ({n_steps} of {trace_steps} trace steps)"
     elif t.kind in ("synthetic", "histogram"):
         if t.kind == "histogram":
@@ -172,7 +179,7 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
             shares, traffic = zipf_shares(L, E, t.skew, t.seed), f"synthetic skew {t.skew:g}"
         if t.drift_every:
             traffic += f", hotspot moves every {t.drift_every} steps"
-        sampler = SyntheticTraffic(shares, m.top_k, t.batch, t.drift_every, t.seed)
+        sampler = SyntheticTraffic(shares, m.top_k, t.batch, t.drift_every, t.seed if ep is None else ep.seed(t.seed))
         source = synthetic_source(sampler)
         # Each token includes expert e with probability pi[e]: the expected counts per token.
         counts_LE = inclusion_probs(shares, m.top_k)
@@ -182,7 +189,9 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
         notes.append("the plan is calibrated on each router's response to random hidden states")
 
     expert_bytes = expert_bytes_per_rank(recipe)
-    if plan_path is not None:
+    if ep is not None:
+        plan = ep.plan(counts_LE, expert_bytes, plan_path, lambda: resolve_hot_budget(recipe, knobs, platform), traffic)
+    elif plan_path is not None:
         plan = read_plan_file(plan_path, recipe, expert_bytes)
     else:
         budget = resolve_hot_budget(recipe, knobs, platform).budget_bytes
@@ -191,12 +200,18 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
                           traffic)
     _check_memory(geom, L, torch.float8_e4m3fn if fp8_banks else dtype, info, int(plan.hot_LE.sum()))
     numa = numa_policy_for(knobs.numa_policy, info.numa_node, info.reasons.get("numa_node"))
-    allocator = PinnedAllocator(pin=info.pinned, numa=numa)
-    model = HotColdMoE(layers, geom, plan.hot_LE, info, allocator, choose_compute(info))
+    if ep is None:
+        allocator = PinnedAllocator(pin=info.pinned, numa=numa)
+        model = HotColdMoE(layers, geom, plan.hot_LE, info, allocator, choose_compute(info))
+    else:
+        allocator, model = ep.build_model(layers, geom, plan.hot_LE, info, numa, choose_compute(info))
     split = cold_split.attach(model, knobs.cold_path, info, platform)
     if split is not None and info.graphs:
         notes.append(f"cold_path {knobs.cold_path}: no CUDA graph (the split reads each layer's routing on the host)")
-    engine = Engine(model, source, knobs, expert_bytes, seed=recipe.run.seed, expected_hit_rate=plan.expected_hit_rate)
+    seed = recipe.run.seed if ep is None else ep.seed(recipe.run.seed)
+    # An EP step exchanges over the network, sized on the host: it cannot be captured in a CUDA graph.
+    engine = Engine(model, source, knobs, expert_bytes, seed=seed, expected_hit_rate=plan.expected_hit_rate,
+                    use_graph=False if ep is not None else None)
     return Prepared(engine, n_steps, info, geom, plan, allocator, expert_bytes, traffic, scale, notes, expert_format,
                     trace_steps)
 

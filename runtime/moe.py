@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from hotsplit_cli.config.recipe import Recipe
-from hotsplit_cli.core.errors import UsageError
 
 from .fp8 import Fp8Experts, Fp8Format
 
@@ -51,11 +50,6 @@ class MoEGeometry:
     @classmethod
     def from_recipe(cls, recipe: Recipe, scale: float) -> MoEGeometry:
         m, tp = recipe.model, recipe.parallel.tp
-        if recipe.parallel.ep > 1:
-            raise UsageError(
-                f"parallel.ep is {recipe.parallel.ep}: the embedded runtime runs one rank holding every expert",
-                "plan EP deployments with `hotsplit plan`; run with ep: 1",
-            )
         return cls(
             hidden=scaled_dim(m.hidden_size, scale),
             inter=scaled_dim(m.moe_intermediate_size // tp, scale),

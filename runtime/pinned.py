@@ -77,6 +77,18 @@ class NumaPolicy:
         tail = {True: " (verified)", False: " (NOT on the target node)", None: ""}[self.verified]
         return f"{head}; {where}{tail}"
 
+    def node_mode(self) -> tuple[int | None, int]:
+        """(node, mbind mode) for the next slab: no node when the policy is not applied."""
+        if not self.applied:
+            return None, MPOL_PREFERRED
+        return self.node, MPOL_BIND if self.policy == "bind" else MPOL_PREFERRED
+
+    def count_located(self, location: PageLocation) -> None:
+        """Count where a new slab's sampled pages are (located once, when the slab was made)."""
+        for node, n in location.pages_by_node.items():
+            self.pages_by_node[node] = self.pages_by_node.get(node, 0) + n
+        self.located = self.located or location.why_not_located
+
     def to_doc(self) -> dict:
         total = sum(self.pages_by_node.values())
         return {"policy": self.policy, "node": self.node, "applied": self.applied, "reason": self.reason,
@@ -144,19 +156,14 @@ class PinnedAllocator:
             made = pages.tensor(), _Slab(pages.address, None, pages.size_bytes, weakref.ref(pages), pages.location)
             self.method = "pageable"
         tensor, slab = made
-        for node, n in slab.location.pages_by_node.items():
-            self.numa.pages_by_node[node] = self.numa.pages_by_node.get(node, 0) + n
-        self.numa.located = self.numa.located or slab.location.why_not_located
+        self.numa.count_located(slab.location)
         self.requested_bytes += n_bytes
         self.reserved_bytes += slab.n_bytes
         self.slabs = [s for s in self.slabs if s.alive] + [slab]
         return tensor
 
     def _node_mode(self) -> tuple[int | None, int]:
-        """(node, mbind mode) for the next slab: no node when the policy is not applied."""
-        if not self.numa.applied:
-            return None, MPOL_PREFERRED
-        return self.numa.node, MPOL_BIND if self.numa.policy == "bind" else MPOL_PREFERRED
+        return self.numa.node_mode()
 
     def _note_bind(self, error: str | None) -> None:
         if error:
@@ -190,13 +197,18 @@ class PinnedAllocator:
 
     def device_address(self, host_tensor: torch.Tensor) -> int:
         """Where the device reads `host_tensor` (a view into one of the slabs)."""
-        ptr = host_tensor.data_ptr()
-        for s in reversed(self.slabs):  # the newest first: a freed slab's range may be reused
-            if s.alive and s.host_address <= ptr < s.host_address + s.n_bytes:
-                if s.device_address is None:
-                    raise ValueError("the slab is not mapped for a device (pageable memory)")
-                return s.device_address + (ptr - s.host_address)
-        raise ValueError("the tensor is not in a slab of this allocator")
+        return slab_device_address(self.slabs, host_tensor)
+
+
+def slab_device_address(slabs: list[_Slab], host_tensor: torch.Tensor) -> int:
+    """Where the device reads `host_tensor`, a view into one of the live `slabs`."""
+    ptr = host_tensor.data_ptr()
+    for s in reversed(slabs):  # the newest first: a freed slab's range may be reused
+        if s.alive and s.host_address <= ptr < s.host_address + s.n_bytes:
+            if s.device_address is None:
+                raise ValueError("the slab is not mapped for a device (pageable memory)")
+            return s.device_address + (ptr - s.host_address)
+    raise ValueError("the tensor is not in a slab of this allocator")
 
 
 

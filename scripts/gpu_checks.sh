@@ -158,8 +158,12 @@ step_bench_cold_path() {
   run_step bench_cold_path "$1" 40 "$PY" benchmarks/bench_cold_path.py "${args[@]}"
 }
 
+# Expert parallelism: 4 ranks sharing the GPU (gloo), NCCL when each rank has a GPU of its own.
+step_ep_run() { run_step ep_run "$1" 60 "${HS[@]}" run tiny-ep4 --steps 10 --json; }
+
 STEPS=(selftest probe bench_full cuda_tests bench_runtime bench_probe)
 [ -f benchmarks/bench_cold_path.py ] && STEPS+=(bench_cold_path)
+STEPS+=(ep_run)
 FAILED=()
 left=${#STEPS[@]}
 for s in "${STEPS[@]}"; do

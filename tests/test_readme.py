@@ -20,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ("./setup.sh",)  # run by CI, not here
 CLI = ".venv/bin/hotsplit "
+TORCHRUN = ".venv/bin/torchrun "  # torch's launcher, for the expert-parallel runs
 NOT_COPIED = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", ".pytest_cache", ".ruff_cache",
                                     "build", "dist", ".whl", "gpu_checks_out")
 
@@ -65,6 +66,9 @@ def make_clone(dest: Path) -> Path:
     shim.parent.mkdir(parents=True)
     shim.write_text(f'#!/bin/sh\nPYTHONPATH="{dest}" exec "{sys.executable}" -m hotsplit_cli "$@"\n')
     shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
+    torchrun = dest / ".venv" / "bin" / "torchrun"
+    torchrun.write_text(f'#!/bin/sh\nPYTHONPATH="{dest}" exec "{sys.executable}" -m torch.distributed.run "$@"\n')
+    torchrun.chmod(torchrun.stat().st_mode | stat.S_IXUSR)
     return dest
 
 
@@ -86,7 +90,7 @@ def commands() -> list[str]:
 
 
 def test_every_readme_command_is_one_this_test_runs(commands):
-    unknown = [c for c in commands if not c.startswith(CLI)]
+    unknown = [c for c in commands if not c.startswith((CLI, TORCHRUN))]
     assert not unknown, f"teach tests/test_readme.py to run these README commands: {unknown}"
     # The DeepSeek-V3 walk-through from nothing: capture, look, plan, run; then place and plan EP.
     verbs = [c.split()[1:3] for c in commands]

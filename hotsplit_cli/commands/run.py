@@ -22,6 +22,7 @@ PlanFileOpt = Annotated[Path | None, typer.Option("--plan", help="plan.json from
 TraceOpt = Annotated[Path | None, typer.Option("--trace", help="Replay this routing trace (.npz).")]
 StepsOpt = Annotated[int | None, typer.Option("--steps", help="Engine steps (default: the recipe's run.steps).")]
 ScaleOpt = Annotated[float | None, typer.Option("--scale", help="Shrink tensors, (0, 1]; plans keep real bytes.")]
+EplbStepsOpt = Annotated[int | None, typer.Option("--eplb-steps", help="EP: steps between live rebalances (0 = off).")]
 LogJsonlOpt = Annotated[Path | None, output_option("--log-jsonl", help="Also write each record as a JSON line.",
                                                                 suffix=".jsonl")]
 
@@ -38,13 +39,16 @@ def run(
     plot: PlotOpt = None,
     cold_path: ColdPathOpt = None,
     platform: PlatformOpt = None,
+    eplb_steps: EplbStepsOpt = None,
 ) -> None:
     """Run the recipe's MoE on the hot/cold runtime: hit rate per update, then a summary."""
     out = Output(json_out)
     rec = load_recipe(recipe)
-    knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path})
+    knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path, "eplb_steps": eplb_steps})
     _check_options(platform, steps, scale, plot)
     check_run_inputs(rec, plan, trace)  # before anything is built
+    if rec.parallel.ep > 1:  # the ranks of an expert-parallel run
+        return _expert_parallel(out, rec, knobs, plan, trace, steps, scale, log_jsonl, plot, platform)
     if rec.model.kind == "hf":
         if trace is not None or steps is not None or scale is not None:
             raise UsageError("--trace, --steps and --scale apply to synthetic models",
@@ -63,7 +67,6 @@ def run(
     pdoc = prepared.to_doc()
     say = out.note if json_out else out.print
     _describe(say, rec.name, prepared, pdoc)
-
     with out.progress(f"{rec.name}: steps", prepared.steps) as advance:
         summary = _logged(say, log_jsonl, lambda on_record: prepared.engine.run(prepared.steps, on_record, advance))
 
@@ -86,6 +89,18 @@ def run(
     if summary.interrupted:
         raise Interrupted(f"interrupted at step {summary.steps} of {prepared.steps}",
                           _wrote(log_jsonl, len(summary.records), plot))
+
+
+def _expert_parallel(out: Output, rec, knobs, *options) -> None:
+    """parallel.ep > 1: launch the local ranks, or be one of them (commands/_run_ep.py), reporting
+    for the job with this command's own lines and tables."""
+    from types import SimpleNamespace
+
+    from ._run_ep import run_expert_parallel
+
+    report = SimpleNamespace(describe=_describe, logged=_logged, origin=_origin, plot=_plot,
+                             render_summary=_render_summary)
+    return run_expert_parallel(out, rec, knobs, *options, report=report)
 
 
 def _check_options(platform: Path | None, steps: int | None, scale: float | None, plot: Path | None) -> None:
@@ -122,14 +137,17 @@ def _wrote(log_jsonl: Path | None, records: int, plot: Path | None) -> str:
     return f"wrote {' and '.join(files)}" if files else "nothing was written"
 
 
-def _logged(say, log_jsonl: Path | None, runner):
-    """Run `runner(on_record)`: each hit-rate record as a human line, and as a JSON line in
-    `log_jsonl` (streamed into a temp file that is renamed when the run ends, even by Ctrl-C)."""
+def _logged(say, log_jsonl: Path | None, runner, line=None):
+    """Run `runner(on_record)`: each hit-rate record as a human line (`line(record)`, by default
+    runtime.log's), and as a JSON line in `log_jsonl` (streamed into a temp file that is renamed
+    when the run ends, even by Ctrl-C)."""
     from runtime.log import format_line, write_jsonl
+
+    line = line or format_line
 
     def go(fh=None):
         def on_record(r):
-            say(format_line(r))
+            say(line(r))
             if fh is not None:
                 write_jsonl(fh, r)
         return runner(on_record)

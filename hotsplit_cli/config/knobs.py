@@ -40,6 +40,7 @@ KNOBS = (
     KnobSpec("vram_reserve_gib", "HOTSPLIT_VRAM_RESERVE_GIB", float, 2.0, minimum=0.0),
     KnobSpec("numa_policy", "HOTSPLIT_NUMA_POLICY", str, "preferred", choices=NUMA_POLICIES),
     KnobSpec("cold_path", "HOTSPLIT_COLD_PATH", str, "gpu", choices=COLD_PATHS),
+    KnobSpec("eplb_steps", "HOTSPLIT_EPLB_STEPS", int, 0, minimum=0),  # 0 = off; EP runs only
 )
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 
@@ -56,6 +57,7 @@ class Knobs:
     numa_policy: str
     cold_path: str  # gpu | cpu | split
     sources: Mapping[str, str]  # knob -> "flag" | "env" | "recipe" | "default"
+    eplb_steps: int = 0  # steps between live expert-parallel rebalances (0 = off)
 
     def to_doc(self) -> dict:
         return {k: getattr(self, k) for k in KNOB_NAMES}

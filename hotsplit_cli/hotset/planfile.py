@@ -58,10 +58,6 @@ def plan_for_placement(hist: Histogram, recipe: Recipe, budget_bytes: int, place
     in logical ids: expert e is hot on rank r when any of r's replicas of e is hot. `hist` is
     already checked against the recipe (make_plan).
     """
-    from dataclasses import replace
-
-    from hotsplit_cli.placement.evaluate import physical_counts
-
     if tuple(placement.layers) != tuple(hist.layers):
         raise PlanError(f"placement layers {placement.layers[:3]}... differ from the histogram's "
                         f"{hist.layers[:3]}...", "create the placement from this histogram with `hotsplit place`")
@@ -75,10 +71,19 @@ def plan_for_placement(hist: Histogram, recipe: Recipe, budget_bytes: int, place
         raise PlanError(f"the placement spreads the experts over {placement.num_ranks} ranks, recipe "
                         f"{recipe.name!r} has ep={recipe.parallel.ep}",
                         f"place with --ranks {recipe.parallel.ep}, or use a recipe with ep: {placement.num_ranks}")
-    values_LP, rank_LP = physical_counts(hist.counts_LE, placement)
-    phys = plan_hot_set(values_LP, expert_bytes_per_rank(recipe), budget_bytes, rank_of_LE=rank_LP,
-                        num_ranks=placement.num_ranks)
-    R, L, E = placement.num_ranks, hist.num_layers, hist.num_experts
+    return plan_on_placement(hist.counts_LE, placement, expert_bytes_per_rank(recipe), budget_bytes)
+
+
+def plan_on_placement(counts_LE: np.ndarray, placement, expert_bytes: int, budget_bytes: int) -> Plan:
+    """Each rank's hot set among the physical experts placed on it, `counts_LE` split evenly over
+    the replicas; hot_RLE in logical ids (e hot on rank r when r's replica of e is hot)."""
+    from dataclasses import replace
+
+    from hotsplit_cli.placement.evaluate import physical_counts
+
+    values_LP, rank_LP = physical_counts(counts_LE, placement)
+    phys = plan_hot_set(values_LP, expert_bytes, budget_bytes, rank_of_LE=rank_LP, num_ranks=placement.num_ranks)
+    R, (L, E) = placement.num_ranks, np.shape(counts_LE)
     hot = np.zeros((R, L, E), dtype=bool)
     r_idx, l_idx, p_idx = np.nonzero(phys.hot_RLE)
     hot[r_idx, l_idx, placement.phy2log_LP[l_idx, p_idx]] = True
@@ -234,6 +239,11 @@ def plan_doc(result: PlanResult) -> dict:
     if placement is not None:
         doc["placement"] = {"path": str(result.placement_path), "sha256": file_sha256(result.placement_path),
                             "physical_experts": placement.num_physical}
+        # What each rank is expected to serve hot of what it receives (traffic split evenly over replicas).
+        from hotsplit_cli.placement.dispatch import placed_hit_rates
+
+        for r, rate in enumerate(placed_hit_rates(hist.counts_LE, placement, plan.hot_RLE)):
+            ranks[r]["hit_rate"] = float(rate)
     if result.costs is not None:
         doc["platform"] = str(result.platform_path) if result.platform_path else None
         doc["decode_cost_read_gbps"] = {"gbps": result.rate.gbps, "source": result.rate.source}
@@ -286,6 +296,8 @@ class PlanFile:
     budget_bytes: int | None
     made_from: str | None = None  # the histogram the plan was made from, as a user reads it
     recipe: str | None = None  # the recipe it was made with
+    placement: dict | None = None  # {"path", "sha256"} of the placement an EP plan was made on
+    rank_hit_rates: tuple[float | None, ...] = ()  # each rank's expected hit rate (EP plans)
 
     def hot_LE(self, layers, num_experts: int, rank: int = 0, model: str = "the model") -> np.ndarray:
         """Boolean hot mask [L, E] of one rank, rows in the order of `layers` (model layer ids)."""
@@ -339,9 +351,13 @@ def load_plan(path: str | os.PathLike) -> PlanFile:
 
     layers = doc.get("layers")
     layers = tuple(int(x) for x in layers) if isinstance(layers, list) else tuple(sorted(hot_by_rank[0]))
+    placement = doc.get("placement")
+    if placement is not None and not (isinstance(placement, dict) and isinstance(placement.get("path"), str)):
+        raise PlanError(f"{path}: `placement` must be an object with the placement's `path`")
+    rates = tuple(float(r["hit_rate"]) if isinstance(r.get("hit_rate"), int | float) else None for r in ranks)
     return PlanFile(Path(path), layers, tuple(hot_by_rank), number("hit_rate", float),
                     number("expert_bytes", int), number("budget_bytes", int), _made_from(doc.get("histogram")),
-                    doc.get("recipe") if isinstance(doc.get("recipe"), str) else None)
+                    doc.get("recipe") if isinstance(doc.get("recipe"), str) else None, placement, rates)
 
 
 def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | None) -> None:

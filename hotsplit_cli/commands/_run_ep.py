@@ -1,0 +1,110 @@
+"""`hotsplit run RECIPE` with parallel.ep > 1: the ranks of an expert-parallel run.
+
+Started plainly it launches the recipe's ep local ranks (torch's elastic agent) and prints only
+a failure; each rank is this same command. Under torchrun (RANK, WORLD_SIZE, ... set) it is one
+rank: rank 0 prints the header, one hit-rate line per window for the whole job, and one summary
+(or, with --json, one document); --log-jsonl is written by rank 0, one line per window with
+every rank's fields.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rich.markup import escape
+
+from ..core.errors import UsageError
+from ..core.jsonio import schema_tag
+from ..output import Output, pct
+
+
+def run_expert_parallel(out: Output, rec, knobs, plan: Path | None, trace: Path | None, steps: int | None,
+                        scale: float | None, log_jsonl: Path | None, plot: Path | None, platform: Path | None,
+                        report) -> None:
+    """`report`: run.py's describe / logged / origin / plot / render_summary, so that an EP run
+    prints in the single-rank run's terms."""
+    ep = rec.parallel.ep
+    if rec.model.kind == "hf":
+        raise UsageError(f"parallel.ep is {ep}: checkpoint recipes run on one rank", "use ep: 1 for a checkpoint")
+    if rec.parallel.tp != 1:
+        raise UsageError(f"parallel.tp is {rec.parallel.tp} with ep {ep}: the runtime runs tp 1 under ep",
+                         "use tp: 1 for an expert-parallel run")
+    from runtime.distributed.launch import in_group
+
+    if not in_group():
+        from runtime.distributed.launch import launch_local
+
+        from ..cli import _DEBUG, INVOCATION
+
+        if _DEBUG["on"]:
+            os.environ["HOTSPLIT_DEBUG"] = "1"
+        return launch_local(ep, INVOCATION["argv"])
+    world = int(os.environ["WORLD_SIZE"])
+    if world != ep:
+        raise UsageError(f"parallel.ep is {ep} but the launcher started {world} ranks",
+                         f"launch {ep} ranks (torchrun --nproc-per-node, --nnodes), or change parallel.ep")
+    _rank(out, rec, knobs, (plan, trace, steps, scale, platform), log_jsonl, plot, report)
+
+
+def _rank(out, rec, knobs, inputs, log_jsonl, plot, report) -> None:
+    from runtime.distributed.job import run_ep_rank
+    from runtime.distributed.summary import format_job_line
+
+    plan, trace, steps, scale, platform = inputs
+    say = out.note if out.json_mode else out.print
+    header = {}
+
+    def on_ready(prepared, group):
+        header["doc"] = pdoc = prepared.to_doc()
+        report.describe(say, rec.name, prepared, pdoc)
+        say(f"expert parallel: {group.world} ranks on {group.world // group.local_world} node(s), {group.backend}; "
+            f"each rank steps {prepared.engine.source.tokens_per_step} tokens; cold bank shared by each node's ranks")
+
+    def runner(on_record):
+        return run_ep_rank(rec, knobs, plan_path=plan, trace_path=trace, steps=steps, scale=scale,
+                           platform_path=platform, on_record=on_record, on_ready=on_ready)
+
+    if int(os.environ["RANK"]) != 0:
+        runner(None)
+        return
+    result = report.logged(say, log_jsonl, runner, line=format_job_line)
+    s, fig = result.summary, result.figures
+    doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), **header["doc"],
+           "parallel": {"ep": result.group.world, "backend": result.group.backend,
+                        "nodes": result.group.world // result.group.local_world},
+           "summary": {**s.to_doc(), **fig.to_doc()}}
+    if plot is not None:
+        report.plot(plot, s, rec.name)
+        doc["plot"] = str(plot)
+    origin = report.origin(out, s, result.prepared.plan.made_from, result.prepared.traffic)
+    out.emit(doc, lambda: _render(out, rec.name, s, fig, origin, plot, report))
+
+
+def _render(out: Output, name: str, s, fig, origin, plot, report) -> None:
+    ex = fig.exchange
+    pred = "" if fig.predicted_balancedness is None else f" (predicted {fig.predicted_balancedness:.4f})"
+    b = fig.bottleneck
+    rows = [("balancedness", f"{fig.balancedness:.4f}{pred}"),
+            ("bottleneck rank", f"rank {b['rank']}: {b['load']} assignments, {b['lead']:.2f}x the mean"),
+            ("exchange per layer and rank", f"{ex['measured_bytes_per_layer'] / 1024:,.1f} KiB measured vs "
+                                            f"{ex['predicted_bytes_per_layer'] / 1024:,.1f} KiB by the ledger, "
+                                            f"{ex['ms_per_layer']:.2f} ms")]
+    for r in fig.rebalances:
+        if r["skipped"]:
+            rows.append((f"rebalance at step {r['step']}", f"skipped: {r['skipped']}"))
+            continue
+        after = "" if r["achieved_after"] is None else f", achieved {r['achieved_after']:.3f}"
+        rows.append((f"rebalance at step {r['step']}",
+                     f"balancedness {r['before']:.3f} -> {r['predicted_after']:.3f} predicted{after}; "
+                     f"{r['experts_moved']} slots refilled, up to {max(r['bytes_moved_R']) / 2**20:.2f} MiB per rank "
+                     f"from the shared cold bank, {r['ms']:.1f} ms, {r['steps_disturbed']} steps disturbed"))
+    report.render_summary(out, f"hotsplit run {name} (ep {len(fig.ranks)})", s, [], rows, origin)
+    t = out.table("rank", "assignments", "hit rate", "expected", "cold reads", "swaps", title="ranks")
+    for r in fig.ranks:
+        want = r.get("predicted_hit_rate", r["expected_hit_rate"])
+        t.add_row(str(r["rank"]), str(r["tokens"]), pct(r["hit_rate"]), pct(want), str(r["cold_reads"]),
+                  str(r["swaps"]))
+    out.print(t)
+    if plot is not None:
+        out.print(escape(f"plot: {plot}"))

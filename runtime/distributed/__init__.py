@@ -1,0 +1,19 @@
+"""Expert parallelism: `hotsplit run` on N ranks with torch.distributed.
+
+Words (besides the runtime's glossary in runtime/__init__.py):
+
+- **rank**: one process of the job, one GPU (or a share of one, or a CPU); `node`: the machine it
+  runs on; `local rank`: its index on that node.
+- **placement**: which logical expert each physical slot holds (`phy2log` [L, P]); slot p lives
+  on rank p // (P / R). Without a placement file the layout is contiguous.
+- **replica rule**: which replica serves each routed assignment
+  (hotsplit_cli/placement/dispatch.py, shared with every prediction).
+- **load**: the routed assignments a rank receives in one exchange (one step, one layer);
+  **balancedness**: sum of mean rank loads / sum of max rank loads over the exchanges.
+
+Layout, one job per file: launch.py joins the group (torchrun) or launches the local ranks
+(torch's elastic agent) and turns a failed rank into one error line; dispatch.py the exchange
+(uneven all_to_all_single) and the rank's MoE stack; shared_bank.py the cold bank shared by a
+node's ranks; rank.py what one rank adds to `prepare_run` and its lockstep loop; summary.py the
+job's figures gathered to rank 0; job.py what `hotsplit run` calls in each rank.
+"""

@@ -1,0 +1,164 @@
+"""Dispatch and combine: each routed assignment to one replica of its expert, computed there on
+the rank's hot slot or cold bank, and its output back to the token's rank.
+
+Per MoE layer and step, on every rank at once:
+1. the rank's assignments [T, K] get their physical slots by the replica rule
+   (`hotsplit_cli.placement.dispatch.choose_replicas`, the one every prediction uses) and are
+   sorted by the rank that holds each slot;
+2. the counts per destination go round the control group (an all_to_all_single of R numbers),
+   then the token rows and their logical expert ids go in one uneven all_to_all_single each
+   (the list forms of all_to_all do not work on gloo, so every exchange is the single-tensor one,
+   posted in the same order on every rank);
+3. the receiver computes what it received as A assignments with K = 1 and weight 1 through the
+   rank's own compute (hot slot or cold bank, cold_path gpu / cpu / split as a single rank does);
+4. the outputs come back by the reverse all_to_all_single and the sender sums
+   weight x output per token in float32, as the reference does.
+
+A rank's load in a layer is the number of assignments it receives. The exchange's bytes are the
+activation rows leaving the rank (dispatch: rows it sends to others; combine: outputs it returns
+to others), what the ledger's All-to-All formula predicts; ids and counts are counted apart.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from hotsplit_cli.placement.dispatch import ReplicaMap, choose_replicas
+
+from ..model import HotColdMoE
+from ..moe import swiglu
+
+
+@dataclass
+class Sent:
+    """One layer's dispatch on this rank, kept for its combine."""
+
+    order_A: torch.Tensor  # int64 [A]: flattened (t * K + k) assignments in send order
+    send_counts: list[int]  # [R] assignments sent to each rank
+    recv_counts: list[int]  # [R] assignments received from each rank
+    x_AH: torch.Tensor  # received rows
+    experts_A: torch.Tensor  # int64: their logical experts
+
+
+@dataclass
+class ExchangeStats:
+    """Totals since the run began (this rank)."""
+
+    loads: list[list[int]] = field(default_factory=list)  # per step: assignments received per layer
+    act_bytes: int = 0  # activation bytes leaving this rank, dispatch + combine
+    meta_bytes: int = 0  # ids and counts leaving this rank
+    ms: float = 0.0  # wall time inside the all_to_all_single calls
+    exchanges: int = 0  # (step, layer) exchanges
+
+
+class Exchange:
+    """The all_to_all_single exchange of one rank. `group`: the device group (gloo on a CPU,
+    NCCL when each rank has its own GPU); `control`: a gloo group for the counts."""
+
+    def __init__(self, replicas: ReplicaMap, rank: int, world: int, group=None, control=None):
+        self.replicas, self.rank, self.world = replicas, rank, world
+        self.group, self.control = group, control
+        self.stats = ExchangeStats()
+
+    def set_replicas(self, replicas: ReplicaMap) -> None:
+        """A new map, between two steps (every rank switches at the same step)."""
+        self.replicas = replicas
+
+    def _a2a(self, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits, group) -> None:
+        t0 = time.perf_counter()
+        if out.is_cuda and dist.get_backend(group) == "gloo":  # ranks sharing a GPU: gloo moves host tensors
+            host = torch.empty(out.shape, dtype=out.dtype)
+            dist.all_to_all_single(host, inp.cpu(), out_splits, in_splits, group=group)
+            out.copy_(host)
+        else:
+            dist.all_to_all_single(out, inp, out_splits, in_splits, group=group)
+        self.stats.ms += (time.perf_counter() - t0) * 1e3
+
+    def dispatch(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor) -> Sent:
+        T, K = ids_TK.shape
+        R, dev = self.world, x_TH.device
+        ids = ids_TK.detach().cpu().numpy()
+        slot_A = choose_replicas(ids, self.replicas, li, self.rank).reshape(-1)
+        dest_A = np.where(slot_A >= 0, self.replicas.slot_rank(slot_A), R)  # padding sorts last, is not sent
+        order = np.argsort(dest_A, kind="stable")
+        order = order[dest_A[order] < R]
+        send_counts = np.bincount(dest_A[order], minlength=R)[:R]
+        counts_in = torch.from_numpy(send_counts.astype(np.int64))
+        counts_out = torch.empty_like(counts_in)
+        dist.all_to_all_single(counts_out, counts_in, group=self.control)
+        recv_counts, send = counts_out.tolist(), send_counts.tolist()
+        order_A = torch.from_numpy(order).to(dev)
+        x_send = x_TH[order_A // K].contiguous()
+        e_send = ids_TK.reshape(-1).to(dev).long()[order_A].contiguous()
+        x_recv = x_TH.new_empty((sum(recv_counts), x_TH.shape[1]))
+        e_recv = torch.empty(sum(recv_counts), dtype=torch.int64, device=dev)
+        self._a2a(x_recv, x_send, recv_counts, send, self.group)
+        self._a2a(e_recv, e_send, recv_counts, send, self.group)
+        row = x_TH.shape[1] * x_TH.element_size()
+        remote_sent = sum(send) - send[self.rank]
+        self.stats.act_bytes += remote_sent * row
+        self.stats.meta_bytes += remote_sent * 8 + (R - 1) * 8
+        self.stats.exchanges += 1
+        return Sent(order_A, send, recv_counts, x_recv, e_recv)
+
+    def combine(self, sent: Sent, y_AH: torch.Tensor, w_TK: torch.Tensor, num_tokens: int) -> torch.Tensor:
+        """Outputs [T, H] of this rank's tokens: sum over k of w x output of its replica."""
+        K = w_TK.shape[1]
+        back = y_AH.new_empty((len(sent.order_A), y_AH.shape[1]))
+        self._a2a(back, y_AH.contiguous(), sent.send_counts, sent.recv_counts, self.group)
+        returned = sum(sent.recv_counts) - sent.recv_counts[self.rank]  # outputs going back to other ranks
+        self.stats.act_bytes += returned * y_AH.shape[1] * y_AH.element_size()
+        w_A = w_TK.reshape(-1).float()[sent.order_A]
+        out = torch.zeros(num_tokens, y_AH.shape[1], dtype=torch.float32, device=y_AH.device)
+        out.index_add_(0, sent.order_A // K, back.float() * w_A[:, None])
+        return out.to(y_AH.dtype)
+
+
+class EPMoE(HotColdMoE):
+    """The hot/cold stack of one expert-parallel rank: every layer's bank holds the node's cold
+    bank of all E experts (shared, see shared_bank.py) and hot slots for experts placed on this
+    rank; the routed experts of each layer go through the exchange. Counters count the
+    assignments this rank receives, so hit rates and dynamic swaps are this rank's."""
+
+    def __init__(self, *args, exchange: Exchange, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.exchange = exchange
+        self._step_loads: list[int] = []
+        self.live_counts_LE = torch.zeros_like(self.counts_LE, device="cpu")  # since the last rebalance
+        self.held_LE: np.ndarray | None = None  # bool [L, E]: experts with a replica here (set by the rank)
+
+    def layer(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor | None = None,
+              w_TK: torch.Tensor | None = None) -> torch.Tensor:
+        if ids_TK is None:
+            ids_TK, w_TK = self.routers[li](x_TH)
+        sent = self.exchange.dispatch(li, x_TH, ids_TK)
+        e_A = sent.experts_A
+        counts_E = self.step_counts_LE[li]
+        counts_E.scatter_add_(0, e_A, torch.ones_like(e_A))
+        ones_A1 = torch.ones(len(e_A), 1, dtype=torch.float32, device=x_TH.device)
+        y_AH = self.compute(sent.x_AH, e_A[:, None], ones_A1, self.banks[li], counts_E)
+        self._step_loads.append(len(e_A))
+        y = self.exchange.combine(sent, y_AH, w_TK, x_TH.shape[0])
+        if self.shared[li] is not None:
+            y = y + swiglu(x_TH, *self.shared[li])
+        return y
+
+    def read_counters(self, reset_window: bool = True) -> dict[str, np.ndarray]:
+        """The window's counters; counts only of the experts this rank holds now (`held_LE`), so
+        that a dynamic swap never brings in an expert a rebalance took away."""
+        out = super().read_counters(reset_window)
+        if self.held_LE is not None:
+            out["counts_LE"][~self.held_LE] = 0.0
+        return out
+
+    def step(self, x_TH, ids_LTK=None, w_LTK=None):
+        self._step_loads = []
+        h = super().step(x_TH, ids_LTK, w_LTK)
+        self.live_counts_LE += self.step_counts_LE.cpu()
+        self.exchange.stats.loads.append(self._step_loads)
+        return h

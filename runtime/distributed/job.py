@@ -1,0 +1,120 @@
+"""What `hotsplit run` does in each rank of an expert-parallel job: join the group, build the
+rank (prepare_run with RankHooks), step in lockstep, gather the job's figures to rank 0, leave.
+
+Rank 0 gets every window's `JobRecord` (through `on_record`) and the job's `EPResult`; the other
+ranks get None. An error on any rank goes to the launcher (launch.report_rank_error).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch.distributed as dist
+
+from hotsplit_cli.analysis.ledger import CommModel, a2a_ledger
+from hotsplit_cli.config.knobs import Knobs
+from hotsplit_cli.config.recipe import Recipe
+from hotsplit_cli.hotset.planfile import load_plan
+from hotsplit_cli.placement.algorithm import Placement
+from hotsplit_cli.placement.dispatch import contiguous_placement, predict_trace
+
+from ..from_recipe import Prepared, prepare_run
+from . import launch
+from .rank import RankHooks, placement_of_plan, run_rank
+from .rebalance import Rebalancer
+from .summary import EPFigures, gather_rows, job_record, job_summary
+
+
+@dataclass
+class EPResult:
+    """Rank 0's view of the finished job."""
+
+    prepared: Prepared  # rank 0's
+    group: launch.Group
+    summary: object  # the job's RunSummary
+    figures: EPFigures
+    records: list = field(default_factory=list)
+
+
+def run_ep_rank(recipe: Recipe, knobs: Knobs, *, plan_path: Path | None = None, trace_path: Path | None = None,
+                steps: int | None = None, scale: float | None = None, platform_path: Path | None = None,
+                on_record: Callable | None = None, on_ready: Callable[[Prepared, launch.Group], None] | None = None,
+                placement: Placement | None = None) -> EPResult | None:
+    """Run this rank (RANK etc. set by the launcher). `on_ready(prepared, group)` is called on
+    rank 0 once the rank is built; `placement` overrides the plan's (tests use random ones)."""
+    launch.stop_on_signal()
+    group = launch.join()
+    try:
+        return _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_path, on_record, on_ready,
+                    placement)
+    except BaseException as exc:  # noqa: BLE001 - every failure of a rank is reported for the job
+        launch.report_rank_error(group.rank, exc)
+        raise
+    finally:
+        launch.leave()
+
+
+def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_path, on_record, on_ready, placement):
+    m = recipe.model
+    E, layers = m.num_experts, m.moe_layer_ids
+    if placement is None:
+        placement = (placement_of_plan(load_plan(plan_path), layers, E, group.world) if plan_path is not None
+                     else contiguous_placement(layers, E, group.world))
+    hooks = RankHooks(group, placement, E)
+    prepared = prepare_run(recipe, knobs, plan_path=plan_path, trace_path=trace_path, steps=steps, scale=scale,
+                           platform_path=platform_path, ep=hooks)
+    from ..device import tune_cpu_threads
+
+    tune_cpu_threads(prepared.info)
+    if group.rank == 0 and on_ready is not None:
+        on_ready(prepared, group)
+    engine, control = prepared.engine, group.control
+    book = engine.book
+    last = {"hits_L": np.zeros(engine.model.num_layers), "assigned_L": np.zeros(engine.model.num_layers), "cold": 0}
+    records = []
+
+    def on_window(rec, loads_WL):
+        hits_L, assigned_L = book.layer_hits_L - last["hits_L"], book.layer_assigned_L - last["assigned_L"]
+        counters = {"hits_L": hits_L, "assigned_L": assigned_L,
+                    "cold_reads": book.cold_reads - last["cold"]}
+        last.update(hits_L=book.layer_hits_L.copy(), assigned_L=book.layer_assigned_L.copy(), cold=book.cold_reads)
+        job = job_record(rec, counters, loads_WL, np.array([book.hits, book.assigned]), control)
+        if job is not None:
+            records.append(job)
+            if on_record is not None:
+                on_record(job)
+
+    rebalancer = Rebalancer(hooks, engine.model, control, prepared.expert_bytes) if knobs.eplb_steps else None
+    run = run_rank(engine, prepared.steps, on_window, rebalancer)
+    stats = engine.model.exchange.stats
+    hot_RLE = gather_rows(engine.model.hot_LE().astype(np.float64), control)  # for the prediction (static runs)
+    out = job_summary(run, stats, hooks.expected_rank_hit_rate, book.cold_reads, 0.0, control)
+    dist.barrier(group=control)
+    if out is None:
+        return None
+    summary, figures = out
+    summary.hit_rate_last_window = records[-1].hit_rate_window if records else None
+    summary.records = records
+    L = engine.model.num_layers
+    geom = prepared.geom
+    tokens_per_rank = summary.tokens / max(summary.steps, 1) / group.world
+    small = dataclasses.replace(recipe, model=dataclasses.replace(m, hidden_size=geom.hidden))
+    act_bytes = engine.model.banks[0].compute_dtype.itemsize
+    ledger = a2a_ledger(small, CommModel(tokens_per_step=max(1, round(tokens_per_rank)), act_bytes=act_bytes))
+    figures.exchange["predicted_bytes_per_layer"] = ledger.a2a_bytes_per_layer * tokens_per_rank / max(
+        1, round(tokens_per_rank))
+    figures.exchange["predicted_by"] = "ledger: 2 x tokens x top_k x hidden x act_bytes x (ep - 1) / ep"
+    figures.placement = {"method": placement.method, "physical_experts": placement.num_physical,
+                         "slots_per_rank": placement.slots_per_rank}
+    figures.rebalances = [r.to_doc() for r in rebalancer.reports] if rebalancer else []
+    if hooks.trace is not None and not figures.rebalances:  # a static layout: the prediction holds
+        pred = predict_trace(hooks.trace.topk_ids_SLTK[:summary.steps], placement, E,
+                             hot_RLE.reshape(group.world, L, E) > 0.5)
+        figures.predicted_balancedness = pred.balancedness
+        for r, rate in enumerate(pred.hit_rate_R):
+            figures.ranks[r]["predicted_hit_rate"] = float(rate)
+    return EPResult(prepared, group, summary, figures, records)

@@ -1,0 +1,219 @@
+"""Joining or launching the ranks of an expert-parallel run, and turning a failure into one line.
+
+- Under torchrun (or any launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+  MASTER_PORT) a process joins that group: multi-node works the torchrun way (`--nnodes`,
+  `--node-rank`, rendezvous).
+- Started plainly, `hotsplit run` becomes the launcher of its N local ranks through torch's own
+  elastic agent (`torch.distributed.launcher.api.elastic_launch`, what torchrun runs): each rank
+  is `python -m hotsplit_cli run ...` with the same arguments. The agent watches the ranks; when
+  one exits or dies, it stops the others (SIGTERM, then SIGKILL), so no rank is left behind and
+  no rank waits on a dead peer. Ranks other than 0 write their output to a log folder; each
+  rank that fails writes its error into that folder instead of printing it, and the launcher
+  prints one line naming the rank and the cause: a rank killed by a signal first, then a rank's
+  own error, then ranks that only lost their peers.
+- Backend: NCCL when every rank of the node has its own GPU, gloo otherwise (a CPU, or ranks
+  sharing one GPU). The counts of each exchange go over a gloo control group beside it. Every
+  collective is bounded by COLLECTIVE_TIMEOUT_S, so a rank that hangs fails the job instead of
+  holding it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hotsplit_cli.core.errors import HotsplitError, Interrupted, RuntimeFailure
+
+from .shared_bank import SHM_DIR, remove_leftovers
+
+COLLECTIVE_TIMEOUT_S = 120  # one collective (a step's exchange, the summary) waits at most this long
+ERROR_DIR_ENV = "HOTSPLIT_EP_ERROR_DIR"  # set by the launcher: ranks write their error here
+GROUP_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def in_group(environ=os.environ) -> bool:
+    """This process was started by a launcher as one rank of a group."""
+    return all(k in environ for k in GROUP_ENV)
+
+
+@dataclass
+class Group:
+    """This rank's place in the job. `node`: index of its node, `job`: the run's id."""
+
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+    node: int
+    job: str
+    backend: str
+    control: object | None = None  # gloo group for counts and flags (None: the world group is gloo)
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.control)
+
+
+def backend_for(local_world: int) -> str:
+    """NCCL when each rank of the node has its own GPU, else gloo."""
+    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world:
+        return "nccl"
+    return "gloo"
+
+
+def join(environ=os.environ) -> Group:
+    """Join the group the launcher set up (bounded by COLLECTIVE_TIMEOUT_S)."""
+    rank, world = int(environ["RANK"]), int(environ["WORLD_SIZE"])
+    local_rank = int(environ["LOCAL_RANK"])
+    local_world = int(environ.get("LOCAL_WORLD_SIZE", 1))
+    node = int(environ.get("GROUP_RANK", rank // max(local_world, 1)))
+    # Unique per job on a machine (a static rendezvous names every run "none"), the same on every rank.
+    job = f"{environ.get('TORCHELASTIC_RUN_ID', 'run')}-{environ['MASTER_ADDR']}-{environ['MASTER_PORT']}"
+    backend = backend_for(local_world)
+    timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend, timeout=timeout)
+    control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
+    return Group(rank, world, local_rank, local_world, node, job, backend, control)
+
+
+def leave() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ---- a rank's error, for the launcher ----------------------------------------------------------
+
+
+class ReportedElsewhere(HotsplitError):
+    """A rank's error, written for the launcher, which prints the job's one error line."""
+
+    def __init__(self, exit_code: int):
+        super().__init__("")
+        self.exit_code = exit_code
+
+
+def is_peer_loss(exc: BaseException) -> bool:
+    """A collective failed because another rank went away (gloo: connection closed or reset)."""
+    text = str(exc).lower()
+    return isinstance(exc, dist.DistError) or any(w in text for w in (
+        "connection closed", "connection reset", "broken pipe", "gloo", "timed out", "peer"))
+
+
+def report_rank_error(rank: int, exc: BaseException, environ=os.environ) -> None:
+    """Re-raise `exc` as the CLI would show it, except under this launcher: there the error goes
+    to the launcher's folder and the process exits quietly with its code."""
+    folder = environ.get(ERROR_DIR_ENV)
+    if isinstance(exc, KeyboardInterrupt):
+        if folder:
+            raise ReportedElsewhere(130) from None
+        raise exc
+    if isinstance(exc, HotsplitError):
+        line, code, kind = exc.render(), exc.exit_code, "error"
+    else:
+        kind = "peer" if is_peer_loss(exc) else "error"
+        line, code = f"error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", 1
+    if not folder:
+        if isinstance(exc, HotsplitError):
+            raise RuntimeFailure(f"rank {rank}: {exc.message}", exc.hint) from None
+        raise RuntimeFailure(f"rank {rank}: {line[len('error: '):]}") from None
+    doc = {"rank": rank, "line": line, "kind": kind, "exit_code": code, "time": time.time()}
+    tmp = Path(folder) / f".rank{rank}.json"
+    tmp.write_text(json.dumps(doc))
+    tmp.rename(Path(folder) / f"rank{rank}.json")
+    raise ReportedElsewhere(code) from None
+
+
+# ---- the local launcher ---------------------------------------------------------------------------
+
+
+def launch_local(nproc: int, argv: list[str]) -> None:
+    """Run `python -m hotsplit_cli *argv` as `nproc` local ranks under torch's elastic agent;
+    returns when all finished, raises one HotsplitError naming the rank that failed first."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)  # the agent's own chatter; failures are ours to say
+    job = f"hotsplit-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    folder = tempfile.mkdtemp(prefix="hotsplit-ep-")
+    logs = DefaultLogsSpecs(log_dir=folder, redirects={r: Std.ALL for r in range(1, nproc)})
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=job, rdzv_backend="c10d",
+                          rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1, logs_specs=logs)
+    saved = os.environ.get(ERROR_DIR_ENV)
+    os.environ[ERROR_DIR_ENV] = folder
+    try:
+        elastic_launch(config, sys.executable)("-m", "hotsplit_cli", *argv)
+    except ChildFailedError as exc:
+        raise job_failure(exc.failures, folder, nproc) from None
+    except (SignalException, KeyboardInterrupt):
+        raise Interrupted(f"interrupted: all {nproc} ranks were stopped", "nothing was written") from None
+    finally:
+        if saved is None:
+            os.environ.pop(ERROR_DIR_ENV, None)
+        else:
+            os.environ[ERROR_DIR_ENV] = saved
+        remove_leftovers(SHM_DIR, job)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def job_failure(failures: dict, folder: str, nproc: int) -> HotsplitError:
+    """The one error of a failed job: `failures` maps rank -> torch's ProcessFailure."""
+    reports = {}
+    for p in Path(folder).glob("rank*.json"):
+        try:
+            doc = json.loads(p.read_text())
+            reports[int(doc["rank"])] = doc
+        except (OSError, ValueError, KeyError):
+            continue
+    stop = "every rank was stopped"
+    killed = [(r, f) for r, f in sorted(failures.items())
+              if f.signal_name() not in ("<N/A>", "SIGTERM", "SIGINT") and r not in reports]
+    if killed:
+        r, f = killed[0]
+        return RuntimeFailure(f"rank {r} of {nproc} was killed by {f.signal_name()}", stop)
+    errors = sorted((d for d in reports.values() if d["kind"] == "error"), key=lambda d: d["time"])
+    if errors:
+        d = errors[0]
+        err = RuntimeFailure(f"rank {d['rank']} of {nproc}: {d['line'][len('error: '):]}", stop)
+        err.exit_code = int(d.get("exit_code", 1))
+        return err
+    silent = [(r, f) for r, f in sorted(failures.items()) if r not in reports and f.exitcode not in (0, None)
+              and f.signal_name() in ("<N/A>",)]
+    if silent:
+        r, f = silent[0]
+        return RuntimeFailure(f"rank {r} of {nproc} exited with code {f.exitcode}{_last_line(folder, r)}", stop)
+    if reports:
+        d = min(reports.values(), key=lambda d: d["time"])
+        return RuntimeFailure(f"rank {d['rank']} of {nproc} lost its peers: {d['line'][len('error: '):]}", stop)
+    r, f = sorted(failures.items())[0]
+    return RuntimeFailure(f"rank {r} of {nproc} failed (exit code {f.exitcode})", stop)
+
+
+def _last_line(folder: str, rank: int) -> str:
+    """`: <last line of the rank's stderr>` from the agent's log folder, or ''."""
+    for p in Path(folder).rglob("stderr.log"):
+        if p.parent.name == str(rank):
+            lines = [x for x in p.read_text(errors="replace").splitlines() if x.strip()]
+            return f": {lines[-1].strip()[:200]}" if lines else ""
+    return ""
+
+
+def stop_on_signal() -> None:
+    """In a rank: SIGTERM (the agent stopping the job) ends the process at once, quietly."""
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))

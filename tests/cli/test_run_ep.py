@@ -1,0 +1,154 @@
+"""`hotsplit run` with parallel.ep > 1, through real processes: the plain launcher and torchrun
+agree, rank 0 reports for the job, a killed rank or Ctrl-C stops every rank with one line.
+Every job is bounded in time and its whole session is killed afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.ep.harness import REPO, env_for_ranks, kill_tagged, run_job, tagged_pids, torchrun
+
+HOTSPLIT = [sys.executable, "-m", "hotsplit_cli"]
+STEPS = ["--steps", "20"]
+
+
+def _doc(done):
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_plain_start_and_torchrun_agree(tmp_path):
+    log = tmp_path / "ep.jsonl"
+    plain = _doc(run_job([*HOTSPLIT, "run", "tiny-ep4", "--json", *STEPS, "--log-jsonl", str(log)]))
+    under = _doc(run_job(torchrun(4, ["-m", "hotsplit_cli", "run", "tiny-ep4", "--json", *STEPS])))
+    for doc in (plain, under):
+        s = doc["summary"]
+        assert doc["parallel"] == {"ep": 4, "backend": "gloo", "nodes": 1}
+        assert [r["rank"] for r in s["ranks"]] == [0, 1, 2, 3]
+        assert sum(r["tokens"] for r in s["ranks"]) == 20 * 4 * 16 * 4 * 4  # steps x ranks x tokens x top_k x layers
+        assert 0 < s["balancedness"] <= 1
+        assert s["exchange"]["measured_bytes_per_layer"] > 0 and s["exchange"]["predicted_bytes_per_layer"] > 0
+    assert [r["hit_rate"] for r in plain["summary"]["ranks"]] == [r["hit_rate"] for r in under["summary"]["ranks"]]
+    assert plain["summary"]["balancedness"] == under["summary"]["balancedness"]
+    assert plain["summary"]["hit_rate"] == under["summary"]["hit_rate"]
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["step"] for x in lines] == [20]
+    assert [r["rank"] for r in lines[0]["ranks"]] == [0, 1, 2, 3] and "balancedness" in lines[0]
+    assert sum(r["tokens"] for r in lines[0]["ranks"]) == sum(r["tokens"] for r in plain["summary"]["ranks"])
+
+
+def test_rank_zero_prints_for_the_job(tmp_path):
+    done = run_job([*HOTSPLIT, "run", "tiny-ep4", "--steps", "4"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("hotsplit run tiny-ep4 (ep 4)") == 1
+    assert done.stdout.count("expert parallel: 4 ranks") == 1
+    assert done.stdout.count("step       4  hit") == 1
+    assert "error" not in done.stderr
+
+
+def test_a_world_that_is_not_the_recipes_ep_is_refused():
+    done = run_job(torchrun(2, ["-m", "hotsplit_cli", "run", "tiny-ep4", *STEPS]))
+    assert done.returncode != 0
+    assert "error: parallel.ep is 4 but the launcher started 2 ranks" in done.stderr
+
+
+def _rank_pid(tag: str, rank: int) -> int | None:
+    for pid in tagged_pids(tag):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env:
+            return pid
+    return None
+
+
+def _start_long_run(tag: str):
+    proc = subprocess.Popen([*HOTSPLIT, "run", "tiny-ep4", "--steps", "100000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env_for_ranks(tag), cwd=REPO,
+                            start_new_session=True)
+    deadline = time.monotonic() + 200
+    for line in proc.stdout:  # the header: every rank is built and stepping
+        if line.startswith("expert parallel:") or time.monotonic() > deadline:
+            break
+    return proc
+
+
+def _finish(proc, limit_s: float):
+    t0 = time.monotonic()
+    try:
+        out, err = proc.communicate(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"the job did not stop within {limit_s} s")
+    return proc.returncode, err, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("how", ["kill-rank", "ctrl-c"])
+def test_a_killed_rank_or_ctrl_c_stops_every_rank(how):
+    tag = uuid.uuid4().hex
+    proc = _start_long_run(tag)
+    try:
+        time.sleep(1.0)
+        assert len(tagged_pids(tag)) == 5  # the launcher and its 4 ranks
+        if how == "kill-rank":
+            pid = _rank_pid(tag, 2)
+            assert pid is not None, "rank 2 not found"
+            os.kill(pid, signal.SIGKILL)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
+        rc, err, took = _finish(proc, 60)
+        lines = [x for x in err.splitlines() if x.startswith("error:")]
+        if how == "kill-rank":
+            want = ["error: rank 2 of 4 was killed by SIGKILL; every rank was stopped"]
+            assert rc == 1 and lines == want, err[-2000:]
+        else:
+            assert rc == 130 and len(lines) == 1 and "interrupted" in lines[0], err[-2000:]
+        time.sleep(0.5)
+        assert tagged_pids(tag) == []  # no rank left behind
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"hotsplit-hotsplit-{proc.pid}-")]
+    finally:
+        kill_tagged(tag)
+
+
+@pytest.mark.parametrize("where, value, message", [
+    ("flag", "-1", "error: --eplb-steps: must be >= 0, got -1"),
+    ("env", "often", "error: HOTSPLIT_EPLB_STEPS: must be an integer, got 'often'"),
+    ("recipe", "-3", "error: hotsplit.eplb_steps: must be >= 0, got -3"),
+])
+def test_a_bad_eplb_steps_exits_2_with_one_line_and_writes_nothing(tmp_path, where, value, message):
+    recipe = "tiny-ep4"
+    env = env_for_ranks()
+    args = [*HOTSPLIT, "run"]
+    if where == "recipe":
+        from tests.runtime.ep.harness import tiny_ep_recipe
+
+        recipe = str(tiny_ep_recipe(tmp_path / "r.yaml", 2, **{"hotsplit.eplb_steps": int(value)}))
+    args += [recipe, "--log-jsonl", str(tmp_path / "log.jsonl")]
+    if where == "flag":
+        args += ["--eplb-steps", value]
+    if where == "env":
+        env["HOTSPLIT_EPLB_STEPS"] = value
+    done = run_job(args, env=env, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [message]
+    assert done.stdout == "" and not (tmp_path / "log.jsonl").exists()
+
+
+def test_the_eplb_flag_beats_the_environment_and_the_recipe():
+    from hotsplit_cli.config.knobs import resolve_knobs
+
+    assert resolve_knobs({"eplb_steps": 5}, {"HOTSPLIT_EPLB_STEPS": "7"}, {"eplb_steps": 9}).eplb_steps == 9
+    assert resolve_knobs({"eplb_steps": 5}, {"HOTSPLIT_EPLB_STEPS": "7"}, {}).eplb_steps == 7
+    assert resolve_knobs({"eplb_steps": 5}, {}, {}).eplb_steps == 5
+    assert resolve_knobs({}, {}, {}).eplb_steps == 0

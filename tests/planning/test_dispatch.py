@@ -1,0 +1,71 @@
+"""The replica rule and the EP predictions (numpy): what the runtime dispatches by."""
+
+import numpy as np
+
+from hotsplit_cli.placement.algorithm import Geometry, Placement
+from hotsplit_cli.placement.dispatch import (
+    ReplicaMap,
+    balancedness,
+    choose_replicas,
+    contiguous_placement,
+    placed_hit_rates,
+    predict_trace,
+    token_shard,
+)
+from hotsplit_cli.placement.evaluate import evaluate, random_layout
+
+
+def test_token_shards_cover_every_token_once():
+    for T in range(0, 11):
+        for R in range(1, 5):
+            got = np.concatenate([np.arange(T)[token_shard(T, R, r)] for r in range(R)])
+            assert got.tolist() == list(range(T))
+            sizes = [token_shard(T, R, r).stop - token_shard(T, R, r).start for r in range(R)]
+            assert max(sizes) - min(sizes) <= 1
+
+
+def test_replicas_of_one_expert_differ_by_at_most_one_per_source():
+    # Expert 0 has replicas in slots 0, 2, 5; experts 1, 2 one each.
+    lay = Placement((1,), 3, np.array([[0, 1, 0, 2, 1, 0]]))
+    reps = ReplicaMap.of(lay, 3)
+    ids = np.zeros((7, 2), dtype=np.int64)
+    ids[:, 1] = 1
+    for src in range(3):
+        slot = choose_replicas(ids, reps, 0, src)
+        n0 = np.bincount(slot[:, 0], minlength=6)[[0, 2, 5]]
+        assert n0.sum() == 7 and n0.max() - n0.min() <= 1
+        assert set(slot[:, 1].tolist()) <= {1, 4}
+        # The source's offset moves the remainder: source s starts at replica s mod 3.
+        assert slot[0, 0] == [0, 2, 5][src % 3]
+
+
+def test_padding_gets_no_slot_and_the_rule_is_deterministic():
+    lay = random_layout(8, (1, 2), Geometry(4, 4), seed=3)
+    reps = ReplicaMap.of(lay, 8)
+    ids = np.random.default_rng(0).integers(-1, 8, size=(9, 3))
+    a, b = choose_replicas(ids, reps, 1, 2), choose_replicas(ids.copy(), reps, 1, 2)
+    assert (a == b).all() and (a[ids < 0] == -1).all()
+    assert (lay.phy2log_LP[1][a[ids >= 0]] == ids[ids >= 0]).all()  # every slot holds its expert
+
+
+def test_without_replicas_the_prediction_is_the_histogram_evaluation():
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 8, size=(5, 2, 9, 2))  # [S, L, T, K]
+    lay = contiguous_placement((1, 2), 8, 4)
+    pred = predict_trace(ids, lay, 8)
+    counts_SLE = np.stack([[np.bincount(ids[s, li].ravel(), minlength=8) for li in range(2)] for s in range(5)])
+    assert np.isclose(pred.balancedness, evaluate(counts_SLE, lay).balancedness)
+    assert pred.loads_SLR.sum() == ids.size
+
+
+def test_hit_rates_and_balancedness():
+    assert balancedness(np.array([[2, 2], [0, 0]])) == 1.0
+    assert balancedness(np.array([[3, 1]])) == 2 / 3
+    lay = contiguous_placement((1,), 4, 2)
+    hot = np.zeros((2, 1, 4), dtype=bool)
+    hot[0, 0, 0] = hot[1, 0, 3] = True
+    rates = placed_hit_rates(np.array([[3.0, 1.0, 1.0, 1.0]]), lay, hot)
+    assert np.allclose(rates, [0.75, 0.5])
+    ids = np.array([[[[0, 1]], [[3, 2]]]]).reshape(1, 1, 2, 2)  # one step, two tokens
+    pred = predict_trace(ids, lay, 4, hot)
+    assert pred.hits_R.tolist() == [1, 1] and pred.loads_SLR.tolist() == [[[2, 2]]]
