@@ -14,9 +14,9 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from ..core.errors import UsageError
-from ..core.jsonio import schema_tag
-from ..output import Output, pct
+from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.core.jsonio import schema_tag
+from hotsplit_cli.output import Output, debug_on, pct
 
 
 def run_expert_parallel(out: Output, rec, knobs, plan: Path | None, trace: Path | None, steps: int | None,
@@ -33,11 +33,10 @@ def run_expert_parallel(out: Output, rec, knobs, plan: Path | None, trace: Path 
     from runtime.distributed.launch import in_group
 
     if not in_group():
+        from hotsplit_cli.cli import INVOCATION
         from runtime.distributed.launch import launch_local
 
-        from ..cli import _DEBUG, INVOCATION
-
-        if _DEBUG["on"]:
+        if debug_on():
             os.environ["HOTSPLIT_DEBUG"] = "1"
         return launch_local(ep, INVOCATION["argv"])
     world = int(os.environ["WORLD_SIZE"])
