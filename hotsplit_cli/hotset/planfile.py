@@ -58,10 +58,30 @@ def plan_for_placement(hist: Histogram, recipe: Recipe, budget_bytes: int, place
     in logical ids: expert e is hot on rank r when any of r's replicas of e is hot. `hist` is
     already checked against the recipe (make_plan).
     """
+    return logical_plan(physical_plan_for(hist, recipe, budget_bytes, placement), placement, hist.num_experts)
+
+
+def physical_plan_for(hist: Histogram, recipe: Recipe, budget_bytes: int, placement) -> Plan:
+    """`plan_for_placement` before the hot sets are named by logical ids: hot_RLE is [R, L, P]."""
+    from hotsplit_cli.hotset.ranktime import physical_plan
+
+    check_placement_fits(hist, recipe, placement)
+    return physical_plan(hist.counts_LE, placement, expert_bytes_per_rank(recipe), budget_bytes)
+
+
+def logical_plan(phys: Plan, placement, num_experts: int) -> Plan:
+    """A physical plan's hot sets in logical ids: e is hot on r when any of r's replicas of e is."""
     from dataclasses import replace
 
-    from hotsplit_cli.placement.evaluate import physical_counts
+    R, L = placement.num_ranks, placement.phy2log_LP.shape[0]
+    hot = np.zeros((R, L, num_experts), dtype=bool)
+    r_idx, l_idx, p_idx = np.nonzero(phys.hot_RLE)
+    hot[r_idx, l_idx, placement.phy2log_LP[l_idx, p_idx]] = True
+    return replace(phys, hot_RLE=hot)
 
+
+def check_placement_fits(hist: Histogram, recipe: Recipe, placement) -> None:
+    """PlanError unless the placement is of this histogram's layers, for an EP recipe of as many ranks."""
     if tuple(placement.layers) != tuple(hist.layers):
         raise PlanError(f"placement layers {placement.layers[:3]}... differ from the histogram's "
                         f"{hist.layers[:3]}...", "create the placement from this histogram with `hotsplit place`")
@@ -75,14 +95,6 @@ def plan_for_placement(hist: Histogram, recipe: Recipe, budget_bytes: int, place
         raise PlanError(f"the placement spreads the experts over {placement.num_ranks} ranks, recipe "
                         f"{recipe.name!r} has ep={recipe.parallel.ep}",
                         f"place with --ranks {recipe.parallel.ep}, or use a recipe with ep: {placement.num_ranks}")
-    values_LP, rank_LP = physical_counts(hist.counts_LE, placement)
-    phys = plan_hot_set(values_LP, expert_bytes_per_rank(recipe), budget_bytes, rank_of_LE=rank_LP,
-                        num_ranks=placement.num_ranks)
-    R, L, E = placement.num_ranks, hist.num_layers, hist.num_experts
-    hot = np.zeros((R, L, E), dtype=bool)
-    r_idx, l_idx, p_idx = np.nonzero(phys.hot_RLE)
-    hot[r_idx, l_idx, placement.phy2log_LP[l_idx, p_idx]] = True
-    return replace(phys, hot_RLE=hot)
 
 
 def routing_probs(hist: Histogram) -> np.ndarray:
@@ -135,6 +147,7 @@ class PlanResult:
     placement: Placement | None = None
     placement_path: Path | None = None
     cold_paths: dict | None = None  # each cold path's predicted time per decode step (with a platform)
+    rank_times: list | None = None  # ranktime.RankTimes per batch: every rank's cold reads (placement + rate)
 
 
 def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path | None = None,
@@ -153,12 +166,13 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
     budget = resolve_hot_budget(recipe, knobs, platform)
     if budget.over_gpu:
         warn(f"{budget.over_gpu}; planned anyway (for a larger GPU?)")
-    layout = None
+    layout = phys = None
     if placement_path is not None:
         from hotsplit_cli.placement.file import load_placement
 
         layout = load_placement(placement_path)
-        plan = plan_for_placement(hist, recipe, budget.budget_bytes, layout)
+        phys = physical_plan_for(hist, recipe, budget.budget_bytes, layout)
+        plan = logical_plan(phys, layout, hist.num_experts)
     else:
         plan = plan_for_recipe(hist, recipe, budget.budget_bytes)
     for warning in plan_warnings(hist, recipe, plan, layout):
@@ -167,10 +181,27 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
     size = expert_bytes_per_rank(recipe)
     # Rank 0 reads cold only the experts placed on it: under EP the others are another rank's reads.
     not_cold_LE = plan.hot_RLE[0] | ~rank0_experts(hist, recipe, layout)
-    costs = cold_costs(hist, not_cold_LE, size, rate.gbps) if platform is not None or rate.gbps else None
+    timed = platform is not None or rate.gbps
+    costs = cold_costs(hist, not_cold_LE, size, rate.gbps) if timed else None
+    times = None
+    if timed and layout is not None and rate.gbps:
+        times = placement_times(hist, layout, phys, size, rate.gbps)
+        # One model for every rank: rank 0's reads are its row of the per-rank times (replicas
+        # read at their share of the expert's traffic).
+        costs = [ColdCost(t.batch, float(t.cold_experts_R[0]), float(t.cold_experts_R[0]) * size,
+                          float(t.rank_ms_R[0])) for t in times]
     cold_paths = cold_path_prediction(hist, not_cold_LE, recipe, platform, warn) if platform is not None else None
     return PlanResult(hist, hist_path, recipe, knobs, plan, budget, rate, costs, platform_path, layout,
-                      placement_path, cold_paths)
+                      placement_path, cold_paths, times)
+
+
+def placement_times(hist: Histogram, placement, phys: Plan, expert_bytes: int, read_gbps: float,
+                    batches=BATCH_SIZES) -> list:
+    """ranktime.RankTimes of every rank at each batch size, for a physical plan of `placement`."""
+    from hotsplit_cli.hotset.ranktime import hot_slots, rank_times
+
+    hot_LP = hot_slots(phys, placement)
+    return [rank_times(routing_probs(hist), placement, hot_LP, expert_bytes, read_gbps, b) for b in batches]
 
 
 def plan_warnings(hist: Histogram, recipe: Recipe, plan: Plan, placement=None) -> list[str]:
@@ -243,6 +274,8 @@ def plan_doc(result: PlanResult) -> dict:
         ]
     if result.cold_paths is not None:
         doc["cold_paths"] = result.cold_paths
+    if result.rank_times is not None:
+        doc["rank_times"] = [t.to_doc() for t in result.rank_times]  # step_ms: sum over layers of the slowest rank
     return doc
 
 
