@@ -28,7 +28,7 @@ from hotsplit_cli.hotset.planner import plan_hot_set
 from hotsplit_cli.placement.algorithm import Placement
 from hotsplit_cli.placement.evaluate import physical_counts
 
-TIME_ROUNDS = 48  # rounds of swaps; later rounds gain < 0.1% on the SGLang histories (bench_place_time.py)
+TIME_ROUNDS = 48  # rounds of swaps: a bound on the work (each round re-plans every rank's hot set twice at most)
 _REL_EPS = 1e-12
 
 
@@ -92,9 +92,13 @@ class TimeModel:
 
     def times(self, placement: Placement, pi_LE: np.ndarray | None = None) -> RankTimes:
         """Hot sets planned on `counts_LE`, cold reads timed on `pi_LE` (default: the fitted)."""
-        plan = physical_plan(self.counts_LE, placement, self.expert_bytes, self.budget_bytes)
-        return rank_times(self.pi_LE if pi_LE is None else pi_LE, placement, hot_slots(plan, placement),
-                          self.expert_bytes, self.read_gbps, self.batch)
+        return self.timed(placement, pi_LE)[0]
+
+    def timed(self, placement: Placement, pi_LE: np.ndarray | None = None) -> tuple[RankTimes, np.ndarray]:
+        """`times` and the hot slots (bool [L, P]) they were predicted with."""
+        hot = hot_slots(physical_plan(self.counts_LE, placement, self.expert_bytes, self.budget_bytes), placement)
+        pi = self.pi_LE if pi_LE is None else pi_LE
+        return rank_times(pi, placement, hot, self.expert_bytes, self.read_gbps, self.batch), hot
 
 
 def balance_time(model: TimeModel, start: Placement, rounds: int = TIME_ROUNDS) -> Placement:
@@ -103,12 +107,10 @@ def balance_time(model: TimeModel, start: Placement, rounds: int = TIME_ROUNDS) 
     L, P = phy.shape
     R, S = start.num_ranks, start.slots_per_rank
     E = model.pi_LE.shape[1]
-    best = model.times(start)
+    best, hot = model.timed(start)
     stuck = np.zeros(L, dtype=bool)
     for _ in range(rounds):
-        lay = Placement(start.layers, R, phy, "hotsplit-time", start.num_nodes)
-        hot = hot_slots(physical_plan(model.counts_LE, lay, model.expert_bytes, model.budget_bytes), lay)
-        cnt = lay.logcnt_LE(E)
+        cnt = Placement(start.layers, R, phy).logcnt_LE(E)
         pi_LP = np.take_along_axis(model.pi_LE, phy, 1) / np.take_along_axis(cnt, phy, 1)
         q_LP = 1.0 - (1.0 - pi_LP) ** model.batch
         swaps = _best_swaps(phy.reshape(L, R, S), q_LP.reshape(L, R, S), hot.reshape(L, R, S), stuck,
@@ -120,9 +122,9 @@ def balance_time(model: TimeModel, start: Placement, rounds: int = TIME_ROUNDS) 
             cand = phy.copy()
             for layer, i, j in trial:
                 cand[layer, i], cand[layer, j] = cand[layer, j], cand[layer, i]
-            got = model.times(Placement(start.layers, R, cand, "hotsplit-time", start.num_nodes))
+            got, got_hot = model.timed(Placement(start.layers, R, cand, "hotsplit-time", start.num_nodes))
             if got.step_ms < best.step_ms * (1 - 1e-9):
-                phy, best, improved = cand, got, True
+                phy, best, hot, improved = cand, got, got_hot, True
                 break
         if not improved:
             stuck[swaps[0][0]] = True
