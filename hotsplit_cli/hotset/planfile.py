@@ -190,9 +190,21 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
         # read at their share of the expert's traffic).
         costs = [ColdCost(t.batch, float(t.cold_experts_R[0]), float(t.cold_experts_R[0]) * size,
                           float(t.rank_ms_R[0])) for t in times]
-    cold_paths = cold_path_prediction(hist, not_cold_LE, recipe, platform, warn) if platform is not None else None
+    cold_paths = None
+    if platform is not None:
+        # Rank 0's experts as they are read: its physical slots, a replica at its share of the traffic.
+        pi, hot = (routing_probs(hist), not_cold_LE) if layout is None else rank0_slots(hist, layout, phys)
+        cold_paths = cold_path_prediction(hist, hot, recipe, platform, warn, pi_LE=pi)
     return PlanResult(hist, hist_path, recipe, knobs, plan, budget, rate, costs, platform_path, layout,
                       placement_path, cold_paths, times)
+
+
+def rank0_slots(hist: Histogram, placement, phys: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """Rank 0's physical slots [L, S]: the chance one token reaches each, and whether it is hot."""
+    from hotsplit_cli.hotset.ranktime import hot_slots, slot_probs
+
+    S = placement.slots_per_rank
+    return slot_probs(routing_probs(hist), placement)[:, :S], hot_slots(phys, placement)[:, :S]
 
 
 def placement_times(hist: Histogram, placement, phys: Plan, expert_bytes: int, read_gbps: float,
@@ -293,14 +305,15 @@ def recipe_cold_rates(recipe: Recipe, platform, warn: Callable[[str], None]):
 
 
 def cold_path_prediction(hist: Histogram, hot_LE: np.ndarray, recipe: Recipe, platform,
-                         warn: Callable[[str], None] = lambda message: None) -> dict:
+                         warn: Callable[[str], None] = lambda message: None, pi_LE: np.ndarray | None = None) -> dict:
     """plan.json's `cold_paths`: predicted cold time per decode step of gpu / cpu / split at each
     batch size, from platform.json's measured rates (coldpath.fit_rates), and the fastest path at
     each. `warn` is told when the probe timed experts of another shape than the recipe's."""
     from hotsplit_cli.hotset.coldpath import predict_cold_paths
 
     fitted, size = recipe_cold_rates(recipe, platform, warn)
-    times = predict_cold_paths(routing_probs(hist), hot_LE, size, fitted.rates, BATCH_SIZES)
+    pi = routing_probs(hist) if pi_LE is None else pi_LE  # [L, E], or [L, slots] of a placed rank
+    times = predict_cold_paths(pi, hot_LE, size, fitted.rates, BATCH_SIZES)
     doc = {"rates": fitted.where, "spread": fitted.rates.spread, "by_batch": [t.to_doc() for t in times]}
     if fitted.compute_bytes:
         doc["compute_expert_bytes"] = fitted.compute_bytes

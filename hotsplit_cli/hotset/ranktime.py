@@ -60,15 +60,19 @@ def physical_plan(counts_LE: np.ndarray, placement: Placement, expert_bytes: int
     return plan_hot_set(values_LP, expert_bytes, budget_bytes, rank_of_LE=rank_LP, num_ranks=placement.num_ranks)
 
 
+def slot_probs(pi_LE: np.ndarray, placement: Placement) -> np.ndarray:
+    """float [L, P]: the chance one token reaches each physical expert (pi_e / replicas of e)."""
+    phy = placement.phy2log_LP
+    cnt = placement.logcnt_LE(pi_LE.shape[1])
+    return np.take_along_axis(pi_LE, phy, 1) / np.take_along_axis(cnt, phy, 1)
+
+
 def rank_times(pi_LE: np.ndarray, placement: Placement, hot_LP: np.ndarray, expert_bytes: int,
                read_gbps: float, batch: int) -> RankTimes:
     """The cost model of the module docstring. pi_LE: chance one token routes to each logical
     expert (planfile.routing_probs); hot_LP: bool [L, P], the physical experts held hot."""
-    phy = placement.phy2log_LP
-    L, P = phy.shape
-    cnt = placement.logcnt_LE(pi_LE.shape[1])
-    pi_LP = np.take_along_axis(pi_LE, phy, 1) / np.take_along_axis(cnt, phy, 1)
-    q_LP = np.where(hot_LP, 0.0, 1.0 - (1.0 - pi_LP) ** batch)
+    L, P = placement.phy2log_LP.shape
+    q_LP = np.where(hot_LP, 0.0, 1.0 - (1.0 - slot_probs(pi_LE, placement)) ** batch)
     q_LRS = q_LP.reshape(L, placement.num_ranks, placement.slots_per_rank)
     ms_per_read = expert_bytes / (read_gbps * 1e9) * 1e3
     return RankTimes(batch, q_LRS.sum(axis=2) * ms_per_read, q_LRS.sum(axis=(0, 2)))
@@ -106,13 +110,10 @@ def balance_time(model: TimeModel, start: Placement, rounds: int = TIME_ROUNDS) 
     phy = start.phy2log_LP.copy()
     L, P = phy.shape
     R, S = start.num_ranks, start.slots_per_rank
-    E = model.pi_LE.shape[1]
     best, hot = model.timed(start)
     stuck = np.zeros(L, dtype=bool)
     for _ in range(rounds):
-        cnt = Placement(start.layers, R, phy).logcnt_LE(E)
-        pi_LP = np.take_along_axis(model.pi_LE, phy, 1) / np.take_along_axis(cnt, phy, 1)
-        q_LP = 1.0 - (1.0 - pi_LP) ** model.batch
+        q_LP = 1.0 - (1.0 - slot_probs(model.pi_LE, Placement(start.layers, R, phy))) ** model.batch
         swaps = _best_swaps(phy.reshape(L, R, S), q_LP.reshape(L, R, S), hot.reshape(L, R, S), stuck,
                             R // start.num_nodes)
         if not swaps:

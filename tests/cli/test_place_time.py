@@ -70,6 +70,8 @@ def test_place_predicts_what_plan_placement_predicts_for_each_layout(cli, ep4, p
         assert row["rank_ms"] == pytest.approx(want["rank_ms"], rel=1e-12)
         rank0 = next(c for c in plan["decode_cost"] if c["batch"] == 16)
         assert rank0["cold_read_ms"] == pytest.approx(want["rank_ms"][0], rel=1e-12)  # one model for rank 0 too
+        gpu = next(c for c in plan["cold_paths"]["by_batch"] if c["batch"] == 16)
+        assert gpu["gpu_ms"] == pytest.approx(want["rank_ms"][0], rel=1e-9)  # and for its gpu cold path
     rows = times["layouts"]
     assert rows["time"]["fitted"]["step_ms"] <= rows["tokens"]["fitted"]["step_ms"]
     assert set(rows["time"]) == {"fitted", "eval"}
