@@ -35,9 +35,10 @@ def place_cmd(
     ] = "auto",
     platform: PlatformOpt = None,
     hot_gib: HotGibOpt = None,
-    balance: Annotated[str, typer.Option(
-        "--balance", help="With --platform: write the layout balancing tokens or each rank's predicted time.")
-    ] = "time",
+    balance: Annotated[str | None, typer.Option(
+        "--balance", help="With --platform: write the layout balancing tokens or each rank's predicted time "
+                          "(default: time).")
+    ] = None,
     json: JsonOpt = False,
 ) -> None:
     """Replicate and place experts on EP ranks, balancing every window, never two replicas on a rank."""
@@ -57,26 +58,27 @@ def place_cmd(
         from hotsplit_cli.config.recipe import load_recipe
 
         rec = load_recipe(recipe)
-    req = PlaceRequest(hist_file, ranks, redundant, nodes, groups, eval_hist, seed, fit, platform, balance)
-    if platform is not None:
-        import os
-
-        from hotsplit_cli.config.knobs import resolve_knobs
-        from hotsplit_cli.hotset.placetime import check_time_request, place_by_time
-
-        check_time_request(req, rec)
-        knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib})
-        report = place_by_time(req, rec, knobs, out.warn)
-    else:
-        if hot_gib is not None or balance != "time":
-            raise UsageError("--hot-gib and --balance time the ranks and need --platform",
-                             "pass --platform platform.json from `hotsplit probe`")
-        report = place_from_hist(req, rec, out.warn)
+    req = PlaceRequest(hist_file, ranks, redundant, nodes, groups, eval_hist, seed, fit, platform, balance or "time")
+    if platform is None and (hot_gib is not None or balance is not None):
+        raise UsageError("--hot-gib and --balance time the ranks and need --platform",
+                         "pass --platform platform.json from `hotsplit probe`")
+    report = place_from_hist(req, rec, out.warn) if platform is None else _place_by_time(req, rec, hot_gib, out)
     if output is not None:
         save_placement(output, report.file_doc(fmt, rec))
     out.emit(report.to_doc(output, fmt), lambda: _render(out, report))
     if output is not None:
         out.note(f"wrote {output} ({fmt})")
+
+
+def _place_by_time(req, rec, hot_gib: str | None, out: Output) -> PlaceReport:
+    """`place --platform`: the budget knob resolved (flag > env > recipe > auto), then the library."""
+    import os
+
+    from hotsplit_cli.config.knobs import resolve_knobs
+    from hotsplit_cli.hotset.placetime import check_time_request, place_by_time
+
+    check_time_request(req, rec)
+    return place_by_time(req, rec, resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib}), out.warn)
 
 
 def _render(out: Output, report: PlaceReport) -> None:

@@ -46,6 +46,8 @@ def place_by_time(req: PlaceRequest, recipe: Recipe | None, knobs: Knobs,
     check_time_request(req, recipe)
     platform = load_platform(req.platform_path)
     budget = resolve_hot_budget(recipe, knobs, platform)
+    if budget.over_gpu:
+        warn(f"{budget.over_gpu}; timed anyway (for a larger GPU?)")
     rate = choose_read_rate(recipe, platform)
     if not rate.gbps:
         raise PlanError(f"{req.platform_path} has no measured read rate to time cold experts at",

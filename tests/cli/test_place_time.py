@@ -93,6 +93,8 @@ def test_place_time_table_and_golden_unchanged_without_platform(cli, ep4, platfo
      "error: --balance: must be one of tokens, time, got 'speed'"),
     (["--hot-gib", "1"], "error: --hot-gib and --balance time the ranks and need --platform; pass --platform "
                          "platform.json from `hotsplit probe`"),
+    (["--balance", "time"], "error: --hot-gib and --balance time the ranks and need --platform; pass --platform "
+                            "platform.json from `hotsplit probe`"),
     (["--platform", "{platform}", "--recipe", "tiny"], "error: --platform times an expert-parallel layout of recipe "
                                                        "'tiny' (tp=1, ep=1) on --ranks 4; use a recipe with tp: 1 and "
                                                        "ep: 4 (e.g. deepseek-v3-ep8 with --ranks 8)"),
@@ -111,3 +113,16 @@ def test_a_missing_platform_file_is_one_line_and_writes_nothing(cli, ep4, hists,
     r = place(cli, hists[0], ep4, tmp_path / "absent.json", out)
     assert r.code == 1 and r.err.count("\n") == 1 and r.err.startswith("error: ")
     assert not out.exists()
+
+
+def test_the_budget_knob_keeps_its_precedence_and_is_checked_first(cli, ep4, platform, hists, tmp_path, monkeypatch):
+    out = tmp_path / "never.json"
+    monkeypatch.setenv("HOTSPLIT_HOT_GIB", "abc")
+    r = cli("place", hists[0], "--recipe", ep4, "--ranks", "4", "--redundant", "4", "--platform", platform, "-o", out)
+    assert (r.code, r.err.strip()) == (2, "error: HOTSPLIT_HOT_GIB: must be a finite number, got 'abc'")
+    assert not out.exists()
+    monkeypatch.setenv("HOTSPLIT_HOT_GIB", str(2 * ONE / 2**30))
+    r = cli("place", hists[0], "--recipe", ep4, "--ranks", "4", "--redundant", "4", "--platform", platform, "--json")
+    assert r.code == 0 and json.loads(r.out)["times"]["budget_source"] == "HOTSPLIT_HOT_GIB"
+    r = place(cli, hists[0], ep4, platform, out, "--json")  # the flag beats the environment
+    assert r.code == 0 and json.loads(r.out)["times"]["budget_bytes"] == int(10 * ONE / 2**30 * 2**30)
