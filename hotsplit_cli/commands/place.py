@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from hotsplit_cli.core.errors import UsageError
-from hotsplit_cli.options import JsonOpt, OutOpt, RecipeOpt
+from hotsplit_cli.options import HotGibOpt, JsonOpt, OutOpt, PlatformOpt, RecipeOpt
 from hotsplit_cli.output import Output
 
 if TYPE_CHECKING:
@@ -33,6 +33,12 @@ def place_cmd(
     fit: Annotated[str, typer.Option(
         "--fit", help="Fit on every window, the totals, or auto: whichever does better on held-out windows.")
     ] = "auto",
+    platform: PlatformOpt = None,
+    hot_gib: HotGibOpt = None,
+    balance: Annotated[str | None, typer.Option(
+        "--balance", help="With --platform: write the layout balancing tokens or each rank's predicted time "
+                          "(default: time).")
+    ] = None,
     json: JsonOpt = False,
 ) -> None:
     """Replicate and place experts on EP ranks, balancing every window, never two replicas on a rank."""
@@ -52,13 +58,27 @@ def place_cmd(
         from hotsplit_cli.config.recipe import load_recipe
 
         rec = load_recipe(recipe)
-    req = PlaceRequest(hist_file, ranks, redundant, nodes, groups, eval_hist, seed, fit)
-    report = place_from_hist(req, rec, out.warn)
+    req = PlaceRequest(hist_file, ranks, redundant, nodes, groups, eval_hist, seed, fit, platform, balance or "time")
+    if platform is None and (hot_gib is not None or balance is not None):
+        raise UsageError("--hot-gib and --balance time the ranks and need --platform",
+                         "pass --platform platform.json from `hotsplit probe`")
+    report = place_from_hist(req, rec, out.warn) if platform is None else _place_by_time(req, rec, hot_gib, out)
     if output is not None:
         save_placement(output, report.file_doc(fmt, rec))
     out.emit(report.to_doc(output, fmt), lambda: _render(out, report))
     if output is not None:
         out.note(f"wrote {output} ({fmt})")
+
+
+def _place_by_time(req, rec, hot_gib: str | None, out: Output) -> PlaceReport:
+    """`place --platform`: the budget knob resolved (flag > env > recipe > auto), then the library."""
+    import os
+
+    from hotsplit_cli.config.knobs import resolve_knobs
+    from hotsplit_cli.hotset.placetime import check_time_request, place_by_time
+
+    check_time_request(req, rec)
+    return place_by_time(req, rec, resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib}), out.warn)
 
 
 def _render(out: Output, report: PlaceReport) -> None:
@@ -81,10 +101,29 @@ def _render(out: Output, report: PlaceReport) -> None:
             cells += [f"{e['bottleneck']:,.1f}", f"{e['imbalance']:.4f}", f"{e['balancedness']:.4f}"]
         t.add_row(*cells)
     out.print(t)
+    if report.times is not None:
+        _render_times(out, report.times, later)
     out.print("balancedness = mean / max rank load summed over windows and layers (1 = perfect); "
               "dup ranks = (layer, rank) pairs holding two replicas of one expert"
               + ("; bottleneck = the busiest rank's routed assignments summed over windows and layers (a replicated "
                  "expert's load split evenly, hence the fractions); imbalance = bottleneck / mean" if later else ""))
+
+
+def _render_times(out: Output, times: dict, later: bool) -> None:
+    """Predicted time per decode step of the token- and the time-balanced layout, side by side."""
+    out.print(f"predicted time per decode step at batch {times['batch']}, hot budget "
+              f"{times['budget_bytes'] / 2**30:.2f} GiB per rank ({times['budget_source']}), cold reads at "
+              f"{times['read_gbps']:.1f} GB/s ({times['read_source']}); {times['hot_work']}:")
+    cols = ["balance", "fitted max-rank ms/step", "fitted slowest rank total ms"]
+    cols += ["eval max-rank ms/step", "eval slowest rank total ms"] if later else []
+    t = out.table(*cols, title=None)
+    for name, row in times["layouts"].items():
+        cells = [name + (" (written)" if name == times["chosen"] else "")]
+        for key in ("fitted", "eval") if later else ("fitted",):
+            cells += [f"{row[key]['step_ms']:.2f}", f"{max(row[key]['rank_ms']):.2f}"]
+        t.add_row(*cells)
+    out.print(t)
+    out.print("max-rank ms/step = sum over layers of the slowest rank's cold reads (each layer waits for it)")
 
 
 def register(app: typer.Typer, hist_app: typer.Typer) -> None:

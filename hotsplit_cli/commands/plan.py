@@ -70,11 +70,15 @@ def _render(out: Output, result: PlanResult, doc: dict) -> None:
         rate_text = "unknown" if result.rate.gbps is None else f"{result.rate.gbps:.1f} GB/s"
         where = f", {result.platform_path}" if result.platform_path else ""
         out.print(f"predicted cold reads per decode step at {rate_text} ({result.rate.source}{where}):")
-        t = out.table("batch", "cold experts/step", "cold bytes/step", "cold read ms/step")
+        cols = ["batch", "cold experts/step", "cold bytes/step", "cold read ms/step"]
+        steps = {t.batch: t.step_ms for t in result.rank_times or ()}
+        t = out.table(*cols, *(["max-rank ms/step"] if steps else []))
         for c in result.costs:
             t.add_row(str(c.batch), f"{c.cold_experts:.1f}", gib(c.cold_bytes),
-                      "-" if c.cold_ms is None else f"{c.cold_ms:.2f}")
+                      "-" if c.cold_ms is None else f"{c.cold_ms:.2f}", *([f"{steps[c.batch]:.2f}"] if steps else []))
         out.print(t)
+        if steps:
+            out.print("rank 0's reads; max-rank ms/step = sum over layers of the slowest rank's cold reads")
     if result.cold_paths is not None:
         _render_cold_paths(out, result.cold_paths)
 

@@ -58,6 +58,30 @@ def plan_for_placement(hist: Histogram, recipe: Recipe, budget_bytes: int, place
     in logical ids: expert e is hot on rank r when any of r's replicas of e is hot. `hist` is
     already checked against the recipe (make_plan).
     """
+    return logical_plan(physical_plan_for(hist, recipe, budget_bytes, placement), placement, hist.num_experts)
+
+
+def physical_plan_for(hist: Histogram, recipe: Recipe, budget_bytes: int, placement) -> Plan:
+    """`plan_for_placement` before the hot sets are named by logical ids: hot_RLE is [R, L, P]."""
+    from hotsplit_cli.hotset.ranktime import physical_plan
+
+    check_placement_fits(hist, recipe, placement)
+    return physical_plan(hist.counts_LE, placement, expert_bytes_per_rank(recipe), budget_bytes)
+
+
+def logical_plan(phys: Plan, placement, num_experts: int) -> Plan:
+    """A physical plan's hot sets in logical ids: e is hot on r when any of r's replicas of e is."""
+    from dataclasses import replace
+
+    R, L = placement.num_ranks, placement.phy2log_LP.shape[0]
+    hot = np.zeros((R, L, num_experts), dtype=bool)
+    r_idx, l_idx, p_idx = np.nonzero(phys.hot_RLE)
+    hot[r_idx, l_idx, placement.phy2log_LP[l_idx, p_idx]] = True
+    return replace(phys, hot_RLE=hot)
+
+
+def check_placement_fits(hist: Histogram, recipe: Recipe, placement) -> None:
+    """PlanError unless the placement is of this histogram's layers, for an EP recipe of as many ranks."""
     if tuple(placement.layers) != tuple(hist.layers):
         raise PlanError(f"placement layers {placement.layers[:3]}... differ from the histogram's "
                         f"{hist.layers[:3]}...", "create the placement from this histogram with `hotsplit place`")
@@ -71,23 +95,15 @@ def plan_for_placement(hist: Histogram, recipe: Recipe, budget_bytes: int, place
         raise PlanError(f"the placement spreads the experts over {placement.num_ranks} ranks, recipe "
                         f"{recipe.name!r} has ep={recipe.parallel.ep}",
                         f"place with --ranks {recipe.parallel.ep}, or use a recipe with ep: {placement.num_ranks}")
-    return plan_on_placement(hist.counts_LE, placement, expert_bytes_per_rank(recipe), budget_bytes)
 
 
 def plan_on_placement(counts_LE: np.ndarray, placement, expert_bytes: int, budget_bytes: int) -> Plan:
     """Each rank's hot set among the physical experts placed on it, `counts_LE` split evenly over
     the replicas; hot_RLE in logical ids (e hot on rank r when r's replica of e is hot)."""
-    from dataclasses import replace
+    from hotsplit_cli.hotset.ranktime import physical_plan
 
-    from hotsplit_cli.placement.evaluate import physical_counts
-
-    values_LP, rank_LP = physical_counts(counts_LE, placement)
-    phys = plan_hot_set(values_LP, expert_bytes, budget_bytes, rank_of_LE=rank_LP, num_ranks=placement.num_ranks)
-    R, (L, E) = placement.num_ranks, np.shape(counts_LE)
-    hot = np.zeros((R, L, E), dtype=bool)
-    r_idx, l_idx, p_idx = np.nonzero(phys.hot_RLE)
-    hot[r_idx, l_idx, placement.phy2log_LP[l_idx, p_idx]] = True
-    return replace(phys, hot_RLE=hot)
+    return logical_plan(physical_plan(counts_LE, placement, expert_bytes, budget_bytes), placement,
+                        np.shape(counts_LE)[1])
 
 
 def routing_probs(hist: Histogram) -> np.ndarray:
@@ -140,6 +156,7 @@ class PlanResult:
     placement: Placement | None = None
     placement_path: Path | None = None
     cold_paths: dict | None = None  # each cold path's predicted time per decode step (with a platform)
+    rank_times: list | None = None  # ranktime.RankTimes per batch: every rank's cold reads (placement + rate)
 
 
 def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path | None = None,
@@ -158,12 +175,13 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
     budget = resolve_hot_budget(recipe, knobs, platform)
     if budget.over_gpu:
         warn(f"{budget.over_gpu}; planned anyway (for a larger GPU?)")
-    layout = None
+    layout = phys = None
     if placement_path is not None:
         from hotsplit_cli.placement.file import load_placement
 
         layout = load_placement(placement_path)
-        plan = plan_for_placement(hist, recipe, budget.budget_bytes, layout)
+        phys = physical_plan_for(hist, recipe, budget.budget_bytes, layout)
+        plan = logical_plan(phys, layout, hist.num_experts)
     else:
         plan = plan_for_recipe(hist, recipe, budget.budget_bytes)
     for warning in plan_warnings(hist, recipe, plan, layout):
@@ -172,10 +190,39 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
     size = expert_bytes_per_rank(recipe)
     # Rank 0 reads cold only the experts placed on it: under EP the others are another rank's reads.
     not_cold_LE = plan.hot_RLE[0] | ~rank0_experts(hist, recipe, layout)
-    costs = cold_costs(hist, not_cold_LE, size, rate.gbps) if platform is not None or rate.gbps else None
-    cold_paths = cold_path_prediction(hist, not_cold_LE, recipe, platform, warn) if platform is not None else None
+    timed = platform is not None or rate.gbps
+    costs = cold_costs(hist, not_cold_LE, size, rate.gbps) if timed else None
+    times = None
+    if timed and layout is not None and rate.gbps:
+        times = placement_times(hist, layout, phys, size, rate.gbps)
+        # One model for every rank: rank 0's reads are its row of the per-rank times (replicas
+        # read at their share of the expert's traffic).
+        costs = [ColdCost(t.batch, float(t.cold_experts_R[0]), float(t.cold_experts_R[0]) * size,
+                          float(t.rank_ms_R[0])) for t in times]
+    cold_paths = None
+    if platform is not None:
+        # Rank 0's experts as they are read: its physical slots, a replica at its share of the traffic.
+        pi, hot = (routing_probs(hist), not_cold_LE) if layout is None else rank0_slots(hist, layout, phys)
+        cold_paths = cold_path_prediction(hist, hot, recipe, platform, warn, pi_LE=pi)
     return PlanResult(hist, hist_path, recipe, knobs, plan, budget, rate, costs, platform_path, layout,
-                      placement_path, cold_paths)
+                      placement_path, cold_paths, times)
+
+
+def rank0_slots(hist: Histogram, placement, phys: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """Rank 0's physical slots [L, S]: the chance one token reaches each, and whether it is hot."""
+    from hotsplit_cli.hotset.ranktime import hot_slots, slot_probs
+
+    S = placement.slots_per_rank
+    return slot_probs(routing_probs(hist), placement)[:, :S], hot_slots(phys, placement)[:, :S]
+
+
+def placement_times(hist: Histogram, placement, phys: Plan, expert_bytes: int, read_gbps: float,
+                    batches=BATCH_SIZES) -> list:
+    """ranktime.RankTimes of every rank at each batch size, for a physical plan of `placement`."""
+    from hotsplit_cli.hotset.ranktime import hot_slots, rank_times
+
+    hot_LP = hot_slots(phys, placement)
+    return [rank_times(routing_probs(hist), placement, hot_LP, expert_bytes, read_gbps, b) for b in batches]
 
 
 def plan_warnings(hist: Histogram, recipe: Recipe, plan: Plan, placement=None) -> list[str]:
@@ -253,6 +300,8 @@ def plan_doc(result: PlanResult) -> dict:
         ]
     if result.cold_paths is not None:
         doc["cold_paths"] = result.cold_paths
+    if result.rank_times is not None:
+        doc["rank_times"] = [t.to_doc() for t in result.rank_times]  # step_ms: sum over layers of the slowest rank
     return doc
 
 
@@ -270,14 +319,15 @@ def recipe_cold_rates(recipe: Recipe, platform, warn: Callable[[str], None]):
 
 
 def cold_path_prediction(hist: Histogram, hot_LE: np.ndarray, recipe: Recipe, platform,
-                         warn: Callable[[str], None] = lambda message: None) -> dict:
+                         warn: Callable[[str], None] = lambda message: None, pi_LE: np.ndarray | None = None) -> dict:
     """plan.json's `cold_paths`: predicted cold time per decode step of gpu / cpu / split at each
     batch size, from platform.json's measured rates (coldpath.fit_rates), and the fastest path at
     each. `warn` is told when the probe timed experts of another shape than the recipe's."""
     from hotsplit_cli.hotset.coldpath import predict_cold_paths
 
     fitted, size = recipe_cold_rates(recipe, platform, warn)
-    times = predict_cold_paths(routing_probs(hist), hot_LE, size, fitted.rates, BATCH_SIZES)
+    pi = routing_probs(hist) if pi_LE is None else pi_LE  # [L, E], or [L, slots] of a placed rank
+    times = predict_cold_paths(pi, hot_LE, size, fitted.rates, BATCH_SIZES)
     doc = {"rates": fitted.where, "spread": fitted.rates.spread, "by_batch": [t.to_doc() for t in times]}
     if fitted.compute_bytes:
         doc["compute_expert_bytes"] = fitted.compute_bytes

@@ -39,6 +39,8 @@ class PlaceRequest:
     eval_path: Path | None = None  # a later histogram to compare the layouts on
     seed: int = 0  # of the random layout
     fit: str = "auto"  # windows | totals | auto
+    platform_path: Path | None = None  # platform.json: time each rank (hotset/placetime.py)
+    balance: str = "time"  # with a platform: the layout written, tokens | time (docs/placement.md)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class PlaceReport:
     placement: Placement
     doc: dict  # the placement.json document
     compare: dict  # layout name -> {"fitted": balance, "duplicate_ranks": n[, "eval": balance]}
+    times: dict | None = None  # with a platform: each layout's predicted rank times (hotset/placetime.py)
 
     def file_doc(self, fmt: str, recipe: Recipe | None) -> dict:
         """The document `-o` writes: hotsplit.placement/1, or SGLang's one row per model layer."""
@@ -59,12 +62,15 @@ class PlaceReport:
         return self.doc
 
     def to_doc(self, output: Path | None, fmt: str) -> dict:
-        return {"placement": {k: v for k, v in self.doc.items() if k not in FILE_KEYS},
-                "output": str(output) if output else None, "format": fmt, "compare": self.compare,
-                "eval": str(self.request.eval_path) if self.request.eval_path else None}
+        doc = {"placement": {k: v for k, v in self.doc.items() if k not in FILE_KEYS},
+               "output": str(output) if output else None, "format": fmt, "compare": self.compare,
+               "eval": str(self.request.eval_path) if self.request.eval_path else None}
+        if self.times is not None:
+            doc["times"] = self.times
+        return doc
 
 
-def _windows(hist: Histogram) -> np.ndarray:
+def hist_windows(hist: Histogram) -> np.ndarray:
     return hist.windows_WLE if hist.windows_WLE is not None else hist.counts_LE[None]
 
 
@@ -92,7 +98,7 @@ def place_from_hist(req: PlaceRequest, recipe: Recipe | None = None,
             raise PlanError(f"{req.eval_path}: layers {list(later.layers)} x {later.num_experts} experts do not "
                             f"match {req.hist_path} ({list(hist.layers)} x {E})",
                             "evaluate on a histogram of the same model")
-    all_W = _windows(hist)
+    all_W = hist_windows(hist)
     choice = choose_fit(all_W, hist.layers, geo, req.fit)
     placement = place_experts(all_W if choice.mode == "windows" else hist.counts_LE[None], hist.layers, geo)
     compare = compare_layouts(hist, later, geo, placement, req.seed)
@@ -105,7 +111,7 @@ def place_from_hist(req: PlaceRequest, recipe: Recipe | None = None,
 def compare_layouts(hist: Histogram, later: Histogram | None, geo: Geometry, placement: Placement,
                     seed: int = 0) -> dict:
     """Balance of the baselines and `placement` on every window of `hist` (and of `later`)."""
-    E, all_W = hist.num_experts, _windows(hist)
+    E, all_W = hist.num_experts, hist_windows(hist)
     layouts = {
         "trivial": trivial_layout(E, hist.layers, geo),
         "random": random_layout(E, hist.layers, geo, seed),
@@ -116,6 +122,6 @@ def compare_layouts(hist: Histogram, later: Histogram | None, geo: Geometry, pla
     for name, lay in layouts.items():
         row = {"fitted": evaluate(all_W, lay).to_doc(), "duplicate_ranks": duplicate_count(lay)}
         if later is not None:
-            row["eval"] = evaluate(_windows(later), lay).to_doc()
+            row["eval"] = evaluate(hist_windows(later), lay).to_doc()
         compare[name] = row
     return compare
