@@ -45,14 +45,11 @@ def run(
     out = Output(json_out)
     rec = load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path, "eplb_steps": eplb_steps})
-    _check_options(platform, steps, scale, plot)
+    _check_options(rec, platform, (trace, steps, scale), plot)
     check_run_inputs(rec, plan, trace)  # before anything is built
     if rec.parallel.ep > 1:  # the ranks of an expert-parallel run
         return _expert_parallel(out, rec, knobs, plan, trace, steps, scale, log_jsonl, plot, platform)
     if rec.model.kind == "hf":
-        if trace is not None or steps is not None or scale is not None:
-            raise UsageError("--trace, --steps and --scale apply to synthetic models",
-                             "a checkpoint run generates from the recipe's prompts at full size")
         return _run_checkpoint(out, rec, knobs, plan, log_jsonl, plot, json_out, platform)
 
     from runtime.device import tune_cpu_threads  # torch is imported only from here on
@@ -103,8 +100,13 @@ def _expert_parallel(out: Output, rec, knobs, *options) -> None:
     return run_expert_parallel(out, rec, knobs, *options, report=report)
 
 
-def _check_options(platform: Path | None, steps: int | None, scale: float | None, plot: Path | None) -> None:
-    """Refuse bad options before any work (and --plot when matplotlib is missing)."""
+def _check_options(rec, platform: Path | None, synthetic: tuple, plot: Path | None) -> None:
+    """Refuse bad options before any work (and --plot when matplotlib is missing); `synthetic` is
+    (--trace, --steps, --scale), the options of a synthetic model only."""
+    _, steps, scale = synthetic
+    if rec.model.kind == "hf" and any(x is not None for x in synthetic):
+        raise UsageError("--trace, --steps and --scale apply to synthetic models",
+                         "a checkpoint run generates from the recipe's prompts at full size")
     if platform is not None and not platform.is_file():
         raise UsageError(f"--platform {platform}: no such file", "write one with `hotsplit probe -o platform.json`")
     if steps is not None and steps < 1:
