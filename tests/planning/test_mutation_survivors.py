@@ -46,3 +46,73 @@ def test_an_unknown_cold_path_names_the_choices():
     with pytest.raises(UsageError) as exc:
         split_cold([1.0], [1], ColdRates(1.0, ()), "both")
     assert exc.value.message == "cold_path: must be one of gpu, cpu, split, got 'both'"
+
+
+@pytest.mark.parametrize("raw, want", [
+    ("1", True), ("0", False), ("true", True), ("false", False), ("on", True), ("off", False),
+    (" TRUE ", True), ("Off", False), ("oN", True),
+])
+def test_a_boolean_knob_takes_every_documented_spelling_from_the_environment(raw, want):
+    from hotsplit_cli.config.knobs import resolve_knobs
+
+    assert resolve_knobs({}, {"HOTSPLIT_DYNAMIC": raw}).dynamic is want
+
+
+@pytest.mark.parametrize("raw, want", [(True, True), (False, False), (1, True), (0, False)])
+def test_a_boolean_knob_takes_yaml_booleans_and_0_or_1(raw, want):
+    from hotsplit_cli.config.knobs import resolve_knobs
+
+    assert resolve_knobs({"dynamic": raw}, {}).dynamic is want
+
+
+@pytest.mark.parametrize("knob, raw, message", [
+    ("dynamic", 2, "must be 0 or 1, got 2"), ("dynamic", "yes", "must be 0 or 1, got 'yes'"),
+    ("dyn_steps", 2.5, "must be an integer, got 2.5"), ("dyn_margin", "fast", "must be a finite number, got 'fast'"),
+    ("dyn_steps", " 7 ", None),
+])
+def test_bad_knob_values_are_refused_naming_the_kind(knob, raw, message):
+    from hotsplit_cli.config.knobs import resolve_knobs
+
+    if message is None:
+        assert resolve_knobs({knob: raw}, {}).dyn_steps == 7
+        return
+    with pytest.raises(UsageError) as exc:
+        resolve_knobs({knob: raw}, {})
+    assert exc.value.message.endswith(message)
+
+
+def test_the_lp_bound_adds_the_fraction_of_the_first_item_that_does_not_fit():
+    from hotsplit_cli.hotset.planner import lp_bound
+
+    # by value per byte: 6/2, 5/5, 4/8; 2 + 5 bytes fit whole, 3 of the 8 bytes of the last
+    assert lp_bound(np.array([5.0, 4.0, 6.0]), np.array([5, 8, 2]), 10) == pytest.approx(6 + 5 + 4 * 3 / 8)
+
+
+@pytest.mark.parametrize("values, sizes, budget, chosen", [
+    ([10.0, 9.0, 1.0], [5, 6, 2], 7, [True, False, True]),  # the leftover 2 bytes hold the last item exactly
+    ([10.0, 1.0], [8, 5], 5, [False, True]),  # the best per byte does not fit; the next fills the budget exactly
+])
+def test_greedy_takes_an_item_that_fills_the_room_exactly(values, sizes, budget, chosen):
+    from hotsplit_cli.hotset.planner import greedy_select
+
+    assert greedy_select(np.array(values), np.array(sizes), budget).tolist() == chosen
+
+
+def test_a_histogram_round_trips_every_field_and_writes_whole_counts_as_integers(tmp_path):
+    import json
+
+    from hotsplit_cli.traffic.hist import Histogram, load_hist, save_hist
+
+    counts = np.array([[3.0, 0.0, 7.0], [1.0, 2.0, 5.0]])
+    h = Histogram(model="m", source="generated in tests", top_k=2, tokens=9, layers=(3, 5), counts_LE=counts,
+                  created="2026-01-01T00:00:00Z", windows_WLE=np.stack([counts, counts]), steps_per_window=4)
+    save_hist(tmp_path / "h.json", h)
+    doc = json.loads((tmp_path / "h.json").read_text())
+    assert doc["counts"] == [[3, 0, 7], [1, 2, 5]] and all(type(x) is int for row in doc["counts"] for x in row)
+    assert doc["created"] == "2026-01-01T00:00:00Z" and doc["windows"]["steps_per_window"] == 4
+    back = load_hist(tmp_path / "h.json")
+    assert (back.model, back.source, back.top_k, back.tokens, back.layers, back.created, back.steps_per_window) == (
+        "m", "generated in tests", 2, 9, (3, 5), "2026-01-01T00:00:00Z", 4)
+    halves = Histogram(model="m", source="s", top_k=2, tokens=1, layers=(0,), counts_LE=np.array([[0.5, 2.0]]))
+    save_hist(tmp_path / "f.json", halves)
+    assert json.loads((tmp_path / "f.json").read_text())["counts"] == [[0.5, 2.0]]
