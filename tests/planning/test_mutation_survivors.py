@@ -116,3 +116,52 @@ def test_a_histogram_round_trips_every_field_and_writes_whole_counts_as_integers
     halves = Histogram(model="m", source="s", top_k=2, tokens=1, layers=(0,), counts_LE=np.array([[0.5, 2.0]]))
     save_hist(tmp_path / "f.json", halves)
     assert json.loads((tmp_path / "f.json").read_text())["counts"] == [[0.5, 2.0]]
+
+
+@pytest.mark.parametrize("expert_bytes, message", [
+    (0, "expert bytes must be > 0"), (1.5, "expert bytes must be whole numbers, got 1.5"),
+    (float("inf"), "expert bytes must be whole numbers, got inf"), ([4, 4], "expert bytes of shape (2,) do not match"),
+])
+def test_bad_expert_sizes_are_refused(expert_bytes, message):
+    from hotsplit_cli.core.errors import PlanError
+    from hotsplit_cli.hotset.planner import plan_hot_set
+
+    with pytest.raises(PlanError) as exc:
+        plan_hot_set(np.ones((3, 4)), expert_bytes, 10)
+    assert exc.value.message.startswith(message)
+    assert plan_hot_set(np.ones((3, 4)), 2.0, 4).hot_RLE.sum() == 2  # a whole float is taken
+
+
+def test_an_ep_plan_sums_every_ranks_greedy_value_and_bound_and_is_certified():
+    from hotsplit_cli.hotset.planner import contiguous_owner, plan_hot_set
+
+    counts = np.array([[8.0, 3.0, 5.0, 1.0]])  # rank 0 owns experts 0-1, rank 1 experts 2-3
+    plan = plan_hot_set(counts, 2, 3, rank_of_LE=contiguous_owner(1, 4, 2), num_ranks=2)  # one expert per rank
+    assert plan.certified and plan.methods == ("top-n", "top-n")
+    assert plan.hit_rate == plan.greedy_hit_rate == pytest.approx((8 + 5) / 17)
+    assert plan.bound_hit_rate == pytest.approx((8 + 3 / 2 + 5 + 1 / 2) / 17)  # half of the next one each
+
+
+def test_two_expert_sizes_are_not_solved_as_top_n():
+    from hotsplit_cli.hotset.planner import select
+
+    sel = select(np.array([10.0, 9.0, 9.0]), np.array([4, 2, 2]), 4)  # 9 + 9 beats the largest count
+    assert sel.chosen_N.tolist() == [False, True, True] and sel.method != "top-n" and sel.certified
+
+
+def test_brute_force_decides_up_to_its_limit_of_positive_items():
+    from hotsplit_cli.hotset.planner import BRUTE_FORCE_MAX_ITEMS, select
+
+    n = BRUTE_FORCE_MAX_ITEMS
+    values = np.arange(n, 0, -1, dtype=np.float64)
+    sizes = np.where(np.arange(n) % 2 == 0, 2, 3)
+    assert select(values, sizes, 7).method.endswith(("brute-force", "brute-force-certified)"))
+    more = select(np.append(values, 0.5), np.append(sizes, 2), 7)
+    assert "dp" in more.method
+
+
+def test_no_cpu_rate_means_no_cpu_work():
+    rates = ColdRates(1.0, ())
+    assert rates.cpu_gbps(4) == 0.0
+    split = split_cold([1e9] * 20, [1] * 20, rates)
+    assert not split.to_cpu_N.any() and split.seconds == 20.0
