@@ -17,7 +17,7 @@ from hotsplit_cli.config.recipe import RECIPES_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "out", "*.egg-info", "__pycache__",
-                                    ".hypothesis", ".ruff_cache", ".pytest_cache")
+                                    ".hypothesis", ".ruff_cache", ".pytest_cache", "mutants")
 
 
 def test_checkout_recipes_folder_is_the_packaged_one():
@@ -84,3 +84,16 @@ def test_quickstart_is_two_commands_and_the_first_draws_a_named_plot():
     words = commands[0].split()
     png = words[words.index("--plot") + 1]
     assert png.endswith(".png") and f"`{png}`" in section.replace(block, "")
+
+
+def test_every_test_runs_under_a_timeout(pytestconfig):
+    """pytest-timeout (the dev extra) is active with pyproject's default, so a hung test fails on
+    its own instead of stalling the whole run."""
+    import tomllib
+
+    assert pytestconfig.pluginmanager.hasplugin("timeout"), "pip install -e '.[dev]' (pytest-timeout)"
+    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert float(pytestconfig.getini("timeout")) == ini["timeout"] == 900
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    assert any(d.startswith("pytest-timeout") for d in dev)
+

@@ -32,15 +32,19 @@ def test_pool_holds_distinct_experts_past_the_cache():
 
 
 def _plain_loop_gbps(shape: ExpertShape, n: int, tokens: int, samples: int, cpu: int) -> list[float]:
-    """The same experts, timed the simplest way: torch tensors, a Python loop, wall clock, on `cpu`."""
+    """The same experts, timed the simplest way: torch tensors, a Python loop, wall clock, on `cpu`.
+    It runs where the probe's timing runs, in a fresh thread pinned to `cpu` with one torch thread
+    (`on_cpus`): the main thread of a long test process can carry state from earlier tests (its
+    thread team, its affinity) that made this side 30% slower in a full run, a difference of
+    context, not of the probe."""
+    from probes.cpu_expert import on_cpus
+
     dtype = getattr(torch, shape.dtype)
     w13 = torch.full((n, 2 * shape.inter, shape.hidden), 0.01, dtype=dtype)
     w2 = torch.full((n, shape.hidden, shape.inter), 0.01, dtype=dtype)
     x = torch.full((tokens, shape.hidden), 0.5, dtype=dtype)
-    saved, saved_cpus = torch.get_num_threads(), os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {cpu})  # the probe's thread: one CPU, so that no thread waits on another
-    torch.set_num_threads(1)
-    try:
+
+    def loop() -> list[float]:
         rates = []
         for i in range(samples + 1):
             t0 = time.perf_counter()
@@ -50,9 +54,10 @@ def _plain_loop_gbps(shape: ExpertShape, n: int, tokens: int, samples: int, cpu:
                 torch.nn.functional.linear(torch.nn.functional.silu(g) * u, w2[e])
             if i:  # the first pass warms up
                 rates.append(n * shape.expert_bytes / (time.perf_counter() - t0) / 1e9)
-    finally:
-        torch.set_num_threads(saved)
-        os.sched_setaffinity(0, saved_cpus)
+        return rates
+
+    rates, threads = on_cpus(torch, (cpu,), loop)
+    assert threads == 1
     return rates
 
 
