@@ -74,10 +74,35 @@ def _rank(out, rec, knobs, inputs, log_jsonl, plot, report) -> None:
                         "nodes": result.group.world // result.group.local_world},
            "summary": {**s.to_doc(), **fig.to_doc()}}
     if plot is not None:
-        report.plot(plot, s, rec.name)
+        _plot(plot, s, fig, rec.name, report)
         doc["plot"] = str(plot)
     origin = report.origin(out, s, result.prepared.plan.made_from, result.prepared.traffic)
     out.emit(doc, lambda: _render(out, rec.name, s, fig, origin, plot, report))
+
+
+def _plot(path: Path, s, fig, title: str, report) -> None:
+    """The job's hit rates per window (as a single-rank run draws them) beside each rank's load:
+    the assignments it received, the mean, and the bottleneck rank marked."""
+    from hotsplit_cli.plotting import save_png
+
+    def draw(figure, ax):
+        ax.remove()
+        hits, loads = figure.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+        report.draw_hit_rates(hits, s, title)
+        tokens = [r["tokens"] for r in fig.ranks]
+        top = fig.bottleneck["rank"]
+        bars = loads.bar([str(r["rank"]) for r in fig.ranks], tokens,
+                         color=["tab:red" if r["rank"] == top else "tab:blue" for r in fig.ranks])
+        loads.bar_label(bars, fmt="%d")
+        loads.axhline(sum(tokens) / len(tokens), linestyle=":", color="gray", label="mean")
+        loads.set_xlabel("rank")
+        loads.set_ylabel("routed assignments received")
+        # The totals over the run: balancedness is per exchange (step and layer), so it is lower.
+        loads.set_title(f"load over the run: rank {top} leads {fig.bottleneck['lead']:.2f}x the mean\n"
+                        f"(balancedness per exchange {fig.balancedness:.3f})", fontsize=10)
+        loads.legend(loc="lower right")
+
+    save_png(path, draw, figsize=(13, 4), dpi=100)
 
 
 def _render(out: Output, name: str, s, fig, origin, plot, report) -> None:

@@ -152,3 +152,19 @@ def test_the_eplb_flag_beats_the_environment_and_the_recipe():
     assert resolve_knobs({"eplb_steps": 5}, {"HOTSPLIT_EPLB_STEPS": "7"}, {}).eplb_steps == 7
     assert resolve_knobs({"eplb_steps": 5}, {}, {}).eplb_steps == 5
     assert resolve_knobs({}, {}, {}).eplb_steps == 0
+
+
+def test_plot_adds_each_ranks_load(tmp_path):
+    """--plot of an EP run: the hit rates beside each rank's load, the bottleneck named."""
+    pytest.importorskip("matplotlib")
+    from tests.runtime.ep.harness import tiny_ep_recipe
+
+    png = tmp_path / "ep.png"
+    recipe = tiny_ep_recipe(tmp_path / "r.yaml", 2)
+    doc = _doc(run_job([*HOTSPLIT, "run", str(recipe), "--json", "--steps", "8", "--plot", str(png)]))
+    assert doc["plot"] == str(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    height, width = matplotlib.image.imread(png).shape[:2]
+    assert (width, height) == (1300, 400)  # two panels: hit rates and the per-rank loads
