@@ -51,18 +51,10 @@ def plan_for_recipe(hist: Histogram, recipe: Recipe, budget_bytes: int) -> Plan:
     return plan_hot_set(hist.counts_LE, size, budget_bytes, rank_of_LE=owner, num_ranks=ep)
 
 
-def plan_for_placement(hist: Histogram, recipe: Recipe, budget_bytes: int, placement) -> Plan:
-    """EP with a placement (replicas): each rank plans among the physical experts placed on it.
-
-    A logical expert's traffic is split evenly over its replicas. The returned plan's hot_RLE is
-    in logical ids: expert e is hot on rank r when any of r's replicas of e is hot. `hist` is
-    already checked against the recipe (make_plan).
-    """
-    return logical_plan(physical_plan_for(hist, recipe, budget_bytes, placement), placement, hist.num_experts)
-
-
 def physical_plan_for(hist: Histogram, recipe: Recipe, budget_bytes: int, placement) -> Plan:
-    """`plan_for_placement` before the hot sets are named by logical ids: hot_RLE is [R, L, P]."""
+    """EP with a placement (replicas): each rank plans among the physical experts placed on it, a
+    logical expert's traffic split evenly over its replicas; hot_RLE is [R, L, P] (logical_plan
+    names the hot sets by logical ids). `hist` is already checked against the recipe (make_plan)."""
     from hotsplit_cli.hotset.ranktime import physical_plan
 
     check_placement_fits(hist, recipe, placement)
