@@ -17,7 +17,6 @@ from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.placement.evaluate import duplicate_count, evaluate
 from hotsplit_cli.placement.file import placement_doc
 from hotsplit_cli.placement.report import PlaceReport, PlaceRequest, hist_windows, place_from_hist
-from hotsplit_cli.traffic.hist import load_hist
 
 BALANCES = ("tokens", "time")
 HOT_WORK = ("a hot expert costs nothing per token in the cost model (the probe measures no device-memory "
@@ -40,10 +39,10 @@ def check_time_request(req: PlaceRequest, recipe: Recipe | None) -> None:
 def place_by_time(req: PlaceRequest, recipe: Recipe | None, knobs: Knobs,
                   warn: Callable[[str], None] = lambda message: None) -> PlaceReport:
     """`place_from_hist` plus the time-balanced layout; the report's `times` compares both, and
-    the layout written is the one `req.balance` names."""
+    the layout written is the one `req.balance` names. The request is checked first
+    (`check_time_request`, by the command, before the recipe's knobs are resolved)."""
     from hotsplit_cli.config.platform_file import load_platform
 
-    check_time_request(req, recipe)
     platform = load_platform(req.platform_path)
     budget = resolve_hot_budget(recipe, knobs, platform)
     if budget.over_gpu:
@@ -57,7 +56,7 @@ def place_by_time(req: PlaceRequest, recipe: Recipe | None, knobs: Knobs,
     model = TimeModel(hist.counts_LE, routing_probs(hist), expert_bytes_per_rank(recipe), budget.budget_bytes,
                       rate.gbps, recipe.traffic.batch)
     layouts = {"tokens": report.placement, "time": balance_time(model, report.placement)}
-    later = load_hist(req.eval_path) if req.eval_path is not None else None
+    later = report.later
     later_pi = routing_probs(later) if later is not None else None
     rows = {}
     for name, lay in layouts.items():
@@ -69,12 +68,14 @@ def place_by_time(req: PlaceRequest, recipe: Recipe | None, knobs: Knobs,
              "read_gbps": rate.gbps, "read_source": rate.source, "hot_work": HOT_WORK, "chosen": req.balance,
              "layouts": rows}
     chosen = layouts[req.balance]
+    time_fitted = evaluate(hist_windows(hist), layouts["time"])
     compare = dict(report.compare)
-    compare["hotsplit-time"] = {"fitted": evaluate(hist_windows(hist), layouts["time"]).to_doc(),
-                                "duplicate_ranks": duplicate_count(layouts["time"])}
+    compare["hotsplit-time"] = {"fitted": time_fitted.to_doc(), "duplicate_ranks": duplicate_count(layouts["time"])}
     if later is not None:
         compare["hotsplit-time"]["eval"] = evaluate(hist_windows(later), layouts["time"]).to_doc()
-    doc = placement_doc(chosen, hist.num_experts, evaluate(hist_windows(hist), chosen),
-                        {**report.doc["source"], "balance": req.balance})
+    if req.balance == "time":
+        doc = placement_doc(chosen, hist.num_experts, time_fitted, {**report.doc["source"], "balance": "time"})
+    else:  # the token-balanced layout place_from_hist made, its document as it wrote it
+        doc = {**report.doc, "source": {**report.doc["source"], "balance": "tokens"}}
     return replace(report, placement=chosen, doc=doc, compare=compare, times=times)
 

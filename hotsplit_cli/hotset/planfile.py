@@ -183,14 +183,15 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
     # Rank 0 reads cold only the experts placed on it: under EP the others are another rank's reads.
     not_cold_LE = plan.hot_RLE[0] | ~rank0_experts(hist, recipe, layout)
     timed = platform is not None or rate.gbps
-    costs = cold_costs(hist, not_cold_LE, size, rate.gbps) if timed else None
-    times = None
+    costs = times = None
     if timed and layout is not None and rate.gbps:
         times = placement_times(hist, layout, phys, size, rate.gbps)
         # One model for every rank: rank 0's reads are its row of the per-rank times (replicas
         # read at their share of the expert's traffic).
         costs = [ColdCost(t.batch, float(t.cold_experts_R[0]), float(t.cold_experts_R[0]) * size,
                           float(t.rank_ms_R[0])) for t in times]
+    elif timed:
+        costs = cold_costs(hist, not_cold_LE, size, rate.gbps)
     cold_paths = None
     if platform is not None:
         # Rank 0's experts as they are read: its physical slots, a replica at its share of the traffic.
@@ -213,8 +214,8 @@ def placement_times(hist: Histogram, placement, phys: Plan, expert_bytes: int, r
     """ranktime.RankTimes of every rank at each batch size, for a physical plan of `placement`."""
     from hotsplit_cli.hotset.ranktime import hot_slots, rank_times
 
-    hot_LP = hot_slots(phys, placement)
-    return [rank_times(routing_probs(hist), placement, hot_LP, expert_bytes, read_gbps, b) for b in batches]
+    hot_LP, pi_LE = hot_slots(phys, placement), routing_probs(hist)
+    return [rank_times(pi_LE, placement, hot_LP, expert_bytes, read_gbps, b) for b in batches]
 
 
 def plan_warnings(hist: Histogram, recipe: Recipe, plan: Plan, placement=None) -> list[str]:

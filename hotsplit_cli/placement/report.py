@@ -54,6 +54,7 @@ class PlaceReport:
     doc: dict  # the placement.json document
     compare: dict  # layout name -> {"fitted": balance, "duplicate_ranks": n[, "eval": balance]}
     times: dict | None = None  # with a platform: each layout's predicted rank times (hotset/placetime.py)
+    later: Histogram | None = None  # the --eval histogram, loaded and checked once
 
     def file_doc(self, fmt: str, recipe: Recipe | None) -> dict:
         """The document `-o` writes: hotsplit.placement/1, or SGLang's one row per model layer."""
@@ -105,7 +106,7 @@ def place_from_hist(req: PlaceRequest, recipe: Recipe | None = None,
     source = {"histogram": str(req.hist_path), "windows": int(all_W.shape[0]), "fit": choice.to_doc(),
               "num_redundant": req.redundant, "num_groups": groups}
     doc = placement_doc(placement, E, evaluate(all_W, placement), source)
-    return PlaceReport(req, hist, geo, int(all_W.shape[0]), choice, placement, doc, compare)
+    return PlaceReport(req, hist, geo, int(all_W.shape[0]), choice, placement, doc, compare, later=later)
 
 
 def compare_layouts(hist: Histogram, later: Histogram | None, geo: Geometry, placement: Placement,
