@@ -24,13 +24,14 @@ e // (E / R), one replica each, so the rule is moot.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from hotsplit_cli.core.errors import PlanError
-from hotsplit_cli.placement.algorithm import Placement
-from hotsplit_cli.placement.evaluate import physical_counts
+from hotsplit_cli.placement.algorithm import Geometry, Placement
+from hotsplit_cli.placement.evaluate import physical_counts, trivial_layout
 
 
 def contiguous_placement(layers, num_experts: int, num_ranks: int) -> Placement:
@@ -38,8 +39,7 @@ def contiguous_placement(layers, num_experts: int, num_ranks: int) -> Placement:
     [r E / R, (r + 1) E / R) (the planner's `contiguous_owner`)."""
     if num_experts % num_ranks:
         raise PlanError(f"ep={num_ranks} does not divide {num_experts} experts")
-    phy2log = np.broadcast_to(np.arange(num_experts), (len(layers), num_experts)).copy()
-    return Placement(tuple(int(x) for x in layers), num_ranks, phy2log, "contiguous")
+    return dataclasses.replace(trivial_layout(num_experts, layers, Geometry(num_ranks)), method="contiguous")
 
 
 def token_shard(num_tokens: int, num_ranks: int, rank: int) -> slice:

@@ -61,10 +61,11 @@ def run_ep_rank(recipe: Recipe, knobs: Knobs, *, plan_path: Path | None = None, 
 def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_path, on_record, on_ready, placement):
     m = recipe.model
     E, layers = m.num_experts, m.moe_layer_ids
+    plan_file = load_plan(plan_path) if plan_path is not None else None
     if placement is None:
-        placement = (placement_of_plan(load_plan(plan_path), layers, E, group.world) if plan_path is not None
+        placement = (placement_of_plan(plan_file, layers, E, group.world) if plan_file is not None
                      else contiguous_placement(layers, E, group.world))
-    hooks = RankHooks(group, placement, E)
+    hooks = RankHooks(group, placement, E, plan_file)
     prepared = prepare_run(recipe, knobs, plan_path=plan_path, trace_path=trace_path, steps=steps, scale=scale,
                            platform_path=platform_path, ep=hooks)
     from ..device import tune_cpu_threads
@@ -111,10 +112,12 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
     figures.placement = {"method": placement.method, "physical_experts": placement.num_physical,
                          "slots_per_rank": placement.slots_per_rank}
     figures.rebalances = [r.to_doc() for r in rebalancer.reports] if rebalancer else []
-    if hooks.trace is not None and not figures.rebalances:  # a static layout: the prediction holds
+    moved = any(r["skipped"] is None for r in figures.rebalances)  # a rebalance that changed the layout
+    if hooks.trace is not None and not moved:  # the layout the run began with: the prediction holds
         pred = predict_trace(hooks.trace.topk_ids_SLTK[:summary.steps], placement, E,
                              hot_RLE.reshape(group.world, L, E) > 0.5)
         figures.predicted_balancedness = pred.balancedness
         for r, rate in enumerate(pred.hit_rate_R):
-            figures.ranks[r]["predicted_hit_rate"] = float(rate)
+            if figures.ranks[r]["swaps"] == 0:  # its final hot set is the one it served with
+                figures.ranks[r]["predicted_hit_rate"] = float(rate)
     return EPResult(prepared, group, summary, figures, records)

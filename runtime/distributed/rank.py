@@ -62,8 +62,9 @@ def placement_of_plan(plan: PlanFile, layers, num_experts: int, ep: int) -> Plac
 class RankHooks:
     """What `runtime.from_recipe.prepare_run` asks of an expert-parallel rank."""
 
-    def __init__(self, group: Group, placement: Placement, num_experts: int):
+    def __init__(self, group: Group, placement: Placement, num_experts: int, plan_file: PlanFile | None = None):
         self.group, self.placement = group, placement
+        self.plan_file = plan_file  # the --plan file, read once by the job
         self.replicas = ReplicaMap.of(placement, num_experts)
         self.exchange: Exchange | None = None
         self.allocator: SharedAllocator | None = None
@@ -99,7 +100,7 @@ class RankHooks:
         """This rank's hot set among the experts placed on it, and what it is expected to serve."""
         L, E = counts_LE.shape
         if plan_path is not None:
-            pf = load_plan(plan_path)
+            pf = self.plan_file or load_plan(plan_path)
             if len(pf.hot_by_rank) != self.group.world:
                 raise PlanError(f"{plan_path}: a plan for {len(pf.hot_by_rank)} ranks; this run has {self.group.world}",
                                 "plan with a recipe of the same ep")

@@ -28,10 +28,14 @@ from ..pinned import NumaPolicy, _Slab, slab_device_address
 SHM_DIR = "/dev/shm"
 
 
+def _job_name(job: str) -> str:
+    """The job id as it appears in the file names (`hotsplit-<name>-node<n>-<slab>`)."""
+    return "hotsplit-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in job)
+
+
 def shm_prefix(job: str, node: int) -> str:
     """Where one node's cold bank files of one job live (`<prefix><slab>`)."""
-    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in job)
-    return os.path.join(SHM_DIR, f"hotsplit-{safe}-node{node}-")
+    return os.path.join(SHM_DIR, f"{_job_name(job)}-node{node}-")
 
 
 @dataclass
@@ -93,13 +97,12 @@ def remove_leftovers(prefix_dir: str, job: str) -> list[str]:
     killed before they were unlinked); returns what was removed. Called by the launcher after
     its ranks are gone."""
     removed = []
-    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in job)
     try:
         names = os.listdir(prefix_dir)
     except OSError:
         return removed
     for name in names:
-        if name.startswith(f"hotsplit-{safe}-"):
+        if name.startswith(f"{_job_name(job)}-"):
             try:
                 os.unlink(os.path.join(prefix_dir, name))
                 removed.append(name)
