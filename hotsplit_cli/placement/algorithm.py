@@ -20,7 +20,8 @@ With windows, experts that peak together are split and experts that alternate ma
 With one window (totals) the same objective is the busiest pack, and a faster form is used: the
 items go in rounds of one per pack (round k: the k-th `num_packs` heaviest items, heaviest to the
 lightest pack, a replica whose pack already holds its expert to the lightest free pack that does
-not), then swaps between the busiest pack and the 4 lightest. Both are vectorised across rows.
+not), then rounds of swaps between packs paired by load (the i-th busiest with the i-th
+lightest). Both are vectorised across rows.
 Hierarchical mode first packs expert groups on nodes (equal groups per node) with the same
 primitive, then replicates and packs within each node. See docs/placement.md.
 
@@ -38,7 +39,7 @@ from hotsplit_cli.core.checks import check_finite_nonneg
 from hotsplit_cli.core.errors import PlanError, UsageError
 
 REFINE_MAX_ROUNDS = 16  # later rounds gain < 0.5% balancedness on fitted data, none on later windows
-REFINE_PARTNERS = 4  # one window: the busiest pack swaps with one of the 4 lightest
+REFINE_PAIRS = 4  # one window: the 4 busiest packs each swap with one of the 4 lightest, per round
 _REL_EPS = 1e-12
 
 
@@ -106,12 +107,31 @@ def replicate_experts(weight_XE: np.ndarray, num_physical: int, max_replicas: in
     if max_replicas is not None and num_physical > E * max_replicas:
         raise PlanError(f"{num_physical} slots exceed {E} experts x {max_replicas} replicas")
     cnt = np.ones((X, E), dtype=np.int64)
-    rows = np.arange(X)
-    for _ in range(num_physical - E):
-        score = weight_XE / cnt
-        if max_replicas is not None:
-            score = np.where(cnt >= max_replicas, -np.inf, score)
-        cnt[rows, np.argmax(score, axis=1)] += 1
+    extra = num_physical - E
+    cap = extra if max_replicas is None else min(extra, max_replicas - 1)
+    if extra == 0 or cap < 1:
+        return cnt
+    # The greedy (each slot to the largest weight / replicas, ties: lowest id) in closed form:
+    # an expert's k-th extra replica scores w / k, decreasing in k, so the greedy takes exactly
+    # the `extra` largest scores w_e / k (k <= cap), ties in the order (id, k). Only the `extra`
+    # first experts in (weight desc, id) order can own one of them, and when there are `extra` of
+    # them, their first scores alone reach the extra-th weight w_K: a k-th replica needs w_e / k >= w_K.
+    top = np.argsort(-weight_XE, axis=1, kind="stable")[:, :extra]
+    top.sort(axis=1)  # ids ascending: the flat scores below run in (id, k) order
+    w_XK = np.take_along_axis(weight_XE, top, 1)
+    K = top.shape[1]
+    w_min = w_XK.min(axis=1)
+    if K == extra and (w_min > 0).all():
+        cap = int(min(cap, np.floor((w_XK.max(axis=1) / w_min).max()) + 1))  # + 1: rounding
+    score = (w_XK[:, :, None] / np.arange(1, cap + 1)).reshape(X, K * cap)
+    kth = np.partition(score, K * cap - extra, axis=1)[:, K * cap - extra, None]  # the extra-th largest
+    above, at = score > kth, score == kth
+    take = above | at
+    ties = np.flatnonzero(take.sum(axis=1) > extra)  # more scores equal the threshold than fit
+    if len(ties):
+        room = extra - above[ties].sum(axis=1, keepdims=True)
+        take[ties] = above[ties] | (at[ties] & (np.cumsum(at[ties], axis=1) <= room))
+    cnt[np.arange(X)[:, None], top] += take.reshape(X, K, cap).sum(axis=2)
     return cnt
 
 
@@ -197,10 +217,9 @@ def _pack_rounds(total_XN: np.ndarray, order_XN: np.ndarray, owner_XN: np.ndarra
     pack_XN = np.full((X, N), -1, dtype=np.int64)
     pack_total = np.zeros((X, num_packs))
     holds = np.zeros((X, num_packs, int(owner_XN.max()) + 1), dtype=bool) if distinct else None
-    by_index = np.broadcast_to(np.arange(num_packs), (X, num_packs))
     for k in range(N // num_packs):
         items = order_XN[:, k * num_packs:(k + 1) * num_packs]  # heaviest first
-        packs = np.lexsort((by_index, pack_total), axis=1)  # lightest first
+        packs = np.argsort(pack_total, axis=1, kind="stable")  # lightest first, ties: the lower index
         if distinct:
             own = np.take_along_axis(owner_XN, items, 1)
             clash = holds[rows, packs, own]
@@ -338,61 +357,64 @@ def _refine(pack_XN: np.ndarray, item_XNW: np.ndarray, owner_XN: np.ndarray | No
 
 
 def _refine_one_window(pack_XN: np.ndarray, load_XN: np.ndarray, owner_XN: np.ndarray | None, num_packs: int,
-                       partners: int = REFINE_PARTNERS, max_rounds: int = REFINE_MAX_ROUNDS) -> None:
-    """`_refine` for one window, cheaper (in place): each round, per row, the best swap of an item
-    of the busiest pack with an item of one of the `partners` lightest packs, applied if it
-    lowers the busiest pack's load (ties: the swap that evens the two packs most). The items of
-    each pack are kept as [pack, slot] arrays and swapped in place, not regrouped every round."""
+                       max_rounds: int = REFINE_MAX_ROUNDS) -> None:
+    """`_refine` for one window, cheaper (in place). Each round, per row, the `REFINE_PAIRS`
+    busiest packs pair up with as many lightest ones (the i-th busiest with the i-th lightest),
+    and every pair makes at once its best swap of one item each: the one that brings the two
+    loads closest to their mean (ties: the first item pair in slot order), when it lowers the
+    heavier one. The pairs are disjoint, so the swaps never interact; a row goes on while its
+    busiest pack improves. Items of each pack
+    are kept as [pack, slot] arrays and swapped in place; `holds` [X, R, owners] answers "does
+    this pack hold that owner" for the no-duplicate rule."""
     X, N = load_XN.shape
     quota = N // num_packs
-    K = min(partners, num_packs - 1)
-    if K < 1 or max_rounds < 1:
+    M = min(REFINE_PAIRS, num_packs // 2)
+    if M < 1 or max_rounds < 1:
         return
     slot = np.argsort(pack_XN, axis=1, kind="stable").reshape(X, num_packs, quota)  # items by pack
     vals = np.take_along_axis(load_XN, slot.reshape(X, N), 1).reshape(X, num_packs, quota)
-    own = None if owner_XN is None else np.take_along_axis(owner_XN, slot.reshape(X, N), 1).reshape(
-        X, num_packs, quota)
+    own = holds = None
+    if owner_XN is not None:
+        own = np.take_along_axis(owner_XN, slot.reshape(X, N), 1).reshape(X, num_packs, quota)
+        holds = np.zeros((X, num_packs, int(own.max()) + 1), dtype=bool)
+        holds[np.arange(X)[:, None, None], np.arange(num_packs)[None, :, None], own] = True
     tot = vals.sum(axis=2)
-    ids = np.broadcast_to(np.arange(num_packs), (X, num_packs))
     active = np.arange(X)
     for _ in range(max_rounds):
         n = len(active)
         if not n:
             break
-        rx = np.arange(n)
-        t = tot[active]
-        by_load = np.lexsort((ids[:n], -t), axis=1)
-        a, b = by_load[:, 0], by_load[:, num_packs - K:]  # busiest; the K lightest [n, K]
-        # The busiest pack other than a and b_k: the second busiest unless it is b_k.
-        second = t[rx, by_load[:, 1]]
-        third = t[rx, by_load[:, 2]] if num_packs > 2 else np.zeros(n)
-        rest = np.where(b == by_load[:, 1:2], third[:, None], second[:, None])  # [n, K]
-        va, vb = vals[active, a], vals[active[:, None], b]  # [n, q], [n, K, q]
-        la, lb = t[rx, a], t[rx[:, None], b]
-        delta = vb[:, :, None, :] - va[:, None, :, None]  # [n, K, q(a), q(b)]: what a gains
-        new_a = la[:, None, None, None] + delta
-        new_b = lb[:, :, None, None] - delta
-        cand = np.maximum(np.maximum(new_a, new_b), rest[:, :, None, None])
+        xs = active[:, None]  # [n, 1]
+        by_load = np.argsort(-tot[active], axis=1, kind="stable")  # busiest first, ties: lower index
+        a, b = by_load[:, :M], by_load[:, : num_packs - M - 1 : -1]  # [n, M]: i-th busiest, i-th lightest
+        va, vb = vals[xs, a], vals[xs, b]  # [n, M, q]
+        la, lb = tot[xs, a], tot[xs, b]
+        # Swapping a's item i for b's item j moves d = vb_j - va_i onto a, and the heavier of
+        # the two becomes max(la + d, lb - d) = mean + |d - (lb - la) / 2|: the closest d wins.
+        off = vb[:, :, None, :] - (va + ((lb - la) / 2)[:, :, None])[:, :, :, None]  # [n, M, q(a), q(b)]
+        np.abs(off, out=off)
         if own is not None:
-            oa, ob = own[active, a], own[active[:, None], b]
-            a_in_b = (oa[:, None, :, None] == ob[:, :, None, :]).any(axis=3, keepdims=True)  # [n, K, q, 1]
-            b_in_a = (ob[:, :, :, None] == oa[:, None, None, :]).any(axis=3)[:, :, None, :]  # [n, K, 1, q]
-            cand = np.where(a_in_b | b_in_a, np.inf, cand)
-        cand = cand.reshape(n, -1)
-        low = cand.min(axis=1, keepdims=True)
-        spread = (new_a ** 2 + new_b ** 2).reshape(n, -1)
-        best = np.argmin(np.where(cand <= low + _REL_EPS * np.abs(low), spread, np.inf), axis=1)
-        gain = cand[rx, best] < la * (1 - 1e-9) - 1e-12
-        r = np.flatnonzero(gain)
-        k, rem = np.divmod(best[r], quota * quota)
-        i, j = np.divmod(rem, quota)
-        x, pa, pb = active[r], a[r], b[r, k]
-        d = delta.reshape(n, -1)[r, best[r]]
+            oa, ob = own[xs, a], own[xs, b]
+            a_in_b = holds[xs[:, :, None], b[:, :, None], oa]  # [n, M, q]: a's item's owner already in b
+            b_in_a = holds[xs[:, :, None], a[:, :, None], ob]
+            np.copyto(off, np.inf, where=a_in_b[:, :, :, None] | b_in_a[:, :, None, :])
+        off = off.reshape(n, M, quota * quota)
+        best = np.argmin(off, axis=2)  # [n, M]
+        peak = (la + lb) / 2 + np.take_along_axis(off, best[:, :, None], 2)[:, :, 0]
+        gain = peak < la * (1 - 1e-9) - 1e-12
+        r, m = np.nonzero(gain)
+        i, j = np.divmod(best[r, m], quota)
+        x, pa, pb = active[r], a[r, m], b[r, m]
+        d = vb[r, m, j] - va[r, m, i]
+        if own is not None:
+            oi, oj = own[x, pa, i], own[x, pb, j]
+            holds[x, pa, oi] = holds[x, pb, oj] = False
+            holds[x, pa, oj] = holds[x, pb, oi] = True
         for arr in (slot, vals) if own is None else (slot, vals, own):
             arr[x, pa, i], arr[x, pb, j] = arr[x, pb, j], arr[x, pa, i]
         tot[x, pa] += d
         tot[x, pb] -= d
-        active = x
+        active = active[gain[:, 0]]
     pack_XN[np.arange(X)[:, None, None], slot] = np.arange(num_packs)[None, :, None]
 
 

@@ -11,6 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hotsplit_cli.core.errors import InputFileError, UsageError
+from hotsplit_cli.placement import algorithm
 from hotsplit_cli.placement.algorithm import Geometry, Placement, invert_phy2log, place_experts, replicate_experts
 from hotsplit_cli.placement.evaluate import duplicate_count, eplb_layout, evaluate, physical_counts, rank_loads
 from hotsplit_cli.placement.file import load_placement, placement_doc, save_placement, sglang_doc
@@ -103,6 +104,42 @@ def test_replicate_gives_extra_slots_to_the_heaviest_per_replica():
     cnt = replicate_experts(np.array([[100.0, 10, 40]]), 6)
     assert cnt.tolist() == [[3, 1, 2]]  # 100/3 = 33 > 40/2 = 20 > 10
     assert replicate_experts(np.array([[100.0, 1, 1]]), 6, max_replicas=2).tolist() == [[2, 2, 2]]
+
+
+def _greedy_replicas(w_XE: np.ndarray, num_physical: int, max_replicas: int | None) -> np.ndarray:
+    """The definition: one slot at a time to the largest weight / replicas (ties: lowest id)."""
+    cnt = np.ones(w_XE.shape, dtype=np.int64)
+    for _ in range(num_physical - w_XE.shape[1]):
+        score = w_XE / cnt
+        if max_replicas is not None:
+            score = np.where(cnt >= max_replicas, -np.inf, score)
+        cnt[np.arange(len(w_XE)), np.argmax(score, axis=1)] += 1
+    return cnt
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 12), st.sampled_from(["generic", "small ints", "zeros", "multiples"]),
+       st.integers(0, 2**32 - 1), st.data())
+def test_replicas_in_closed_form_equal_the_one_slot_at_a_time_greedy(X, E, kind, seed, data):
+    rng = np.random.default_rng(seed)
+    w = {"generic": lambda: rng.random((X, E)), "small ints": lambda: rng.integers(0, 4, (X, E)).astype(float),
+         "zeros": lambda: np.zeros((X, E)), "multiples": lambda: rng.choice([0.0, 1, 2, 3, 6], (X, E))}[kind]()
+    cap = data.draw(st.none() | st.integers(1, 6))
+    P = data.draw(st.integers(E, E * (cap or 5)))
+    assert replicate_experts(w, P, cap).tolist() == _greedy_replicas(w, P, cap).tolist()
+
+
+def test_refine_pairs_the_busiest_pack_with_the_lightest_and_evens_them():
+    # Two packs of two: {8, 7} = 15 and {2, 1} = 3; mean 9. Swapping 8 for 2 gives 9 and 9.
+    load = np.array([[8.0, 7, 2, 1]])
+    pack = np.array([[0, 0, 1, 1]])
+    algorithm._refine_one_window(pack, load, None, 2)
+    assert pack.tolist() == [[1, 0, 0, 1]]
+    # Items 1 and 2 replicas of one expert: 8 <-> 2 would put both on pack 0, and 7 <-> 2 counts
+    # the leaving replica too; the best allowed swap is 8 <-> 1: {7, 1} = 8, {8, 2} = 10.
+    pack = np.array([[0, 0, 1, 1]])
+    algorithm._refine_one_window(pack, load, np.array([[0, 1, 1, 2]]), 2)
+    assert pack.tolist() == [[1, 0, 1, 0]]
 
 
 def test_readme_example_at_least_as_balanced_as_published():
@@ -311,7 +348,6 @@ def test_one_window_rounds_move_a_clashing_replica_to_the_lightest_pack_without_
 
 
 def test_one_window_falls_back_to_the_item_by_item_packer(monkeypatch):
-    import hotsplit_cli.placement.algorithm as algorithm
 
     rng = np.random.default_rng(4)
     w = rng.gamma(0.5, 100.0, size=(1, 3, 12))
