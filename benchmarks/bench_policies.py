@@ -17,7 +17,10 @@ looser cap (dyn_max_swaps 4 and 8); and rules that were tried and lost, kept her
   cold reads saved over a horizon of 1 / (1 - decay) windows exceed the one copy it costs
   (activation chance per step from the decayed count, Poisson);
 - lookahead: swaps the same number per layer per window but knows the rest of the trace (a
-  reference for what a cap of dyn_max_swaps allows, not a policy).
+  reference for what a cap of dyn_max_swaps allows, not a policy);
+- bound: `simulate.swap_cap_bound`, a proven ceiling for every rule that swaps at most
+  dyn_max_swaps per layer per window (each window gets the best hot set within reach of the
+  start, knowing that window's counts), and a looser one where slots may also move between layers.
 
 Run: .venv/bin/python benchmarks/bench_policies.py   (a few seconds)
 """
@@ -37,6 +40,7 @@ from hotsplit_cli.analysis.simulate import (
     run_dynamic,
     simulate,
     summarise,
+    swap_cap_bound,
 )
 from hotsplit_cli.config.knobs import DYN_DECAY
 from hotsplit_cli.config.recipe import load_recipe
@@ -153,6 +157,10 @@ def main() -> int:
                 label = f"dynamic, dyn_decay {DYN_DECAY:g} (default)" if name == "dynamic" else name
                 print(f"| {fit} -> {replay} | {dyn} | {label} | {100 * s.hit_rate:.2f}% | {s.hit_rate / best:.4f} "
                       f"| {s.pcie_bytes_per_step / (1 << 20):.1f} | {s.copies} |")
+            for across, label in ((False, "per layer"), (True, "slots may also move between layers")):
+                b = swap_cap_bound(c, hot, dyn, MAX_SWAPS, across_layers=across) / a_S.sum()
+                print(f"| {fit} -> {replay} | {dyn} | bound: any rule at {MAX_SWAPS} swaps per layer per window, "
+                      f"{label} | {100 * b:.2f}% | {b / best:.4f} | - | - |")
     synthetic_drift(size)
     return 0
 

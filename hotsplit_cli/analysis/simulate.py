@@ -224,6 +224,38 @@ def run_hindsight(counts_SLE: np.ndarray, expert_bytes, budget_bytes: int, advan
     return PolicyRun("hindsight", hits, cold, np.zeros(len(hits), dtype=np.int64), int(hot.sum()))
 
 
+def swap_cap_bound(counts_SLE: np.ndarray, hot_LE: np.ndarray, window_steps: int, max_swaps: int,
+                   across_layers: bool = False) -> float:
+    """The most assignments any swap rule can serve hot on this trace: a proven upper bound, not
+    a policy. A rule of the dynamic kind starts from `hot_LE`, changes the hot set only at window
+    boundaries and brings in at most `max_swaps` experts per layer per window, one out for each
+    in; so in window w each layer's hot set differs from its start by at most w x max_swaps
+    experts. The bound lets every window take the best such set for that window's own counts
+    (knowing them, and free of the sets before it). With `across_layers`, a layer may also give
+    its slots to another (same total; still at most w x max_swaps new experts per layer)."""
+    S, L, E = counts_SLE.shape
+    n_L = hot_LE.sum(axis=1)
+    total = 0.0
+    for w, (a, b) in enumerate(window_bounds(S, window_steps)):
+        c_LE = counts_SLE[a:b].sum(axis=0)
+        k = w * max_swaps
+        ins = -np.sort(-np.where(hot_LE, c_LE, -np.inf), axis=1)  # hot experts first, heaviest first
+        outs = -np.sort(-np.where(hot_LE, -np.inf, c_LE), axis=1)  # the rest, heaviest first
+        if across_layers:
+            new = np.where(np.arange(E) < k, outs, -np.inf)  # each layer's k best newcomers
+            pool = np.concatenate([ins, new], axis=1).ravel()
+            pool = pool[np.isfinite(pool)]
+            total += float(np.sort(pool)[::-1][: int(n_L.sum())].sum())
+            continue
+        ci = np.concatenate([np.zeros((L, 1)), np.cumsum(np.where(np.isfinite(ins), ins, 0), axis=1)], axis=1)
+        co = np.concatenate([np.zeros((L, 1)), np.cumsum(np.where(np.isfinite(outs), outs, 0), axis=1)], axis=1)
+        for layer in range(L):
+            n = int(n_L[layer])
+            j = np.arange(min(k, n, E - n) + 1)  # newcomers taken in this layer
+            total += float((co[layer, j] + ci[layer, n - j]).max())
+    return total
+
+
 def summarise(run: PolicyRun, assignments_S: np.ndarray, expert_bytes: int, window_steps: int,
               read_gbps: float | None = None, h2d_gbps: float | None = None) -> PolicySummary:
     """Rates from a run. Step time = zero-copy bytes / read rate + copy bytes / H2D copy rate
