@@ -47,6 +47,56 @@ class _Console(Console):
         raise StdoutClosed
 
 
+def _rich_table(columns, title: str | None, fancy: bool) -> Table:
+    t = Table(title=title, box=box.SIMPLE_HEAD if fancy else None, show_edge=False,
+              pad_edge=False, title_justify="left", header_style="bold" if fancy else "")
+    for i, col in enumerate(columns):
+        t.add_column(col, justify="left" if i == 0 else "right")
+    return t
+
+
+class PlainTable:
+    """The piped form of `Output.table`: what rich prints for a table without a box (columns two
+    spaces apart, the first left-aligned, the others right-aligned, the title on its own line),
+    laid out directly, since rich's layout engine costs more than the command
+    itself on a 58-layer plan. Anything rich would treat differently (a table wider than the
+    console or a title wider than it, markup or emoji codes in a cell) goes to rich."""
+
+    def __init__(self, columns, title: str | None = None):
+        self.columns, self.title = tuple(columns), title
+        self.rows: list[tuple] = []
+
+    def add_row(self, *cells) -> None:
+        self.rows.append(cells)
+
+    def to_rich(self) -> Table:
+        t = _rich_table(self.columns, self.title, fancy=False)
+        for row in self.rows:
+            t.add_row(*row)
+        return t
+
+    def render(self, width: int) -> str | None:
+        """The table as text, or None where rich must lay it out."""
+        from rich.cells import cell_len
+
+        lines = [self.columns, *self.rows]
+        if any(not isinstance(c, str) or "[" in c or ":" in c or "\n" in c for row in lines for c in row):
+            return None
+        if any(len(row) != len(self.columns) for row in self.rows):
+            return None
+        widths = [max(cell_len(row[i]) for row in lines) for i in range(len(self.columns))]
+        total = sum(widths) + 2 * (len(widths) - 1)
+        if total > width or (self.title is not None and (cell_len(self.title) > width or "[" in self.title
+                                                          or ":" in self.title or "\n" in self.title)):
+            return None
+
+        def line(row) -> str:
+            return "  ".join(c + " " * (w - cell_len(c)) if i == 0 else " " * (w - cell_len(c)) + c
+                             for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        out = [self.title] if self.title is not None else []
+        return "\n".join(out + [line(row) for row in lines])
+
+
 class Output:
     """`out` and `err` are files (default: stdout, stderr) or ready rich Consoles."""
 
@@ -66,18 +116,23 @@ class Output:
         """Progress bars are drawn on stderr only on a terminal, and never under --json."""
         return not self.json_mode and self.err.is_terminal
 
-    def table(self, *columns: str, title: str | None = None) -> Table:
+    def table(self, *columns: str, title: str | None = None) -> Table | PlainTable:
         """A table that is boxed on a terminal and plain aligned columns when piped."""
-        t = Table(title=title, box=box.SIMPLE_HEAD if self.fancy else None, show_edge=False,
-                  pad_edge=False, title_justify="left", header_style="bold" if self.fancy else "")
-        for i, col in enumerate(columns):
-            t.add_column(col, justify="left" if i == 0 else "right")
-        return t
+        if not self.fancy:
+            return PlainTable(columns, title)
+        return _rich_table(columns, title, fancy=True)
 
     def print(self, *things: Any) -> None:
         """Human output (suppressed in JSON mode)."""
-        if not self.json_mode:
-            (self._above_bar or self.out).print(*things)
+        if self.json_mode:
+            return
+        console = self._above_bar or self.out
+        if len(things) == 1 and isinstance(things[0], PlainTable):
+            text = things[0].render(console.width)
+            if text is not None:
+                console.out(text, highlight=False)
+                return
+        console.print(*(x.to_rich() if isinstance(x, PlainTable) else x for x in things))
 
     def emit(self, doc: Any, render: Callable[[], None] | None = None) -> None:
         """The command's result: JSON document in JSON mode, else the human rendering.
