@@ -121,37 +121,46 @@ def test_a_killed_rank_or_ctrl_c_stops_every_rank(how):
         kill_tagged(tag)
 
 
-@pytest.mark.parametrize("where, value, message", [
-    ("flag", "-1", "error: --eplb-steps: must be >= 0, got -1"),
-    ("env", "often", "error: HOTSPLIT_EPLB_STEPS: must be an integer, got 'often'"),
-    ("recipe", "-3", "error: hotsplit.eplb_steps: must be >= 0, got -3"),
+@pytest.mark.parametrize("knob, where, value, message", [
+    ("eplb_steps", "flag", "-1", "error: --eplb-steps: must be >= 0, got -1"),
+    ("eplb_steps", "env", "often", "error: HOTSPLIT_EPLB_STEPS: must be an integer, got 'often'"),
+    ("eplb_steps", "recipe", -3, "error: hotsplit.eplb_steps: must be >= 0, got -3"),
+    ("ep_exchange", "flag", "ring", "error: --ep-exchange: must be one of a2a, allgather, got 'ring'"),
+    ("ep_exchange", "env", "all_gather", "error: HOTSPLIT_EP_EXCHANGE: must be one of a2a, allgather, got "
+                                         "'all_gather'"),
+    ("ep_exchange", "recipe", "A2A", "error: hotsplit.ep_exchange: must be one of a2a, allgather, got 'A2A'"),
 ])
-def test_a_bad_eplb_steps_exits_2_with_one_line_and_writes_nothing(tmp_path, where, value, message):
+def test_a_bad_ep_knob_exits_2_with_one_line_and_writes_nothing(tmp_path, knob, where, value, message):
     recipe = "tiny-ep4"
     env = env_for_ranks()
     args = [*HOTSPLIT, "run"]
     if where == "recipe":
         from tests.runtime.ep.harness import tiny_ep_recipe
 
-        recipe = str(tiny_ep_recipe(tmp_path / "r.yaml", 2, **{"hotsplit.eplb_steps": int(value)}))
+        recipe = str(tiny_ep_recipe(tmp_path / "r.yaml", 2, **{f"hotsplit.{knob}": value}))
     args += [recipe, "--log-jsonl", str(tmp_path / "log.jsonl")]
     if where == "flag":
-        args += ["--eplb-steps", value]
+        args += [f"--{knob.replace('_', '-')}", value]
     if where == "env":
-        env["HOTSPLIT_EPLB_STEPS"] = value
+        env[f"HOTSPLIT_{knob.upper()}"] = value
     done = run_job(args, env=env, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [message]
     assert done.stdout == "" and not (tmp_path / "log.jsonl").exists()
 
 
-def test_the_eplb_flag_beats_the_environment_and_the_recipe():
+def test_the_ep_flags_beat_the_environment_and_the_recipe():
     from hotsplit_cli.config.knobs import resolve_knobs
 
     assert resolve_knobs({"eplb_steps": 5}, {"HOTSPLIT_EPLB_STEPS": "7"}, {"eplb_steps": 9}).eplb_steps == 9
     assert resolve_knobs({"eplb_steps": 5}, {"HOTSPLIT_EPLB_STEPS": "7"}, {}).eplb_steps == 7
     assert resolve_knobs({"eplb_steps": 5}, {}, {}).eplb_steps == 5
     assert resolve_knobs({}, {}, {}).eplb_steps == 0
+    env = {"HOTSPLIT_EP_EXCHANGE": "a2a"}
+    assert resolve_knobs({"ep_exchange": "a2a"}, env, {"ep_exchange": "allgather"}).ep_exchange == "allgather"
+    assert resolve_knobs({"ep_exchange": "allgather"}, env, {}).ep_exchange == "a2a"
+    assert resolve_knobs({"ep_exchange": "allgather"}, {}, {}).ep_exchange == "allgather"
+    assert resolve_knobs({}, {}, {}).ep_exchange == "a2a"
 
 
 def test_plot_adds_each_ranks_load(tmp_path):
