@@ -1,7 +1,7 @@
 """Expert parallelism side by side: the tiny-ep4 model on 1, 2 and 4 ranks, and the two exchanges
 (a2a: uneven all_to_all_single; allgather: all-gather, then reduce-scatter), in one run.
 
-    .venv/bin/python benchmarks/bench_ep.py [--steps 40] [--repeats 3] [--p2p-gbps 450]
+    .venv/bin/python benchmarks/bench_ep.py [--steps 40] [--repeats 3] [--p2p-gbps 450] [--collectives]
 
 For each ep the same recipe (each rank steps 16 tokens, the same per-rank hot budget) runs as
 `hotsplit run --json`, the runs of every (ep, exchange) interleaved `--repeats` times (medians
@@ -14,7 +14,9 @@ those bytes at --p2p-gbps, and whether both exchanges gave the same loads and hi
 ep 4 runs again with a live rebalance every steps/2 steps: its bytes and time, next to what
 moving the same bytes GPU to GPU would take at --p2p-gbps (default 450 GB/s, NVLink 4 one way,
 the ledger's default link). On a CPU the ranks share the cores and gloo runs over loopback:
-step and exchange times compare the modes on this machine, not on a GPU box.
+step and exchange times compare the modes on this machine, not on a GPU box. `--collectives`
+first times each collective the two exchanges post, alone, at tiny-ep4's sizes (16 tokens of
+256 float32 per rank, top_k 4) on 2 and 4 gloo ranks: what one exchange of each mode costs here.
 """
 
 from __future__ import annotations
@@ -56,12 +58,60 @@ def _served(s: dict) -> list:
     return [[(r["tokens"], r["hit_rate"]) for r in s["ranks"]], s["balancedness"]]
 
 
+def _time_collectives() -> None:
+    """One rank of `--collectives` (under torch.distributed.run): ms per call of each collective."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    R, T, H, K = dist.get_world_size(), 16, 256, 4
+    x, x_all = torch.randn(T, H), torch.empty(R * T, H)
+    rows, rows_out = torch.randn(T * K, H), torch.empty(T * K, H)  # a2a: every assignment's row, even split
+    partial, out = torch.randn(R * T, H), torch.empty(T, H)
+    route, routes = torch.zeros(T, 2 * K), torch.empty(R * T, 2 * K)
+    counts, counts_out = torch.zeros(R, dtype=torch.int64), torch.empty(R, dtype=torch.int64)
+    calls = {
+        "a2a: counts all_to_all_single": lambda: dist.all_to_all_single(counts_out, counts),
+        "a2a: rows all_to_all_single": lambda: dist.all_to_all_single(rows_out, rows),
+        "allgather: routing all_gather_into_tensor": lambda: dist.all_gather_into_tensor(routes, route),
+        "allgather: rows all_gather_into_tensor": lambda: dist.all_gather_into_tensor(x_all, x),
+        "allgather: reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(out, partial),
+        "(all_reduce of the same partials)": lambda: dist.all_reduce(partial),
+    }
+    for name, call in calls.items():
+        for _ in range(10):
+            call()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(200):
+            call()
+        ms = (time.perf_counter() - t0) / 200 * 1e3
+        if dist.get_rank() == 0:
+            print(f"  ep {R}  {name:44s} {ms:6.3f} ms")
+    dist.destroy_process_group()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--p2p-gbps", type=float, default=450.0)
+    ap.add_argument("--collectives", action="store_true")
+    ap.add_argument("--collectives-rank", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.repeats < 1 or args.steps < 1:
+        ap.error("--steps and --repeats must be >= 1")
+    if args.collectives_rank:
+        return _time_collectives()
+    if args.collectives:
+        print("each collective alone, ms per call (200 calls after 10 warm-up; gloo on loopback):")
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        for n in (2, 4):
+            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+                            __file__, "--collectives-rank"], check=True, env=env, timeout=600,
+                           stderr=subprocess.DEVNULL)
     configs = [(1, "a2a")] + [(ep, mode) for ep in (2, 4) for mode in MODES]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
