@@ -18,6 +18,7 @@ import pytest
 from tests.runtime.ep.harness import REPO, env_for_ranks, kill_tagged, run_job, tagged_pids, torchrun
 
 HOTSPLIT = [sys.executable, "-m", "hotsplit_cli"]
+FAIL_CLI = str(REPO / "tests" / "runtime" / "ep" / "fail_cli.py")
 STEPS = ["--steps", "20"]
 
 
@@ -72,10 +73,12 @@ def _rank_pid(tag: str, rank: int) -> int | None:
     return None
 
 
-def _start_long_run(tag: str):
-    proc = subprocess.Popen([*HOTSPLIT, "run", "tiny-ep4", "--steps", "100000"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env_for_ranks(tag), cwd=REPO,
-                            start_new_session=True)
+def _start_long_run(tag: str, launcher: str = "plain"):
+    args = [*HOTSPLIT, "run", "tiny-ep4", "--steps", "100000"]
+    if launcher == "torchrun":
+        args = torchrun(4, args[1:])
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for_ranks(tag),
+                            cwd=REPO, start_new_session=True)
     deadline = time.monotonic() + 200
     for line in proc.stdout:  # the header: every rank is built and stepping
         if line.startswith("expert parallel:") or time.monotonic() > deadline:
@@ -94,10 +97,10 @@ def _finish(proc, limit_s: float):
     return proc.returncode, err, time.monotonic() - t0
 
 
-@pytest.mark.parametrize("how", ["kill-rank", "ctrl-c"])
-def test_a_killed_rank_or_ctrl_c_stops_every_rank(how):
+@pytest.mark.parametrize("how, launcher", [("kill-rank", "plain"), ("ctrl-c", "plain"), ("kill-rank", "torchrun")])
+def test_a_killed_rank_or_ctrl_c_stops_every_rank(how, launcher):
     tag = uuid.uuid4().hex
-    proc = _start_long_run(tag)
+    proc = _start_long_run(tag, launcher)
     try:
         time.sleep(1.0)
         assert len(tagged_pids(tag)) == 5  # the launcher and its 4 ranks
@@ -109,7 +112,13 @@ def test_a_killed_rank_or_ctrl_c_stops_every_rank(how):
             os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
         rc, err, took = _finish(proc, 60)
         lines = [x for x in err.splitlines() if x.startswith("error:")]
-        if how == "kill-rank":
+        if launcher == "torchrun":
+            # torchrun's own report names the rank and the signal; the ranks that lost their peer
+            # say nothing of their own: no error line, no traceback of a rank.
+            assert rc != 0 and lines == [], err[-3000:]
+            assert "rank      : 2" in err and "Signal 9 (SIGKILL)" in err, err[-3000:]
+            _no_rank_traceback(err)
+        elif how == "kill-rank":
             want = ["error: rank 2 of 4 was killed by SIGKILL; every rank was stopped"]
             assert rc == 1 and lines == want, err[-2000:]
         else:
@@ -119,6 +128,33 @@ def test_a_killed_rank_or_ctrl_c_stops_every_rank(how):
         assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"hotsplit-hotsplit-{proc.pid}-")]
     finally:
         kill_tagged(tag)
+
+
+CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"  # torchrun's report
+
+
+def _no_rank_traceback(err: str) -> None:
+    """The only traceback in `err` is torchrun's own, the one that ends in its failure report."""
+    before = err.partition(CHILD_FAILED)[0]
+    n = before.count("Traceback (most recent call last)")
+    assert n <= 1 and (n == 0 or "distributed/run.py" in before.rsplit("Traceback", 1)[1]), err[-3000:]
+
+
+def test_under_torchrun_a_failing_rank_says_its_cause_once():
+    """torchrun, rank 2 fails with an error of its own at step 3: the job says it in one line
+    naming the rank and the cause (torchrun's report carries the same line); the three ranks
+    that only lost their peer print no line and no traceback."""
+    env = env_for_ranks()
+    env["EP_TEST_FAIL_RANK"] = "2"
+    done = run_job(torchrun(4, [FAIL_CLI, "run", "tiny-ep4", "--steps", "20"]), env=env)
+    want = "error: rank 2 of 4: the expert bank's disk went away; check the node"
+    assert done.returncode != 0
+    lines = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert lines == [want], done.stderr[-3000:]
+    _no_rank_traceback(done.stderr)
+    report = done.stderr.partition(CHILD_FAILED)[2]
+    assert "rank      : 2" in report and want in report  # torchrun's root cause: our line, from the error file
+    assert done.stdout.count("expert parallel: 4 ranks") == 1
 
 
 @pytest.mark.parametrize("knob, where, value, message", [
