@@ -86,8 +86,6 @@ class _Exchange:
     device group, gloo on a CPU, NCCL when each rank has its own GPU; `control`: a gloo group for
     counts and routing) and the timed collectives."""
 
-    mode = ""
-
     def __init__(self, replicas: ReplicaMap, rank: int, world: int, group=None, control=None):
         self.replicas, self.rank, self.world = replicas, rank, world
         self.group, self.control = group, control
@@ -115,8 +113,6 @@ class _Exchange:
 
 class AllToAll(_Exchange):
     """The uneven all_to_all_single exchange of one rank (the module docstring's a2a)."""
-
-    mode = "a2a"
 
     def dispatch(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor) -> Sent:
         T, K = ids_TK.shape
@@ -161,8 +157,6 @@ class AllToAll(_Exchange):
 
 class AllGather(_Exchange):
     """The all-gather + reduce-scatter exchange of one rank (the module docstring's allgather)."""
-
-    mode = "allgather"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
