@@ -38,6 +38,8 @@ def test_plain_start_and_torchrun_agree(tmp_path):
         assert sum(r["tokens"] for r in s["ranks"]) == 20 * 4 * 16 * 4 * 4  # steps x ranks x tokens x top_k x layers
         assert 0 < s["balancedness"] <= 1
         assert s["exchange"]["measured_bytes_per_layer"] > 0 and s["exchange"]["predicted_bytes_per_layer"] > 0
+        assert s["exchange"]["mode"] == "a2a"  # the default exchange
+        assert [r["cold_paths"] for r in s["ranks"]] == [None] * 4  # cold_path gpu: no CPU path to report
     assert [r["hit_rate"] for r in plain["summary"]["ranks"]] == [r["hit_rate"] for r in under["summary"]["ranks"]]
     assert plain["summary"]["balancedness"] == under["summary"]["balancedness"]
     assert plain["summary"]["hit_rate"] == under["summary"]["hit_rate"]
@@ -114,8 +116,9 @@ def test_a_killed_rank_or_ctrl_c_stops_every_rank(how, launcher):
         lines = [x for x in err.splitlines() if x.startswith("error:")]
         if launcher == "torchrun":
             # torchrun's own report names the rank and the signal; the ranks that lost their peer
-            # say nothing of their own: no error line, no traceback of a rank.
-            assert rc != 0 and lines == [], err[-3000:]
+            # say nothing of their own (no traceback of a rank), or at most one of them says so
+            # once, when torchrun is slower than the grace to stop it.
+            assert rc != 0 and (lines == [] or len(lines) == 1 and "lost its peers" in lines[0]), err[-3000:]
             assert "rank      : 2" in err and "Signal 9 (SIGKILL)" in err, err[-3000:]
             _no_rank_traceback(err)
         elif how == "kill-rank":
