@@ -61,7 +61,9 @@ def test_rank_zero_prints_for_the_job(tmp_path):
 def test_a_world_that_is_not_the_recipes_ep_is_refused():
     done = run_job(torchrun(2, ["-m", "hotsplit_cli", "run", "tiny-ep4", *STEPS]))
     assert done.returncode != 0
-    assert "error: parallel.ep is 4 but the launcher started 2 ranks" in done.stderr
+    lines = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert lines == ["error: parallel.ep is 4 but the launcher started 2 ranks; launch 4 ranks (torchrun "
+                     "--nproc-per-node, --nnodes), or change parallel.ep"], done.stderr[-3000:]  # said once
 
 
 def _rank_pid(tag: str, rank: int) -> int | None:
