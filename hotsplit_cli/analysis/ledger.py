@@ -16,6 +16,15 @@ that own its experts (dispatch) and gets as many back (combine). Per MoE layer a
 placement; `cross_ratio` scales it (1.0 = placement-blind routing, < 1 when placement keeps
 a token's experts on its own card). The estimate is a bandwidth bound: no latency, no overlap.
 
+The other exchange (vLLM's default): every card all-gathers the tokens of all N cards and each
+card's partial outputs (the assignments its experts served, weighted) are summed back to the
+token's card by a reduce-scatter. Each card sends its tokens to the N - 1 others once, whatever
+top_k and the placement, and as many partial rows back:
+
+    ag_rs_bytes     = 2 (all-gather + reduce-scatter) x tokens_per_step x hidden x act_bytes x (N - 1) [B]
+
+so ag_rs / a2a = N / (top_k x cross_ratio): the all-gather sends fewer bytes when top_k > N.
+
 Step-time model: one engine step = `step_ms` of compute (given by the user, measured or
 estimated) + the All-to-All of every MoE layer, not overlapped. Comm is flagged when it takes
 more than 30% of that step.
@@ -112,6 +121,8 @@ class A2ALedger:
     a2a_bytes_per_layer: float  # dispatch + combine bytes leaving one card
     link_gbps: float
     a2a_ms_per_layer: float
+    ag_rs_bytes_per_layer: float  # the all-gather + reduce-scatter exchange: bytes leaving one card
+    ag_rs_ms_per_layer: float
     num_moe_layers: int
     a2a_ms_per_step: float
     step_ms: float | None  # compute part of the step (user's estimate)
@@ -231,6 +242,7 @@ def a2a_ledger(recipe: Recipe, comm: CommModel) -> A2ALedger:
     remote = (ep - 1) / ep * comm.cross_ratio  # [1]
     a2a_bytes = 2 * message_bytes * remote  # [B], dispatch + combine
     ms_per_layer = a2a_bytes / (comm.link_gbps * BYTES_PER_GB) * MS_PER_S  # [B] / [B/s] -> [s] -> [ms]
+    ag_rs_bytes = ag_rs_bytes_per_layer(comm.tokens_per_step, m.hidden_size, comm.act_bytes, ep)
     ms_per_step = ms_per_layer * m.num_moe_layers
     share = None
     if comm.step_ms is not None:
@@ -250,11 +262,19 @@ def a2a_ledger(recipe: Recipe, comm: CommModel) -> A2ALedger:
         a2a_bytes_per_layer=a2a_bytes,
         link_gbps=comm.link_gbps,
         a2a_ms_per_layer=ms_per_layer,
+        ag_rs_bytes_per_layer=ag_rs_bytes,
+        ag_rs_ms_per_layer=ag_rs_bytes / (comm.link_gbps * BYTES_PER_GB) * MS_PER_S,
         num_moe_layers=m.num_moe_layers,
         a2a_ms_per_step=ms_per_step,
         step_ms=comm.step_ms,
         comm_share=share,
     )
+
+
+def ag_rs_bytes_per_layer(tokens_per_step: float, hidden: int, act_bytes: int, ep: int) -> float:
+    """Bytes leaving one card per MoE layer in the all-gather + reduce-scatter exchange (see the
+    module docstring): its tokens to the ep - 1 other cards, and their partial outputs back."""
+    return 2.0 * tokens_per_step * hidden * act_bytes * (ep - 1)  # [B]
 
 
 def _check_comm(comm: CommModel, ep: int) -> None:

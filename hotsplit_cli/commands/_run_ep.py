@@ -41,6 +41,10 @@ def run_expert_parallel(out: Output, rec, knobs, plan: Path | None, trace: Path 
         return launch_local(ep, INVOCATION["argv"])
     world = int(os.environ["WORLD_SIZE"])
     if world != ep:
+        if os.environ["RANK"] != "0":  # every rank finds the same mismatch: rank 0 says it for the job
+            from runtime.distributed.launch import ReportedElsewhere
+
+            raise ReportedElsewhere(2)
         raise UsageError(f"parallel.ep is {ep} but the launcher started {world} ranks",
                          f"launch {ep} ranks (torchrun --nproc-per-node, --nnodes), or change parallel.ep")
     _rank(out, rec, knobs, (plan, trace, steps, scale, platform), log_jsonl, plot, report)
@@ -111,9 +115,9 @@ def _render(out: Output, name: str, s, fig, origin, plot, report) -> None:
     b = fig.bottleneck
     rows = [("balancedness", f"{fig.balancedness:.4f}{pred}"),
             ("bottleneck rank", f"rank {b['rank']}: {b['load']} assignments, {b['lead']:.2f}x the mean"),
-            ("exchange per layer and rank", f"{ex['measured_bytes_per_layer'] / 1024:,.1f} KiB measured vs "
-                                            f"{ex['predicted_bytes_per_layer'] / 1024:,.1f} KiB by the ledger, "
-                                            f"{ex['ms_per_layer']:.2f} ms")]
+            (f"exchange ({ex['mode']}) per layer and rank",
+             f"{ex['measured_bytes_per_layer'] / 1024:,.1f} KiB measured vs "
+             f"{ex['predicted_bytes_per_layer'] / 1024:,.1f} KiB by the ledger, {ex['ms_per_layer']:.2f} ms")]
     for r in fig.rebalances:
         if r["skipped"]:
             rows.append((f"rebalance at step {r['step']}", f"skipped: {r['skipped']}"))
@@ -124,11 +128,14 @@ def _render(out: Output, name: str, s, fig, origin, plot, report) -> None:
                      f"{r['experts_moved']} slots refilled, up to {max(r['bytes_moved_R']) / 2**20:.2f} MiB per rank "
                      f"from the shared cold bank, {r['ms']:.1f} ms, {r['steps_disturbed']} steps disturbed"))
     report.render_summary(out, f"hotsplit run {name} (ep {len(fig.ranks)})", s, [], rows, origin)
-    t = out.table("rank", "assignments", "hit rate", "expected", "cold reads", "swaps", title="ranks")
+    split = any(r["cold_paths"] for r in fig.ranks)  # cold_path cpu / split: where each rank's cold work went
+    t = out.table("rank", "assignments", "hit rate", "expected", "cold reads", "swaps",
+                  *(("cold on CPU",) if split else ()), title="ranks")
     for r in fig.ranks:
         want = r.get("predicted_hit_rate", r["expected_hit_rate"])
+        cpu = () if not split else (pct(r["cold_paths"]["cpu_share"]),)  # share of its distinct cold experts
         t.add_row(str(r["rank"]), str(r["tokens"]), pct(r["hit_rate"]), pct(want), str(r["cold_reads"]),
-                  str(r["swaps"]))
+                  str(r["swaps"]), *cpu)
     out.print(t)
     if plot is not None:
         out.print(escape(f"plot: {plot}"))

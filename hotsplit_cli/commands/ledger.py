@@ -208,6 +208,10 @@ def _render_a2a(out: Output, a) -> None:
         f"{a.a2a_bytes_per_layer / 1e6:.3f} MB -> {1e3 * a.a2a_ms_per_layer:.2f} us",
     )
     t.add_row(f"per step ({a.num_moe_layers} MoE layers)", f"{a.a2a_ms_per_step:.3f} ms")
+    t.add_row(
+        "all-gather 2 x tokens x H x act x (N-1)",  # per layer: the exchange's other mode
+        f"{a.ag_rs_bytes_per_layer / 1e6:.3f} MB -> {1e3 * a.ag_rs_ms_per_layer:.2f} us",
+    )
     if a.step_ms is None:
         t.add_row("share of step", "- (give --step-ms)")
     else:

@@ -23,6 +23,8 @@ TraceOpt = Annotated[Path | None, typer.Option("--trace", help="Replay this rout
 StepsOpt = Annotated[int | None, typer.Option("--steps", help="Engine steps (default: the recipe's run.steps).")]
 ScaleOpt = Annotated[float | None, typer.Option("--scale", help="Shrink tensors, (0, 1]; plans keep real bytes.")]
 EplbStepsOpt = Annotated[int | None, typer.Option("--eplb-steps", help="EP: steps between live rebalances (0 = off).")]
+EpExchangeOpt = Annotated[str | None, typer.Option("--ep-exchange", help="EP: a2a (all_to_all_single) or allgather "
+                                                                         "(all-gather, then reduce-scatter).")]
 LogJsonlOpt = Annotated[Path | None, output_option("--log-jsonl", help="Also write each record as a JSON line.",
                                                                 suffix=".jsonl")]
 
@@ -40,11 +42,12 @@ def run(
     cold_path: ColdPathOpt = None,
     platform: PlatformOpt = None,
     eplb_steps: EplbStepsOpt = None,
+    ep_exchange: EpExchangeOpt = None,
 ) -> None:
     """Run the recipe's MoE on the hot/cold runtime: hit rate per update, then a summary."""
-    out = Output(json_out)
-    rec = load_recipe(recipe)
-    knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path, "eplb_steps": eplb_steps})
+    out, rec = Output(json_out), load_recipe(recipe)
+    knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path, "eplb_steps": eplb_steps,
+                                                  "ep_exchange": ep_exchange})
     _check_options(rec, platform, (trace, steps, scale), plot)
     check_run_inputs(rec, plan, trace)  # before anything is built
     if rec.parallel.ep > 1:  # the ranks of an expert-parallel run

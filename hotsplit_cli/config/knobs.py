@@ -15,6 +15,7 @@ from hotsplit_cli.core.errors import UsageError
 
 NUMA_POLICIES = ("preferred", "bind", "off")
 COLD_PATHS = ("gpu", "cpu", "split")  # who computes cold experts: see coldpath.py
+EP_EXCHANGES = ("a2a", "allgather")  # how EP ranks exchange tokens: see runtime/distributed/dispatch.py
 DYN_DECAY = 0.8  # the swap rule's memory per window (hotset/planner.py SwapRule; docs/simulate.md)
 
 
@@ -41,6 +42,7 @@ KNOBS = (
     KnobSpec("numa_policy", "HOTSPLIT_NUMA_POLICY", str, "preferred", choices=NUMA_POLICIES),
     KnobSpec("cold_path", "HOTSPLIT_COLD_PATH", str, "gpu", choices=COLD_PATHS),
     KnobSpec("eplb_steps", "HOTSPLIT_EPLB_STEPS", int, 0, minimum=0),  # 0 = off; EP runs only
+    KnobSpec("ep_exchange", "HOTSPLIT_EP_EXCHANGE", str, "a2a", choices=EP_EXCHANGES),  # EP runs only
 )
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 
@@ -58,6 +60,7 @@ class Knobs:
     cold_path: str  # gpu | cpu | split
     sources: Mapping[str, str]  # knob -> "flag" | "env" | "recipe" | "default"
     eplb_steps: int = 0  # steps between live expert-parallel rebalances (0 = off)
+    ep_exchange: str = "a2a"  # a2a (uneven all_to_all_single) | allgather (all-gather, then reduce-scatter)
 
     def to_doc(self) -> dict:
         return {k: getattr(self, k) for k in KNOB_NAMES}

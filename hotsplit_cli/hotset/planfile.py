@@ -110,11 +110,7 @@ def rank0_experts(hist: Histogram, recipe: Recipe, placement=None) -> np.ndarray
     the contiguous default layout, or the experts of its replicas in `placement`)."""
     L, E = hist.num_layers, hist.num_experts
     if placement is not None:
-        held = np.zeros((L, E), dtype=bool)
-        S = placement.slots_per_rank
-        for li in range(L):
-            held[li, placement.phy2log_LP[li, :S]] = True
-        return held
+        return placement.held_LE(0, E)
     return contiguous_owner(L, E, recipe.parallel.ep) == 0
 
 

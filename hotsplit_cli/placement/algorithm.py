@@ -75,6 +75,14 @@ class Placement:
         """Physical slots of each logical expert, ascending, -1 padded (int64 [L, E, max replicas])."""
         return invert_phy2log(self.phy2log_LP, num_experts)
 
+    def held_LE(self, rank: int, num_experts: int) -> np.ndarray:
+        """bool [L, E]: the logical experts with a replica on `rank`."""
+        S = self.slots_per_rank
+        mine_LS = self.phy2log_LP[:, rank * S:(rank + 1) * S]
+        held = np.zeros((mine_LS.shape[0], num_experts), dtype=bool)
+        np.put_along_axis(held, mine_LS, True, axis=1)
+        return held
+
 
 def invert_phy2log(phy2log_LP: np.ndarray, num_experts: int) -> np.ndarray:
     """log2phy [L, E, X] from phy2log [L, P]: slots of each expert ascending, -1 padded."""

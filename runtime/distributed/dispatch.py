@@ -1,7 +1,9 @@
 """Dispatch and combine: each routed assignment to one replica of its expert, computed there on
-the rank's hot slot or cold bank, and its output back to the token's rank.
+the rank's hot slot or cold bank, and its output back to the token's rank. Two exchanges
+(`ep_exchange`), the same replica rule, so the same assignments land on the same ranks and
+loads, hit rates and swaps are the same in both.
 
-Per MoE layer and step, on every rank at once:
+**a2a** (`AllToAll`), per MoE layer and step, on every rank at once:
 1. the rank's assignments [T, K] get their physical slots by the replica rule
    (`hotsplit_cli.placement.dispatch.choose_replicas`, the one every prediction uses) and are
    sorted by the rank that holds each slot;
@@ -13,10 +15,23 @@ Per MoE layer and step, on every rank at once:
    rank's own compute (hot slot or cold bank, cold_path gpu / cpu / split as a single rank does);
 4. the outputs come back by the reverse all_to_all_single and the sender sums
    weight x output per token in float32, as the reference does.
+Bytes leaving a rank: the activation rows it sends to others and the outputs it returns to
+others, what the ledger's All-to-All formula predicts; ids and counts are counted apart.
 
-A rank's load in a layer is the number of assignments it receives. The exchange's bytes are the
-activation rows leaving the rank (dispatch: rows it sends to others; combine: outputs it returns
-to others), what the ledger's All-to-All formula predicts; ids and counts are counted apart.
+**allgather** (`AllGather`, vLLM's default):
+1. once per step the ranks' token counts go round the control group; every rank pads its
+   tokens to the largest count (uneven list all_gather does not work on gloo);
+2. per layer the ranks all-gather their routing (ids and weights, one float32 tensor, over the
+   control group) and their token rows (all_gather_into_tensor over the device group);
+3. each rank applies the replica rule to every source rank's tokens, as that source would, and
+   computes the assignments routed to the replicas it holds (in source, then (token, k) order:
+   the order a2a delivers them), summing weight x output per token in float32 into a partial
+   output of every rank's tokens;
+4. a reduce_scatter_tensor (in the activation dtype) sums the partials and hands each rank its
+   own tokens' outputs.
+Bytes leaving a rank: its padded rows to the R - 1 others, and the R - 1 other ranks' partial
+rows back, 2 x T_max x hidden x act_bytes x (R - 1), the ledger's all-gather formula (at the
+largest shard); the routing and counts are counted apart.
 """
 
 from __future__ import annotations
@@ -36,7 +51,7 @@ from ..moe import swiglu
 
 @dataclass
 class Sent:
-    """One layer's dispatch on this rank, kept for its combine."""
+    """One layer's dispatch on this rank (a2a), kept for its combine."""
 
     order_A: torch.Tensor  # int64 [A]: flattened (t * K + k) assignments in send order
     send_counts: list[int]  # [R] assignments sent to each rank
@@ -46,19 +61,30 @@ class Sent:
 
 
 @dataclass
+class Gathered:
+    """One layer's dispatch on this rank (allgather), kept for its combine."""
+
+    rows_A: torch.Tensor  # int64 [A]: row of each assignment's token in the gathered [R * T_max] tokens
+    w_A: torch.Tensor  # float32 [A]: its routing weight
+    x_AH: torch.Tensor  # the assignments' token rows
+    experts_A: torch.Tensor  # int64: their logical experts
+
+
+@dataclass
 class ExchangeStats:
     """Totals since the run began (this rank)."""
 
     loads: list[list[int]] = field(default_factory=list)  # per step: assignments received per layer
     act_bytes: int = 0  # activation bytes leaving this rank, dispatch + combine
-    meta_bytes: int = 0  # ids and counts leaving this rank
-    ms: float = 0.0  # wall time inside the all_to_all_single calls
+    meta_bytes: int = 0  # ids, weights and counts leaving this rank
+    ms: float = 0.0  # wall time inside the collectives
     exchanges: int = 0  # (step, layer) exchanges
 
 
-class Exchange:
-    """The all_to_all_single exchange of one rank. `group`: the device group (gloo on a CPU,
-    NCCL when each rank has its own GPU); `control`: a gloo group for the counts."""
+class _Exchange:
+    """What both exchanges share: the replica map, this rank's place, the groups (`group`: the
+    device group, gloo on a CPU, NCCL when each rank has its own GPU; `control`: a gloo group for
+    counts and routing) and the timed collectives."""
 
     def __init__(self, replicas: ReplicaMap, rank: int, world: int, group=None, control=None):
         self.replicas, self.rank, self.world = replicas, rank, world
@@ -69,17 +95,26 @@ class Exchange:
         """A new map, between two steps (every rank switches at the same step)."""
         self.replicas = replicas
 
-    def _a2a(self, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits, group) -> None:
+    def begin_step(self, num_tokens: int) -> None:
+        """Before a step's first layer (every rank)."""
+
+    def _collective(self, fn, out: torch.Tensor, inp: torch.Tensor, *args, group) -> None:
+        """`fn(out, inp, *args, group=group)`, timed; device tensors cross a gloo group through the
+        host (ranks sharing a GPU)."""
         t0 = time.perf_counter()
-        if out.is_cuda and dist.get_backend(group) == "gloo":  # ranks sharing a GPU: gloo moves host tensors
+        if out.is_cuda and dist.get_backend(group) == "gloo":
             host = torch.empty(out.shape, dtype=out.dtype)
-            dist.all_to_all_single(host, inp.cpu(), out_splits, in_splits, group=group)
+            fn(host, inp.cpu(), *args, group=group)
             out.copy_(host)
         else:
-            dist.all_to_all_single(out, inp, out_splits, in_splits, group=group)
+            fn(out, inp, *args, group=group)
         self.stats.ms += (time.perf_counter() - t0) * 1e3
 
-    def dispatch(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor) -> Sent:
+
+class AllToAll(_Exchange):
+    """The uneven all_to_all_single exchange of one rank (the module docstring's a2a)."""
+
+    def dispatch(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor) -> Sent:
         T, K = ids_TK.shape
         R, dev = self.world, x_TH.device
         ids = ids_TK.detach().cpu().numpy()
@@ -90,15 +125,15 @@ class Exchange:
         send_counts = np.bincount(dest_A[order], minlength=R)[:R]
         counts_in = torch.from_numpy(send_counts.astype(np.int64))
         counts_out = torch.empty_like(counts_in)
-        dist.all_to_all_single(counts_out, counts_in, group=self.control)
+        self._collective(dist.all_to_all_single, counts_out, counts_in, group=self.control)
         recv_counts, send = counts_out.tolist(), send_counts.tolist()
         order_A = torch.from_numpy(order).to(dev)
         x_send = x_TH[order_A // K].contiguous()
         e_send = ids_TK.reshape(-1).to(dev).long()[order_A].contiguous()
         x_recv = x_TH.new_empty((sum(recv_counts), x_TH.shape[1]))
         e_recv = torch.empty(sum(recv_counts), dtype=torch.int64, device=dev)
-        self._a2a(x_recv, x_send, recv_counts, send, self.group)
-        self._a2a(e_recv, e_send, recv_counts, send, self.group)
+        self._collective(dist.all_to_all_single, x_recv, x_send, recv_counts, send, group=self.group)
+        self._collective(dist.all_to_all_single, e_recv, e_send, recv_counts, send, group=self.group)
         row = x_TH.shape[1] * x_TH.element_size()
         remote_sent = sum(send) - send[self.rank]
         self.stats.act_bytes += remote_sent * row
@@ -110,7 +145,8 @@ class Exchange:
         """Outputs [T, H] of this rank's tokens: sum over k of w x output of its replica."""
         K = w_TK.shape[1]
         back = y_AH.new_empty((len(sent.order_A), y_AH.shape[1]))
-        self._a2a(back, y_AH.contiguous(), sent.send_counts, sent.recv_counts, self.group)
+        self._collective(dist.all_to_all_single, back, y_AH.contiguous(), sent.send_counts, sent.recv_counts,
+                         group=self.group)
         returned = sum(sent.recv_counts) - sent.recv_counts[self.rank]  # outputs going back to other ranks
         self.stats.act_bytes += returned * y_AH.shape[1] * y_AH.element_size()
         w_A = w_TK.reshape(-1).float()[sent.order_A]
@@ -119,13 +155,77 @@ class Exchange:
         return out.to(y_AH.dtype)
 
 
+class AllGather(_Exchange):
+    """The all-gather + reduce-scatter exchange of one rank (the module docstring's allgather)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tokens_R: list[int] = []  # this step's token count of every rank
+
+    def begin_step(self, num_tokens: int) -> None:
+        mine = torch.tensor([num_tokens], dtype=torch.int64)
+        every = torch.empty(self.world, dtype=torch.int64)
+        self._collective(dist.all_gather_into_tensor, every, mine, group=self.control)
+        self.tokens_R = every.tolist()
+        self.stats.meta_bytes += (self.world - 1) * 8
+
+    def dispatch(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor) -> Gathered:
+        T, K = ids_TK.shape
+        H, R, dev = x_TH.shape[1], self.world, x_TH.device
+        assert self.tokens_R[self.rank] == T, "begin_step was told another token count"
+        Tm = max(self.tokens_R)
+        # Ids and weights in one float32 tensor: ids are below 2^24, exact in float32.
+        route = torch.full((Tm, 2 * K), -1.0, dtype=torch.float32)
+        route[:T, :K] = ids_TK.detach().cpu().float()
+        route[:T, K:] = w_TK.detach().cpu().float()
+        routes = torch.empty(R * Tm, 2 * K, dtype=torch.float32)
+        self._collective(dist.all_gather_into_tensor, routes, route, group=self.control)
+        x_pad = x_TH.new_zeros((Tm, H))
+        x_pad[:T] = x_TH
+        x_all = x_TH.new_empty((R * Tm, H))
+        self._collective(dist.all_gather_into_tensor, x_all, x_pad, group=self.group)
+        routes_np = routes.view(R, Tm, 2 * K).numpy()
+        rows, experts, weights = [], [], []
+        for src in range(R):  # every source's assignments to my replicas, as that source routes them
+            ids = routes_np[src, :self.tokens_R[src], :K].astype(np.int64)
+            slot = choose_replicas(ids, self.replicas, li, src).reshape(-1)
+            mine = np.flatnonzero((slot >= 0) & (self.replicas.slot_rank(slot) == self.rank))
+            rows.append(src * Tm + mine // K)
+            experts.append(ids.reshape(-1)[mine])
+            weights.append(routes_np[src, :self.tokens_R[src], K:].reshape(-1)[mine])
+        rows_A = torch.from_numpy(np.concatenate(rows)).to(dev)
+        self.stats.act_bytes += (R - 1) * Tm * H * x_TH.element_size()
+        self.stats.meta_bytes += (R - 1) * Tm * 2 * K * 4
+        self.stats.exchanges += 1
+        return Gathered(rows_A, torch.from_numpy(np.concatenate(weights).astype(np.float32)).to(dev),
+                        x_all[rows_A], torch.from_numpy(np.concatenate(experts)).to(dev))
+
+    def combine(self, sent: Gathered, y_AH: torch.Tensor, w_TK: torch.Tensor, num_tokens: int) -> torch.Tensor:
+        """Outputs [T, H] of this rank's tokens: every rank's partial sums of w x output, reduce-scattered."""
+        R, H, Tm = self.world, y_AH.shape[1], max(self.tokens_R)
+        partial = torch.zeros(R * Tm, H, dtype=torch.float32, device=y_AH.device)
+        partial.index_add_(0, sent.rows_A, y_AH.float() * sent.w_A[:, None])
+        out = y_AH.new_empty((Tm, H))
+        self._collective(dist.reduce_scatter_tensor, out, partial.to(y_AH.dtype), group=self.group)
+        self.stats.act_bytes += (R - 1) * Tm * H * y_AH.element_size()
+        return out[:num_tokens]
+
+
+EXCHANGES = {"a2a": AllToAll, "allgather": AllGather}  # the ep_exchange knob's values
+
+
+def make_exchange(mode: str, replicas: ReplicaMap, rank: int, world: int, group=None, control=None) -> _Exchange:
+    """The exchange `ep_exchange` names (validated by the knob)."""
+    return EXCHANGES[mode](replicas, rank, world, group=group, control=control)
+
+
 class EPMoE(HotColdMoE):
     """The hot/cold stack of one expert-parallel rank: every layer's bank holds the node's cold
     bank of all E experts (shared, see shared_bank.py) and hot slots for experts placed on this
     rank; the routed experts of each layer go through the exchange. Counters count the
     assignments this rank receives, so hit rates and dynamic swaps are this rank's."""
 
-    def __init__(self, *args, exchange: Exchange, **kwargs):
+    def __init__(self, *args, exchange: AllToAll | AllGather, **kwargs):
         super().__init__(*args, **kwargs)
         self.exchange = exchange
         self._step_loads: list[int] = []
@@ -136,7 +236,7 @@ class EPMoE(HotColdMoE):
               w_TK: torch.Tensor | None = None) -> torch.Tensor:
         if ids_TK is None:
             ids_TK, w_TK = self.routers[li](x_TH)
-        sent = self.exchange.dispatch(li, x_TH, ids_TK)
+        sent = self.exchange.dispatch(li, x_TH, ids_TK, w_TK)
         e_A = sent.experts_A
         counts_E = self.step_counts_LE[li]
         counts_E.scatter_add_(0, e_A, torch.ones_like(e_A))
@@ -158,6 +258,7 @@ class EPMoE(HotColdMoE):
 
     def step(self, x_TH, ids_LTK=None, w_LTK=None):
         self._step_loads = []
+        self.exchange.begin_step(x_TH.shape[0])
         h = super().step(x_TH, ids_LTK, w_LTK)
         self.live_counts_LE += self.step_counts_LE.cpu()
         self.exchange.stats.loads.append(self._step_loads)

@@ -65,7 +65,7 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
     if placement is None:
         placement = (placement_of_plan(plan_file, layers, E, group.world) if plan_file is not None
                      else contiguous_placement(layers, E, group.world))
-    hooks = RankHooks(group, placement, E, plan_file)
+    hooks = RankHooks(group, placement, E, plan_file, knobs.ep_exchange)
     prepared = prepare_run(recipe, knobs, plan_path=plan_path, trace_path=trace_path, steps=steps, scale=scale,
                            platform_path=platform_path, ep=hooks)
     from ..device import tune_cpu_threads
@@ -93,7 +93,7 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
     run = run_rank(engine, prepared.steps, on_window, rebalancer)
     stats = engine.model.exchange.stats
     hot_RLE = gather_rows(engine.model.hot_LE().astype(np.float64), control)  # for the prediction (static runs)
-    out = job_summary(run, stats, hooks.expected_rank_hit_rate, book.cold_reads, 0.0, control)
+    out = job_summary(run, stats, hooks.expected_rank_hit_rate, book.cold_reads, control)
     dist.barrier(group=control)
     if out is None:
         return None
@@ -101,14 +101,7 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
     summary.hit_rate_last_window = records[-1].hit_rate_window if records else None
     summary.records = records
     L = engine.model.num_layers
-    geom = prepared.geom
-    tokens_per_rank = summary.tokens / max(summary.steps, 1) / group.world
-    small = dataclasses.replace(recipe, model=dataclasses.replace(m, hidden_size=geom.hidden))
-    act_bytes = engine.model.banks[0].compute_dtype.itemsize
-    ledger = a2a_ledger(small, CommModel(tokens_per_step=max(1, round(tokens_per_rank)), act_bytes=act_bytes))
-    figures.exchange["predicted_bytes_per_layer"] = ledger.a2a_bytes_per_layer * tokens_per_rank / max(
-        1, round(tokens_per_rank))
-    figures.exchange["predicted_by"] = "ledger: 2 x tokens x top_k x hidden x act_bytes x (ep - 1) / ep"
+    figures.exchange.update(_predicted_exchange(recipe, prepared, knobs.ep_exchange, summary, group.world))
     figures.placement = {"method": placement.method, "physical_experts": placement.num_physical,
                          "slots_per_rank": placement.slots_per_rank}
     figures.rebalances = [r.to_doc() for r in rebalancer.reports] if rebalancer else []
@@ -121,3 +114,23 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
             if figures.ranks[r]["swaps"] == 0:  # its final hot set is the one it served with
                 figures.ranks[r]["predicted_hit_rate"] = float(rate)
     return EPResult(prepared, group, summary, figures, records)
+
+
+def _predicted_exchange(recipe: Recipe, prepared: Prepared, mode: str, summary, world: int) -> dict:
+    """The ledger's bytes leaving one rank per exchange for this run's mode: its formula at the
+    allocated hidden size and activation bytes, with this run's tokens per rank (the mean; the
+    all-gather pads every rank to the largest shard, which a trace's uneven shards make larger)."""
+    m = recipe.model
+    tokens_per_rank = summary.tokens / max(summary.steps, 1) / world
+    small = dataclasses.replace(recipe, model=dataclasses.replace(m, hidden_size=prepared.geom.hidden))
+    act_bytes = prepared.engine.model.banks[0].compute_dtype.itemsize
+    ledger = a2a_ledger(small, CommModel(tokens_per_step=max(1, round(tokens_per_rank)), act_bytes=act_bytes))
+    scale = tokens_per_rank / max(1, round(tokens_per_rank))  # the ledger takes whole tokens
+    if mode == "allgather":
+        nbytes, ms, by = (ledger.ag_rs_bytes_per_layer, ledger.ag_rs_ms_per_layer,
+                          "ledger: 2 x tokens x hidden x act_bytes x (ep - 1)")
+    else:
+        nbytes, ms, by = (ledger.a2a_bytes_per_layer, ledger.a2a_ms_per_layer,
+                          "ledger: 2 x tokens x top_k x hidden x act_bytes x (ep - 1) / ep")
+    return {"mode": mode, "predicted_bytes_per_layer": nbytes * scale, "predicted_by": by,
+            "predicted_ms_per_layer": ms * scale, "predicted_at_gbps": ledger.link_gbps}

@@ -115,7 +115,9 @@ def is_peer_loss(exc: BaseException) -> bool:
 
 def report_rank_error(rank: int, exc: BaseException, environ=os.environ) -> None:
     """Re-raise `exc` as the CLI would show it, except under this launcher: there the error goes
-    to the launcher's folder and the process exits quietly with its code."""
+    to the launcher's folder and the process exits quietly with its code. Under another launcher
+    (torchrun) the job's first error is said once, by the rank that claims it (`_claim_report`);
+    the other ranks exit quietly with their code."""
     folder = environ.get(ERROR_DIR_ENV)
     if isinstance(exc, KeyboardInterrupt):
         if folder:
@@ -127,14 +129,60 @@ def report_rank_error(rank: int, exc: BaseException, environ=os.environ) -> None
         kind = "peer" if is_peer_loss(exc) else "error"
         line, code = f"error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", 1
     if not folder:
+        if not _claim_report(kind):
+            raise ReportedElsewhere(code) from None
+        world = dist.get_world_size() if dist.is_initialized() else int(environ.get("WORLD_SIZE", 1))
+        who = f"rank {rank} of {world}" + (" lost its peers" if kind == "peer" else "")
         if isinstance(exc, HotsplitError):
-            raise RuntimeFailure(f"rank {rank}: {exc.message}", exc.hint) from None
-        raise RuntimeFailure(f"rank {rank}: {line[len('error: '):]}") from None
+            err = RuntimeFailure(f"{who}: {exc.message}", exc.hint)
+            err.exit_code = code
+        else:
+            err = RuntimeFailure(f"{who}: {line[len('error: '):]}", "every rank was stopped")
+        _tell_torchelastic(err.render(), environ)
+        raise err from None
     doc = {"rank": rank, "line": line, "kind": kind, "exit_code": code, "time": time.time()}
     tmp = Path(folder) / f".rank{rank}.json"
     tmp.write_text(json.dumps(doc))
     tmp.rename(Path(folder) / f"rank{rank}.json")
     raise ReportedElsewhere(code) from None
+
+
+def _tell_torchelastic(line: str, environ) -> None:
+    """torchrun's failure report names a rank's cause from the file its agent gives the rank
+    (TORCHELASTIC_ERROR_FILE, torch's error-file format): there it reads this line instead of a
+    hint to enable tracebacks."""
+    path = environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    doc = {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}}
+    try:
+        Path(path).write_text(json.dumps(doc))
+    except OSError:
+        pass
+
+
+REPORT_KEY = "hotsplit/error-reported"  # in the group's store: how many ranks claimed the job's error line
+PEER_GRACE_S = 3.0  # a rank that only lost its peers waits this long for the rank with the cause to claim
+
+
+def _claim_report(kind: str) -> bool:
+    """Whether this rank says the job's one error line (a launcher of our own does not run it:
+    torchrun, other nodes). The group's store (torchrun's agent holds it, so it outlives a dead
+    rank) counts claims: the first claimant says it. A rank with its own error claims at once;
+    one that only lost its peers waits PEER_GRACE_S first, so the cause is said rather than its
+    echo (and the launcher usually stops it quietly meanwhile). Without a store, or when it
+    does not answer within a few seconds, the rank says its line: a repeated line is better
+    than none."""
+    if not dist.is_initialized():
+        return True
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set_timeout(datetime.timedelta(seconds=5))
+        if kind == "peer":
+            time.sleep(PEER_GRACE_S)
+        return store.add(REPORT_KEY, 1) == 1
+    except Exception:  # noqa: BLE001 - the store went with the job: say the line
+        return True
 
 
 # ---- the local launcher ---------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from hotsplit_cli.traffic.trace import Trace
 
 from ..engine import ArraySource
 from ..from_recipe import PlanChoice
-from .dispatch import EPMoE, Exchange
+from .dispatch import AllGather, AllToAll, EPMoE, make_exchange
 from .launch import Group
 from .shared_bank import SharedAllocator, shm_prefix
 
@@ -62,11 +62,13 @@ def placement_of_plan(plan: PlanFile, layers, num_experts: int, ep: int) -> Plac
 class RankHooks:
     """What `runtime.from_recipe.prepare_run` asks of an expert-parallel rank."""
 
-    def __init__(self, group: Group, placement: Placement, num_experts: int, plan_file: PlanFile | None = None):
+    def __init__(self, group: Group, placement: Placement, num_experts: int, plan_file: PlanFile | None = None,
+                 exchange_mode: str = "a2a"):
         self.group, self.placement = group, placement
+        self.exchange_mode = exchange_mode  # the ep_exchange knob
         self.plan_file = plan_file  # the --plan file, read once by the job
         self.replicas = ReplicaMap.of(placement, num_experts)
-        self.exchange: Exchange | None = None
+        self.exchange: AllToAll | AllGather | None = None
         self.allocator: SharedAllocator | None = None
         self.expected_rank_hit_rate: float | None = None
         self.trace: Trace | None = None  # the replayed trace, for the job's prediction
@@ -126,19 +128,14 @@ class RankHooks:
 
     def held_LE(self) -> np.ndarray:
         """bool [L, E]: the logical experts with a replica on this rank."""
-        S = self.placement.slots_per_rank
-        mine = self.placement.phy2log_LP[:, self.rank * S:(self.rank + 1) * S]
-        L = mine.shape[0]
-        held = np.zeros((L, int(self.replicas.logcnt_LE.shape[1])), dtype=bool)
-        held[np.repeat(np.arange(L), S), mine.ravel()] = True
-        return held
+        return self.placement.held_LE(self.rank, int(self.replicas.logcnt_LE.shape[1]))
 
     def build_model(self, layers, geom, hot_LE, info, numa, compute):
         """The rank's model over the node's shared cold bank: local rank 0 creates and fills it,
         then the node's other ranks map it; once all have, its files are unlinked."""
         g = self.group
         allocator = SharedAllocator(shm_prefix(g.job, g.node), creator=g.local_rank == 0, numa=numa, pin=info.pinned)
-        self.exchange = Exchange(self.replicas, g.rank, g.world, control=g.control)
+        self.exchange = make_exchange(self.exchange_mode, self.replicas, g.rank, g.world, control=g.control)
 
         def build():
             return EPMoE(layers, geom, hot_LE, info, allocator, compute, exchange=self.exchange)
@@ -197,5 +194,5 @@ def run_rank(engine, steps: int, on_window: Callable, rebalancer=None) -> RankRu
                                   engine.expected_hit_rate)
     split = getattr(engine.model.compute, "split", None)
     if split is not None:
-        summary.cold_paths = split.report(engine.expert_bytes)
+        summary.cold_paths = split.report(engine.expert_bytes, engine.model.banks[0].expert_bytes)
     return RankRun(summary, np.asarray(stats.loads, dtype=np.int64).reshape(-1, engine.model.num_layers))

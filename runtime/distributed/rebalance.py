@@ -90,8 +90,8 @@ class Rebalancer:
         new = place_experts(counts_LE[None], old.layers, Geometry(old.num_ranks, old.num_physical - E))
         self.hooks.placement, self.hooks.replicas = new, ReplicaMap.of(new, E)
         self.model.exchange.set_replicas(self.hooks.replicas)
-        self.model.held_LE = self.hooks.held_LE()
-        moves = self._refill(counts_LE / np.maximum(new.logcnt_LE(E), 1))
+        self.model.held_LE = held = self.hooks.held_LE()
+        moves = self._refill(counts_LE / np.maximum(new.logcnt_LE(E), 1), held)
         self.model.begin_swaps(moves)  # on a CPU the copies are done here; on a GPU they land later
         moved = gather_rows([sum(len(m) for m in moves.values())], self.control)[:, 0]
         rep = RebalanceReport(step, None, live, before_pred, evaluate(counts_LE[None], new).balancedness, None,
@@ -102,10 +102,10 @@ class Rebalancer:
         self._copying = rep if any(b.in_flight for b in self.model.banks) else None
         return rep
 
-    def _refill(self, share_LE: np.ndarray) -> dict[int, list[tuple[int, int]]]:
-        """Swaps that give each hot slot of an expert this rank no longer holds to the strongest
-        expert it holds cold; every other slot stays put."""
-        held = self.hooks.held_LE()
+    def _refill(self, share_LE: np.ndarray, held: np.ndarray) -> dict[int, list[tuple[int, int]]]:
+        """Swaps that give each hot slot of an expert this rank no longer holds (`held`: bool
+        [L, E] of the new placement) to the strongest expert it holds cold; every other slot
+        stays put."""
         hot = self.model.hot_LE()
         moves: dict[int, list[tuple[int, int]]] = {}
         for li in range(hot.shape[0]):

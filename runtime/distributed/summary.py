@@ -6,10 +6,11 @@ not work on gloo). Rank 0 makes:
 - per window a `JobRecord`: the job's hit rate (all hits / all assignments), swaps and copies
   summed, the window's balancedness (sum over its (step, layer) exchanges of the mean rank load
   / sum of the max, vLLM's form), and each rank's load, hit rate and cold reads;
-- for the run the job's `RunSummary` and the EP figures: ranks, balancedness, the bottleneck
-  rank and how far it leads, and the exchange measured next to the ledger's All-to-All
-  prediction for the same exchange (the recipe's formula at the allocated hidden size and
-  activation bytes, this run's tokens per rank).
+- for the run the job's `RunSummary` and the EP figures: ranks (each with its load, hit rate,
+  cold reads and cold paths), balancedness, the bottleneck rank and how far it leads, and the
+  exchange measured (job.py adds the ledger's prediction for the run's exchange mode: the
+  recipe's formula at the allocated hidden size and activation bytes, this run's tokens per
+  rank).
 """
 
 from __future__ import annotations
@@ -95,15 +96,42 @@ class EPFigures:
         return dataclasses.asdict(self)
 
 
-def job_summary(run, stats, expected_rank: float | None, cold_reads: int, predicted_bytes_per_layer: float,
-                group) -> tuple[RunSummary, EPFigures] | None:
+# A rank's cold paths (runtime/cold_split.py `report`) as numbers, for the gather: scalars, then per path.
+_COLD_SCALARS = ("cpu_share", "layers", "layers_with_cpu")
+_COLD_PATH_FIELDS = ("experts", "bytes", "allocated_bytes", "ms", "predicted_ms")
+
+
+def _cold_row(paths: dict | None) -> list[float]:
+    if paths is None:
+        return [0.0] * (1 + len(_COLD_SCALARS) + 2 * len(_COLD_PATH_FIELDS))
+    return [1.0, *(float(paths[k]) for k in _COLD_SCALARS),
+            *(float(paths[p][k]) for p in ("gpu", "cpu") for k in _COLD_PATH_FIELDS)]
+
+
+def _cold_doc(row: np.ndarray, mode: str) -> dict | None:
+    """One rank's cold paths, the fields of a single-rank summary's `cold_paths` (None: gpu path)."""
+    if row[0] == 0:
+        return None
+    n, f = len(_COLD_SCALARS), len(_COLD_PATH_FIELDS)
+    doc: dict = {"mode": mode, **{k: float(v) for k, v in zip(_COLD_SCALARS, row[1:1 + n], strict=True)}}
+    doc["layers"], doc["layers_with_cpu"] = int(doc["layers"]), int(doc["layers_with_cpu"])
+    for i, path in enumerate(("gpu", "cpu")):
+        vals = row[1 + n + i * f:1 + n + (i + 1) * f]
+        doc[path] = {k: (float(v) if k.endswith("ms") else int(v))
+                     for k, v in zip(_COLD_PATH_FIELDS, vals, strict=True)}
+    return doc
+
+
+def job_summary(run, stats, expected_rank: float | None, cold_reads: int, group) -> tuple[RunSummary, EPFigures] | None:
     """Collective: the job's summary and EP figures on rank 0 (None elsewhere). `run`: this
-    rank's RankRun; `stats`: its ExchangeStats; `predicted_bytes_per_layer`: the ledger's bytes
-    leaving one rank per exchange."""
+    rank's RankRun; `stats`: its ExchangeStats. Each rank's entry carries its cold paths (where
+    its cold work went: cold_path cpu / split), as a single rank's summary does."""
     s = run.summary
+    cold = _cold_row(s.cold_paths)
     row = [s.steps, s.tokens, s.elapsed_s, s.swaps, s.bytes_copied, s.copy_ms, s.cold_bytes_per_step,
            s.hit_rate, float(run.loads_SL.sum()), float(cold_reads), -1.0 if expected_rank is None else expected_rank,
-           float(stats.act_bytes), float(stats.meta_bytes), stats.ms, float(stats.exchanges), *s.layer_hit_rate]
+           float(stats.act_bytes), float(stats.meta_bytes), stats.ms, float(stats.exchanges), *cold,
+           *s.layer_hit_rate]
     rows = gather_rows(row, group)
     loads = gather_rows(run.loads_SL.ravel(), group)  # [R, S*L]
     if dist.get_rank() != 0:
@@ -111,7 +139,9 @@ def job_summary(run, stats, expected_rank: float | None, cold_reads: int, predic
     R, L = len(rows), len(s.layer_hit_rate)
     received = rows[:, 8]
     hits = rows[:, 7] * received
-    layer_RL = rows[:, 15:15 + L]
+    c0 = 15 + len(cold)
+    mode = s.cold_paths["mode"] if s.cold_paths else "gpu"  # the knob: the same on every rank
+    layer_RL = rows[:, c0:c0 + L]
     loads_SLR = loads.T.reshape(-1, L, R)
     job = RunSummary(
         steps=int(rows[0, 0]), tokens=int(rows[:, 1].sum()), elapsed_s=float(rows[:, 2].max()),
@@ -125,7 +155,7 @@ def job_summary(run, stats, expected_rank: float | None, cold_reads: int, predic
         interrupted=False)
     ranks = [{"rank": r, "tokens": int(received[r]), "hit_rate": float(rows[r, 7]),
               "expected_hit_rate": None if rows[r, 10] < 0 else float(rows[r, 10]), "cold_reads": int(rows[r, 9]),
-              "swaps": int(rows[r, 3])} for r in range(R)]
+              "swaps": int(rows[r, 3]), "cold_paths": _cold_doc(rows[r, 15:c0], mode)} for r in range(R)]
     mean = received.mean()
     top = int(np.argmax(received))
     exchanges = rows[:, 14].sum()
@@ -133,7 +163,7 @@ def job_summary(run, stats, expected_rank: float | None, cold_reads: int, predic
     figures = EPFigures(
         ranks=ranks, balancedness=balancedness(loads_SLR.reshape(-1, R)), predicted_balancedness=None,
         bottleneck={"rank": top, "load": int(received[top]), "lead": float(received[top] / mean) if mean else 1.0},
-        exchange={"measured_bytes_per_layer": measured, "predicted_bytes_per_layer": predicted_bytes_per_layer,
+        exchange={"measured_bytes_per_layer": measured,
                   "ms_per_layer": float(rows[:, 13].sum() / exchanges) if exchanges else 0.0,
                   "meta_bytes_per_layer": float(rows[:, 12].sum() / exchanges) if exchanges else 0.0,
                   "exchanges_per_rank": int(rows[0, 14])},

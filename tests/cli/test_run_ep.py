@@ -18,6 +18,7 @@ import pytest
 from tests.runtime.ep.harness import REPO, env_for_ranks, kill_tagged, run_job, tagged_pids, torchrun
 
 HOTSPLIT = [sys.executable, "-m", "hotsplit_cli"]
+FAIL_CLI = str(REPO / "tests" / "runtime" / "ep" / "fail_cli.py")
 STEPS = ["--steps", "20"]
 
 
@@ -37,6 +38,8 @@ def test_plain_start_and_torchrun_agree(tmp_path):
         assert sum(r["tokens"] for r in s["ranks"]) == 20 * 4 * 16 * 4 * 4  # steps x ranks x tokens x top_k x layers
         assert 0 < s["balancedness"] <= 1
         assert s["exchange"]["measured_bytes_per_layer"] > 0 and s["exchange"]["predicted_bytes_per_layer"] > 0
+        assert s["exchange"]["mode"] == "a2a"  # the default exchange
+        assert [r["cold_paths"] for r in s["ranks"]] == [None] * 4  # cold_path gpu: no CPU path to report
     assert [r["hit_rate"] for r in plain["summary"]["ranks"]] == [r["hit_rate"] for r in under["summary"]["ranks"]]
     assert plain["summary"]["balancedness"] == under["summary"]["balancedness"]
     assert plain["summary"]["hit_rate"] == under["summary"]["hit_rate"]
@@ -58,7 +61,9 @@ def test_rank_zero_prints_for_the_job(tmp_path):
 def test_a_world_that_is_not_the_recipes_ep_is_refused():
     done = run_job(torchrun(2, ["-m", "hotsplit_cli", "run", "tiny-ep4", *STEPS]))
     assert done.returncode != 0
-    assert "error: parallel.ep is 4 but the launcher started 2 ranks" in done.stderr
+    lines = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert lines == ["error: parallel.ep is 4 but the launcher started 2 ranks; launch 4 ranks (torchrun "
+                     "--nproc-per-node, --nnodes), or change parallel.ep"], done.stderr[-3000:]  # said once
 
 
 def _rank_pid(tag: str, rank: int) -> int | None:
@@ -72,10 +77,12 @@ def _rank_pid(tag: str, rank: int) -> int | None:
     return None
 
 
-def _start_long_run(tag: str):
-    proc = subprocess.Popen([*HOTSPLIT, "run", "tiny-ep4", "--steps", "100000"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env_for_ranks(tag), cwd=REPO,
-                            start_new_session=True)
+def _start_long_run(tag: str, launcher: str = "plain"):
+    args = [*HOTSPLIT, "run", "tiny-ep4", "--steps", "100000"]
+    if launcher == "torchrun":
+        args = torchrun(4, args[1:])
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for_ranks(tag),
+                            cwd=REPO, start_new_session=True)
     deadline = time.monotonic() + 200
     for line in proc.stdout:  # the header: every rank is built and stepping
         if line.startswith("expert parallel:") or time.monotonic() > deadline:
@@ -94,10 +101,10 @@ def _finish(proc, limit_s: float):
     return proc.returncode, err, time.monotonic() - t0
 
 
-@pytest.mark.parametrize("how", ["kill-rank", "ctrl-c"])
-def test_a_killed_rank_or_ctrl_c_stops_every_rank(how):
+@pytest.mark.parametrize("how, launcher", [("kill-rank", "plain"), ("ctrl-c", "plain"), ("kill-rank", "torchrun")])
+def test_a_killed_rank_or_ctrl_c_stops_every_rank(how, launcher):
     tag = uuid.uuid4().hex
-    proc = _start_long_run(tag)
+    proc = _start_long_run(tag, launcher)
     try:
         time.sleep(1.0)
         assert len(tagged_pids(tag)) == 5  # the launcher and its 4 ranks
@@ -109,7 +116,14 @@ def test_a_killed_rank_or_ctrl_c_stops_every_rank(how):
             os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
         rc, err, took = _finish(proc, 60)
         lines = [x for x in err.splitlines() if x.startswith("error:")]
-        if how == "kill-rank":
+        if launcher == "torchrun":
+            # torchrun's own report names the rank and the signal; the ranks that lost their peer
+            # say nothing of their own (no traceback of a rank), or at most one of them says so
+            # once, when torchrun is slower than the grace to stop it.
+            assert rc != 0 and (lines == [] or len(lines) == 1 and "lost its peers" in lines[0]), err[-3000:]
+            assert "rank      : 2" in err and "Signal 9 (SIGKILL)" in err, err[-3000:]
+            _no_rank_traceback(err)
+        elif how == "kill-rank":
             want = ["error: rank 2 of 4 was killed by SIGKILL; every rank was stopped"]
             assert rc == 1 and lines == want, err[-2000:]
         else:
@@ -121,37 +135,73 @@ def test_a_killed_rank_or_ctrl_c_stops_every_rank(how):
         kill_tagged(tag)
 
 
-@pytest.mark.parametrize("where, value, message", [
-    ("flag", "-1", "error: --eplb-steps: must be >= 0, got -1"),
-    ("env", "often", "error: HOTSPLIT_EPLB_STEPS: must be an integer, got 'often'"),
-    ("recipe", "-3", "error: hotsplit.eplb_steps: must be >= 0, got -3"),
+CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"  # torchrun's report
+
+
+def _no_rank_traceback(err: str) -> None:
+    """The only traceback in `err` is torchrun's own, the one that ends in its failure report."""
+    before = err.partition(CHILD_FAILED)[0]
+    n = before.count("Traceback (most recent call last)")
+    assert n <= 1 and (n == 0 or "distributed/run.py" in before.rsplit("Traceback", 1)[1]), err[-3000:]
+
+
+def test_under_torchrun_a_failing_rank_says_its_cause_once():
+    """torchrun, rank 2 fails with an error of its own at step 3: the job says it in one line
+    naming the rank and the cause (torchrun's report carries the same line); the three ranks
+    that only lost their peer print no line and no traceback."""
+    env = env_for_ranks()
+    env["EP_TEST_FAIL_RANK"] = "2"
+    done = run_job(torchrun(4, [FAIL_CLI, "run", "tiny-ep4", "--steps", "20"]), env=env)
+    want = "error: rank 2 of 4: the expert bank's disk went away; check the node"
+    assert done.returncode != 0
+    lines = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert lines == [want], done.stderr[-3000:]
+    _no_rank_traceback(done.stderr)
+    report = done.stderr.partition(CHILD_FAILED)[2]
+    assert "rank      : 2" in report and want in report  # torchrun's root cause: our line, from the error file
+    assert done.stdout.count("expert parallel: 4 ranks") == 1
+
+
+@pytest.mark.parametrize("knob, where, value, message", [
+    ("eplb_steps", "flag", "-1", "error: --eplb-steps: must be >= 0, got -1"),
+    ("eplb_steps", "env", "often", "error: HOTSPLIT_EPLB_STEPS: must be an integer, got 'often'"),
+    ("eplb_steps", "recipe", -3, "error: hotsplit.eplb_steps: must be >= 0, got -3"),
+    ("ep_exchange", "flag", "ring", "error: --ep-exchange: must be one of a2a, allgather, got 'ring'"),
+    ("ep_exchange", "env", "all_gather", "error: HOTSPLIT_EP_EXCHANGE: must be one of a2a, allgather, got "
+                                         "'all_gather'"),
+    ("ep_exchange", "recipe", "A2A", "error: hotsplit.ep_exchange: must be one of a2a, allgather, got 'A2A'"),
 ])
-def test_a_bad_eplb_steps_exits_2_with_one_line_and_writes_nothing(tmp_path, where, value, message):
+def test_a_bad_ep_knob_exits_2_with_one_line_and_writes_nothing(tmp_path, knob, where, value, message):
     recipe = "tiny-ep4"
     env = env_for_ranks()
     args = [*HOTSPLIT, "run"]
     if where == "recipe":
         from tests.runtime.ep.harness import tiny_ep_recipe
 
-        recipe = str(tiny_ep_recipe(tmp_path / "r.yaml", 2, **{"hotsplit.eplb_steps": int(value)}))
+        recipe = str(tiny_ep_recipe(tmp_path / "r.yaml", 2, **{f"hotsplit.{knob}": value}))
     args += [recipe, "--log-jsonl", str(tmp_path / "log.jsonl")]
     if where == "flag":
-        args += ["--eplb-steps", value]
+        args += [f"--{knob.replace('_', '-')}", value]
     if where == "env":
-        env["HOTSPLIT_EPLB_STEPS"] = value
+        env[f"HOTSPLIT_{knob.upper()}"] = value
     done = run_job(args, env=env, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [message]
     assert done.stdout == "" and not (tmp_path / "log.jsonl").exists()
 
 
-def test_the_eplb_flag_beats_the_environment_and_the_recipe():
+def test_the_ep_flags_beat_the_environment_and_the_recipe():
     from hotsplit_cli.config.knobs import resolve_knobs
 
     assert resolve_knobs({"eplb_steps": 5}, {"HOTSPLIT_EPLB_STEPS": "7"}, {"eplb_steps": 9}).eplb_steps == 9
     assert resolve_knobs({"eplb_steps": 5}, {"HOTSPLIT_EPLB_STEPS": "7"}, {}).eplb_steps == 7
     assert resolve_knobs({"eplb_steps": 5}, {}, {}).eplb_steps == 5
     assert resolve_knobs({}, {}, {}).eplb_steps == 0
+    env = {"HOTSPLIT_EP_EXCHANGE": "a2a"}
+    assert resolve_knobs({"ep_exchange": "a2a"}, env, {"ep_exchange": "allgather"}).ep_exchange == "allgather"
+    assert resolve_knobs({"ep_exchange": "allgather"}, env, {}).ep_exchange == "a2a"
+    assert resolve_knobs({"ep_exchange": "allgather"}, {}, {}).ep_exchange == "allgather"
+    assert resolve_knobs({}, {}, {}).ep_exchange == "a2a"
 
 
 def test_plot_adds_each_ranks_load(tmp_path):

@@ -48,6 +48,28 @@ def test_padding_gets_no_slot_and_the_rule_is_deterministic():
     assert (lay.phy2log_LP[1][a[ids >= 0]] == ids[ids >= 0]).all()  # every slot holds its expert
 
 
+def test_padding_never_counts_as_a_load_of_any_expert():
+    """Padding ids interleaved with real ones leave every real assignment the replica it gets
+    without them: padding shifts no expert's round-robin count (expert 0's included)."""
+    lay = Placement((1,), 2, np.array([[0, 1, 0, 2]]))  # expert 0 in slots 0 and 2
+    reps = ReplicaMap.of(lay, 3)
+    ids = np.array([[0, -1], [0, 1], [-1, 0], [0, 2]])
+    slot = choose_replicas(ids, reps, 0, 0)
+    real = ids >= 0
+    assert slot[real].tolist() == choose_replicas(ids[real][:, None], reps, 0, 0).ravel().tolist()
+    assert slot[real].tolist() == [0, 2, 1, 0, 2, 3]  # expert 0's four assignments alternate 0, 2, 0, 2
+    rng = np.random.default_rng(5)
+    lay = random_layout(8, (1, 2), Geometry(4, 8), seed=1)
+    reps = ReplicaMap.of(lay, 8)
+    assert reps.logcnt_LE[0].max() > 1
+    for src in range(4):
+        ids = rng.integers(-1, 8, size=(11, 3))
+        ids[rng.random(ids.shape) < 0.4] = -1
+        ok = ids >= 0
+        got = choose_replicas(ids, reps, 0, src)[ok]
+        assert got.tolist() == choose_replicas(ids[ok][:, None], reps, 0, src).ravel().tolist()
+
+
 def test_without_replicas_the_prediction_is_the_histogram_evaluation():
     rng = np.random.default_rng(1)
     ids = rng.integers(0, 8, size=(5, 2, 9, 2))  # [S, L, T, K]

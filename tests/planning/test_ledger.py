@@ -11,7 +11,15 @@ import pytest
 import yaml
 
 from hotsplit_cli import output
-from hotsplit_cli.analysis.ledger import CommModel, a2a_ledger, build_ledger, find_hot_experts, memory_ledger, with_ep
+from hotsplit_cli.analysis.ledger import (
+    CommModel,
+    a2a_ledger,
+    ag_rs_bytes_per_layer,
+    build_ledger,
+    find_hot_experts,
+    memory_ledger,
+    with_ep,
+)
 from hotsplit_cli.cli import main
 from hotsplit_cli.config.recipe import GIB, load_recipe, parse_recipe
 from hotsplit_cli.core.errors import UsageError
@@ -128,6 +136,19 @@ def test_all_to_all_ledger_by_hand_with_units():
     assert not math.isclose(a.a2a_ms_per_layer, per_layer / (100 * GIB) * 1e3, rel_tol=1e-3)
     assert (a.experts_per_card, a.expert_bytes_per_card) == (4, EXPERT_BYTES * 4 * 3)
     assert a.comm_share is None
+
+
+def test_all_gather_reduce_scatter_bytes_by_hand():
+    """Each card sends its tokens to the N - 1 others and gets their partial outputs back, whatever
+    top_k and the placement: ag_rs / a2a = N / top_k."""
+    a = a2a_ledger(with_ep(_small(), 4), CommModel(tokens_per_step=8, act_bytes=2, link_gbps=100.0))
+    per_layer = 2 * 8 * 1024 * 2 * 3  # (gather + scatter) x tokens x hidden x bytes x (N - 1) = 98_304 B
+    assert a.ag_rs_bytes_per_layer == per_layer == ag_rs_bytes_per_layer(8, 1024, 2, 4)
+    assert a.ag_rs_ms_per_layer == pytest.approx(per_layer / (100.0 * 1e9) * 1e3)
+    assert a.ag_rs_bytes_per_layer / a.a2a_bytes_per_layer == pytest.approx(4 / 2)  # N / top_k
+    assert a2a_ledger(with_ep(_small(), 4), CommModel(8, cross_ratio=0.5)).ag_rs_bytes_per_layer == per_layer  # no
+    # placement keeps a token off the other cards: every card gets every token
+    assert a2a_ledger(_small(), CommModel(8)).ag_rs_bytes_per_layer == 0  # one card exchanges nothing
 
 
 def test_cross_ratio_and_ep_one_scale_the_traffic():

@@ -61,17 +61,19 @@ def _placement_file(path, recipe_path, ranks, kind, redundant, seed=0):
 
 
 CASES = [
-    # ranks, placement (None: contiguous), redundant, cold_path
-    pytest.param(2, None, 0, "gpu", id="ep2-contiguous"),
-    pytest.param(4, "random", 4, "gpu", id="ep4-random-redundant"),
-    pytest.param(4, "fitted", 4, "split", id="ep4-fitted-redundant-split"),
-    pytest.param(2, "random", 0, "split", id="ep2-random-split"),
+    # ranks, placement (None: contiguous), redundant, cold_path, ep_exchange
+    pytest.param(2, None, 0, "gpu", "a2a", id="ep2-contiguous"),
+    pytest.param(4, "random", 4, "gpu", "a2a", id="ep4-random-redundant"),
+    pytest.param(4, "fitted", 4, "split", "a2a", id="ep4-fitted-redundant-split"),
+    pytest.param(2, "random", 0, "split", "a2a", id="ep2-random-split"),
+    pytest.param(4, "fitted", 4, "split", "allgather", id="ep4-fitted-redundant-split-allgather"),
 ]
 
 
-@pytest.mark.parametrize("ranks, kind, redundant, cold_path", CASES)
-def test_every_token_equals_the_reference(tmp_path, ranks, kind, redundant, cold_path):
-    recipe = tiny_ep_recipe(tmp_path / "r.yaml", ranks, **{"hotsplit.cold_path": cold_path})
+@pytest.mark.parametrize("ranks, kind, redundant, cold_path, exchange", CASES)
+def test_every_token_equals_the_reference(tmp_path, ranks, kind, redundant, cold_path, exchange):
+    recipe = tiny_ep_recipe(tmp_path / "r.yaml", ranks, **{"hotsplit.cold_path": cold_path,
+                                                             "hotsplit.ep_exchange": exchange})
     args = [WORKER, str(recipe), str(tmp_path)]
     if kind is not None:
         args.append(_placement_file(tmp_path / "pl.json", recipe, ranks, kind, redundant, seed=ranks))
@@ -82,6 +84,48 @@ def test_every_token_equals_the_reference(tmp_path, ranks, kind, redundant, cold
     assert job["summary"]["swaps"] > 0
     assert len(job["figures"]["ranks"]) == ranks
     assert sum(r["tokens"] for r in job["figures"]["ranks"]) == ranks * 5 * 2 * 6 * 2  # batch x top_k x steps x layers
+    assert job["figures"]["exchange"]["mode"] == exchange
+    for r in job["figures"]["ranks"]:  # where each rank's cold work went, as a single rank reports it
+        paths = r["cold_paths"]
+        if cold_path == "gpu":
+            assert paths is None
+            continue
+        assert paths["mode"] == "split" and 0 < paths["layers_with_cpu"] <= paths["layers"] <= 6 * 2  # layer calls
+        assert paths["gpu"]["experts"] + paths["cpu"]["experts"] > 0
+        assert paths["cpu_share"] == paths["cpu"]["experts"] / (paths["gpu"]["experts"] + paths["cpu"]["experts"])
+
+
+def test_allgather_equals_the_reference_and_a2a_on_uneven_shards(tmp_path):
+    """Both exchanges on the same trace (7 tokens a step: shards of 4 and 3, so the all-gather
+    pads), on a random placement with redundant replicas: every token of both equals the
+    reference, and loads, hit rates, swaps, cold reads and balancedness are the same, equal to
+    the trace's prediction. Each mode's bytes are what leaves a rank: the all-gather's the
+    padded shard (4 tokens) each way, the a2a's the rows sent to other ranks."""
+    from hotsplit_cli.traffic.synthetic import synthetic_trace, zipf_shares
+    from hotsplit_cli.traffic.trace import save_trace
+
+    trace = save_trace(tmp_path / "t.npz", synthetic_trace(zipf_shares(2, 8, 1.2, seed=4), (1, 2), steps=6,
+                                                           batch=7, top_k=2, seed=4))
+    jobs = {}
+    for mode in ("a2a", "allgather"):
+        out = tmp_path / mode
+        out.mkdir()
+        recipe = tiny_ep_recipe(out / "r.yaml", 2, **{"hotsplit.ep_exchange": mode, "traffic.kind": "trace",
+                                                      "traffic.path": str(trace)})
+        pl = _placement_file(tmp_path / "pl.json", recipe, 2, "random", 2, seed=9)
+        done = run_job(torchrun(2, [WORKER, str(recipe), str(out), pl]))
+        assert done.returncode == 0, done.stderr[-3000:]
+        jobs[mode] = _check_against_reference(recipe, out, 2)
+    a2a, ag = jobs["a2a"]["figures"], jobs["allgather"]["figures"]
+    assert [np.load(tmp_path / "allgather" / f"rank{r}.npz")["x"].shape[1] for r in range(2)] == [4, 3]
+    for key in ("tokens", "hit_rate", "swaps", "cold_reads"):
+        assert [r[key] for r in ag["ranks"]] == [r[key] for r in a2a["ranks"]], key
+    assert ag["balancedness"] == a2a["balancedness"] == ag["predicted_balancedness"]
+    assert [r["ranks"] for r in jobs["allgather"]["records"]] == [r["ranks"] for r in jobs["a2a"]["records"]]
+    row = 32 * 4  # hidden x float32 on a CPU
+    assert ag["exchange"]["measured_bytes_per_layer"] == 2 * 4 * row * (2 - 1)  # padded to the larger shard
+    assert ag["exchange"]["predicted_bytes_per_layer"] == 2 * 3.5 * row * (2 - 1)  # the ledger at the mean shard
+    assert a2a["exchange"]["mode"] == "a2a" and ag["exchange"]["mode"] == "allgather"
 
 
 def test_hot_experts_stay_on_their_ranks(tmp_path):
@@ -156,11 +200,13 @@ def test_two_nodes_of_two_ranks_share_a_bank_per_node(tmp_path):
         assert sum(mem[r]["pss"] for r in pair) <= mem[pair[0]]["size"] * 1.01  # once per node
 
 
-def test_a_rebalance_mid_run_still_equals_the_reference(tmp_path):
+@pytest.mark.parametrize("exchange", ["a2a", "allgather"])
+def test_a_rebalance_mid_run_still_equals_the_reference(tmp_path, exchange):
     """eplb_steps 2 on a skewed contiguous start: the ranks move to a new placement mid-run
     (gained experts served from the shared cold bank, then hot), and every token still equals the
-    reference."""
-    recipe = tiny_ep_recipe(tmp_path / "r.yaml", 4, **{"hotsplit.eplb_steps": 2, "traffic.skew": 2.0})
+    reference, in both exchanges (each dispatches by the map the step read)."""
+    recipe = tiny_ep_recipe(tmp_path / "r.yaml", 4, **{"hotsplit.eplb_steps": 2, "traffic.skew": 2.0,
+                                                        "hotsplit.ep_exchange": exchange})
     done = run_job(torchrun(4, [WORKER, str(recipe), str(tmp_path)]))
     assert done.returncode == 0, done.stderr[-3000:]
     job = _check_against_reference(recipe, tmp_path, 4)
