@@ -9,7 +9,7 @@ from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.core.errors import PlanError, RuntimeFailure
 from hotsplit_cli.hotset.planner import Swap, SwapRule
 from runtime.log import HitRateRecord
-from runtime.windows import WindowBook, moves_by_layer, validate_swaps
+from runtime.windows import RunSummary, WindowBook, expectation_warning, moves_by_layer, validate_swaps
 
 KNOBS = resolve_knobs({"dyn_steps": 4, "dyn_max_swaps": 1}, env={})
 
@@ -149,3 +149,30 @@ def test_a_layer_with_one_assignment_has_its_own_rate():
     assert rec.layer_hit_rate == [1.0, 0.0]
     assert book.summary(4, 8, 1.0, None).layer_hit_rate == [1.0, 0.0]
     assert book.summary(4, 8, 0.5, None).tokens_per_s == 16.0  # under a second of run time
+
+
+def test_windows_without_assignments_have_rate_zero_so_far():
+    book = WindowBook(2, KNOBS, 1)
+    rec = book.close(4, hits_L=[0, 0], assigned_L=[0, 0], cold_reads=0)
+    assert (rec.hit_rate_window, rec.hit_rate_total) == (0.0, 0.0)
+
+
+def _summary(hit: float, expected: float, steps: int = 600):
+    return RunSummary(steps=steps, tokens=9600, elapsed_s=1.0, tokens_per_s=1.0, hit_rate=hit, hit_rate_last_window=0.7,
+                      expected_hit_rate=expected, swaps=70, bytes_copied=0, copy_ms=0.0, cold_bytes_per_step=0.0,
+                      layer_hit_rate=[hit], interrupted=False)
+
+
+def test_the_expectation_warning_in_full():
+    t = "synthetic"
+    assert expectation_warning(_summary(0.68, 0.816), t, t, drift_every=150) == (
+        "hit rate 68.0% is 13.6 points below the 81.6% the plan expected: the traffic drifted after the plan was made "
+        "(its hotspot moves every 150 steps, the plan knows where it started); following it is what dynamic mode is "
+        "for: it made 70 swaps (more per update: HOTSPLIT_DYN_MAX_SWAPS; sooner: HOTSPLIT_DYN_STEPS)")  # dynamic by default
+    assert expectation_warning(_summary(0.68, 0.816), t, t, drift_every=150, dynamic=False).endswith(
+        "following it is what dynamic mode is for: it is off here (HOTSPLIT_DYNAMIC=1 turns it on)")
+    own = "the plan was made before the run from its own traffic (synthetic)"
+    # the hotspot has not moved yet after exactly drift_every steps; above the plan, drift is no excuse
+    assert expectation_warning(_summary(0.68, 0.816, steps=150), t, t, drift_every=150).endswith(own)
+    assert expectation_warning(_summary(0.95, 0.816), t, t, drift_every=150) == (
+        f"hit rate 95.0% is 13.4 points above the 81.6% the plan expected: {own}")
