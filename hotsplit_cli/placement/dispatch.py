@@ -75,9 +75,11 @@ def choose_replicas(ids_TK: np.ndarray, replicas: ReplicaMap, layer: int, src_ra
     flat = ids.reshape(-1)
     valid = flat >= 0
     e = np.where(valid, flat, 0)
-    # Occurrence index of each assignment among the earlier ones to the same expert.
-    order = np.argsort(e, kind="stable")
-    sorted_e = e[order]
+    # Occurrence index of each assignment among the earlier ones to the same expert; padding is
+    # keyed apart (-1), so it takes no expert's turn.
+    key = np.where(valid, flat, -1)
+    order = np.argsort(key, kind="stable")
+    sorted_e = key[order]
     first = np.searchsorted(sorted_e, sorted_e, side="left")
     occ = np.empty_like(flat)
     occ[order] = np.arange(len(flat)) - first

@@ -165,10 +165,10 @@ def _summary(hit: float, expected: float, steps: int = 600):
 
 def test_the_expectation_warning_in_full():
     t = "synthetic"
-    assert expectation_warning(_summary(0.68, 0.816), t, t, drift_every=150) == (
+    assert expectation_warning(_summary(0.68, 0.816), t, t, drift_every=150) == (  # dynamic by default
         "hit rate 68.0% is 13.6 points below the 81.6% the plan expected: the traffic drifted after the plan was made "
         "(its hotspot moves every 150 steps, the plan knows where it started); following it is what dynamic mode is "
-        "for: it made 70 swaps (more per update: HOTSPLIT_DYN_MAX_SWAPS; sooner: HOTSPLIT_DYN_STEPS)")  # dynamic by default
+        "for: it made 70 swaps (more per update: HOTSPLIT_DYN_MAX_SWAPS; sooner: HOTSPLIT_DYN_STEPS)")
     assert expectation_warning(_summary(0.68, 0.816), t, t, drift_every=150, dynamic=False).endswith(
         "following it is what dynamic mode is for: it is off here (HOTSPLIT_DYNAMIC=1 turns it on)")
     own = "the plan was made before the run from its own traffic (synthetic)"
