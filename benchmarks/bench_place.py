@@ -233,7 +233,7 @@ def sglang_rows(mods, fit: np.ndarray, nodes: int, groups: int) -> dict:
     import torch
 
     deepseek, deepseek_vec = mods
-    w, hier = torch.tensor(fit), nodes > 1
+    w, hier, geo = torch.tensor(fit), nodes > 1, Geometry(RANKS, REDUNDANT, nodes, groups)
     return {
         "SGLang deepseek": lambda: deepseek.rebalance_experts(
             w, E + REDUNDANT, groups, nodes, RANKS, enable_hierarchical=hier)[0].numpy(),
@@ -243,6 +243,7 @@ def sglang_rows(mods, fit: np.ndarray, nodes: int, groups: int) -> dict:
         "EPLB port, tensor loops": lambda: eplb_port.rebalance_experts(
             fit, E + REDUNDANT, groups, nodes, RANKS, packing=eplb_port.balanced_packing_tensor)[0],
         "EPLB port, numpy + lists": lambda: eplb_port.rebalance_experts(fit, E + REDUNDANT, groups, nodes, RANKS)[0],
+        "hotsplit place": lambda: place_experts(fit[None], range(L), geo).phy2log_LP,
     }
 
 
@@ -260,9 +261,9 @@ def sglang_check(pairs) -> None:
 
     deepseek = mods[0]
     print(f"SGLang {importlib.metadata.version('sglang')} EPLB algorithms ({how})")
-    print("| pair | mode | layout | place ms | vs port (tensor loops) | balancedness fitted | balancedness later "
-          "| layers equal to SGLang deepseek |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| pair | mode | layout | place ms | vs port (tensor loops) | vs SGLang deepseek | balancedness fitted "
+          "| balancedness later | layers equal to SGLang deepseek |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     differ_tied = []  # (layers where the numpy port differs from SGLang deepseek, how many of them have tied counts)
     for name, fit, later in pairs:
         for nodes, groups in ((1, 1), (NODES, GROUPS)):
@@ -270,7 +271,7 @@ def sglang_check(pairs) -> None:
             rows = sglang_rows(mods, fit, nodes, groups)
             res = timed_rows(rows)
             t_port = res["EPLB port, tensor loops"][0]
-            real = res["SGLang deepseek"][1]
+            t_real, real = res["SGLang deepseek"]
             for label, (t, phy2log) in res.items():
                 lay = Placement(tuple(range(L)), RANKS, np.asarray(phy2log, dtype=np.int64))
                 same = (np.asarray(phy2log) == real).all(axis=1)
@@ -279,8 +280,9 @@ def sglang_check(pairs) -> None:
                     differ_tied.append((int((~same).sum()),
                                         sum(len(np.unique(fit[x])) < E for x in np.flatnonzero(~same))))
                 print(f"| {name} | {'hier' if hier else 'flat'} | {label} | {t * 1e3:.1f} | {sig2(t_port / t)}x "
+                      f"| {sig2(t_real / t)}x "
                       f"| {evaluate(fit[None], lay).balancedness:.4f} | {evaluate(later[None], lay).balancedness:.4f} "
-                      f"| {equal} of {L} |")
+                      f"| {'-' if label.startswith('hotsplit') else f'{equal} of {L}'} |")
     differ, tied = map(sum, zip(*differ_tied, strict=True))
     print(f"The numpy port differs from SGLang deepseek in {differ} of {L * len(differ_tied)} layer layouts; "
           f"{tied} of those layers have tied counts (torch's unstable sort orders equal items its own way, "
