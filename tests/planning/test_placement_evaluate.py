@@ -117,3 +117,44 @@ def test_the_random_layout_is_seeded_and_draws_distinct_extras_when_it_can():
     assert np.bincount(many.phy2log_LP[0], minlength=3).sum() == 9
     exact = random_layout(4, (0,), Geometry(2, 4))  # as many extras as experts: still one each
     assert np.bincount(exact.phy2log_LP[0], minlength=4).tolist() == [2, 2, 2, 2]
+
+
+@pytest.mark.parametrize("geo, message, hint", [
+    (Geometry(0, 4), "--ranks, --nodes, --groups must be >= 1 and --redundant >= 0, got ranks=0 nodes=1 groups=1 "
+     "redundant=4", None),
+    (Geometry(4, 4, 0), "--ranks, --nodes, --groups must be >= 1 and --redundant >= 0, got ranks=4 nodes=0 groups=1 "
+     "redundant=4", None),
+    (Geometry(4, 4, 1, 0), "--ranks, --nodes, --groups must be >= 1 and --redundant >= 0, got ranks=4 nodes=1 "
+     "groups=0 redundant=4", None),
+    (Geometry(4, -4), "--ranks, --nodes, --groups must be >= 1 and --redundant >= 0, got ranks=4 nodes=1 groups=1 "
+     "redundant=-4", None),
+    (Geometry(5, 0), "--ranks 5 does not divide 8 experts + 0 redundant = 8",
+     "choose --redundant so that experts + redundant is a multiple of --ranks"),
+    (Geometry(4, 4, 2, 3), "--groups 3 does not divide 8 experts", None),
+    (Geometry(4, 4, 4, 2), "--nodes 4 does not divide --groups 2", "use --groups as a multiple of --nodes"),
+    (Geometry(1, 4), "12 slots per rank exceed the 8 experts a node can hold once",
+     "lower --redundant or raise --ranks"),
+])
+def test_every_geometry_refusal_in_full(geo, message, hint):
+    from hotsplit_cli.core.errors import UsageError
+    from hotsplit_cli.placement.algorithm import check_geometry
+
+    with pytest.raises(UsageError) as exc:
+        check_geometry(8, geo)
+    assert (exc.value.message, exc.value.hint) == (message, hint)
+
+
+def test_counts_that_are_not_windows_by_layers_by_experts_are_refused():
+    from hotsplit_cli.placement.algorithm import check_windows
+
+    for bad in (np.ones((2, 3)), np.ones((0, 2, 3)), np.ones((1, 2, 3, 1))):
+        with pytest.raises(PlanError) as exc:
+            check_windows(bad)
+        assert exc.value.message == f"expected counts [windows, layers, experts], got shape {bad.shape}"
+
+
+def test_duplicates_are_counted_per_layer_and_rank():
+    from hotsplit_cli.placement.evaluate import duplicate_count
+
+    p = Placement((0, 1), 2, np.array([[0, 0, 1, 1], [0, 1, 2, 2]]))  # layer 0: both ranks; layer 1: rank 1
+    assert duplicate_count(p) == 3
