@@ -530,3 +530,29 @@ def test_the_primitives_say_what_cannot_be_laid_out():
     with pytest.raises(PlanError) as exc:
         algo.pack_items(np.ones((1, 1, 7)), 2)
     assert exc.value.message == "7 items do not split evenly over 2 packs"
+
+
+def test_one_window_packing_without_owners_still_refines():
+    """Duplicates allowed (owner None: the node packing of expert groups, the EPLB-style rows):
+    the rounds are refined too, by swaps no owner rule forbids."""
+    moved = 0
+    for seed in range(12):
+        load, _, _ = rows(seed, 2, 9, 3, 3, 1)
+        got = algo.pack_items(load, 3, None)
+        want = [ref_pack_items(load[:, x], None, 3) for x in range(2)]
+        assert got.tolist() == want
+        rounds = [ref_pack_rounds(load[0, x].tolist(), [0] * 9, 3, False) for x in range(2)]
+        moved += sum(g != r for g, r in zip(want, rounds, strict=True))
+    assert moved  # the refinement does change some of these
+
+
+@pytest.mark.parametrize("case", CASES[:4])
+def test_the_one_window_refinement_with_exact_ties_at_a_small_scale(case):
+    """Whole-number loads (exact ties) scaled by 2**-30: the rule holds at any scale."""
+    seed, X, E, R, S, _ = case
+    load, owner, pack = rows(seed, X, E, R, S, 1, ties=True)
+    total = load[0] * 2.0 ** -30
+    got = pack.copy()
+    algo._refine_one_window(got, total, owner, R)
+    assert got.tolist() == [ref_refine_one_window(pack[x].tolist(), total[x].tolist(), owner[x].tolist(), R)
+                            for x in range(X)]
