@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hotsplit_cli.core.errors import PlanError
+from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.placement.algorithm import Geometry, Placement, place_experts
 from hotsplit_cli.placement.evaluate import (
     Balance,
@@ -100,6 +100,10 @@ def test_the_totals_only_baseline_may_put_two_replicas_on_a_rank():
     counts = np.array([[1000.0, 1, 1, 1]])
     p = eplb_layout(counts, (0,), Geometry(2, 4))  # 8 slots, 4 per rank: expert 0 gets 5 replicas
     assert p.logcnt_LE(4)[0].tolist() == [5, 1, 1, 1]
+    one_rank = eplb_layout(counts, (0,), Geometry(1, 4))  # 8 slots on one rank for 4 experts: allowed here
+    assert one_rank.logcnt_LE(4)[0].tolist() == [5, 1, 1, 1]
+    with pytest.raises(UsageError, match="8 slots per rank exceed the 4 experts"):
+        place_experts(counts[None], (0,), Geometry(1, 4))
 
 
 def test_the_trivial_layout_wraps_redundant_slots_around():
@@ -136,7 +140,6 @@ def test_the_random_layout_is_seeded_and_draws_distinct_extras_when_it_can():
      "lower --redundant or raise --ranks"),
 ])
 def test_every_geometry_refusal_in_full(geo, message, hint):
-    from hotsplit_cli.core.errors import UsageError
     from hotsplit_cli.placement.algorithm import check_geometry
 
     with pytest.raises(UsageError) as exc:
