@@ -556,3 +556,16 @@ def test_the_one_window_refinement_with_exact_ties_at_a_small_scale(case):
     algo._refine_one_window(got, total, owner, R)
     assert got.tolist() == [ref_refine_one_window(pack[x].tolist(), total[x].tolist(), owner[x].tolist(), R)
                             for x in range(X)]
+
+
+def test_the_totals_only_baseline_packs_groups_on_nodes_without_refining():
+    """Group loads 8, 7, 6, 5, 4, 1 on 2 nodes of 3 groups: the greedy puts 8, 5, 4 together (17);
+    the refined packing of `place` reaches 16. The EPLB-style baseline keeps the greedy's."""
+    from hotsplit_cli.placement.evaluate import eplb_layout
+
+    counts = np.array([[8.0, 7, 6, 5, 4, 1]])
+    base = eplb_layout(counts, (0,), algo.Geometry(2, 0, 2, 6))
+    assert sorted(base.phy2log_LP[0, :3].tolist()) == [0, 3, 4]
+    assert base.phy2log_LP.tolist() == ref_place(counts[None], 2, 0, 2, 6, cap=False, distinct=False, refine=False)
+    refined = algo.place_experts(counts[None], (0,), algo.Geometry(2, 0, 2, 6))
+    assert max(counts[0, refined.phy2log_LP[0, :3]].sum(), counts[0, refined.phy2log_LP[0, 3:]].sum()) == 16
