@@ -71,6 +71,7 @@ def test_hit_rates_and_balancedness():
     ids = np.array([[[[0, 1]], [[3, 2]]]]).reshape(1, 1, 2, 2)  # one step, two tokens
     pred = predict_trace(ids, lay, 4, hot)
     assert pred.hits_R.tolist() == [1, 1] and pred.loads_SLR.tolist() == [[[2, 2]]]
+    assert pred.loads_SLR.dtype == pred.hits_R.dtype == np.int64  # counts: whole numbers in the JSON
 
 
 def reference_replicas(ids_TK, placement: Placement, num_experts: int, layer: int, src: int) -> list:
