@@ -13,6 +13,11 @@ heavy-tailed synthetic counts, with a later window resampled from them under mul
 Then every way of fitting that was tried for later traffic, with its later-window balancedness
 (pair by pair, flat then hierarchical) and its worst gap to EPLB's.
 
+Where sglang is installed (`pip install --no-deps sglang` is enough: its two algorithm files
+import only torch), SGLang's shipped `deepseek` (DeepSeek's EPLB code) and `deepseek_vec` are
+timed beside the port, and the port's layouts are compared with `deepseek`'s slot for slot.
+Without sglang that part is skipped with one line.
+
 Method: every function is called once before timing (so no row pays an import or a first-call
 cost), then the rows are timed in turn, three rounds interleaved (round 1 of every row, then
 round 2 of every row, ...), and each row reports its best round. Ratios are printed with two
@@ -197,10 +202,99 @@ def later_window_methods(pairs) -> None:
               f"| {(got[ok] - ref[ok]).min():+.4f} |")
 
 
-def sglang_check() -> None:
-    if importlib.util.find_spec("sglang") is None:
-        print("note: sglang is not installed: the comparison with SGLang's own `deepseek` and `deepseek_vec` "
-              "algorithms is skipped")
+def sglang_algorithms():
+    """SGLang's shipped `deepseek` and `deepseek_vec` modules, and how they were loaded; (None,
+    reason) when sglang is absent. The two files import only torch, while the `sglang` package's
+    __init__ imports its serving stack: when that stack is missing (`pip install --no-deps sglang`),
+    the two files are loaded from the installed package as they are, without the package."""
+    spec = importlib.util.find_spec("sglang")  # finds the package without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        return None, "sglang is not installed"
+    try:
+        from sglang.srt.eplb.eplb_algorithms import deepseek, deepseek_vec
+        return (deepseek, deepseek_vec), "imported"
+    except ImportError as exc:
+        why = f"`import sglang` needs {exc.name or exc}"
+    folder = Path(spec.submodule_search_locations[0]) / "srt" / "eplb" / "eplb_algorithms"
+    mods = []
+    for name in ("deepseek", "deepseek_vec"):
+        path = folder / f"{name}.py"
+        if not path.exists():
+            return None, f"sglang has no {path}"
+        mspec = importlib.util.spec_from_file_location(f"sglang_eplb_{name}", path)
+        mod = importlib.util.module_from_spec(mspec)
+        mspec.loader.exec_module(mod)
+        mods.append(mod)
+    return tuple(mods), f"{why}; loaded {folder}/deepseek.py and deepseek_vec.py directly"
+
+
+def sglang_rows(mods, fit: np.ndarray, nodes: int, groups: int) -> dict:
+    """SGLang's two algorithms and the port's two forms, each a callable returning phy2log [L, P]."""
+    import torch
+
+    deepseek, deepseek_vec = mods
+    w, hier, geo = torch.tensor(fit), nodes > 1, Geometry(RANKS, REDUNDANT, nodes, groups)
+    return {
+        "SGLang deepseek": lambda: deepseek.rebalance_experts(
+            w, E + REDUNDANT, groups, nodes, RANKS, enable_hierarchical=hier)[0].numpy(),
+        "SGLang deepseek_vec": lambda: deepseek_vec.rebalance_experts(
+            w[None], E + REDUNDANT, (E + REDUNDANT) // RANKS, groups, nodes, enable_hierarchical=hier)[0].to(
+            torch.int64).numpy(),
+        "EPLB port, tensor loops": lambda: eplb_port.rebalance_experts(
+            fit, E + REDUNDANT, groups, nodes, RANKS, packing=eplb_port.balanced_packing_tensor)[0],
+        "EPLB port, numpy + lists": lambda: eplb_port.rebalance_experts(fit, E + REDUNDANT, groups, nodes, RANKS)[0],
+        "hotsplit place": lambda: place_experts(fit[None], range(L), geo).phy2log_LP,
+    }
+
+
+def sglang_check(pairs) -> None:
+    """SGLang's own `deepseek` (DeepSeek's EPLB code) and `deepseek_vec`, timed beside the port
+    (warm, best of 3, interleaved), with their balancedness and whether the port's layout equals
+    `deepseek`'s slot for slot."""
+    mods, how = sglang_algorithms()
+    if mods is None:
+        print(f"note: {how}: the comparison with SGLang's own `deepseek` and `deepseek_vec` algorithms is skipped")
+        return
+    import importlib.metadata
+
+    import torch
+
+    deepseek = mods[0]
+    print(f"SGLang {importlib.metadata.version('sglang')} EPLB algorithms ({how})")
+    print("| pair | mode | layout | place ms | vs port (tensor loops) | vs SGLang deepseek | balancedness fitted "
+          "| balancedness later | layers equal to SGLang deepseek |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    differ_tied = []  # (layers where the numpy port differs from SGLang deepseek, how many of them have tied counts)
+    for name, fit, later in pairs:
+        for nodes, groups in ((1, 1), (NODES, GROUPS)):
+            hier = nodes > 1
+            rows = sglang_rows(mods, fit, nodes, groups)
+            res = timed_rows(rows)
+            t_port = res["EPLB port, tensor loops"][0]
+            t_real, real = res["SGLang deepseek"]
+            for label, (t, phy2log) in res.items():
+                lay = Placement(tuple(range(L)), RANKS, np.asarray(phy2log, dtype=np.int64))
+                same = (np.asarray(phy2log) == real).all(axis=1)
+                equal = int(same.sum())
+                if label == "EPLB port, numpy + lists":
+                    differ_tied.append((int((~same).sum()),
+                                        sum(len(np.unique(fit[x])) < E for x in np.flatnonzero(~same))))
+                print(f"| {name} | {'hier' if hier else 'flat'} | {label} | {t * 1e3:.1f} | {sig2(t_port / t)}x "
+                      f"| {sig2(t_real / t)}x "
+                      f"| {evaluate(fit[None], lay).balancedness:.4f} | {evaluate(later[None], lay).balancedness:.4f} "
+                      f"| {'-' if label.startswith('hotsplit') else f'{equal} of {L}'} |")
+    differ, tied = map(sum, zip(*differ_tied, strict=True))
+    print(f"The numpy port differs from SGLang deepseek in {differ} of {L * len(differ_tied)} layer layouts; "
+          f"{tied} of those layers have tied counts (torch's unstable sort orders equal items its own way, "
+          "the port by index).")
+    rng = np.random.default_rng(0)
+    untied = rng.gamma(0.5, size=(L, E)) * 1e5  # continuous counts: no ties
+    for nodes, groups in ((1, 1), (NODES, GROUPS)):
+        real = deepseek.rebalance_experts(torch.tensor(untied), E + REDUNDANT, groups, nodes, RANKS,
+                                          enable_hierarchical=nodes > 1)[0].numpy()
+        port = eplb_port.rebalance_experts(untied, E + REDUNDANT, groups, nodes, RANKS)[0]
+        print(f"Tie-free counts (gamma(0.5) x 1e5), {'hier' if nodes > 1 else 'flat'}: the numpy port equals "
+              f"SGLang deepseek slot for slot in {int((port == real).all(axis=1).sum())} of {L} layers.")
 
 
 def main() -> None:
@@ -208,7 +302,7 @@ def main() -> None:
     in_process(source, pairs)
     later_window_methods(pairs)
     cli_times(pairs[0][1])
-    sglang_check()
+    sglang_check(pairs)
 
 
 if __name__ == "__main__":

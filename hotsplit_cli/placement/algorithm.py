@@ -365,8 +365,8 @@ def _refine(pack_XN: np.ndarray, item_XNW: np.ndarray, owner_XN: np.ndarray | No
 
 
 def _refine_one_window(pack_XN: np.ndarray, load_XN: np.ndarray, owner_XN: np.ndarray | None, num_packs: int,
-                       max_rounds: int = REFINE_MAX_ROUNDS) -> None:
-    """`_refine` for one window, cheaper (in place). Each round, per row, the `REFINE_PAIRS`
+                       max_rounds: int = REFINE_MAX_ROUNDS, pairs: int = REFINE_PAIRS) -> None:
+    """`_refine` for one window, cheaper (in place). Each round, per row, the `pairs`
     busiest packs pair up with as many lightest ones (the i-th busiest with the i-th lightest),
     and every pair makes at once its best swap of one item each: the one that brings the two
     loads closest to their mean (ties: the first item pair in slot order), when it lowers the
@@ -376,7 +376,7 @@ def _refine_one_window(pack_XN: np.ndarray, load_XN: np.ndarray, owner_XN: np.nd
     this pack hold that owner" for the no-duplicate rule."""
     X, N = load_XN.shape
     quota = N // num_packs
-    M = min(REFINE_PAIRS, num_packs // 2)
+    M = min(pairs, num_packs // 2)
     if M < 1 or max_rounds < 1:
         return
     slot = np.argsort(pack_XN, axis=1, kind="stable").reshape(X, num_packs, quota)  # items by pack

@@ -75,9 +75,9 @@ def choose_replicas(ids_TK: np.ndarray, replicas: ReplicaMap, layer: int, src_ra
     flat = ids.reshape(-1)
     valid = flat >= 0
     e = np.where(valid, flat, 0)
-    # Occurrence index of each assignment among the earlier ones to the same expert; padding sorts
-    # as an expert of its own (id E), so it never shifts a real expert's count.
-    key = np.where(valid, flat, replicas.logcnt_LE.shape[1])
+    # Occurrence index of each assignment among the earlier ones to the same expert; padding is
+    # keyed apart (-1), so it takes no expert's turn.
+    key = np.where(valid, flat, -1)
     order = np.argsort(key, kind="stable")
     sorted_e = key[order]
     first = np.searchsorted(sorted_e, sorted_e, side="left")

@@ -121,3 +121,27 @@ def test_the_whole_split_is_never_slower_than_either_path_alone_and_beats_both_s
     alone = {m: split_cold(bytes_N, tokens_N, rates, m).seconds for m in ("gpu", "cpu")}
     assert split.seconds == 2.0 and alone == {"gpu": 4.0, "cpu": 4.0}
     assert np.flatnonzero(split.to_cpu_N).tolist() == [0, 1]
+
+
+def test_the_worked_example_of_docs_runtime_md():
+    """docs/runtime.md's worked example, from its stated inputs: 8 cold DeepSeek-V3 expert slices
+    of 7168 x 256 bf16 (gate, up, down: 11.0 MB), zero-copy 50 GB/s, CPU 14 GB/s at 1 token,
+    hand-off 0.02 ms. The split gives the CPU 1 of 8 and the layer 1.54 ms against the GPU's
+    1.76 ms alone; below about 6.3 GB/s the CPU gets nothing."""
+    expert = 7168 * 256 * 3 * 2
+    assert round(expert / 1e6, 1) == 11.0 and round(expert / 2 ** 20, 1) == 10.5
+    rates = ColdRates(50.0, ((1.0, 14.0),), sync_ms=0.02)
+    gpu_only = split_cold([expert] * 8, [1] * 8, rates, mode="gpu")
+    split = split_cold([expert] * 8, [1] * 8, rates)
+    assert round(gpu_only.seconds * 1e3, 2) == 1.76
+    assert int(split.to_cpu_N.sum()) == 1
+    assert (round(split.gpu_s * 1e3, 2), round(split.cpu_s * 1e3, 2), round(split.seconds * 1e3, 2)) == (
+        1.54, 0.81, 1.54)
+    assert round(100 * (1 - split.seconds / gpu_only.seconds), 1) == 12.5  # one expert of 8 off the link
+    # a second CPU expert would finish later than the GPU's other 7
+    assert round((2 * expert / 14e9 + 0.02e-3) * 1e3, 2) == 1.59
+    # the threshold: one expert on the CPU (and the hand-off) must beat all 8 on the GPU
+    threshold = expert / 1e9 / (8 * expert / 50e9 - 0.02e-3)
+    assert round(threshold, 1) == 6.3
+    assert split_cold([expert] * 8, [1] * 8, ColdRates(50.0, ((1.0, 6.2),), 0.02)).to_cpu_N.sum() == 0
+    assert split_cold([expert] * 8, [1] * 8, ColdRates(50.0, ((1.0, 6.4),), 0.02)).to_cpu_N.sum() == 1

@@ -1,7 +1,9 @@
 """The replica rule and the EP predictions (numpy): what the runtime dispatches by."""
 
 import numpy as np
+import pytest
 
+from hotsplit_cli.core.errors import PlanError
 from hotsplit_cli.placement.algorithm import Geometry, Placement
 from hotsplit_cli.placement.dispatch import (
     ReplicaMap,
@@ -91,3 +93,64 @@ def test_hit_rates_and_balancedness():
     ids = np.array([[[[0, 1]], [[3, 2]]]]).reshape(1, 1, 2, 2)  # one step, two tokens
     pred = predict_trace(ids, lay, 4, hot)
     assert pred.hits_R.tolist() == [1, 1] and pred.loads_SLR.tolist() == [[[2, 2]]]
+    assert pred.loads_SLR.dtype == pred.hits_R.dtype == np.int64  # counts: whole numbers in the JSON
+
+
+def reference_replicas(ids_TK, placement: Placement, num_experts: int, layer: int, src: int) -> list:
+    """The module docstring's rule with a counter per expert, in (token, k) order."""
+    l2p, cnt = placement.log2phy_LEX(num_experts)[layer], placement.logcnt_LE(num_experts)[layer]
+    seen: dict[int, int] = {}
+    out = []
+    for e in np.asarray(ids_TK).ravel().tolist():
+        if e < 0:
+            out.append(-1)
+            continue
+        i = seen.get(e, 0)
+        seen[e] = i + 1
+        out.append(int(l2p[e, (i + src) % cnt[e]]))
+    return out
+
+
+def test_choose_replicas_is_the_rule_in_token_order_and_padding_takes_no_turn():
+    lay = random_layout(6, (0, 1), Geometry(4, 10), seed=2)  # 16 slots for 6 experts: many replicas
+    reps = ReplicaMap.of(lay, 6)
+    rng = np.random.default_rng(7)
+    for trial in range(4):
+        ids = rng.integers(-1, 6, size=(150, 4))  # long enough that an unstable sort would reorder ties
+        for src in range(4):
+            got = choose_replicas(ids, reps, trial % 2, src)
+            assert got.ravel().tolist() == reference_replicas(ids, lay, 6, trial % 2, src)
+    # a padded assignment before expert 0's first one does not move expert 0 to its second replica
+    one = Placement((0,), 2, np.array([[0, 1, 0, 2]]))
+    assert choose_replicas(np.array([[-1, 0]]), ReplicaMap.of(one, 3), 0, 0).tolist() == [[-1, 0]]
+
+
+def test_the_replica_map_gives_each_slot_its_rank():
+    reps = ReplicaMap.of(Placement((0,), 3, np.array([[0, 1, 0, 2, 1, 0]])), 3)
+    assert reps.slots_per_rank == 2 and reps.num_ranks == 3
+    assert reps.slot_rank(np.array([0, 1, 2, 3, 5])).tolist() == [0, 0, 1, 1, 2]
+
+
+def test_contiguous_placement_by_name_and_its_refusal():
+    lay = contiguous_placement((4, 5), 6, 3)
+    assert (lay.method, lay.layers, lay.phy2log_LP.tolist()) == ("contiguous", (4, 5), [[0, 1, 2, 3, 4, 5]] * 2)
+    with pytest.raises(PlanError) as exc:
+        contiguous_placement((0,), 6, 4)
+    assert exc.value.message == "ep=4 does not divide 6 experts"
+
+
+def test_balancedness_without_traffic_below_one_and_of_stacked_steps():
+    assert balancedness(np.zeros((3, 2))) == 1.0
+    assert balancedness(np.array([[0.5, 0.25]])) == 0.75
+    steps = np.array([[[3.0, 1.0, 2.0], [1.0, 1.0, 1.0]], [[0.0, 0.0, 6.0], [2.0, 2.0, 2.0]]])  # [S, L, R]
+    assert balancedness(steps) == (2 + 1 + 2 + 2) / (3 + 1 + 6 + 2)
+
+
+def test_placed_hit_rates_of_a_rank_without_hot_experts_or_traffic():
+    lay = contiguous_placement((1,), 6, 3)
+    hot = np.zeros((3, 1, 6), dtype=bool)
+    hot[0, 0, 1] = True  # rank 0 serves expert 1 hot; ranks 1 and 2 nothing
+    rates = placed_hit_rates(np.array([[0.5, 0.25, 0.0, 0.0, 3.0, 1.0]]), lay, hot)
+    assert rates.tolist() == [0.25 / 0.75, 0.0, 0.0]  # rank 1 saw no traffic, rank 2 no hot expert
+    hot[:, 0, :] = True
+    assert placed_hit_rates(np.array([[0.5, 0.25, 0.0, 0.0, 3.0, 1.0]]), lay, hot).tolist() == [1.0, 0.0, 1.0]

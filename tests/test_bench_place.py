@@ -1,0 +1,45 @@
+"""benchmarks/bench_place.py's comparison with SGLang's shipped EPLB: skipped in one line without
+sglang, and the algorithm files loaded as they are when the package's own imports are missing."""
+
+from __future__ import annotations
+
+import sys
+
+from tests.conftest import load_benchmark
+
+
+def test_without_sglang_the_comparison_is_skipped_in_one_line(monkeypatch, capsys):
+    bench = load_benchmark("bench_place")
+    monkeypatch.setattr(bench.importlib.util, "find_spec", lambda name: None)
+    bench.sglang_check([])
+    out = capsys.readouterr().out
+    assert out.splitlines() == ["note: sglang is not installed: the comparison with SGLang's own `deepseek` and "
+                                "`deepseek_vec` algorithms is skipped"]
+
+
+def test_the_algorithm_files_are_loaded_when_the_package_import_fails(tmp_path, monkeypatch):
+    """`pip install --no-deps sglang` leaves the package's serving imports missing; the two files,
+    which import only torch, are still run as shipped."""
+    pkg = tmp_path / "sglang"
+    algos = pkg / "srt" / "eplb" / "eplb_algorithms"
+    algos.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("import a_missing_serving_dependency\n")
+    for name in ("deepseek", "deepseek_vec"):
+        (algos / f"{name}.py").write_text(f"WHO = {name!r}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for mod in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    bench = load_benchmark("bench_place")
+    mods, how = bench.sglang_algorithms()
+    assert [m.WHO for m in mods] == ["deepseek", "deepseek_vec"]
+    assert how.startswith("`import sglang` needs a_missing_serving_dependency; loaded ")
+
+
+def test_a_package_without_the_algorithm_files_is_named(tmp_path, monkeypatch):
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "__init__.py").write_text("import a_missing_serving_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for mod in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    mods, how = load_benchmark("bench_place").sglang_algorithms()
+    assert mods is None and how.startswith("sglang has no ") and how.endswith("deepseek.py")
