@@ -129,6 +129,14 @@ def test_replicas_in_closed_form_equal_the_one_slot_at_a_time_greedy(X, E, kind,
     assert replicate_experts(w, P, cap).tolist() == _greedy_replicas(w, P, cap).tolist()
 
 
+def test_replicas_with_tied_weights_among_many_experts_go_to_the_lowest_ids():
+    # Over 16 experts numpy's default sort is not stable: the ids of tied experts must still
+    # decide, lowest first, as the one-slot-at-a-time rule does.
+    rng = np.random.default_rng(0)
+    w = rng.integers(0, 3, (2, 56)).astype(float)
+    assert replicate_experts(w, 81, 4).tolist() == _greedy_replicas(w, 81, 4).tolist()
+
+
 def test_refine_pairs_the_busiest_pack_with_the_lightest_and_evens_them():
     # Two packs of two: {8, 7} = 15 and {2, 1} = 3; mean 9. Swapping 8 for 2 gives 9 and 9.
     load = np.array([[8.0, 7, 2, 1]])

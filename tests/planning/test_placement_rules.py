@@ -572,3 +572,16 @@ def test_the_totals_only_baseline_packs_groups_on_nodes_without_refining():
     assert base.phy2log_LP.tolist() == ref_place(counts[None], 2, 0, 2, 6, cap=False, distinct=False, refine=False)
     refined = algo.place_experts(counts[None], (0,), algo.Geometry(2, 0, 2, 6))
     assert max(counts[0, refined.phy2log_LP[0, :3]].sum(), counts[0, refined.phy2log_LP[0, 3:]].sum()) == 16
+
+
+@pytest.mark.parametrize("case, ties", [((0, 2, 36, 18, 4), False), ((0, 3, 40, 20, 3), True)])
+def test_the_one_window_refinement_follows_the_rule_with_many_packs(case, ties):
+    """More than 16 packs: numpy sorts short arrays stably whatever the kind, longer ones only when
+    asked, so ties between pack loads are ordered by index only if the code says so; and enough
+    rounds with owners that an owner table left unswapped would let a later swap duplicate one."""
+    seed, X, E, R, S = case
+    load, owner, pack = rows(seed, X, E, R, S, 1, ties=ties)
+    got = pack.copy()
+    algo._refine_one_window(got, load[0], owner, R)
+    assert got.tolist() == [ref_refine_one_window(pack[x].tolist(), load[0, x].tolist(), owner[x].tolist(), R)
+                            for x in range(X)]
