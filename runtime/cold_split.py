@@ -5,9 +5,11 @@ hotsplit_cli/hotset/coldpath.py (`cold_path` = gpu | cpu | split).
 
 Only the CPU's tokens' activations go to the host and only its outputs come back: the weights
 never cross the link. The CPU work is handed to a worker thread first, the device work is
-launched while it runs, and the two partial outputs are summed. Deciding the split reads the
-step's routing on the host, so a step cannot be captured in a CUDA graph in cpu/split mode.
-Hot experts, swaps and hit accounting are untouched: a CPU-computed expert is a cold one.
+launched while it runs, and the two partial outputs are summed. Without a GPU the device is this
+CPU, and the worker finishes before the device part starts (the cost model adds the two up).
+Deciding the split reads the step's routing on the host, so a step cannot be captured in a CUDA
+graph in cpu/split mode. Hot experts, swaps and hit accounting are untouched: a CPU-computed
+expert is a cold one.
 
 Counters say, per path, the cold expert bytes served and the time measured and predicted, so a
 run can print predicted vs achieved.
@@ -133,6 +135,11 @@ class ColdSplit:
         ids_cpu = torch.from_numpy(np.where(to_cpu_A, flat_A, -1).reshape(T, K)[tok])
         x_cpu, w_cpu = x_TH.index_select(0, tok_dev).cpu(), w_TK.index_select(0, tok_dev).cpu()
         job = self.pool.submit(self._cpu, cpu_compute, x_cpu, ids_cpu, w_cpu)
+        if self.rates.shared_cpu:
+            # The device is this CPU: the two paths share its cores and one interpreter lock, so
+            # at once they only slow each other (the cost model adds them up). One after the
+            # other, each takes the time its own experts cost.
+            job.result()
         ids_dev = ids_TK.masked_fill(torch.from_numpy(to_cpu_A.reshape(T, K)).to(dev), -1)
         y_TH = self._device(device_compute, ids_dev)  # launched (on a GPU) while the CPU works
         y_cpu = job.result()

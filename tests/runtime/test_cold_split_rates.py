@@ -71,6 +71,35 @@ def test_without_a_gpu_the_device_is_charged_its_layer_call_on_every_layer():
     assert layered == pytest.approx(plain + 3 * 0.5) and layered_hot == pytest.approx(plain_hot + 3 * 0.5)
 
 
+@pytest.mark.parametrize("shared_cpu", [True, False])
+def test_on_one_cpu_the_worker_finishes_before_the_device_part_starts(shared_cpu):
+    """Without a GPU the two paths share the cores and the interpreter lock: run at once they only
+    slowed each other (the model adds them up), so the worker's job ends before the device's
+    starts. With a GPU they overlap: the worker here waits for the device's part to begin."""
+    import threading
+
+    rates = (ColdRates(None, ((1, 2.0),), 0.0, shared_cpu=True) if shared_cpu
+             else ColdRates(None, ((1, 2.0),), 0.0))  # no zero-copy rate: every cold expert to the CPU
+    split = ColdSplit("cpu", rates, choose_device("cpu"))
+    device_began, seen = threading.Event(), {}
+
+    def cpu_compute(x, ids, w):
+        seen["overlapped"] = device_began.wait(timeout=0 if shared_cpu else 10)
+        seen["cpu_done"] = True
+        return torch.zeros(x.shape[0], 4)
+
+    def device_compute(ids):
+        seen["device_saw_cpu_done"] = seen.get("cpu_done", False)
+        device_began.set()
+        return torch.zeros(2, 4)
+
+    bank = _Bank(np.array([0, -1, -1, -1]), 1 << 20)  # expert 0 hot
+    split(torch.zeros(2, 4), torch.tensor([[1, 2], [3, 1]]), torch.ones(2, 2), bank, device_compute, cpu_compute)
+    split.close()
+    assert seen == ({"overlapped": False, "cpu_done": True, "device_saw_cpu_done": True} if shared_cpu
+                    else {"device_saw_cpu_done": False, "overlapped": True, "cpu_done": True})
+
+
 def test_run_uses_a_fitting_platform_and_reports_the_same_share_as_plan(cli, tmp_path):
     """A probe of this CPU-only machine that timed tiny's allocated experts (256x128 float32): `run`
     takes its rates as they are, and its split share is the one plan predicts at tiny's batch."""
