@@ -6,9 +6,10 @@ cold bank's dtype for 1, 2, 4, 8 and 16 tokens by the runtime's own grouped comp
 (`grouped_experts` below, which runtime/moe.py re-exports): its tokens gathered from the batch,
 the MLP, the weighted result added into a float32 output, so that the per-expert work around the
 matmuls is timed too. What one call of it costs beyond its experts (its output, grouping the
-routing by expert) is measured apart: `layer_ms`, the fixed cost of each layer a CPU computes. A cold expert's weights are not in any cache, so the probe computes a pool of distinct
-experts, together many times the last-level cache, one after another: each is streamed from
-DRAM, as a cold expert would be. The pool sits on the GPU's NUMA node (where the cold bank is
+routing by expert) is measured apart: `layer_ms`, the fixed cost of each layer a CPU computes.
+A cold expert's weights are not in any cache, so the probe computes a pool of distinct experts,
+together many times the last-level cache, one after another: each is streamed from DRAM, as a
+cold expert would be. The pool sits on the GPU's NUMA node (where the cold bank is
 pinned) and the threads are that node's CPUs (sched_setaffinity and torch's intra-op threads),
 restored afterwards; without a GPU, one thread in float32, as the CPU runtime computes. A sample
 times one pass over the pool; the figure is the median of `samples` samples after one warm-up.
