@@ -32,11 +32,11 @@ from .hostmem import HostPages
 from .timing import median_ms, wall_clock
 
 # Two tokens is measured because one token is a different kernel: x @ w.T for one row is a
-# matrix-vector product, from two rows on a matrix-matrix one, and the step between them is not
-# linear (this project's 2-core VM, 256x448 float32 experts, CPU time: 2 tokens cost 1.4x one,
-# as much as 4). Read off 1 and 4 alone, 2- and 3-token experts were predicted 17-24% too fast
-# (docs/benchmarks.md, "Predicted vs achieved per path"); at decode batch sizes they are most of
-# the experts a step reads.
+# matrix-vector product, from two rows on a matrix-matrix one, and the step between them is no
+# line: on this project's 2-core VM (`hotsplit probe --recipe mixtral-8x7b --scale 0.0625`, three
+# runs) 2 tokens cost 1.25-1.55x one and as much as 4, so a line from 1 to 4 predicted 2-token
+# experts 15-30% too fast; at decode batch sizes they are many of the experts a step reads
+# (docs/benchmarks.md, "Predicted vs achieved per path").
 TOKENS = (1, 2, 4, 8, 16)
 POOL_BYTES = 512 * MIB  # 16x a 32 MiB last-level cache: every expert streams from DRAM
 QUICK_POOL_BYTES = 256 * MIB

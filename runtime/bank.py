@@ -285,8 +285,8 @@ class ExpertBank(BlobBank):
             self.fp8_meta = self.blob_layout.fp8_meta(fp8.fmt)
         self.cold_views = [self._views(self.cold_read_EB[e]) for e in range(E)]
         # Made once, as the device's are: the CPU cold path fetches them per expert and call, and
-        # making them there (an index and a view per weight) cost more than computing a small
-        # expert (benchmarks/bench_cold_agreement.py, docs/benchmarks.md).
+        # making them there (an index and a view per weight) was a cost no rate measured, the
+        # larger the smaller the expert (docs/benchmarks.md, "Predicted vs achieved per path").
         self.host_views = (self.cold_views if self.cold_read_EB is self.cold_EB
                            else [self._views(self.cold_EB[e]) for e in range(E)])
         self.set_hot(hot_E)
