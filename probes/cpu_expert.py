@@ -2,12 +2,14 @@
 path, in GB/s of expert weights streamed (1e9 B/s).
 
 An expert is SwiGLU: gate and up [2I, H], then down [H, I], computed with torch on the CPU in the
-cold bank's dtype for 1, 4 and 16 tokens, as the runtime computes a cold expert on the CPU
-(runtime/moe.py grouped_experts): its tokens gathered from the batch, the MLP, the weighted
-result added into a float32 output, so that the per-expert work around the matmuls is timed
-too. A cold expert's weights are not in any cache, so the probe computes a pool of distinct
-experts, together many times the last-level cache, one after another: each is streamed from
-DRAM, as a cold expert would be. The pool sits on the GPU's NUMA node (where the cold bank is
+cold bank's dtype for 1, 2, 4, 8 and 16 tokens by the runtime's own grouped compute
+(`grouped_experts` below, which runtime/moe.py re-exports): its tokens gathered from the batch,
+the MLP, the weighted result added into a float32 output, so that the per-expert work around the
+matmuls is timed too. What one call of it costs beyond its experts (its output, grouping the
+routing by expert) is measured apart: `layer_ms`, the fixed cost of each layer a CPU computes.
+A cold expert's weights are not in any cache, so the probe computes a pool of distinct experts,
+together many times the last-level cache, one after another: each is streamed from DRAM, as a
+cold expert would be. The pool sits on the GPU's NUMA node (where the cold bank is
 pinned) and the threads are that node's CPUs (sched_setaffinity and torch's intra-op threads),
 restored afterwards; without a GPU, one thread in float32, as the CPU runtime computes. A sample
 times one pass over the pool; the figure is the median of `samples` samples after one warm-up.
@@ -19,7 +21,8 @@ reason, and the measurement falls back to what it can do, saying so.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+import statistics
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +31,19 @@ from .common import Reason
 from .hostmem import HostPages
 from .timing import median_ms, wall_clock
 
-TOKENS = (1, 4, 16)
+# Two tokens is measured because one token is a different kernel: x @ w.T for one row is a
+# matrix-vector product, from two rows on a matrix-matrix one, and the step between them is no
+# line: on this project's 2-core VM (`hotsplit probe --recipe mixtral-8x7b --scale 0.0625`, three
+# runs) 2 tokens cost 1.25-1.55x one and as much as 4, so a line from 1 to 4 predicted 2-token
+# experts 15-30% too fast; at decode batch sizes they are many of the experts a step reads
+# (docs/benchmarks.md, "Predicted vs achieved per path").
+TOKENS = (1, 2, 4, 8, 16)
 POOL_BYTES = 512 * MIB  # 16x a 32 MiB last-level cache: every expert streams from DRAM
 QUICK_POOL_BYTES = 256 * MIB
 METHOD = ("torch on the CPU: x @ w13.T, silu(gate) * up, @ w2.T for each expert of a pool of distinct experts "
-          "(several times the last-level cache) on the GPU's NUMA node, threads of that node; one pass per sample, "
-          "wall clock; GB/s = expert weight bytes / time")
+          "(several times the last-level cache) on the GPU's NUMA node, threads of that node, by the runtime's "
+          "grouped compute; one pass per sample, wall clock; GB/s = expert weight bytes / time; layer_ms = "
+          "(the pool as one call per expert - as one call) / experts, median over paired samples")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # How the runtime computes experts on a machine without CUDA (runtime/from_recipe.py picks float32,
 # runtime/device.py tune_cpu_threads one intra-op thread): what the probe measures there.
@@ -57,6 +67,7 @@ class ExpertShape:
 # DeepSeek-V3's routed expert (hidden 7168, moe_intermediate_size 2048, bf16 compute: deepseek-ai/DeepSeek-V3
 # config.json): the shape measured when no recipe says otherwise.
 DEFAULT_SHAPE = ExpertShape(7168, 2048, "bfloat16")
+DEFAULT_LAYER_EXPERTS = 256  # ... and its n_routed_experts
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,8 @@ class CpuExpertRate:
     pool_experts: int
     by_tokens: tuple[tuple[int, Measurement], ...]  # (tokens per expert, GB/s of weights streamed)
     handoff_ms: float | None = None  # median round trip of a task to a worker thread and back
+    layer_ms: float | None = None  # one layer's call of the grouped compute, beyond its experts
+    layer_experts: int | None = None  # routed experts per layer in that call (its grouping's size)
     method: str = METHOD
     reasons: tuple[Reason, ...] = ()
 
@@ -103,6 +116,41 @@ def swiglu_expert(torch: Any, x_TH: Any, w13_IH: Any, w2_HI: Any) -> Any:
     h = torch.nn.functional.linear(x_TH, w13_IH)
     gate, up = h.chunk(2, dim=-1)
     return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w2_HI)
+
+
+def expert_groups(ids_TK: Any, num_experts: int) -> Iterator[tuple[int, Any, Any]]:
+    """Routed assignments grouped by expert: yields (e, tok [n], idx [n]) for every expert with
+    n > 0 assignments, `idx` indexing the flattened [T*K] assignments and `tok` their tokens.
+    Ids outside [0, E) (padding is -1) belong to no group. Reads the counts on the host."""
+    import torch
+
+    K = ids_TK.shape[1]
+    flat = ids_TK.reshape(-1)
+    valid = (flat >= 0) & (flat < num_experts)
+    counts_E = torch.bincount(flat[valid], minlength=num_experts).tolist()
+    order = torch.argsort(torch.where(valid, flat, num_experts), stable=True)  # invalid ids sort last
+    start = 0
+    for e, n in enumerate(counts_E):
+        if n:
+            idx = order[start:start + n]
+            start += n
+            yield e, idx // K, idx
+
+
+def grouped_experts(x_TH: Any, ids_TK: Any, w_TK: Any, weights_of: Callable[[int], tuple[Any, Any]],
+                    num_experts: int) -> Any:
+    """Routed expert output [T, H]: tokens grouped by expert, each expert's weights fetched once
+    through `weights_of(e) -> (w13 [2I, H], w2 [H, I])`, accumulated in float32. How the runtime
+    computes experts with torch (runtime/moe.py re-exports it), and what the probe times."""
+    import torch
+
+    out_TH = torch.zeros(ids_TK.shape[0], x_TH.shape[1], dtype=torch.float32, device=x_TH.device)
+    w_flat = w_TK.reshape(-1)
+    for e, tok, idx in expert_groups(ids_TK, num_experts):
+        w13, w2 = weights_of(e)
+        y = swiglu_expert(torch, x_TH[tok], w13, w2)
+        out_TH.index_add_(0, tok, y.float() * w_flat[idx, None])
+    return out_TH.to(x_TH.dtype)
 
 
 def on_cpus(torch: Any, cpus: Sequence[int] | None, work: Callable[[], Any], threads: int | None = None
@@ -140,9 +188,11 @@ def measure_handoff_ms(samples: int = 200) -> float:
 
 def measure_cpu_expert(shape: ExpertShape, node: int | None, cpus: Sequence[int] | None,
                        pool_bytes: int = POOL_BYTES, tokens: Sequence[int] = TOKENS, samples: int = 5,
-                       tick: Callable[[int], None] | None = None, threads: int | None = None) -> CpuExpertRate:
+                       tick: Callable[[int], None] | None = None, threads: int | None = None,
+                       layer_experts: int = DEFAULT_LAYER_EXPERTS) -> CpuExpertRate:
     """Time the expert pool for each token count on `node`'s memory with `cpus` (and `threads`
-    torch threads, default one per CPU)."""
+    torch threads, default one per CPU), and what one layer's call costs beyond its experts
+    (`layer_experts` routed experts per layer)."""
     import torch
 
     tick = tick or (lambda n: None)
@@ -159,31 +209,43 @@ def measure_cpu_expert(shape: ExpertShape, node: int | None, cpus: Sequence[int]
     w13.fill_(0.01)
     w2.fill_(0.01)
 
-    def timed() -> list:
-        cells = []
-        for t in tokens:
-            # A step of 2t tokens routing t of them (one assignment each) to the expert, as
-            # grouped_experts gathers them: ids sorted by expert, tokens = ids // top_k.
-            x = torch.full((2 * t, H), 0.5, dtype=dtype)
-            order = torch.arange(0, 2 * t, 2)
-            w_flat = torch.full((2 * t,), 0.25)
-            out = torch.zeros(2 * t, H, dtype=torch.float32)
+    def weights_of(e: int) -> tuple[Any, Any]:
+        return w13[e], w2[e]
 
-            def one_pass(x=x, order=order, w_flat=w_flat, out=out) -> None:
+    def timed() -> tuple[list, list]:
+        cells, layer_s = [], []
+        for i, t in enumerate(tokens):
+            # One call of the runtime's grouped compute in which each of t tokens routes to every
+            # expert of the pool: the experts one after another with t tokens each, the call's
+            # own cost spread over the whole pool.
+            x = torch.full((t, H), 0.5, dtype=dtype)
+            ids, w = torch.arange(n).repeat(t, 1), torch.full((t, n), 0.25)
+
+            def one_pass(x=x, ids=ids, w=w) -> None:
+                grouped_experts(x, ids, w, weights_of, n)
+
+            # At the first token count, also the same experts one call each, as a run's layers
+            # call it: the difference is what a call costs beyond its experts (its output,
+            # grouping the routing by expert), paired sample by sample against load changes.
+            one_id, one_w = torch.zeros((t, 1), dtype=torch.int64), torch.full((t, 1), 0.25)
+
+            def by_calls(x=x, one_id=one_id, one_w=one_w) -> None:
                 for e in range(n):
-                    idx = order[0:len(order)]
-                    tok = idx // 1
-                    y = swiglu_expert(torch, x[tok], w13[e], w2[e])
-                    out.index_add_(0, tok, y.float() * w_flat[idx, None])
+                    grouped_experts(x, one_id, one_w, lambda _, e=e: weights_of(e), layer_experts)
 
             one_pass()  # warm-up: first-use costs (thread team start, kernel selection)
-            seconds = [wall_clock(one_pass) for _ in range(samples)]
+            seconds = []
+            for _ in range(samples):
+                seconds.append(wall_clock(one_pass))
+                if i == 0:
+                    layer_s.append((wall_clock(by_calls) - seconds[-1]) / n)
             gbps = [n * shape.expert_bytes / s / 1e9 for s in seconds]
             cells.append((t, summarize(n * shape.expert_bytes, n, gbps)))
             tick(1)
-        return cells
+        return cells, layer_s
 
-    cells, threads = on_cpus(torch, cpus, timed, threads)
+    (cells, layer_s), threads = on_cpus(torch, cpus, timed, threads)
     handoff = measure_handoff_ms()
+    layer_ms = max(0.0, statistics.median(layer_s) * 1e3) if layer_s else None
     return CpuExpertRate(node, tuple(cpus) if cpus else None, threads, shape, shape.expert_bytes, n, tuple(cells),
-                         handoff, reasons=tuple(reasons))
+                         handoff, layer_ms, layer_experts, reasons=tuple(reasons))

@@ -30,6 +30,7 @@ from .common import DriverReport, GpuDevice, Reason, collect_reasons, to_doc
 from .cpu_expert import (
     CPU_RUNTIME_DTYPE,
     CPU_RUNTIME_THREADS,
+    DEFAULT_LAYER_EXPERTS,
     DEFAULT_SHAPE,
     QUICK_POOL_BYTES,
     TOKENS,
@@ -252,6 +253,7 @@ class Inventory:
     gpu_plan: SweepPlan
     bind_nodes: tuple[int | None, ...]  # host buffer placements to time
     expert_shape: ExpertShape = DEFAULT_SHAPE  # what the CPU expert rate computes
+    layer_experts: int = DEFAULT_LAYER_EXPERTS  # routed experts per layer, for the cost of a layer's call
     reasons: tuple[Reason, ...] = field(default=())  # JSON paths from the top of platform.json
 
     @property
@@ -303,9 +305,10 @@ def _node_memory_mismatch(nodes: tuple[NumaNode, ...], mem_total_bytes: int | No
 
 
 def take_inventory(mode: str = "quick", expert_bytes: int | None = None, sources: Sources = Sources(),
-                   expert_shape: ExpertShape | None = None) -> Inventory:
+                   expert_shape: ExpertShape | None = None, layer_experts: int | None = None) -> Inventory:
     """Host, NUMA nodes, GPUs and links: read, not timed. `expert_shape`: the expert the CPU
-    expert rate computes (a recipe's; DeepSeek-V3's when None)."""
+    expert rate computes, `layer_experts` the routed experts per layer (a recipe's; DeepSeek-V3's
+    when None)."""
     import platform as _platform
 
     reasons: list[Reason] = []
@@ -362,7 +365,8 @@ def take_inventory(mode: str = "quick", expert_bytes: int | None = None, sources
                                                "the available RAM"))
         host_plan = fitted
     return Inventory(mode, expert_bytes, host, nodes, numa_source, driver, cuda, links, host_plan,
-                     sweep_plan(mode, "gpu", extra), bind_nodes, expert_shape or DEFAULT_SHAPE, tuple(reasons))
+                     sweep_plan(mode, "gpu", extra), bind_nodes, expert_shape or DEFAULT_SHAPE,
+                     layer_experts or DEFAULT_LAYER_EXPERTS, tuple(reasons))
 
 
 # ----------------------------------------------------------------------------- phase 2: measure
@@ -421,7 +425,7 @@ def _measure_cpu_expert(inv: Inventory, gpus: tuple, sources: Sources, tick: Cal
         reasons.append(Reason("cpu_expert[*].node", f"{why}: measured with every CPU and unplaced memory"))
     cpus_of = {n.node: n.cpus for n in inv.numa_nodes}
     pool = QUICK_POOL_BYTES if inv.mode == "quick" else None
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"layer_experts": inv.layer_experts}
     if not gpus:
         # Without a GPU the runtime computes every expert on this CPU in float32 with one torch
         # thread (runtime/device.py tune_cpu_threads): measure that, so a run can use the figures.

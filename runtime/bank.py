@@ -284,6 +284,11 @@ class ExpertBank(BlobBank):
                     self.blob_layout.view(self.cold_EB, name).copy_(t)
             self.fp8_meta = self.blob_layout.fp8_meta(fp8.fmt)
         self.cold_views = [self._views(self.cold_read_EB[e]) for e in range(E)]
+        # Made once, as the device's are: the CPU cold path fetches them per expert and call, and
+        # making them there (an index and a view per weight) was a cost no rate measured, the
+        # larger the smaller the expert (docs/benchmarks.md, "Predicted vs achieved per path").
+        self.host_views = (self.cold_views if self.cold_read_EB is self.cold_EB
+                           else [self._views(self.cold_EB[e]) for e in range(E)])
         self.set_hot(hot_E)
 
     def _views(self, blob_B: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -299,7 +304,7 @@ class ExpertBank(BlobBank):
 
     def host_weights_of(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13, w2) of expert e read where it lies in the host cold bank (the CPU cold path)."""
-        return self._weights(self._views(self.cold_EB[e]))
+        return self._weights(self.host_views[e])
 
     def _weights(self, views: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         if self.fp8 is None:

@@ -5,9 +5,11 @@ hotsplit_cli/hotset/coldpath.py (`cold_path` = gpu | cpu | split).
 
 Only the CPU's tokens' activations go to the host and only its outputs come back: the weights
 never cross the link. The CPU work is handed to a worker thread first, the device work is
-launched while it runs, and the two partial outputs are summed. Deciding the split reads the
-step's routing on the host, so a step cannot be captured in a CUDA graph in cpu/split mode.
-Hot experts, swaps and hit accounting are untouched: a CPU-computed expert is a cold one.
+launched while it runs, and the two partial outputs are summed. Without a GPU the device is this
+CPU, and the worker finishes before the device part starts (the cost model adds the two up).
+Deciding the split reads the step's routing on the host, so a step cannot be captured in a CUDA
+graph in cpu/split mode. Hot experts, swaps and hit accounting are untouched: a CPU-computed
+expert is a cold one.
 
 Counters say, per path, the cold expert bytes served and the time measured and predicted, so a
 run can print predicted vs achieved.
@@ -51,7 +53,7 @@ class PathCounters:
     cpu_ms: float = 0.0  # the CPU worker, hand-off and copies included (measured)
     gpu_pred_ms: float = 0.0  # the cost model's cold time for the device's share
     cpu_pred_ms: float = 0.0  # ... and for the CPU's (sync included)
-    hot_pred_ms: float = 0.0  # the device's hot experts, when the device is this CPU (else not modelled)
+    hot_pred_ms: float = 0.0  # the device's hot experts and layer calls where the device is this CPU (else 0)
     _events: list = field(default_factory=list)  # (start, end) CUDA events not yet read
 
     def settle(self, wait: bool = True) -> None:
@@ -110,7 +112,7 @@ class ColdSplit:
         if self.rates.shared_cpu:  # the device path is this CPU: a hot expert costs what a cold one does
             _, hot_tokens = np.unique(flat_A[valid_A & ~cold_A], return_counts=True)
             hot_s = self.rates.gpu_seconds(np.full(len(hot_tokens), float(expert_bytes)), hot_tokens)
-            self.counters.hot_pred_ms += float(hot_s.sum()) * 1e3
+            self.counters.hot_pred_ms += float(hot_s.sum()) * 1e3 + self.rates.layer_ms  # its call, made every layer
         if len(experts) == 0:
             return self._device(device_compute, ids_TK)
         split = split_cold(np.full(len(experts), float(expert_bytes)), tokens, self.rates, self.mode)
@@ -133,6 +135,11 @@ class ColdSplit:
         ids_cpu = torch.from_numpy(np.where(to_cpu_A, flat_A, -1).reshape(T, K)[tok])
         x_cpu, w_cpu = x_TH.index_select(0, tok_dev).cpu(), w_TK.index_select(0, tok_dev).cpu()
         job = self.pool.submit(self._cpu, cpu_compute, x_cpu, ids_cpu, w_cpu)
+        if self.rates.shared_cpu:
+            # The device is this CPU: the two paths share its cores and one interpreter lock, so
+            # at once they only slow each other (the cost model adds them up). One after the
+            # other, each takes the time its own experts cost.
+            job.result()
         ids_dev = ids_TK.masked_fill(torch.from_numpy(to_cpu_A.reshape(T, K)).to(dev), -1)
         y_TH = self._device(device_compute, ids_dev)  # launched (on a GPU) while the CPU works
         y_cpu = job.result()
@@ -203,25 +210,27 @@ CALIBRATION_POOL_BYTES = 64 << 20  # a quick measurement at the start of a run: 
 
 def measure_rates(bank, info: DeviceInfo, zero_copy_gbps: float | None = None) -> tuple[ColdRates, str]:
     """The cost model's rates measured now, on this run's expert shape, by the probe's own
-    measurement (probes.cpu_expert, the runtime's threads): the CPU expert rate on the GPU's node,
-    the zero-copy read of the bank's cold blobs (on a GPU, unless `zero_copy_gbps` is given) and the
-    per-layer sync (hand-off, and the activations' round trip on a GPU). On a CPU the device path
+    measurement (probes.cpu_expert, the runtime's threads): the CPU expert rate on the GPU's node
+    and its layer call for this bank's experts per layer, the zero-copy read of the bank's cold
+    blobs (on a GPU, unless `zero_copy_gbps` is given) and the per-layer sync (hand-off, and the
+    activations' round trip on a GPU). On a CPU the device path
     is this same CPU (`shared_cpu`)."""
     from probes.bandwidth import measure_roundtrip_ms
     from probes.cpu_expert import CPU_RUNTIME_THREADS, ExpertShape, measure_cpu_expert
 
     shape = ExpertShape(bank.hidden, bank.inter, str(bank.compute_dtype).replace("torch.", ""))
     cpu = measure_cpu_expert(shape, info.numa_node, node_cpus(info.numa_node), pool_bytes=CALIBRATION_POOL_BYTES,
-                             samples=5, threads=None if info.is_cuda else CPU_RUNTIME_THREADS)
+                             samples=5, threads=None if info.is_cuda else CPU_RUNTIME_THREADS,
+                             layer_experts=bank.num_experts)
     points = tuple((float(t), m.median_gbps) for t, m in cpu.by_tokens)
     spread = max((m.spread_gbps / m.median_gbps for _, m in cpu.by_tokens if m.median_gbps), default=0.0)
     sync_ms = cpu.handoff_ms
     if info.is_cuda:
         sync_ms += measure_roundtrip_ms(torch, info.device)
         zero_copy = zero_copy_gbps or _zero_copy_gbps(bank, info)
-        rates = ColdRates(zero_copy, points, sync_ms, spread=spread)
+        rates = ColdRates(zero_copy, points, sync_ms, spread=spread, layer_ms=cpu.layer_ms or 0.0)
     else:
-        rates = ColdRates(None, points, sync_ms, shared_cpu=True, spread=spread)
+        rates = ColdRates(None, points, sync_ms, shared_cpu=True, spread=spread, layer_ms=cpu.layer_ms or 0.0)
     shape_text = f"{shape.hidden}x{shape.inter} {shape.dtype}, {cpu.threads} thread{'s' * (cpu.threads != 1)}"
     return rates, "measured now for the experts this run allocates: " + describe_rates(rates, shape_text)
 

@@ -1,4 +1,6 @@
-"""MoE building blocks: geometry, routers, SwiGLU experts, shared experts, the reference.
+"""MoE building blocks: geometry, routers, SwiGLU experts, shared experts, the reference. The
+grouped expert compute (`expert_groups`, `grouped_experts`) lives in probes/cpu_expert.py, so
+that the CPU expert rate is measured on the very code a run computes with.
 
 Shape letters: T = tokens, K = top_k, E = routed experts, H = hidden, I = expert intermediate,
 G = router groups. Expert weights are stacked `[E, ...]` and gathered by index (no ModuleList):
@@ -7,13 +9,13 @@ G = router groups. Expert weights are stacked `[E, ...]` and gathered by index (
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from hotsplit_cli.config.recipe import Recipe
+from probes.cpu_expert import expert_groups, grouped_experts  # noqa: F401 - re-exported: what the probe times
 
 from .fp8 import Fp8Experts, Fp8Format
 
@@ -106,44 +108,11 @@ def swiglu(x_TH: torch.Tensor, w13_NH: torch.Tensor, w2_HI: torch.Tensor) -> tor
     return F.linear(F.silu(gate_TI) * up_TI, w2_HI)
 
 
-WeightsOf = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
-
-
 def expert_counts(ids_TK: torch.Tensor, num_experts: int) -> torch.Tensor:
     """Routed assignments per expert of one step (int64 [E]); -1 marks padding."""
     flat = ids_TK.reshape(-1)
     counts_E = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
     return counts_E.scatter_add_(0, flat.clamp(min=0), (flat >= 0).long())  # no host sync
-
-
-def expert_groups(ids_TK: torch.Tensor, num_experts: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-    """Routed assignments grouped by expert: yields (e, tok [n], idx [n]) for every expert with
-    n > 0 assignments, `idx` indexing the flattened [T*K] assignments and `tok` their tokens.
-    Ids outside [0, E) (padding is -1) belong to no group. Reads the counts on the host."""
-    K = ids_TK.shape[1]
-    flat = ids_TK.reshape(-1)
-    valid = (flat >= 0) & (flat < num_experts)
-    counts_E = torch.bincount(flat[valid], minlength=num_experts).tolist()
-    order = torch.argsort(torch.where(valid, flat, num_experts), stable=True)  # invalid ids sort last
-    start = 0
-    for e, n in enumerate(counts_E):
-        if n:
-            idx = order[start:start + n]
-            start += n
-            yield e, idx // K, idx
-
-
-def grouped_experts(x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor, weights_of: WeightsOf,
-                    num_experts: int) -> torch.Tensor:
-    """Routed expert output [T, H]: tokens grouped by expert, each expert's weights fetched once
-    through `weights_of(e) -> (w13 [2I, H], w2 [H, I])`, accumulated in float32 (CPU path)."""
-    out_TH = torch.zeros(ids_TK.shape[0], x_TH.shape[1], dtype=torch.float32, device=x_TH.device)
-    w_flat = w_TK.reshape(-1)
-    for e, tok, idx in expert_groups(ids_TK, num_experts):
-        w13, w2 = weights_of(e)
-        y = swiglu(x_TH[tok], w13, w2)
-        out_TH.index_add_(0, tok, y.float() * w_flat[idx, None])
-    return out_TH.to(x_TH.dtype)
 
 
 def dense_reference(x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor, w13_EIH: torch.Tensor,

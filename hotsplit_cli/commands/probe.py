@@ -120,6 +120,9 @@ def _render_cpu_expert(out: Output, rates: list[dict[str, Any]]) -> None:
                         f"{shape['dtype']}, {size(rates[0]['expert_bytes'])} per expert)")
     for j, (tokens, _) in enumerate(rates[0]["by_tokens"]):
         t.add_row(str(tokens), *(_gbps(r["by_tokens"][j][1]["median_gbps"]) for r in rates))
+    if any(r.get("layer_ms") is not None for r in rates):
+        t.add_row(f"a layer's call, beyond its experts ({rates[0]['layer_experts']} per layer)",
+                  *("-" if r.get("layer_ms") is None else f"{r['layer_ms']:.3f} ms" for r in rates))
     out.print(t)
 
 
@@ -241,7 +244,8 @@ def probe_cmd(
 
     sources = _sources()
     shape = ExpertShape(*scaled_shape(expert_compute_shape(rec), scale)) if rec else None
-    inv = take_inventory("full" if full else "quick", expert_bytes_per_rank(rec) if rec else None, sources, shape)
+    inv = take_inventory("full" if full else "quick", expert_bytes_per_rank(rec) if rec else None, sources, shape,
+                         rec.model.num_experts if rec else None)
     with out.progress("measuring bandwidth", inv.measurement_steps) as advance:
         platform = measure_platform(inv, sources, tick=advance)
     doc = platform.to_doc()

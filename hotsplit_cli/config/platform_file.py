@@ -47,6 +47,7 @@ class CpuExpertInfo:
     shape: str  # the expert it computed, for the report: "HIDDENxINTER DTYPE"
     spread: float = 0.0  # the largest (max - min) / median of its points
     threads: int | None = None
+    layer_ms: float | None = None  # one layer's call of the grouped compute beyond its experts (older probes: None)
 
     def fits(self, hidden: int, inter: int, dtype: str) -> bool:
         """Whether these rates were measured on experts of this shape and dtype."""
@@ -183,5 +184,6 @@ def _cpu_expert(raw: Any, where: str) -> tuple[CpuExpertInfo, ...]:
                                  _number(e.get("handoff_ms"), f"{where}[{i}].handoff_ms"),
                                  f"{shape.get('hidden')}x{shape.get('inter')} {shape.get('dtype')}",
                                  max(spreads, default=0.0), _number(e.get("threads"), f"{where}[{i}].threads",
-                                                                    integer=True)))
+                                                                    integer=True),
+                                 _number(e.get("layer_ms"), f"{where}[{i}].layer_ms")))
     return tuple(out)

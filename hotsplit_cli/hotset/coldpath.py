@@ -5,7 +5,7 @@ that the two finish together. Pure numpy; the runtime and the planner both use i
 Cost model, for the distinct cold experts one MoE layer reads in one step (seconds):
 
     GPU part  G:  sum_{e in G} bytes_e / zero_copy_rate                      (weights cross the link)
-    CPU part  C:  sum_{e in C} bytes_e / cpu_rate(tokens_e) + sync           (when C is not empty)
+    CPU part  C:  sum_{e in C} bytes_e / cpu_rate(tokens_e) + sync + layer   (when C is not empty)
     layer cold time = max(GPU part, CPU part)                                 (they run at once)
 
 `cpu_rate(t)` is the probe's CPU expert rate at t tokens per expert: it falls as t grows (the CPU
@@ -14,7 +14,10 @@ favour the GPU. An expert never costs less for more tokens: the measured points 
 their running minimum over tokens (a probe point above a smaller token count's is noise or a
 kernel quirk the runtime cannot exploit), so every predicted time grows with the batch. `sync` is
 the fixed per-layer cost of involving the CPU at all (routing and activations to the host, the
-CPU's outputs back, a worker hand-off).
+CPU's outputs back, a worker hand-off); `layer` what the CPU's grouped compute costs per layer
+call beyond its experts (its output buffer, grouping the routing by expert: measured by the probe
+on that very code, probes/cpu_expert.py). Without a GPU the device path pays `layer` too, on every
+layer call whichever path takes the cold experts: a run predicts it with the hot experts.
 
 Without a GPU (`shared_cpu`) the device path is this same CPU, computing its experts at the CPU
 expert rate on the cores the CPU path would use: the two parts add up instead of overlapping,
@@ -48,6 +51,7 @@ class ColdRates:
     sync_ms: float = 0.0  # per layer, when the CPU takes part
     shared_cpu: bool = False  # no GPU: the device path is this CPU, at the CPU expert rate, on the same cores
     spread: float = 0.0  # the measurements' relative spread ((max - min) / median): closer times are a tie
+    layer_ms: float = 0.0  # one layer call of the CPU's grouped compute, beyond its experts
 
     def cpu_gbps(self, tokens: float) -> float:
         """CPU expert rate at `tokens` tokens per expert (0 when unmeasured), never higher than
@@ -97,7 +101,7 @@ def split_cold(bytes_N: Sequence[float], tokens_N: Sequence[float], rates: ColdR
     gpu = rates.gpu_seconds(b, np.asarray(tokens_N, dtype=np.float64))
     cpu = rates.cpu_seconds(b, np.asarray(tokens_N, dtype=np.float64))
     n = len(b)
-    sync_s = rates.sync_ms / 1e3
+    sync_s = (rates.sync_ms + rates.layer_ms) / 1e3  # what the CPU pays per layer for taking part
     if mode == "gpu" or n == 0:
         return LayerSplit(np.zeros(n, dtype=bool), float(gpu.sum()) if n else 0.0, 0.0, rates.shared_cpu)
     if mode == "cpu":
@@ -178,7 +182,7 @@ def rates_from_platform(platform, gpu_index: int | None = None, device_is_cpu: b
     shared = device_is_cpu or gpu is None or not gpu.zero_copy_read_gbps
     sync = ((cpu.handoff_ms or 0.0) if cpu else 0.0) + ((gpu.roundtrip_ms or 0.0) if gpu and not shared else 0.0)
     rates = ColdRates(None if shared else gpu.zero_copy_read_gbps, cpu.points if cpu else (), sync, shared,
-                      cpu.spread if cpu else 0.0)
+                      cpu.spread if cpu else 0.0, (cpu.layer_ms or 0.0) if cpu else 0.0)
     return rates, f"{platform.path}: " + describe_rates(rates, cpu.shape if cpu else None)
 
 
@@ -228,7 +232,8 @@ def describe_rates(rates: ColdRates, shape: str | None) -> str:
     cpu = (f"CPU {rates.cpu_points[0][1]:.1f} GB/s at {rates.cpu_points[0][0]:g} token ({shape})"
            if rates.cpu_points else "no CPU expert rate")
     spread = f", spread {100 * rates.spread:.0f}%" if rates.spread else ""
-    return f"{device}, {cpu}{spread}, sync {rates.sync_ms:.3f} ms/layer"
+    layer = f", layer call {rates.layer_ms:.3f} ms" if rates.layer_ms else ""
+    return f"{device}, {cpu}{spread}, sync {rates.sync_ms:.3f} ms/layer{layer}"
 
 
 def _finite_ms(seconds: float) -> float | None:

@@ -202,12 +202,12 @@ def fake_host_copy(nodes, plan, tick=None):
 CPU_EXPERT_CALLS = []
 
 
-def fake_cpu_expert(shape, node, cpus, pool_bytes=None, samples=None, tick=None):
+def fake_cpu_expert(shape, node, cpus, pool_bytes=None, samples=None, tick=None, threads=None, layer_experts=256):
     """10 GB/s at one token, falling with more tokens (the CPU turns compute-bound)."""
-    from probes.cpu_expert import CpuExpertRate
+    from probes.cpu_expert import TOKENS, CpuExpertRate
 
     CPU_EXPERT_CALLS.append((shape, node, cpus))
-    tick(3)
+    tick(len(TOKENS))
     cells = tuple((t, summarize(shape.expert_bytes, 4, [10.0 / t ** 0.5] * 3)) for t in (1, 4, 16))
     return CpuExpertRate(node, cpus, len(cpus or ()) or 2, shape, shape.expert_bytes, 4, cells)
 

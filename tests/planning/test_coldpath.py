@@ -44,6 +44,19 @@ def test_the_sync_cost_keeps_small_layers_on_the_gpu():
     assert big.to_cpu_N.sum() == 2 and big.cpu_s == pytest.approx(2 * 100 * MB / 20e9 + 1e-3)
 
 
+def test_the_cpus_layer_call_is_paid_once_per_layer_it_takes_part_in():
+    """The CPU's grouped compute costs `layer_ms` per call beyond its experts: the cpu path pays it
+    with the sync, the split weighs it like the sync, the gpu path never pays it."""
+    plain = ColdRates(20.0, ((1, 20.0),), sync_ms=0.5)
+    layered = ColdRates(20.0, ((1, 20.0),), sync_ms=0.5, layer_ms=0.25)
+    cpu = split_cold([MB] * 2, [1, 1], layered, "cpu")
+    assert cpu.cpu_s == pytest.approx(split_cold([MB] * 2, [1, 1], plain, "cpu").cpu_s + 0.25e-3)
+    assert split_cold([MB] * 2, [1, 1], layered, "gpu").seconds == split_cold([MB] * 2, [1, 1], plain, "gpu").seconds
+    # 8 x 5 MB: 2 ms of reading. With 0.5 ms of sync the CPU takes half; with 3 ms more per call it takes none.
+    assert split_cold([5 * MB] * 8, [1] * 8, plain).to_cpu_N.sum() == 3
+    assert not split_cold([5 * MB] * 8, [1] * 8, ColdRates(20.0, ((1, 20.0),), 0.5, layer_ms=3.0)).to_cpu_N.any()
+
+
 def test_without_a_gpu_rate_split_gives_everything_to_the_cpu():
     s = split_cold([MB] * 3, [1] * 3, ColdRates(None, ((1, 5.0),)))
     assert s.to_cpu_N.all() and s.gpu_s == 0.0

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.core.jsonio import write_json_atomic
 from hotsplit_cli.hotset.coldpath import ColdRates, ModeTimes, fastest_spans, predict_cold_paths, split_cold
 
@@ -15,13 +16,16 @@ MB = 1e6
 
 
 def cpu_platform(path, points=((1, 1.0), (4, 1.3), (16, 1.2)), shape=(256, 128, "float32"), spread=0.1,
-                 handoff_ms=0.02):
-    """platform.json of a machine without GPU, as `hotsplit probe` writes it, with fixed CPU rates."""
+                 handoff_ms=0.02, layer_ms=None):
+    """platform.json of a machine without GPU, as `hotsplit probe` writes it, with fixed CPU rates
+    (`layer_ms` None: an older probe's file, without the layer call's cost)."""
     cells = [[t, {"median_gbps": g, "spread_gbps": spread * g}] for t, g in points]
     doc = {"schema": "hotsplit.platform/1", "created": "2026-01-01T00:00:00Z", "gpus": [], "reasons": [],
            "host": {"numa_nodes": [{"node": 0}], "copy_gbps": 7.0, "mem_available_bytes": 1 << 34,
                     "cpu_expert": [{"node": None, "threads": 1, "handoff_ms": handoff_ms, "by_tokens": cells,
                                     "shape": dict(zip(("hidden", "inter", "dtype"), shape, strict=True))}]}}
+    if layer_ms is not None:
+        doc["host"]["cpu_expert"][0]["layer_ms"] = layer_ms
     write_json_atomic(path, doc)
     return path
 
@@ -65,6 +69,22 @@ def test_without_a_gpu_the_two_paths_share_the_cpu_and_the_split_gives_it_nothin
     assert not s.to_cpu_N.any() and s.seconds == pytest.approx(s.gpu_s)
     cpu = split_cold([MB] * 6, [1, 1, 2, 3, 8, 16], rates, "cpu")
     assert cpu.seconds == pytest.approx(s.seconds + 0.02e-3)  # the same work, plus the hand-off
+
+
+def test_plan_charges_the_probes_layer_call_to_the_cpu_path_once_per_layer(cli, tiny_hist, tmp_path):
+    """platform.json's `layer_ms` (what one call of the CPU's grouped compute costs beyond its
+    experts) reaches the rates by the one rule: the cpu column pays it once per MoE layer a step
+    reads cold (tiny: 4 MoE layers after 1 dense), the gpu column never; a file without it (an older probe) is 0."""
+    def by_batch(platform):
+        doc = json.loads(cli("plan", tiny_hist, "--recipe", "tiny", "--platform", platform, "--hot-gib", "0.004",
+                             "--json").out)
+        return doc["cold_paths"], doc["cold_paths"]["by_batch"][0]
+
+    (old, old1), (new, new1) = by_batch(cpu_platform(tmp_path / "a.json")), by_batch(
+        cpu_platform(tmp_path / "b.json", layer_ms=0.5))
+    assert "layer call" not in old["rates"] and "layer call 0.500 ms" in new["rates"]
+    assert new1["cpu_ms"] == pytest.approx(old1["cpu_ms"] + 4 * 0.5) and new1["gpu_ms"] == old1["gpu_ms"]
+    assert load_platform(tmp_path / "b.json").cpu_expert[0].layer_ms == 0.5
 
 
 def test_plan_warns_in_one_line_when_the_probe_timed_other_experts(cli, tiny_hist, tmp_path):

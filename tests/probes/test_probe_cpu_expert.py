@@ -24,6 +24,46 @@ def test_the_probe_computes_the_runtime_expert():
     torch.testing.assert_close(swiglu_expert(torch, x, w13, w2), swiglu(x, w13, w2))
 
 
+def test_the_probe_times_the_runtimes_grouped_compute():
+    """One grouped compute: what the probe times is what the runtime computes experts with."""
+    import runtime.moe as moe
+    from probes import cpu_expert
+
+    assert moe.grouped_experts is cpu_expert.grouped_experts and moe.expert_groups is cpu_expert.expert_groups
+
+
+def test_two_tokens_are_measured_not_interpolated():
+    """One token is a matrix-vector product, two a matrix-matrix one: a step between them that no
+    line from 1 to 4 tokens describes, so the probe measures 2 (and 8, between 4 and 16)."""
+    from probes.cpu_expert import TOKENS
+
+    assert TOKENS == (1, 2, 4, 8, 16)
+
+
+def test_a_layer_calls_own_cost_is_measured_apart_from_its_experts(monkeypatch):
+    """The probe times the pool as one call and as one call per expert; the difference per call is
+    `layer_ms`. A grouped compute made to sleep 20 ms more per call of a layer's size (here 8
+    experts) shows as most of that (half is the bound: the pool's own pass of 8 small experts
+    would have to be held up by 80 ms to take more; no upper bound, which would time the machine)."""
+    from probes import cpu_expert
+
+    real, sizes = cpu_expert.grouped_experts, set()
+
+    def slow_per_call(x, ids, w, weights_of, num_experts):
+        if num_experts == 8:
+            time.sleep(20e-3)
+        sizes.add(num_experts)
+        return real(x, ids, w, weights_of, num_experts)
+
+    monkeypatch.setattr(cpu_expert, "grouped_experts", slow_per_call)
+    shape = ExpertShape(64, 32, "float32")
+    r = measure_cpu_expert(shape, None, None, pool_bytes=8 * shape.expert_bytes, tokens=(1, 2), samples=3,
+                           layer_experts=8)
+    assert r.layer_experts == 8 and r.layer_ms >= 10.0
+    assert sizes == {8, r.pool_experts}  # the layer's calls, and the pool's one call per sample
+    assert [t for t, _ in r.by_tokens] == [1, 2]
+
+
 def test_pool_holds_distinct_experts_past_the_cache():
     shape = ExpertShape(7168, 2048, "bfloat16")
     assert shape.expert_bytes == 3 * 7168 * 2048 * 2

@@ -11,6 +11,7 @@ import pytest
 from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.core.errors import InputFileError
 from probes.common import DriverReport
+from probes.cpu_expert import TOKENS
 from probes.cuda import CudaReport, same_bus
 from probes.numastat import ToolOutput
 from probes.platform import link_verdict, measure_platform, take_inventory
@@ -115,7 +116,7 @@ def test_cuda_unavailable_keeps_driver_fields(gpu_sources):
                                                                   "torch 2.13.0+cpu is a CPU-only build (no CUDA)"))
     inv = take_inventory("quick", None, src)
     # host copies, and the CPU expert rate on each GPU node (the nodes are known without CUDA)
-    assert inv.measurement_steps == 2 * len(inv.host_plan.sizes_bytes) + 2 * 3
+    assert inv.measurement_steps == 2 * len(inv.host_plan.sizes_bytes) + 2 * len(TOKENS)
     doc = measure_platform(inv, src).to_doc()
     g = doc["gpus"][0]
     assert g["bandwidth"] is None and g["summary"]["h2d_gbps"] is None and g["mem_total_bytes"] == 80 * GIB

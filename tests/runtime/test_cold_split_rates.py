@@ -14,8 +14,9 @@ from runtime.cold_split import ColdSplit
 from runtime.device import choose_device
 from tests.planning.test_coldpath_predictions import cpu_platform
 
-# A GPU's figures (zero-copy 20 GB/s; the CPU 10 GB/s at one token, 2.5 at 16): a non-trivial split.
-GPU_RATES = ColdRates(20.0, ((1, 10.0), (4, 6.0), (16, 2.5)), sync_ms=0.01)
+# A GPU's figures (zero-copy 20 GB/s; the CPU 10 GB/s at one token, 2.5 at 16; its layer call 0.05 ms):
+# a non-trivial split.
+GPU_RATES = ColdRates(20.0, ((1, 10.0), (2, 8.0), (4, 6.0), (16, 2.5)), sync_ms=0.01, layer_ms=0.05)
 
 
 class _Bank:
@@ -50,6 +51,53 @@ def test_the_runtimes_split_share_equals_the_plans_prediction(batch):
     assert (0 < predicted.cpu_share < 1) if batch < 16 else predicted.cpu_share == 0  # 16 tokens: the CPU is slow
     assert report["cpu_share"] == predicted.cpu_share  # exactly: the same rule on the same figures
     assert report["cpu"]["predicted_ms"] + report["gpu"]["predicted_ms"] > 0
+
+
+def test_without_a_gpu_the_device_is_charged_its_layer_call_on_every_layer():
+    """On a CPU the device path's grouped compute runs on every layer call (its hot experts, even
+    none): its prediction is its hot experts plus one `layer_ms` per call, cold experts or not."""
+    def device_predicted(layer_ms: float) -> float:
+        rates = ColdRates(None, ((1, 2.0), (16, 1.0)), 0.02, shared_cpu=True, layer_ms=layer_ms)
+        split = ColdSplit("gpu", rates, choose_device("cpu"))
+        served = np.array([0, -1, -1, -1])  # expert 0 hot
+        for ids in ([[0, 1], [0, 2]], [[0, 0], [0, 0]], [[1, 2], [3, 1]]):  # mixed, hot only, cold only
+            split(torch.zeros(2, 4), torch.tensor(ids), torch.ones(2, 2), _Bank(served, 1 << 20),
+                  lambda ids: torch.zeros(2, 4), lambda x, ids, w: torch.zeros(x.shape[0], 4))
+        report = split.report(1 << 20)
+        split.close()
+        return report["gpu"]["predicted_ms"], report["gpu"]["hot_predicted_ms"]
+
+    (plain, plain_hot), (layered, layered_hot) = device_predicted(0.0), device_predicted(0.5)
+    assert layered == pytest.approx(plain + 3 * 0.5) and layered_hot == pytest.approx(plain_hot + 3 * 0.5)
+
+
+@pytest.mark.parametrize("shared_cpu", [True, False])
+def test_on_one_cpu_the_worker_finishes_before_the_device_part_starts(shared_cpu):
+    """Without a GPU the two paths share the cores and the interpreter lock: run at once they only
+    slowed each other (the model adds them up), so the worker's job ends before the device's
+    starts. With a GPU they overlap: the worker here waits for the device's part to begin."""
+    import threading
+
+    rates = (ColdRates(None, ((1, 2.0),), 0.0, shared_cpu=True) if shared_cpu
+             else ColdRates(None, ((1, 2.0),), 0.0))  # no zero-copy rate: every cold expert to the CPU
+    split = ColdSplit("cpu", rates, choose_device("cpu"))
+    device_began, seen = threading.Event(), {}
+
+    def cpu_compute(x, ids, w):
+        seen["overlapped"] = device_began.wait(timeout=0 if shared_cpu else 10)
+        seen["cpu_done"] = True
+        return torch.zeros(x.shape[0], 4)
+
+    def device_compute(ids):
+        seen["device_saw_cpu_done"] = seen.get("cpu_done", False)
+        device_began.set()
+        return torch.zeros(2, 4)
+
+    bank = _Bank(np.array([0, -1, -1, -1]), 1 << 20)  # expert 0 hot
+    split(torch.zeros(2, 4), torch.tensor([[1, 2], [3, 1]]), torch.ones(2, 2), bank, device_compute, cpu_compute)
+    split.close()
+    assert seen == ({"overlapped": False, "cpu_done": True, "device_saw_cpu_done": True} if shared_cpu
+                    else {"device_saw_cpu_done": False, "overlapped": True, "cpu_done": True})
 
 
 def test_run_uses_a_fitting_platform_and_reports_the_same_share_as_plan(cli, tmp_path):
