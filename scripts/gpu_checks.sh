@@ -160,10 +160,15 @@ step_bench_cold_path() {
 
 # Expert parallelism: 4 ranks sharing the GPU (gloo), NCCL when each rank has a GPU of its own.
 step_ep_run() { run_step ep_run "$1" 60 "${HS[@]}" run tiny-ep4 --steps 10 --json; }
+# The suite's EP tests (every token against the reference, a rebalance mid-run) with every rank on the GPU.
+step_ep_tests() {
+  HOTSPLIT_TEST_EP_DEVICE=cuda run_step ep_tests "$1" 120 "$PY" -m pytest -q -p no:cacheprovider \
+    tests/runtime/test_ep.py -k "reference"
+}
 
 STEPS=(selftest probe bench_full cuda_tests bench_runtime bench_probe)
 [ -f benchmarks/bench_cold_path.py ] && STEPS+=(bench_cold_path)
-STEPS+=(ep_run)
+STEPS+=(ep_run ep_tests)
 FAILED=()
 left=${#STEPS[@]}
 for s in "${STEPS[@]}"; do

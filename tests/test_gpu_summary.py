@@ -70,6 +70,9 @@ def test_script_runs_every_cuda_test_and_bounds_every_step():
     assert "bench_runtime.py \"${args[@]}\"" in text and "--full-size" in text
     assert "[ -f benchmarks/bench_cold_path.py ]" in text
     assert "trap finish EXIT" in text and "gpu_checks.tar.gz" in text and "summary.txt" in text
+    # the EP tests run with every rank on the GPU
+    assert re.search(r"HOTSPLIT_TEST_EP_DEVICE=cuda run_step ep_tests .*\n.*tests/runtime/test_ep\.py", text)
+    assert re.search(r"STEPS\+=\(ep_run ep_tests\)", text)
 
 
 def test_failed_ids_from_result_lines_and_short_summary_each_once():

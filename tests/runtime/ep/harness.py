@@ -13,6 +13,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[3]
 JOB_TIMEOUT_S = 240  # a few tiny steps on 4 ranks of a loaded 2-core machine
+# The ranks' device: the CPU in the suite; scripts/gpu_checks.sh sets cuda, so the same tests run
+# with every rank on the one GPU (gloo moves the exchange through host memory).
+EP_TEST_DEVICE = os.environ.get("HOTSPLIT_TEST_EP_DEVICE", "cpu")
 
 
 def tiny_ep_recipe(path: Path, ep: int, **over) -> Path:
@@ -25,7 +28,7 @@ def tiny_ep_recipe(path: Path, ep: int, **over) -> Path:
         "parallel": {"tp": 1, "ep": ep},
         "hardware": {"gpu": "cpu-test", "gpu_mem_gib": 0.5},
         "traffic": {"kind": "synthetic", "batch": 5, "skew": 1.2, "seed": 3},
-        "run": {"steps": 6, "device": "cpu", "seed": 1},
+        "run": {"steps": 6, "device": EP_TEST_DEVICE, "seed": 1},
         "hotsplit": {"hot_gib": 3072 / 2**30, "dynamic": 1, "dyn_steps": 2, "dyn_max_swaps": 1, "dyn_margin": 1.0,
                      "vram_reserve_gib": 0.0},
     }

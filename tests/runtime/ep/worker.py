@@ -55,10 +55,14 @@ def _capture(self, routed):
         (Path(sys.argv[2]) / f"mem{os.environ['RANK']}.json").write_text(json.dumps(_shared_bank_memory()))
         dist.barrier()
     _step(self, routed)
-    x = self.x_TH.clone()  # this step's input: drawn at the start of the step
+    x = self.x_TH.detach().cpu().clone()  # this step's input: drawn at the start of the step
     ids, w = routed
-    captured.append((x.numpy(), np.asarray(ids), None if w is None else np.asarray(w), self.out_TH.numpy().copy(),
+    captured.append((x.numpy(), _host(ids), None if w is None else _host(w), self.out_TH.detach().cpu().numpy().copy(),
                      self.model.hot_LE().copy()))
+
+
+def _host(a) -> np.ndarray:
+    return a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
 
 
 def _fixed_rates(bank, info):
