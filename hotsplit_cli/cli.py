@@ -82,6 +82,13 @@ def _register() -> None:
 _register()
 
 
+def _said_by_rank_zero(exit_code: int) -> bool:
+    """Under torchrun every rank is this same command line, so a refused flag, knob or recipe
+    value (exit 2) is refused by every rank alike: rank 0 says it for the job and the others
+    exit 2 without a line, as with a plain start."""
+    return exit_code == 2 and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and os.environ.get("RANK", "0") != "0"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one-line errors, exit 1 (2 for usage), tracebacks only with --debug."""
     argv = sys.argv[1:] if argv is None else argv
@@ -95,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     except HotsplitError as exc:
         if debug_on() and exc.message:
             raise
-        if exc.message:  # an empty one was already reported (a rank's error, by its launcher)
+        if exc.message and not _said_by_rank_zero(exc.exit_code):  # empty: already reported (by its launcher)
             print(exc.render(), file=sys.stderr)
         return exc.exit_code
     except typer.Exit as exc:
@@ -115,8 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         if type(exc).__name__ == "NoArgsIsHelpError":
             print(exc.format_message(), file=sys.stderr)  # the help text itself
             return 2
-        print(one_line_error(exc.format_message(), f"see `{cmd}`"), file=sys.stderr)
-        return getattr(exc, "exit_code", 2)
+        code = getattr(exc, "exit_code", 2)
+        if not _said_by_rank_zero(code):
+            print(one_line_error(exc.format_message(), f"see `{cmd}`"), file=sys.stderr)
+        return code
     except Exception as exc:  # noqa: BLE001 - a bug, not a refusal: one line unless --debug
         if debug_on():
             raise

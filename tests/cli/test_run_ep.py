@@ -218,3 +218,13 @@ def test_plot_adds_each_ranks_load(tmp_path):
 
     height, width = matplotlib.image.imread(png).shape[:2]
     assert (width, height) == (1300, 400)  # two panels: hit rates and the per-rank loads
+
+
+def test_under_torchrun_a_bad_knob_is_said_once_for_the_job(tmp_path):
+    """Each rank is the same command line and refuses the same value: rank 0 says it, once."""
+    done = run_job(torchrun(2, ["-m", "hotsplit_cli", "run", "tiny-ep4", "--eplb-steps", "-1",
+                                "--log-jsonl", str(tmp_path / "ep.jsonl")]))
+    assert done.returncode != 0
+    lines = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert lines == ["error: --eplb-steps: must be >= 0, got -1"], done.stderr[-3000:]
+    assert not (tmp_path / "ep.jsonl").exists()
