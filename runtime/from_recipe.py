@@ -18,7 +18,7 @@ from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import InputFileError, UsageError
 from hotsplit_cli.hotset.budget import resolve_hot_budget
-from hotsplit_cli.hotset.planfile import load_plan
+from hotsplit_cli.hotset.planfile import PlanFile, load_plan
 from hotsplit_cli.hotset.planner import plan_hot_set
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.hist import load_hist
@@ -89,10 +89,11 @@ def _cold_path_doc(engine: Engine) -> dict:
     return {"mode": split.mode if split else "gpu", "rates": split.rates_source if split else None}
 
 
-def read_plan_file(path: str | Path, recipe: Recipe, expert_bytes: int) -> PlanChoice:
-    """Rank 0's hot set [L, E], expected hit rate and origin from a `hotsplit.plan/1` file."""
+def read_plan_file(path: str | Path, recipe: Recipe, expert_bytes: int, plan: PlanFile | None = None) -> PlanChoice:
+    """Rank 0's hot set [L, E], expected hit rate and origin from a `hotsplit.plan/1` file
+    (`plan`: that file, when the caller has read it already)."""
     m = recipe.model
-    plan = load_plan(path)
+    plan = load_plan(path) if plan is None else plan
     hot_LE = plan.hot_LE(m.moe_layer_ids, m.num_experts, model=recipe.name)
     return PlanChoice(hot_LE, plan.hit_rate, str(path), None, int(hot_LE.sum()) * expert_bytes,
                       plan.made_from or f"{path} (it records no histogram)")
@@ -109,11 +110,12 @@ def _check_memory(geom: MoEGeometry, layers: int, dtype: torch.dtype, info: Devi
 def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = None,
                 trace_path: str | Path | None = None, steps: int | None = None, scale: float | None = None,
                 dtype: torch.dtype | None = None, advance: Callable[[int], None] | None = None,
-                platform_path: str | Path | None = None, ep=None) -> Prepared:
+                platform_path: str | Path | None = None, ep=None, plan_file: PlanFile | None = None) -> Prepared:
     """Build everything a run needs; every check that can refuse happens before allocation.
     `advance(1)` is called as each MoE layer's weights are made (the slow part of a large recipe).
     `ep`: this rank's part of an expert-parallel run (runtime/distributed/rank.py RankHooks): its tokens,
-    its plan among the experts placed on it, the node-shared cold bank and the exchange."""
+    its plan among the experts placed on it, the node-shared cold bank and the exchange.
+    `plan_file`: the file at `plan_path`, when the caller has read (and checked) it already."""
     if recipe.parallel.ep > 1 and ep is None:
         raise UsageError(f"parallel.ep is {recipe.parallel.ep}: an expert-parallel recipe runs on its ranks",
                          "run it with `hotsplit run` (it starts the ranks) or under torchrun")
@@ -192,7 +194,7 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     if ep is not None:
         plan = ep.plan(counts_LE, expert_bytes, plan_path, lambda: resolve_hot_budget(recipe, knobs, platform), traffic)
     elif plan_path is not None:
-        plan = read_plan_file(plan_path, recipe, expert_bytes)
+        plan = read_plan_file(plan_path, recipe, expert_bytes, plan_file)
     else:
         budget = resolve_hot_budget(recipe, knobs, platform).budget_bytes
         p = plan_hot_set(counts_LE, expert_bytes, budget)

@@ -49,7 +49,7 @@ def run(
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path, "eplb_steps": eplb_steps,
                                                   "ep_exchange": ep_exchange})
     _check_options(rec, platform, (trace, steps, scale), plot)
-    check_run_inputs(rec, plan, trace)  # before anything is built
+    plan_file = check_run_inputs(rec, plan, trace)  # before anything is built
     if rec.parallel.ep > 1:  # the ranks of an expert-parallel run
         return _expert_parallel(out, rec, knobs, plan, trace, steps, scale, log_jsonl, plot, platform)
     if rec.model.kind == "hf":
@@ -60,7 +60,7 @@ def run(
 
     with out.progress(f"building {rec.model.num_moe_layers} MoE layers", rec.model.num_moe_layers) as advance:
         prepared = prepare_run(rec, knobs, plan_path=plan, trace_path=trace, steps=steps, scale=scale,
-                               advance=advance, platform_path=platform)
+                               advance=advance, platform_path=platform, plan_file=plan_file)
     tune_cpu_threads(prepared.info)
     for note in prepared.notes:
         out.note(f"note: {note}")

@@ -399,16 +399,20 @@ def load_plan(path: str | os.PathLike) -> PlanFile:
                     doc.get("recipe") if isinstance(doc.get("recipe"), str) else None, placement, rates)
 
 
-def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | None) -> None:
+def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | None) -> PlanFile | None:
     """What `run` reads, checked before anything is built: the plan exists, is a plan and fits
-    the recipe; the trace exists and is a trace (its contents are checked as it is loaded)."""
+    the recipe; the trace exists and is a trace (its contents are checked as it is loaded).
+    Returns the plan read, so that the run uses it instead of reading the file again."""
+    plan = None
     if plan_path is not None:
         m = recipe.model
-        load_plan(plan_path).hot_LE(m.moe_layer_ids, m.num_experts, model=recipe.name)
+        plan = load_plan(plan_path)
+        plan.hot_LE(m.moe_layer_ids, m.num_experts, model=recipe.name)
     if trace_path is not None:
         from hotsplit_cli.traffic.trace import check_trace_file
 
         check_trace_file(trace_path)
+    return plan
 
 
 def _made_from(hist: object) -> str | None:

@@ -40,3 +40,25 @@ def test_a_plan_of_another_recipe_names_both(cli, tmp_path, no_runtime):
     assert r.err.startswith(f"error: {plan}: a plan for recipe 'deepseek-v3' (expert ids up to 255, MoE layers 3..60) "
                             "but recipe 'tiny' has 32 experts per layer in MoE layers 1..4; use the recipe the plan "
                             "was made for, or plan for 'tiny' with `hotsplit plan`"), r.err
+
+
+def test_a_single_rank_run_reads_its_plan_file_once(cli, tmp_path, monkeypatch):
+    """The input check reads and checks the plan; the run uses what it read."""
+    from hotsplit_cli.hotset import planfile
+    from runtime import from_recipe
+
+    hist, plan = tmp_path / "h.json", tmp_path / "p.json"
+    assert cli("balance", "tiny", "--steps", "2", "-o", hist).code == 0
+    assert cli("plan", hist, "--recipe", "tiny", "-o", plan).code == 0
+    reads = []
+    real = planfile.load_plan
+
+    def counted(path):
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(planfile, "load_plan", counted)
+    monkeypatch.setattr(from_recipe, "load_plan", counted)
+    r = cli("run", "tiny", "--plan", plan, "--steps", "2", "--json")
+    assert r.code == 0, r.err
+    assert len(reads) == 1
