@@ -71,11 +71,15 @@ def timed_rows(rows: dict, rounds: int = ROUNDS) -> dict:
     return out
 
 
+def load_counts(path: Path) -> np.ndarray:
+    """One SGLang distribution as counts [58 MoE layers, 256 experts] (rows 0-2: dense layers)."""
+    return np.array(json.loads(path.read_text())["logical_count"], dtype=float)[3:]
+
+
 def load_pairs() -> tuple[str, list[tuple[str, np.ndarray, np.ndarray]]]:
     paths = [(ROUTING / f"sglang-r1-{a}.json", ROUTING / f"sglang-r1-{b}.json") for a, b in PAIRS]
     if all(p.exists() for pair in paths for p in pair):
-        def load(p):
-            return np.array(json.loads(p.read_text())["logical_count"], dtype=float)[3:]  # rows 0-2: dense
+        load = load_counts
         return f"real: {ROUTING}", [(f"{a} -> {b}", load(pa), load(pb))
                                     for (a, b), (pa, pb) in zip(PAIRS, paths, strict=True)]
     print(f"note: {ROUTING} is absent (see the routing README); using synthetic counts")

@@ -10,13 +10,12 @@ Geometry as bench_place.py: DeepSeek-V3 (58 MoE layers x 256 experts, n_group 8)
 32 redundant, flat and 4 nodes. Data: `../shared/data/routing` next to the repository (not in
 the repository); without it the script says so and exits.
 
-Run: .venv/bin/python benchmarks/bench_place_pairs.py   (about a minute: EPLB's port is slow)
+Run: .venv/bin/python benchmarks/bench_place_pairs.py   (a few seconds: it uses the numpy port)
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import sys
 from pathlib import Path
 
@@ -24,13 +23,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import eplb_port  # noqa: E402
+from bench_place import GROUPS, NODES, RANKS, REDUNDANT, ROUTING, E, L, load_counts  # noqa: E402
 
 from hotsplit_cli.placement.algorithm import Geometry, Placement, place_experts  # noqa: E402
 from hotsplit_cli.placement.evaluate import evaluate  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-ROUTING = ROOT.parent / "shared" / "data" / "routing"
-L, E, RANKS, REDUNDANT, GROUPS, NODES = 58, 256, 32, 32, 8, 4
 MODES = (("flat", 1, 1), ("hier", NODES, GROUPS))
 
 
@@ -39,8 +36,7 @@ def main() -> int:
     if len(files) < 2:
         print(f"skipped: no SGLang distributions at {ROUTING} (see the routing README)")
         return 0
-    counts = {f.stem.removeprefix("sglang-r1-"): np.array(json.loads(f.read_text())["logical_count"],
-                                                           dtype=float)[3:] for f in files}  # rows 0-2: dense
+    counts = {f.stem.removeprefix("sglang-r1-"): load_counts(f) for f in files}
     print(f"data: {ROUTING}; {len(counts)} files, {len(counts) * (len(counts) - 1)} ordered pairs x 2 modes")
     gaps = {m: [] for m, _, _ in MODES}
     eplb_means = {m: [] for m, _, _ in MODES}
