@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     # fp8 recipes keep their experts fp8 where the kernels run, as `hotsplit run` does.
     fp8 = RELEASE_FP8 if recipe.model.expert_dtype == "fp8" and info.triton else None
     rows = []
+    load = os.getloadavg()
     for batch in (1, 8, 64):
         for hot in (1.0, 0.5, 0.1):
             try:
@@ -109,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                                             fp8=fp8))
             except Exception as exc:  # a CUDA error included: this row's error, the others still run
                 rows.append({"batch": batch, "hot_fraction": hot, "error": error_line(exc)})
-    doc = {"recipe": recipe.name, "device": info.name, "kernel": "triton" if info.triton else "torch-grouped",
+    doc = {"load_average": [load[0], os.getloadavg()[0]],
+           "recipe": recipe.name, "device": info.name, "kernel": "triton" if info.triton else "torch-grouped",
            "geometry": geom.__dict__, "layers": layers, "dtype": str(dtype),
            "experts": fp8.describe() if fp8 else name, "rows": rows}
     failed = sum("error" in r for r in rows)
@@ -118,15 +121,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if failed else 0
     print(f"{recipe.name} on {info.name} ({doc['kernel']}, experts {doc['experts']}), {layers} MoE layers, "
           f"hidden {geom.hidden}, "
-          f"inter {geom.inter}, {geom.num_experts} experts, top-{geom.top_k}; median of {args.reps}")
-    print("| batch | hot | runtime ms | reference ms | runtime / reference |")
+          f"inter {geom.inter}, {geom.num_experts} experts, top-{geom.top_k}; median of {args.reps} interleaved pairs, "
+          f"ratio spread p10-p90 over the pairs; load average {load[0]:.1f} -> {os.getloadavg()[0]:.1f}")
+    print("| batch | hot | runtime ms | reference ms | runtime / reference (p10-p90) |")
     print("| ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         if "error" in r:
             print(f"| {r['batch']} | {100 * r['hot_fraction']:.0f}% | error: {r['error']} | | |")
             continue
         print(f"| {r['batch']} | {100 * r['hot_fraction']:.0f}% | {r['runtime_ms']:.3f} | {r['reference_ms']:.3f} "
-              f"| {r['ratio']:.3f} |")
+              f"| {r['ratio']:.3f} ({r['ratio_p10']:.2f}-{r['ratio_p90']:.2f}) |")
     return 1 if failed else 0
 
 

@@ -112,3 +112,24 @@ def test_ctrl_c_is_not_swallowed():
     info = choose_device("cpu")
     with pytest.raises(KeyboardInterrupt):
         selftest.isolated("x", _raise(KeyboardInterrupt()), info)
+
+
+def test_step_time_ratio_spread_is_over_the_interleaved_pairs(monkeypatch):
+    """The ratio is of the two medians; its spread, the 10th-90th percentile of run/reference over
+    the pairs, each pair timed back to back (the fake clock hands out the durations in call order)."""
+    run = [2.0, 2.0, 3.0, 2.0, 10.0, 2.0, 2.0, 2.0, 2.0, 2.0]
+    ref = [1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 1.0]
+    durations = iter([x for pair in zip(run, ref, strict=True) for x in pair])
+    calls = []
+
+    def fake_time_ms(fn, info, reps):
+        calls.append(reps)  # the warm-up steps call the model directly, never through time_ms
+        return next(durations)
+
+    monkeypatch.setattr(selftest, "time_ms", fake_time_ms)
+    r = selftest.step_time_ratio(choose_device("cpu"), torch.float32, batch=2, hot_fraction=0.5, reps=len(run))
+    assert (r["runtime_ms"], r["reference_ms"]) == (2.0, 2.0) and r["ratio"] == 1.0
+    pairs = sorted(a / b for a, b in zip(run, ref, strict=True))  # 1.0 x6, 1.5, 2.0, 2.0, 5.0
+    assert r["ratio_p10"] == pytest.approx(1.0)
+    assert r["ratio_p90"] == pytest.approx(pairs[8] + 0.1 * (pairs[9] - pairs[8]))  # numpy's linear rule: 2.3, not 5
+    assert len(calls) == len(run) * 2
