@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -58,7 +60,10 @@ def predicted_ms(ids_LTK: torch.Tensor, bank, rates: ColdRates, mode: str) -> fl
     return total * 1e3
 
 
-def rows(model, g, spec, info, rates: ColdRates) -> list[dict]:
+def rows(model, g, spec, info, rates: ColdRates, rounds: int) -> list[dict]:
+    """Each batch's three modes, `rounds` times, the modes taking turns at going first (a load
+    change hits every mode alike); per mode the median step and achieved / predicted with its
+    spread (min-max over rounds)."""
     bank = model.banks[0]
     device_compute = model.compute
     splits = {m: ColdSplit(m, rates, info) for m in ("cpu", "split")}
@@ -70,14 +75,26 @@ def rows(model, g, spec, info, rates: ColdRates) -> list[dict]:
         distinct = sum(len(np.unique(i)) for i in ids.cpu().numpy())
         cold_bytes = distinct * bank.expert_bytes
         row = {"batch": batch, "cold_experts": distinct, "cold_bytes": cold_bytes}
+        times: dict[str, list[float]] = {m: [] for m in MODES}
+        for r in range(rounds):
+            for mode in MODES[r % 3:] + MODES[:r % 3]:
+                if f"{mode}_error" in row:
+                    continue
+                try:
+                    model.compute = device_compute if mode == "gpu" else SplitExperts(device_compute, splits[mode])
+                    times[mode].append(per_call_ms(lambda ids=ids, w=w, x=x: model.step(x, ids, w), info))
+                except Exception as exc:  # noqa: BLE001 - one row's failure is that row's error
+                    row[f"{mode}_error"] = error_line(exc)
+                finally:
+                    model.compute = device_compute
         for mode in MODES:
-            try:
-                model.compute = device_compute if mode == "gpu" else SplitExperts(device_compute, splits[mode])
-                row[f"{mode}_ms"] = per_call_ms(lambda ids=ids, w=w, x=x: model.step(x, ids, w), info)
-                row[f"{mode}_predicted_ms"] = predicted_ms(ids, bank, rates, mode)
-            except Exception as exc:  # noqa: BLE001 - one row's failure is that row's error
-                row[f"{mode}_error"] = error_line(exc)
-        model.compute = device_compute
+            if f"{mode}_error" in row:
+                continue
+            pred = row[f"{mode}_predicted_ms"] = predicted_ms(ids, bank, rates, mode)
+            row[f"{mode}_ms"] = statistics.median(times[mode])
+            row[f"{mode}_ms_rounds"] = times[mode]
+            row[f"{mode}_vs_predicted"] = [statistics.median(times[mode]) / pred, min(times[mode]) / pred,
+                                           max(times[mode]) / pred]
         ideal_gbps = (rates.zero_copy_gbps or 0) + rates.cpu_gbps(batch * g.top_k / g.num_experts)
         row["ideal_split_ms"] = cold_bytes / (ideal_gbps * 1e9) * 1e3 if ideal_gbps else None
         if row.get("split_ms") and row["ideal_split_ms"]:
@@ -94,8 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--platform", help="platform.json from `hotsplit probe` (else the rates are measured now)")
     ap.add_argument("--scale", type=float, default=1.0, help="shrink hidden sizes (a CPU-sized check)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per batch (default 5)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        print("error: --rounds must be at least 1", file=sys.stderr)
+        return 2
     info = choose_device("auto")
     if args.scale >= 1.0 and not info.is_cuda:
         print("error: full-size experts need a CUDA GPU; pass --scale 0.1 for a CPU-sized check", file=sys.stderr)
@@ -104,24 +125,35 @@ def main(argv: list[str] | None = None) -> int:
     spec, g, model = build(args.scale, info)
     platform = load_platform(args.platform) if args.platform else None
     split = make_split("split", info, model.banks[0], platform)
-    doc = {"model": spec.name, "scale": args.scale, "device": info.name, "kernel": model.compute.name,
+    load = os.getloadavg()[0]
+    doc = {"model": spec.name, "rounds": args.rounds, "scale": args.scale, "device": info.name,
+           "kernel": model.compute.name,
            "rates": split.rates_source, "expert_bytes": model.banks[0].expert_bytes,
            "cpu_rate_share_of_link": (split.rates.cpu_gbps(1) / split.rates.zero_copy_gbps
                                       if split.rates.zero_copy_gbps else None),
-           "rows": rows(model, g, spec, info, split.rates)}
+           "rows": rows(model, g, spec, info, split.rates, args.rounds)}
+    doc["load_average"] = [load, os.getloadavg()[0]]
     split.close()
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        print(f"{doc['model']} (scale {args.scale:g}) on {doc['device']}, every expert cold; rates: {doc['rates']}")
-        print(f"{'batch':>5} {'gpu ms':>9} {'cpu ms':>9} {'split ms':>9} {'pred split':>10} {'ideal':>9} "
-              f"{'split/ideal':>11} {'split/gpu':>9}")
+        print(f"{doc['model']} (scale {args.scale:g}) on {doc['device']}, every expert cold; {args.rounds} interleaved "
+              f"rounds, median (min-max); load average {load:.1f} -> {doc['load_average'][1]:.1f}; "
+              f"rates: {doc['rates']}")
+        print("| batch | mode | ms | predicted ms | achieved / predicted | split / ideal | split / gpu |")
+        print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
         for r in doc["rows"]:
-            def f(k, fmt="9.3f", r=r):
-                v = r.get(k)
-                return format(v, fmt) if isinstance(v, float) else f"{'-':>{fmt.split('.')[0]}}"
-            print(f"{r['batch']:>5} {f('gpu_ms')} {f('cpu_ms')} {f('split_ms')} {f('split_predicted_ms', '10.3f')} "
-                  f"{f('ideal_split_ms')} {f('split_vs_ideal', '11.2f')} {f('split_vs_gpu', '9.2f')}")
+            for mode in MODES:
+                if f"{mode}_error" in r:
+                    print(f"| {r['batch']} | {mode} | error: {r[f'{mode}_error']} | | | | |")
+                    continue
+                med, lo, hi = r[f"{mode}_vs_predicted"]
+                extra = "| | |"
+                if mode == "split":
+                    extra = " | ".join(f"{r[k]:.2f}" if r.get(k) else "-" for k in ("split_vs_ideal", "split_vs_gpu"))
+                    extra = f"| {extra} |"
+                print(f"| {r['batch']} | {mode} | {r[f'{mode}_ms']:.3f} | {r[f'{mode}_predicted_ms']:.3f} "
+                      f"| {med:.2f} ({lo:.2f}-{hi:.2f}) {extra}")
         print("targets: split/ideal <= 1.15; split/gpu < 1 when the CPU rate is >= 20% of the link rate")
     return 1 if any(k.endswith("_error") for r in doc["rows"] for k in r) else 0
 

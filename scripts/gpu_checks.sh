@@ -155,7 +155,7 @@ step_bench_cold_path() {
   local args=()
   [ "$HAS_CUDA" = 1 ] || args+=(--scale 0.1)  # a CPU checks the script CPU-sized
   [ -s "$W/probe.out" ] && args+=(--platform "$W/probe.out")  # the probe's rates, as `run --platform` takes them
-  run_step bench_cold_path "$1" 40 "$PY" benchmarks/bench_cold_path.py "${args[@]}"
+  run_step bench_cold_path "$1" 40 "$PY" benchmarks/bench_cold_path.py --rounds 3 "${args[@]}"
 }
 
 # Expert parallelism: 4 ranks sharing the GPU (gloo), NCCL when each rank has a GPU of its own.
