@@ -17,8 +17,9 @@ CPU nothing), so that its device time is measured and predicted alike.
 `--clock cpu` times everything the run and its rate measurement time (probes/timing.py, the cold
 paths' counters) by the CPU time of the thread doing it instead of the wall clock: what the same
 work takes where no other process shares the cores. On a shared machine it shows the cost model's
-own error apart from the load, which moves between the run's rate measurement (about a second)
-and the run itself; the wall clock is what a user sees. The load average is printed per case.
+own error apart from the load, which moves between the run's rate measurement (35 passes over a
+64 MiB pool, runtime/cold_split.py CALIBRATION_POOL_BYTES) and the run itself; the wall clock is
+what a user sees. The load average is printed per case.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def measure(recipe: str, scale: float, steps: int, rounds: int, platform: str | 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", help="one recipe (default: tiny, and mixtral-8x7b at scale 1/16)")
+    ap.add_argument("--recipe", help="one recipe (default: " + ", ".join(
+        f"{r} at scale {s:g} for {n} steps" for r, s, n in DEFAULT_CASES) + ")")
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)

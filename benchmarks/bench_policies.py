@@ -5,7 +5,8 @@ folder's README; not in the repository). Without it the script says so and exits
 Geometry: the deepseek-v2-lite recipe (26 MoE layers x 64 experts, top-6); 416 of the 1,664
 experts hot (a quarter), the budget `simulate --hot-gib` would get from 416 x expert bytes.
 The static hot set is fitted on the other task's counts (what `simulate --fit HIST` does), or on
-the same task's (the stationary check: there static is also the hindsight set).
+the same task's (the stationary check: there static is also the hindsight set). A line before the
+table says how far apart the two fitted hot sets are, per layer (min-max over layers).
 
 Rows: every policy of `simulate` at the seed knobs (dyn_max_swaps 2, dyn_margin 1.25) and
 dyn_steps 8 and 32; the rule shipped before (the last window's counts, i-th strongest cold
@@ -134,6 +135,7 @@ def main() -> int:
     mib = size / (1 << 20)
     print(f"data: {DATA}; deepseek-v2-lite, {HOT_EXPERTS} hot experts of {mib:.2f} MiB; "
           f"dyn_max_swaps {MAX_SWAPS}, dyn_margin {MARGIN}; default dyn_decay {DYN_DECAY}")
+    fitted_distance(counts, size)
     print("| fit -> replay | dyn_steps | policy | hit rate | of hindsight | PCIe MiB/step | experts copied |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
     for fit, replay in (("intent", "law"), ("law", "intent"), ("law", "law"), ("intent", "intent")):
@@ -163,6 +165,20 @@ def main() -> int:
                       f"{label} | {100 * b:.2f}% | {b / best:.4f} | - | - |")
     synthetic_drift(size)
     return 0
+
+
+def fitted_distance(counts: dict, size: int) -> None:
+    """How far apart the two tasks' fitted hot sets are, layer by layer (min-max over layers):
+    what a window-capped swap rule has to cover when it starts on the other task's fit."""
+    hot = {t: plan_hot_set(counts[t].sum(axis=0), size, HOT_EXPERTS * size).hot_RLE[0] for t in TASKS}
+    a, b = (hot[t] for t in TASKS)
+
+    def span(x) -> str:
+        return f"{int(x.min())}-{int(x.max())}"
+    print(f"fitted hot sets, {TASKS[0]} vs {TASKS[1]}, per layer (min-max over {a.shape[0]} layers): "
+          f"{span((a ^ b).sum(axis=1))} experts hot in one fit and not the other "
+          f"({span((a & ~b).sum(axis=1))} {TASKS[0]} only, {span((b & ~a).sum(axis=1))} {TASKS[1]} only); "
+          f"hot experts per layer {span(a.sum(axis=1))} {TASKS[0]}, {span(b.sum(axis=1))} {TASKS[1]}")
 
 
 def synthetic_drift(size: int) -> None:

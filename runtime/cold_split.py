@@ -205,7 +205,9 @@ class SplitExperts:
             lambda x, ids, w: grouped_experts(x, ids, w, bank.host_weights_of, bank.num_experts))
 
 
-CALIBRATION_POOL_BYTES = 64 << 20  # a quick measurement at the start of a run: about a second
+# A quick measurement at the start of a run: the pool is read 35 times (a warm-up and 5 samples at
+# each of probes/cpu_expert.py's 5 TOKENS, and 5 passes of one call per expert for the layer call).
+CALIBRATION_POOL_BYTES = 64 << 20
 
 
 def measure_rates(bank, info: DeviceInfo, zero_copy_gbps: float | None = None) -> tuple[ColdRates, str]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check from one short lease, within 6 minutes on an H200: runtime selftest, probe,
+# Every GPU check from one short lease, within GPU_CHECKS_BUDGET_S (below): runtime selftest, probe,
 # full-size side-by-side benchmark, the test suite's CUDA tests (all of them: no -x), runtime and
 # probe benchmarks. A step that fails is re-run once with CUDA_LAUNCH_BLOCKING=1 (its first logs
 # kept; for the tests only the failing ids) while the budget allows.

@@ -43,3 +43,21 @@ def test_a_package_without_the_algorithm_files_is_named(tmp_path, monkeypatch):
         monkeypatch.delitem(sys.modules, mod)
     mods, how = load_benchmark("bench_place").sglang_algorithms()
     assert mods is None and how.startswith("sglang has no ") and how.endswith("deepseek.py")
+
+
+def test_the_flat_only_row_quotes_eplbs_mean_over_the_same_pair_modes(capsys):
+    """The variance row is flat only; the EPLB mean beside it is computed over the flat
+    pair-modes of the EPLB row printed above it, not written into the label."""
+    import numpy as np
+
+    bench = load_benchmark("bench_place")
+    rng = np.random.default_rng(3)
+    pairs = [(f"p{i}", rng.gamma(0.5, size=(bench.L, bench.E)) * 1e5,
+              rng.gamma(0.5, size=(bench.L, bench.E)) * 1e5) for i in range(2)]
+    bench.later_window_methods(pairs)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in capsys.readouterr().out.splitlines()}
+    eplb = [float(x) for x in rows["EPLB port (reference)"].split(" | ")[1].split()]
+    assert len(eplb) == 4  # flat, hier per pair
+    (label,) = [k for k in rows if k.startswith("replicas by variance")]
+    assert label.endswith(f"(flat only: mean of the flat pairs, EPLB {np.mean(eplb[0::2]):.4f})")
+    assert rows[label].split(" | ")[1].split()[1::2] == ["-", "-"]
