@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -24,6 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reporting import load_average, load_span  # noqa: E402
 
 from hotsplit_cli.config.platform_file import load_platform  # noqa: E402
 from hotsplit_cli.hotset.coldpath import ColdRates, split_cold  # noqa: E402
@@ -125,20 +127,20 @@ def main(argv: list[str] | None = None) -> int:
     spec, g, model = build(args.scale, info)
     platform = load_platform(args.platform) if args.platform else None
     split = make_split("split", info, model.banks[0], platform)
-    load = os.getloadavg()[0]
+    load = load_average()
     doc = {"model": spec.name, "rounds": args.rounds, "scale": args.scale, "device": info.name,
            "kernel": model.compute.name,
            "rates": split.rates_source, "expert_bytes": model.banks[0].expert_bytes,
            "cpu_rate_share_of_link": (split.rates.cpu_gbps(1) / split.rates.zero_copy_gbps
                                       if split.rates.zero_copy_gbps else None),
            "rows": rows(model, g, spec, info, split.rates, args.rounds)}
-    doc["load_average"] = [load, os.getloadavg()[0]]
+    doc["load_average"] = [load, load_average()]
     split.close()
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
         print(f"{doc['model']} (scale {args.scale:g}) on {doc['device']}, every expert cold; {args.rounds} interleaved "
-              f"rounds, median (min-max); load average {load:.1f} -> {doc['load_average'][1]:.1f}; "
+              f"rounds, median (min-max); {load_span(load)}; "
               f"rates: {doc['rates']}")
         print("| batch | mode | ms | predicted ms | achieved / predicted | split / ideal | split / gpu |")
         print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")

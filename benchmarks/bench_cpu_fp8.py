@@ -14,14 +14,15 @@ of each column, the ratio's included (the ratio of each round's two passes).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from reporting import load_average, load_span, spread  # noqa: E402
 
 from probes.cpu_expert import swiglu_expert  # noqa: E402
 from runtime.device import choose_device, tune_cpu_threads  # noqa: E402
@@ -49,10 +50,6 @@ def interleaved(a, b, rounds: int) -> tuple[list[float], list[float]]:
     return out_a, out_b
 
 
-def spread(xs: list[float], fmt: str) -> str:
-    return f"{statistics.median(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hidden", type=int, default=2048)  # DeepSeek-V2-Lite's expert (config.json)
@@ -69,10 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     q13, q2 = b13.to(FP8), b2.to(FP8)
     s13 = torch.full((n, 2, *fmt.scale_shape(inter, H)), 1e-3)
     s2 = torch.full((n, *fmt.scale_shape(H, inter)), 1e-3)
-    print(f"one expert {H}x{inter}, {n} experts, {torch.get_num_threads()} thread(s) (the runtime's CPU setting), "
-          f"{args.rounds} interleaved rounds; GB/s of stored weights, median (min-max)")
-    print("| tokens | bf16 | fp8 dequantised | ratio |")
-    print("| --- | --- | --- | --- |")
+    load, lines = load_average(), []
     for tokens in (1, 16):
         x = torch.full((tokens, H), 0.5, dtype=torch.bfloat16)
         bf16, fp8 = interleaved(
@@ -81,7 +75,12 @@ def main(argv: list[str] | None = None) -> int:
                 torch, x, *dequantize_swiglu(q13[e], s13[e], q2[e], s2[e], fmt, torch.bfloat16)), n, 3 * H * inter),
             args.rounds)
         ratios = [a / b for a, b in zip(bf16, fp8, strict=True)]
-        print(f"| {tokens} | {spread(bf16, '.2f')} | {spread(fp8, '.2f')} | {spread(ratios, '.1f')}x |")
+        lines.append(f"| {tokens} | {spread(bf16, '.2f')} | {spread(fp8, '.2f')} | {spread(ratios, '.1f')}x |")
+    print(f"one expert {H}x{inter}, {n} experts, {torch.get_num_threads()} thread(s) (the runtime's CPU setting), "
+          f"{args.rounds} interleaved rounds; GB/s of stored weights, median (min-max); {load_span(load)}")
+    print("| tokens | bf16 | fp8 dequantised | ratio |")
+    print("| --- | --- | --- | --- |")
+    print("\n".join(lines))
     return 0
 
 

@@ -3,11 +3,12 @@
 A random Qwen3-MoE-shaped checkpoint (made up, small enough for a CPU: hidden 256, 4 layers,
 32 experts, top-4) is saved to a temporary folder and loaded twice: by transformers (its eager
 and its default `grouped_mm` experts) and by hotsplit (experts in the cold bank, a share hot).
-Each generates the same tokens; runs are interleaved in one process and the median time of
-each is printed with its ratio to transformers' eager experts. `--fp8` also saves a
+Each generates the same tokens; runs are interleaved in one process (every other round in reverse
+order) and the median time of each is printed with its ratio to transformers' eager experts in the
+same round: median and spread (min-max) over rounds. `--fp8` also saves a
 block-scaled fp8 copy and times hotsplit on it (experts dequantised when computed).
 
-    .venv/bin/python benchmarks/bench_hf.py [--fp8] [--hot 0.5] [--tokens 24] [--reps 3]
+    .venv/bin/python benchmarks/bench_hf.py [--fp8] [--hot 0.5] [--tokens 24] [--reps 5]
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reporting import load_average, load_span  # noqa: E402
 
 from hotsplit_cli.hotset.sizes import FP8_BLOCK  # noqa: E402
 
@@ -76,7 +80,7 @@ def main() -> None:
     ap.add_argument("--hot", type=float, default=0.5, help="share of each layer's experts kept hot")
     ap.add_argument("--tokens", type=int, default=24, help="new tokens per sequence")
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5, help="timed rounds, after one warm-up round")
     ap.add_argument("--fp8", action="store_true")
     args = ap.parse_args()
 
@@ -110,26 +114,30 @@ def main() -> None:
         kw = dict(max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False, pad_token_id=0)
         times: dict[str, list[float]] = {k: [] for k in runners}
         outputs = {}
+        load = load_average()
         with torch.no_grad():
-            for _ in range(args.reps + 1):  # the first round warms up and is dropped
-                for name, model in runners.items():
+            for r in range(args.reps + 1):  # the first round warms up and is dropped
+                for name, model in (list(runners.items()) if r % 2 else list(runners.items())[::-1]):
                     t0 = time.perf_counter()
                     outputs[name] = model.generate(input_ids=ids, **kw)
                     times[name].append(time.perf_counter() - t0)
-    base = statistics.median(times["transformers (eager experts)"][1:])
+    base = times["transformers (eager experts)"][1:]
     want = outputs["transformers (eager experts)"]
     n_tok = args.batch * args.tokens
     print(f"qwen3_moe-shaped random checkpoint on {info.name}: {GEOMETRY['num_hidden_layers']} layers, hidden "
           f"{GEOMETRY['hidden_size']}, {GEOMETRY['num_experts']} experts top-{GEOMETRY['num_experts_per_tok']}; "
-          f"batch {args.batch} x {args.tokens} new tokens, median of {args.reps}")
+          f"batch {args.batch} x {args.tokens} new tokens, median of {args.reps} rounds (ratio: min-max over rounds); "
+          f"{load_span(load)}")
     print("| model | ms | tokens/s | time / transformers eager | same tokens |")
     print("| --- | ---: | ---: | ---: | --- |")
     for name in runners:
         t = statistics.median(times[name][1:])
+        ratios = [a / b for a, b in zip(times[name][1:], base, strict=True)]
         same = "yes" if torch.equal(outputs[name], want) else "no"
         if "fp8" in name:
             same = "n/a (quantised weights)"
-        print(f"| {name} | {1e3 * t:.1f} | {n_tok / t:.1f} | {t / base:.3f} | {same} |")
+        print(f"| {name} | {1e3 * t:.1f} | {n_tok / t:.1f} | {statistics.median(ratios):.3f} "
+              f"({min(ratios):.2f}-{max(ratios):.2f}) | {same} |")
 
 
 if __name__ == "__main__":

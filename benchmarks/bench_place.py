@@ -41,6 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import eplb_port  # noqa: E402
+from reporting import load_average, load_span  # noqa: E402
 
 from hotsplit_cli.placement.algorithm import Geometry, Placement, place_experts  # noqa: E402
 from hotsplit_cli.placement.evaluate import duplicate_count, eplb_layout, evaluate  # noqa: E402
@@ -304,11 +305,13 @@ def sglang_check(pairs) -> None:
 
 
 def main() -> None:
+    load = load_average()
     source, pairs = load_pairs()
     in_process(source, pairs)
     later_window_methods(pairs)
     cli_times(pairs[0][1])
     sglang_check(pairs)
+    print(f"\n{load_span(load)}, over the whole run")
 
 
 if __name__ == "__main__":

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reporting import load_average, load_span  # noqa: E402
 
 from hotsplit_cli.config.recipe import load_recipe  # noqa: E402
 from hotsplit_cli.core.errors import HotsplitError  # noqa: E402
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     # fp8 recipes keep their experts fp8 where the kernels run, as `hotsplit run` does.
     fp8 = RELEASE_FP8 if recipe.model.expert_dtype == "fp8" and info.triton else None
     rows = []
-    load = os.getloadavg()
+    load = load_average()
     for batch in (1, 8, 64):
         for hot in (1.0, 0.5, 0.1):
             try:
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                                             fp8=fp8))
             except Exception as exc:  # a CUDA error included: this row's error, the others still run
                 rows.append({"batch": batch, "hot_fraction": hot, "error": error_line(exc)})
-    doc = {"load_average": [load[0], os.getloadavg()[0]],
+    doc = {"load_average": [load, load_average()],
            "recipe": recipe.name, "device": info.name, "kernel": "triton" if info.triton else "torch-grouped",
            "geometry": geom.__dict__, "layers": layers, "dtype": str(dtype),
            "experts": fp8.describe() if fp8 else name, "rows": rows}
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{recipe.name} on {info.name} ({doc['kernel']}, experts {doc['experts']}), {layers} MoE layers, "
           f"hidden {geom.hidden}, "
           f"inter {geom.inter}, {geom.num_experts} experts, top-{geom.top_k}; median of {args.reps} interleaved pairs, "
-          f"ratio spread p10-p90 over the pairs; load average {load[0]:.1f} -> {os.getloadavg()[0]:.1f}")
+          f"ratio spread p10-p90 over the pairs; {load_span(load)}")
     print("| batch | hot | runtime ms | reference ms | runtime / reference (p10-p90) |")
     print("| ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
