@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from reporting import load_average, load_span, spread  # noqa: E402
 
 from hotsplit_cli.config.recipe import load_recipe  # noqa: E402
-from probes.cpu_expert import grouped_experts  # noqa: E402
+from probes.cpu_expert import ExpertShape, grouped_experts, pool_size  # noqa: E402
 from runtime.moe import MoEGeometry  # noqa: E402
 
 POOL_BYTES = 128 << 20  # 4x a 32 MiB last-level cache (lscpu on this project's VM)
@@ -51,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # runtime/device.py tune_cpu_threads: the CPU path's one thread
     rec = load_recipe(args.recipe)
     g = MoEGeometry.from_recipe(rec, rec.run.scale if args.scale is None else args.scale)
-    expert_bytes = 3 * g.hidden * g.inter * 4
-    n = max(args.experts, POOL_BYTES // expert_bytes)
+    shape = ExpertShape(g.hidden, g.inter, "float32")  # the CPU runtime computes float32
+    expert_bytes = shape.expert_bytes
+    n = max(args.experts, pool_size(shape, POOL_BYTES))
     w13 = torch.full((n, 2 * g.inter, g.hidden), 0.01)
     w2 = torch.full((n, g.hidden, g.inter), 0.01)
     flush = torch.ones(args.flush_mib << 18)  # float32 words
