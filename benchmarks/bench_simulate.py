@@ -4,7 +4,7 @@ Geometry (deepseek-ai/DeepSeek-V3 config.json): 58 MoE layers (61 layers, first 
 256 routed experts, top-8; experts fp8 with 128x128 block scales, hidden 7168, moe_intermediate 2048.
 Trace: synthetic Zipf(1.0) traffic with a hotspot move every 100 steps, 64 tokens per step.
 
-Each policy is replayed ROUNDS times, the policies taking turns (round r starts with the r-th),
+Each policy is replayed once untimed, then ROUNDS times, the policies taking turns (round r starts with the r-th),
 so that a change of load hits every policy alike: median simulate ms with its spread (min-max).
 The hit rates and bytes are the same every round (a replay is deterministic).
 
@@ -44,6 +44,8 @@ def main() -> None:
     count_s = time.perf_counter() - t
     cfg = SimConfig(EXPERT_BYTES, BUDGET_BYTES, 50, 50, 2, 1.25)
     hot = plan_hot_set(counts[:50].sum(axis=0), EXPERT_BYTES, BUDGET_BYTES).hot_RLE[0]
+    for name in POLICIES:  # warm-up: every policy once, untimed
+        simulate(counts, hot, cfg, [name])
     load = load_average()
     ms: dict[str, list[float]] = {name: [] for name in POLICIES}
     summary = {}
