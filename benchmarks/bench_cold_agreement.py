@@ -44,8 +44,8 @@ TARGET = 0.25
 
 def one_run(recipe: str, scale: float, steps: int, mode: str, platform: str | None) -> dict:
     """One run of `mode`: the per-path counters of its summary."""
-    from runtime.device import tune_cpu_threads
-    from runtime.from_recipe import prepare_run
+    from hotsplit_runtime.device import tune_cpu_threads
+    from hotsplit_runtime.from_recipe import prepare_run
 
     rec = load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, {}, {"cold_path": "cpu" if mode == "gpu" else mode, "dynamic": 0})

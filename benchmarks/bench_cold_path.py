@@ -25,17 +25,17 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hotsplit_runtime.cold_split import ColdSplit, SplitExperts, make_split  # noqa: E402
+from hotsplit_runtime.device import choose_device, tune_cpu_threads  # noqa: E402
+from hotsplit_runtime.fullsize import FULL_SIZE_MODELS, filled_layer, per_call_ms, routing, scaled_model  # noqa: E402
+from hotsplit_runtime.kernels import choose_compute  # noqa: E402
+from hotsplit_runtime.model import HotColdMoE  # noqa: E402
+from hotsplit_runtime.pinned import PinnedAllocator, numa_policy_for  # noqa: E402
+from hotsplit_runtime.selftest import error_line  # noqa: E402
 from reporting import load_average, load_span  # noqa: E402
 
 from hotsplit_cli.config.platform_file import load_platform  # noqa: E402
 from hotsplit_cli.hotset.coldpath import ColdRates, split_cold  # noqa: E402
-from runtime.cold_split import ColdSplit, SplitExperts, make_split  # noqa: E402
-from runtime.device import choose_device, tune_cpu_threads  # noqa: E402
-from runtime.fullsize import FULL_SIZE_MODELS, filled_layer, per_call_ms, routing, scaled_model  # noqa: E402
-from runtime.kernels import choose_compute  # noqa: E402
-from runtime.model import HotColdMoE  # noqa: E402
-from runtime.pinned import PinnedAllocator, numa_policy_for  # noqa: E402
-from runtime.selftest import error_line  # noqa: E402
 
 BATCHES = (1, 8, 32)
 MODES = ("gpu", "cpu", "split")

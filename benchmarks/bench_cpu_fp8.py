@@ -22,11 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from hotsplit_probes.cpu_expert import swiglu_expert  # noqa: E402
+from hotsplit_runtime.device import choose_device, tune_cpu_threads  # noqa: E402
+from hotsplit_runtime.fp8 import FP8, RELEASE_FP8, dequantize_swiglu  # noqa: E402
 from reporting import load_average, load_span, spread  # noqa: E402
-
-from probes.cpu_expert import swiglu_expert  # noqa: E402
-from runtime.device import choose_device, tune_cpu_threads  # noqa: E402
-from runtime.fp8 import FP8, RELEASE_FP8, dequantize_swiglu  # noqa: E402
 
 
 def pass_gbps(fn, n: int, stored_bytes: int) -> float:

@@ -51,10 +51,9 @@ def save_fp8(src: Path, dst: Path, block=FP8_BLOCK) -> None:
     import json
     import shutil
 
+    from hotsplit_runtime.fp8 import Fp8Format, quantize
     from safetensors import safe_open
     from safetensors.torch import save_file
-
-    from runtime.fp8 import Fp8Format, quantize
 
     shutil.copytree(src, dst)
     tensors = {}
@@ -84,10 +83,9 @@ def main() -> None:
     ap.add_argument("--fp8", action="store_true")
     args = ap.parse_args()
 
+    from hotsplit_runtime.device import choose_device, tune_cpu_threads
+    from hotsplit_runtime.hf.loader import load_model
     from transformers import AutoModelForCausalLM
-
-    from runtime.device import choose_device, tune_cpu_threads
-    from runtime.hf.loader import load_model
 
     info = choose_device("auto")
     tune_cpu_threads(info)

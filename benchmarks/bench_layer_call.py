@@ -25,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from hotsplit_probes.cpu_expert import ExpertShape, grouped_experts, pool_size  # noqa: E402
+from hotsplit_runtime.moe import MoEGeometry  # noqa: E402
 from reporting import load_average, load_span, spread  # noqa: E402
 
 from hotsplit_cli.config.recipe import load_recipe  # noqa: E402
-from probes.cpu_expert import ExpertShape, grouped_experts, pool_size  # noqa: E402
-from runtime.moe import MoEGeometry  # noqa: E402
 
 POOL_BYTES = 128 << 20  # 4x a 32 MiB last-level cache (lscpu on this project's VM)
 

@@ -27,9 +27,8 @@ def plain_pinned(size_bytes: int, node: int | None):
     for like. The thread's memory policy prefers `node` while the pages are first touched.
     Returns (tensor, NUMA policy document: where its pages were found)."""
     import torch
-
-    from probes import hostmem
-    from runtime.pinned import numa_policy_for
+    from hotsplit_probes import hostmem
+    from hotsplit_runtime.pinned import numa_policy_for
 
     numa = numa_policy_for("preferred", node)
     err = hostmem.set_mempolicy(hostmem.MPOL_PREFERRED, node) if numa.applied else None
@@ -71,9 +70,9 @@ def run_check(size_bytes: int = 256 * MIB, gpu: int = 0) -> list[dict] | None:
 
     if not torch.cuda.is_available():
         return None
-    from probes.bandwidth import SweepPlan, measure_gpu
-    from probes.common import gpu_of_cuda
-    from probes.platform import Sources, measure_platform, take_inventory
+    from hotsplit_probes.bandwidth import SweepPlan, measure_gpu
+    from hotsplit_probes.common import gpu_of_cuda
+    from hotsplit_probes.platform import Sources, measure_platform, take_inventory
 
     # The probe's own view of the link (NVML) and the GPU's NUMA node.
     inv = take_inventory("quick", None, Sources(gpu_bandwidth=lambda *a, **k: None))

@@ -24,14 +24,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hotsplit_runtime.device import DeviceInfo, choose_device, tune_cpu_threads  # noqa: E402
+from hotsplit_runtime.fp8 import RELEASE_FP8  # noqa: E402
+from hotsplit_runtime.moe import MoEGeometry  # noqa: E402
+from hotsplit_runtime.selftest import error_line, step_time_ratio  # noqa: E402
 from reporting import load_average, load_span  # noqa: E402
 
 from hotsplit_cli.config.recipe import load_recipe  # noqa: E402
 from hotsplit_cli.core.errors import HotsplitError  # noqa: E402
-from runtime.device import DeviceInfo, choose_device, tune_cpu_threads  # noqa: E402
-from runtime.fp8 import RELEASE_FP8  # noqa: E402
-from runtime.moe import MoEGeometry  # noqa: E402
-from runtime.selftest import error_line, step_time_ratio  # noqa: E402
 
 
 def refuse(message: str) -> None:
@@ -52,7 +52,7 @@ def platform_zero_copy(path: str, info: DeviceInfo) -> tuple[float | None, str]:
 
 
 def full_size(args, info: DeviceInfo) -> int:
-    from runtime import fullsize
+    from hotsplit_runtime import fullsize
 
     scale = 1.0 if args.scale is None else args.scale
     if not info.is_cuda and scale >= 1.0:

@@ -26,8 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from probes.hostmem import uva_view
+from hotsplit_probes.hostmem import uva_view
 
 from .device import DeviceInfo
 from .fp8 import FP8, Fp8Experts, Fp8Format, FP8Meta, dequantize_swiglu

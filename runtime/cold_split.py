@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from hotsplit_probes.timing import median_ms
 
 from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.coldpath import ColdRates, describe_rates, fit_rates, split_cold
-from probes.timing import median_ms
 
 from .device import DeviceInfo, synchronizer
 
@@ -70,7 +70,7 @@ def node_cpus(node: int | None) -> tuple[int, ...] | None:
     """The CPUs of NUMA node `node` this process may use (None: unknown node, or none usable)."""
     if node is None:
         return None
-    from probes.sysfs import read_numa_node
+    from hotsplit_probes.sysfs import read_numa_node
 
     cpus = read_numa_node(node).cpus
     allowed = set(cpus or ()) & os.sched_getaffinity(0)
@@ -217,8 +217,8 @@ def measure_rates(bank, info: DeviceInfo, zero_copy_gbps: float | None = None) -
     blobs (on a GPU, unless `zero_copy_gbps` is given) and the per-layer sync (hand-off, and the
     activations' round trip on a GPU). On a CPU the device path
     is this same CPU (`shared_cpu`)."""
-    from probes.bandwidth import measure_roundtrip_ms
-    from probes.cpu_expert import CPU_RUNTIME_THREADS, ExpertShape, measure_cpu_expert
+    from hotsplit_probes.bandwidth import measure_roundtrip_ms
+    from hotsplit_probes.cpu_expert import CPU_RUNTIME_THREADS, ExpertShape, measure_cpu_expert
 
     shape = ExpertShape(bank.hidden, bank.inter, str(bank.compute_dtype).replace("torch.", ""))
     cpu = measure_cpu_expert(shape, info.numa_node, node_cpus(info.numa_node), pool_bytes=CALIBRATION_POOL_BYTES,

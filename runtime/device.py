@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from hotsplit_probes.gpu_numa import locate_gpu_numa_node
+from hotsplit_probes.timing import Clock, cuda_event_clock, wall_clock
 
 from hotsplit_cli.core.errors import UsageError
-from probes.gpu_numa import locate_gpu_numa_node
-from probes.timing import Clock, cuda_event_clock, wall_clock
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
+from hotsplit_probes.hostmem import release_deferred
 
 from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.traffic.synthetic import SyntheticTraffic
 from hotsplit_cli.traffic.trace import Trace
-from probes.hostmem import release_deferred
 
 from .log import HitRateRecord
 from .model import HotColdMoE

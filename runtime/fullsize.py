@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from probes import timing
+from hotsplit_probes import timing
 
 from .device import DeviceInfo, clock_of, synchronizer
 from .fp8 import FP8, RELEASE_FP8, Fp8Experts, Fp8Format

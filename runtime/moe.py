@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from hotsplit_probes.cpu_expert import expert_groups, grouped_experts  # noqa: F401 - re-exported: what the probe times
 
 from hotsplit_cli.config.recipe import Recipe
-from probes.cpu_expert import expert_groups, grouped_experts  # noqa: F401 - re-exported: what the probe times
 
 from .fp8 import Fp8Experts, Fp8Format
 

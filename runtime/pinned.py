@@ -24,8 +24,7 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
-
-from probes.hostmem import (
+from hotsplit_probes.hostmem import (
     MPOL_BIND,
     MPOL_DEFAULT,
     MPOL_PREFERRED,
@@ -35,7 +34,7 @@ from probes.hostmem import (
     locate,
     set_mempolicy,
 )
-from probes.sysfs import list_numa_nodes
+from hotsplit_probes.sysfs import list_numa_nodes
 
 
 def round_up_pow2(n_bytes: int) -> int:

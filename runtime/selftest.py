@@ -16,8 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from probes.timing import median_ms
+from hotsplit_probes.timing import median_ms
 
 from .device import DeviceInfo, synchronizer
 from .fp8 import FP8, RELEASE_FP8, Fp8Experts, Fp8Format

@@ -60,8 +60,12 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   timeout 60 "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/hotsplit_site \
     .whl/*.whl >>"$W/pip.log" 2>&1 && export PYTHONPATH="/tmp/hotsplit_site${PYTHONPATH:+:$PYTHONPATH}"
 fi
-# hotsplit itself runs from this checkout (python -m hotsplit_cli): no install needed.
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# hotsplit itself runs from this checkout (python -m hotsplit_cli): no install needed. The
+# folders runtime/ and probes/ import as hotsplit_runtime and hotsplit_probes (pyproject's
+# package-dir), so a private folder links them under those names.
+SRC_LINKS=$(mktemp -d /tmp/hotsplit_src.XXXXXX)
+ln -s "$PWD/runtime" "$SRC_LINKS/hotsplit_runtime" && ln -s "$PWD/probes" "$SRC_LINKS/hotsplit_probes"
+export PYTHONPATH="$PWD:$SRC_LINKS${PYTHONPATH:+:$PYTHONPATH}"
 DEPS="torch triton typer rich yaml psutil numpy orjson pynvml pytest"
 missing() { "$PY" -c "import importlib.util as u, sys; print(*[m for m in sys.argv[1:] if u.find_spec(m) is None])" $DEPS; }
 if [ -n "$(missing)" ]; then  # with a network: the package and its GPU extra

@@ -144,7 +144,7 @@ def full_size_lines(work: Path) -> list[str]:
     doc = _json(work, "bench_full")
     if doc is None:
         return no_document(work, "bench_full")
-    from runtime.fullsize import table_lines
+    from hotsplit_runtime.fullsize import table_lines
 
     return table_lines(doc)
 

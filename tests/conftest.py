@@ -29,7 +29,7 @@ def interpreter_mode() -> bool | None:
     of triton (or build of the kernels); None while neither has happened."""
     import sys
 
-    built = sys.modules.get("runtime.triton_kernels")  # the kernels, once imported in this process
+    built = sys.modules.get("hotsplit_runtime.triton_kernels")  # the kernels, once imported in this process
     if built is not None:
         return bool(built.INTERPRET)
     if "triton" not in sys.modules:
@@ -43,7 +43,7 @@ def interpreter_mode() -> bool | None:
 def cpu_without_triton():
     """`choose_device("cpu")` as without TRITON_INTERPRET, for module- and session-level devices
     (set up before the autouse fixture above pins the environment)."""
-    from runtime.device import choose_device
+    from hotsplit_runtime.device import choose_device
 
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("TRITON_INTERPRET", raising=False)
@@ -87,7 +87,7 @@ def load_benchmark(name: str):
 
 def interrupt_at(engine, step: int) -> None:
     """Make `engine`'s traffic raise KeyboardInterrupt (Ctrl-C) when step `step` is drawn."""
-    from runtime.engine import ArraySource
+    from hotsplit_runtime.engine import ArraySource
 
     inner = engine.source.steps()
 
@@ -166,7 +166,8 @@ def gpu_sources(tmp_path):
 def checkpoints(tmp_path_factory):
     """A tiny random checkpoint of every supported family, built once per session (tests/fakes/hf.py)."""
     pytest.importorskip("transformers", minversion="5.0")
-    from runtime.hf.loader import FAMILIES
+    from hotsplit_runtime.hf.loader import FAMILIES
+
     from tests.fakes.hf import build_checkpoint
 
     root = tmp_path_factory.mktemp("hf")

@@ -15,6 +15,8 @@ import pytest
 pytest.importorskip("importlinter", reason="import-linter (hotsplit[dev])")
 
 ROOT = Path(__file__).resolve().parent.parent
+# folder: import package
+IMPORT_NAMES = {"hotsplit_cli": "hotsplit_cli", "runtime": "hotsplit_runtime", "probes": "hotsplit_probes"}
 SHELL = {"cli", "__main__", "commands", "output", "options", "plotting"}  # the CLI: parses, calls, renders
 
 
@@ -84,7 +86,7 @@ def import_cycles(*packages: str) -> list[list[str]]:
 
 def test_no_import_cycle_anywhere(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT))
-    assert import_cycles("hotsplit_cli", "runtime", "probes") == []
+    assert import_cycles("hotsplit_cli", "hotsplit_runtime", "hotsplit_probes") == []
 
 
 def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
@@ -98,19 +100,20 @@ def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("module, line, contract", [
-    ("probes/hostmem.py", "import runtime.bank", "probes import nothing of hotsplit"),
+    ("probes/hostmem.py", "import hotsplit_runtime.bank", "probes import nothing of hotsplit"),
     ("hotsplit_cli/hotset/planner.py", "import torch", "no torch in the planning library"),
     ("hotsplit_cli/hotset/sizes.py", "from hotsplit_cli.output import gib", "the planning library imports probes only"),
-    ("hotsplit_cli/traffic/trace.py", "import runtime.engine", "the planning library imports probes only"),
+    ("hotsplit_cli/traffic/trace.py", "import hotsplit_runtime.engine", "the planning library imports probes only"),
     ("hotsplit_cli/core/units.py", "from hotsplit_cli.config import recipe", "the basics (core) import nothing else"),
     ("runtime/engine.py", "from hotsplit_cli.commands import run", "the runtime imports the library and probes"),
-    ("hotsplit_cli/output.py", "import runtime.device", "only commands import the runtime"),
+    ("hotsplit_cli/output.py", "import hotsplit_runtime.device", "only commands import the runtime"),
 ])
 def test_a_deliberate_violation_breaks_its_contract(tmp_path, module, line, contract):
-    for name in ("hotsplit_cli", "runtime", "probes"):
-        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "recipes"))
+    for folder, name in IMPORT_NAMES.items():  # copied under their import names, found first on PYTHONPATH
+        shutil.copytree(ROOT / folder, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "recipes"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    target = tmp_path / module
+    folder, rest = module.split("/", 1)
+    target = tmp_path / IMPORT_NAMES[folder] / rest
     target.write_text(target.read_text() + f"\n\ndef _violation():\n    {line}  # noqa\n")
     r = lint_imports(tmp_path)
     assert r.returncode == 1, r.stdout

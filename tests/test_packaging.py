@@ -46,15 +46,64 @@ def test_wheel_install_runs_a_shipped_recipe_from_another_folder(tmp_path):
     (venv_site / "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     subprocess.run([*pip, "--python", venv / "bin" / "python", "install", "-q", "--no-deps", "--no-index", wheel],
                    check=True, timeout=300)
+    # PyPI has packages named `runtime` and `probes`: stand-ins for them sit beside hotsplit.
+    for name in ("runtime", "probes"):
+        (venv_site / name).mkdir()
+        (venv_site / name / "__init__.py").write_text(f"WHO = 'the stand-in {name}'\n")
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"hotsplit_cli", "hotsplit_runtime", "hotsplit_probes"}
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([venv / "bin" / "hotsplit", "ledger", "deepseek-v3"], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("ledger: deepseek-v3 (deepseek-ai/DeepSeek-V3)")
+    r = subprocess.run([venv / "bin" / "hotsplit", "--help"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "Usage" in r.stdout, r.stderr
+    r = subprocess.run([venv / "bin" / "hotsplit", "run", "tiny", "--steps", "4", "--json"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)  # the runtime and the probes, imported
+    assert r.returncode == 0, r.stderr
+    both = "import runtime, probes; print(runtime.WHO, '/', probes.WHO)"
+    r = subprocess.run([venv / "bin" / "python", "-c", both], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       check=True)
+    assert r.stdout.strip() == "the stand-in runtime / the stand-in probes"
     where_cmd = "import hotsplit_cli.config.recipe as r; print(r.RECIPES_DIR)"
     where = subprocess.run([venv / "bin" / "python", "-c", where_cmd],
                            cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert Path(where).is_relative_to(venv)
+
+
+def test_the_wheel_lists_every_package_folder_under_its_import_name():
+    """pyproject names the packages one by one (two folders install under another name): a new
+    package folder that is not listed would be missing from the wheel."""
+    import tomllib
+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folder_of = {name: folder for name, folder in tool["package-dir"].items()}
+    assert folder_of == {"hotsplit_runtime": "runtime", "hotsplit_probes": "probes"}
+    on_disk = set()
+    for name in ("hotsplit_cli", "hotsplit_runtime", "hotsplit_probes"):
+        base = ROOT / folder_of.get(name, name)
+        on_disk |= {".".join((name, *p.parent.relative_to(base).parts)) for p in base.rglob("__init__.py")}
+    assert set(tool["packages"]) == on_disk
+
+
+def test_no_source_imports_a_generic_top_level_name():
+    """`runtime` and `probes` are folders, not import names: an import of either would work in a
+    checkout (the folder is on sys.path) and break in an install beside PyPI's packages of those names."""
+    import ast
+
+    bad = []
+    for path in ROOT.rglob("*.py"):
+        if {".venv", "mutants", "build", ".git"} & set(path.relative_to(ROOT).parts):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                     else [])
+            generic = [n for n in names if n.split(".")[0] in ("runtime", "probes")]
+            bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in generic]
+    assert bad == []
 
 
 def test_matplotlib_is_a_dependency_and_the_plot_extra_still_works():

@@ -30,11 +30,12 @@ def run_expert_parallel(out: Output, rec, knobs, plan: Path | None, trace: Path 
     if rec.parallel.tp != 1:
         raise UsageError(f"parallel.tp is {rec.parallel.tp} with ep {ep}: the runtime runs tp 1 under ep",
                          "use tp: 1 for an expert-parallel run")
-    from runtime.distributed.launch import in_group
+    from hotsplit_runtime.distributed.launch import in_group
 
     if not in_group():
+        from hotsplit_runtime.distributed.launch import launch_local
+
         from hotsplit_cli.cli import INVOCATION
-        from runtime.distributed.launch import launch_local
 
         if debug_on():
             os.environ["HOTSPLIT_DEBUG"] = "1"
@@ -42,7 +43,7 @@ def run_expert_parallel(out: Output, rec, knobs, plan: Path | None, trace: Path 
     world = int(os.environ["WORLD_SIZE"])
     if world != ep:
         if os.environ["RANK"] != "0":  # every rank finds the same mismatch: rank 0 says it for the job
-            from runtime.distributed.launch import ReportedElsewhere
+            from hotsplit_runtime.distributed.launch import ReportedElsewhere
 
             raise ReportedElsewhere(2)
         raise UsageError(f"parallel.ep is {ep} but the launcher started {world} ranks",
@@ -51,8 +52,8 @@ def run_expert_parallel(out: Output, rec, knobs, plan: Path | None, trace: Path 
 
 
 def _rank(out, rec, knobs, inputs, log_jsonl, plot, report) -> None:
-    from runtime.distributed.job import run_ep_rank
-    from runtime.distributed.summary import format_job_line
+    from hotsplit_runtime.distributed.job import run_ep_rank
+    from hotsplit_runtime.distributed.summary import format_job_line
 
     plan, trace, steps, scale, platform = inputs
     say = out.note if out.json_mode else out.print

@@ -105,10 +105,10 @@ def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, w
     if batch_size is None:
         batch_size = rec.traffic.batch if rec is not None else 8
 
-    from runtime.device import choose_device
-    from runtime.hf.capture import capture, trace_of
-    from runtime.hf.loader import load_model, load_tokenizer
-    from runtime.moe import DTYPES as TORCH_DTYPES
+    from hotsplit_runtime.device import choose_device
+    from hotsplit_runtime.hf.capture import capture, trace_of
+    from hotsplit_runtime.hf.loader import load_model, load_tokenizer
+    from hotsplit_runtime.moe import DTYPES as TORCH_DTYPES
 
     info = choose_device(device, "--device")
     hm = load_model(model_dir, info, None if dtype == "auto" else TORCH_DTYPES[dtype], keep_trace=keep_trace)
@@ -137,8 +137,9 @@ def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, w
 
 
 def _from_synthetic(out, rec, steps, batch_size, windows_steps, keep_trace):
+    from hotsplit_runtime.hf.synthetic import synthetic_routing
+
     from hotsplit_cli.traffic.trace import Trace
-    from runtime.hf.synthetic import synthetic_routing
 
     steps = steps or rec.run.steps
     batch = batch_size or rec.traffic.batch

@@ -68,7 +68,7 @@ def import_cmd(
 
 def _read_pt(path: Path) -> object:
     """A tensors-only .pt dump. torch is imported only when such a file is read (JSON dumps need none)."""
-    from runtime.torch_files import load_tensors_only
+    from hotsplit_runtime.torch_files import load_tensors_only
 
     return load_tensors_only(path)
 

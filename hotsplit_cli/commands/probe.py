@@ -208,14 +208,14 @@ def scaled_shape(shape: tuple[int, int, str], scale: float | None) -> tuple[int,
     """(hidden, inter, dtype) as `run --scale` allocates them (runtime/moe.py scaled_dim)."""
     if scale is None or scale >= 1:
         return shape
-    from runtime.moe import scaled_dim
+    from hotsplit_runtime.moe import scaled_dim
 
     return scaled_dim(shape[0], scale), scaled_dim(shape[1], scale), shape[2]
 
 
 def _sources() -> Any:
     """Where the probes read from (tests replace this with scenario fakes)."""
-    from probes.platform import Sources
+    from hotsplit_probes.platform import Sources
 
     return Sources()
 
@@ -239,8 +239,8 @@ def probe_cmd(
     if recipe is not None:
         rec = load_recipe(recipe)
         knobs = resolve_knobs(rec.knobs, os.environ)
-    from probes.cpu_expert import ExpertShape
-    from probes.platform import measure_platform, take_inventory
+    from hotsplit_probes.cpu_expert import ExpertShape
+    from hotsplit_probes.platform import measure_platform, take_inventory
 
     sources = _sources()
     shape = ExpertShape(*scaled_shape(expert_compute_shape(rec), scale)) if rec else None

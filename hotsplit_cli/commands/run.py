@@ -55,8 +55,8 @@ def run(
     if rec.model.kind == "hf":
         return _run_checkpoint(out, rec, knobs, plan, log_jsonl, plot, json_out, platform)
 
-    from runtime.device import tune_cpu_threads  # torch is imported only from here on
-    from runtime.from_recipe import prepare_run
+    from hotsplit_runtime.device import tune_cpu_threads  # torch is imported only from here on
+    from hotsplit_runtime.from_recipe import prepare_run
 
     with out.progress(f"building {rec.model.num_moe_layers} MoE layers", rec.model.num_moe_layers) as advance:
         prepared = prepare_run(rec, knobs, plan_path=plan, trace_path=trace, steps=steps, scale=scale,
@@ -146,7 +146,7 @@ def _logged(say, log_jsonl: Path | None, runner, line=None):
     """Run `runner(on_record)`: each hit-rate record as a human line (`line(record)`, by default
     runtime.log's), and as a JSON line in `log_jsonl` (streamed into a temp file that is renamed
     when the run ends, even by Ctrl-C)."""
-    from runtime.log import format_line, write_jsonl
+    from hotsplit_runtime.log import format_line, write_jsonl
 
     line = line or format_line
 
@@ -171,7 +171,7 @@ def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path 
         import transformers  # noqa: F401
     except ImportError:
         raise UsageError("a checkpoint recipe needs transformers", "pip install 'hotsplit[hf]'") from None
-    from runtime.hf.run import checkpoint_prompts, run_checkpoint
+    from hotsplit_runtime.hf.run import checkpoint_prompts, run_checkpoint
 
     say = out.note if json_out else out.print
     say(f"{rec.name}: {rec.model.family} checkpoint {rec.model.path}, prompts {rec.traffic.path}")
@@ -226,7 +226,7 @@ def _origin(out: Output, summary, made_from: str, traffic: str, drift_every: int
             dynamic: bool = True) -> list[tuple[str, str]]:
     """Summary rows naming the routing the plan was made from next to this run's traffic; a
     warning when the achieved hit rate is far from the plan's expectation."""
-    from runtime.windows import expectation_warning
+    from hotsplit_runtime.windows import expectation_warning
 
     warning = expectation_warning(summary, made_from, traffic, drift_every, dynamic)
     if warning:
@@ -237,7 +237,7 @@ def _origin(out: Output, summary, made_from: str, traffic: str, drift_every: int
 def _render_summary(out: Output, title: str, s, first: list, extra: list, origin: list) -> None:
     """The summary table shared by synthetic and checkpoint runs (`s`: a RunSummary), then the
     `origin` lines (what the plan was made from, this run's traffic)."""
-    from runtime.windows import gap_flagged
+    from hotsplit_runtime.windows import gap_flagged
 
     expected = pct(s.expected_hit_rate)
     if gap_flagged(s):

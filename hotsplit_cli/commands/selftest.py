@@ -22,8 +22,8 @@ def selftest(
     Zero-copy GB/s and step time vs the reference. Every check runs, each isolated; the report is
     always printed. Exits 1 when any check failed."""
     out = Output(json_out)
-    from runtime.device import choose_device, tune_cpu_threads  # torch is imported only from here on
-    from runtime.selftest import run_selftest
+    from hotsplit_runtime.device import choose_device, tune_cpu_threads  # torch is imported only from here on
+    from hotsplit_runtime.selftest import run_selftest
 
     info = choose_device(device, "--device")
     tune_cpu_threads(info)

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hotsplit_probes.common import gpu_of_cuda
+
 from hotsplit_cli.core.errors import InputFileError
 from hotsplit_cli.core.jsonio import read_json_doc
-from probes.common import gpu_of_cuda
 
 KIND = "platform"
 

@@ -36,10 +36,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from hotsplit_probes.cpu_expert import CPU_RUNTIME_DTYPE, DTYPE_BYTES, interpolate_gbps
 
 from hotsplit_cli.config.knobs import COLD_PATHS
 from hotsplit_cli.core.errors import UsageError
-from probes.cpu_expert import CPU_RUNTIME_DTYPE, DTYPE_BYTES, interpolate_gbps
 
 
 @dataclass(frozen=True)

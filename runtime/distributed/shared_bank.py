@@ -20,8 +20,7 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
-
-from probes.hostmem import HostPages
+from hotsplit_probes.hostmem import HostPages
 
 from ..pinned import NumaPolicy, _Slab, slab_device_address
 

@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-
-from probes.host import parse_meminfo
-from probes.hostmem import HostPages
-from probes.sysfs import list_numa_nodes
+from hotsplit_probes.host import parse_meminfo
+from hotsplit_probes.hostmem import HostPages
+from hotsplit_probes.sysfs import list_numa_nodes
 
 LINUX = Path("/proc/meminfo").exists()
 

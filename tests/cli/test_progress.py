@@ -80,9 +80,10 @@ def test_simulate_tells_every_step_of_every_policy():
 def test_run_tells_every_layer_built_and_every_step():
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)
+    from hotsplit_runtime.from_recipe import prepare_run
+
     from hotsplit_cli.config.knobs import resolve_knobs
     from hotsplit_cli.config.recipe import load_recipe
-    from runtime.from_recipe import prepare_run
 
     rec = load_recipe("tiny")
     built: list[int] = []
@@ -95,8 +96,9 @@ def test_run_tells_every_layer_built_and_every_step():
 
 def test_synthetic_balance_tells_every_step():
     pytest.importorskip("torch")
+    from hotsplit_runtime.hf.synthetic import synthetic_routing
+
     from hotsplit_cli.config.recipe import load_recipe
-    from runtime.hf.synthetic import synthetic_routing
 
     ticks: list[int] = []
     synthetic_routing(load_recipe("tiny"), 7, 4, 0, ticks.append)

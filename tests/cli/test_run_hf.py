@@ -13,7 +13,8 @@ from hotsplit_cli.cli import main
 
 pytest.importorskip("transformers", minversion="5.0", reason="transformers>=5 (hotsplit[hf])")
 
-from runtime.hf.loader import FAMILIES  # noqa: E402
+from hotsplit_runtime.hf.loader import FAMILIES  # noqa: E402
+
 from tests.fakes.hf import SENTENCES, build_checkpoint, reference  # noqa: E402
 
 
@@ -24,8 +25,8 @@ def ckpt(tmp_path_factory):
 
 def _geometry(folder):
     """The recipe geometry of a test checkpoint, read from its config and its MoE layers."""
-    from runtime.device import choose_device
-    from runtime.hf.loader import load_model, read_config
+    from hotsplit_runtime.device import choose_device
+    from hotsplit_runtime.hf.loader import load_model, read_config
 
     config = read_config(folder)
     hm = load_model(folder, choose_device("cpu"), torch.float32)
@@ -96,7 +97,7 @@ def test_run_checkpoint_refuses_a_recipe_that_does_not_match(ckpt, tmp_path, cap
 
 def test_run_checkpoint_human_summary_and_plot(ckpt, tmp_path, capsys, monkeypatch):
     pytest.importorskip("matplotlib")
-    import runtime.hf.run as hf_run
+    import hotsplit_runtime.hf.run as hf_run
 
     reads = []
     read = hf_run.read_prompts
@@ -159,7 +160,7 @@ def test_checkpoint_runs_with_a_cpu_cold_path_generate_the_same_text(checkpoints
 
 def test_ctrl_c_in_a_checkpoint_run_prints_the_summary_so_far(checkpoints, tmp_path, capsys, monkeypatch):  # noqa: F811
     """As a synthetic run does: the summary of the steps so far, then what was written, exit 130."""
-    import runtime.hf.serve as serve
+    import hotsplit_runtime.hf.serve as serve
 
     real = serve.capture
 

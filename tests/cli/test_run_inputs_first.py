@@ -11,7 +11,7 @@ import pytest
 @pytest.fixture
 def no_runtime(monkeypatch):
     """Building anything imports runtime.from_recipe: make that fail loudly."""
-    monkeypatch.setitem(sys.modules, "runtime.from_recipe", None)
+    monkeypatch.setitem(sys.modules, "hotsplit_runtime.from_recipe", None)
 
 
 def test_missing_or_wrong_inputs_are_refused_before_any_building(cli, tmp_path, no_runtime):
@@ -44,8 +44,9 @@ def test_a_plan_of_another_recipe_names_both(cli, tmp_path, no_runtime):
 
 def test_a_single_rank_run_reads_its_plan_file_once(cli, tmp_path, monkeypatch):
     """The input check reads and checks the plan; the run uses what it read."""
+    from hotsplit_runtime import from_recipe
+
     from hotsplit_cli.hotset import planfile
-    from runtime import from_recipe
 
     hist, plan = tmp_path / "h.json", tmp_path / "p.json"
     assert cli("balance", "tiny", "--steps", "2", "-o", hist).code == 0

@@ -12,14 +12,13 @@ from types import SimpleNamespace
 
 import pynvml
 import pytest
-
-from probes.bandwidth import GpuBandwidth, HostCopyNode, NodeBandwidth, SweepPlan, summarize
-from probes.cuda import CudaDevice, CudaReport
-from probes.host import HostInfo
-from probes.hostmem import PageLocation
-from probes.numastat import ToolOutput
-from probes.nvml import LinkState, probe_nvml
-from probes.platform import Sources
+from hotsplit_probes.bandwidth import GpuBandwidth, HostCopyNode, NodeBandwidth, SweepPlan, summarize
+from hotsplit_probes.cuda import CudaDevice, CudaReport
+from hotsplit_probes.host import HostInfo
+from hotsplit_probes.hostmem import PageLocation
+from hotsplit_probes.numastat import ToolOutput
+from hotsplit_probes.nvml import LinkState, probe_nvml
+from hotsplit_probes.platform import Sources
 
 GIB = 1 << 30
 NUMASTAT = Path(__file__).parents[1] / "data" / "numastat"
@@ -204,7 +203,7 @@ CPU_EXPERT_CALLS = []
 
 def fake_cpu_expert(shape, node, cpus, pool_bytes=None, samples=None, tick=None, threads=None, layer_experts=256):
     """10 GB/s at one token, falling with more tokens (the CPU turns compute-bound)."""
-    from probes.cpu_expert import TOKENS, CpuExpertRate
+    from hotsplit_probes.cpu_expert import TOKENS, CpuExpertRate
 
     CPU_EXPERT_CALLS.append((shape, node, cpus))
     tick(len(TOKENS))

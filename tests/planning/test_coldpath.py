@@ -109,10 +109,11 @@ def test_prediction_per_batch_picks_the_fastest_path():
 
 def test_rates_come_from_the_probes_platform_file(tmp_path, gpu_sources):
     """platform.json as the probe writes it (fake GPUs and CPU rates) gives the cost model its rates."""
+    from hotsplit_probes.platform import measure_platform, take_inventory
+
     from hotsplit_cli.config.platform_file import load_platform
     from hotsplit_cli.core.jsonio import write_json_atomic
     from hotsplit_cli.hotset.coldpath import rates_from_platform
-    from probes.platform import measure_platform, take_inventory
 
     doc = measure_platform(take_inventory("quick", None, gpu_sources), gpu_sources).to_doc()
     doc["gpus"][1]["bandwidth"]["roundtrip_ms"] = 0.04
@@ -137,10 +138,11 @@ def test_rates_come_from_the_probes_platform_file(tmp_path, gpu_sources):
 
 
 def test_a_malformed_cpu_expert_rate_is_refused_naming_the_field(tmp_path, gpu_sources):
+    from hotsplit_probes.platform import measure_platform, take_inventory
+
     from hotsplit_cli.config.platform_file import load_platform
     from hotsplit_cli.core.errors import InputFileError
     from hotsplit_cli.core.jsonio import write_json_atomic
-    from probes.platform import measure_platform, take_inventory
 
     doc = measure_platform(take_inventory("quick", None, gpu_sources), gpu_sources).to_doc()
     doc["host"]["cpu_expert"][0]["by_tokens"][1][1]["median_gbps"] = -3
@@ -155,8 +157,9 @@ def test_a_malformed_cpu_expert_rate_is_refused_naming_the_field(tmp_path, gpu_s
 @pytest.fixture
 def platform_file(tmp_path, gpu_sources):
     """platform.json of the fake two-GPU machine: zero-copy 40 GB/s, CPU 10 GB/s at one token."""
+    from hotsplit_probes.platform import measure_platform, take_inventory
+
     from hotsplit_cli.core.jsonio import write_json_atomic
-    from probes.platform import measure_platform, take_inventory
 
     doc = measure_platform(take_inventory("quick", None, gpu_sources), gpu_sources).to_doc()
     path = tmp_path / "platform.json"

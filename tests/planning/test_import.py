@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from hotsplit_runtime.torch_files import load_tensors_only
 
 from hotsplit_cli.cli import main
 from hotsplit_cli.core.errors import InputFileError, UsageError
 from hotsplit_cli.traffic.hist import load_hist
 from hotsplit_cli.traffic.serving_import import read_serving, to_histogram
-from runtime.torch_files import load_tensors_only
 
 torch = pytest.importorskip("torch")
 

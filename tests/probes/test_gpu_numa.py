@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from probes.common import GpuDevice
-from probes.gpu_numa import decide_gpu_numa_node, locate_gpu_numa_node
-from probes.nvml import probe_nvml
-from probes.sysfs import read_numa_nodes, read_pci_link
+from hotsplit_probes.common import GpuDevice
+from hotsplit_probes.gpu_numa import decide_gpu_numa_node, locate_gpu_numa_node
+from hotsplit_probes.nvml import probe_nvml
+from hotsplit_probes.sysfs import read_numa_nodes, read_pci_link
+
 from tests.fakes.machine import FakeNvml, make_node, write
 
 BUS_GPU1 = "00000000:3B:00.0"  # FakeNvml's second GPU (0x19 + 0x22)
@@ -59,9 +60,8 @@ def test_the_runtime_asks_this_rule_for_its_gpus_node(monkeypatch):
     from types import SimpleNamespace
 
     import torch
-
-    from probes.gpu_numa import GpuNumaNode
-    from runtime import device
+    from hotsplit_probes.gpu_numa import GpuNumaNode
+    from hotsplit_runtime import device
 
     props = SimpleNamespace(pci_domain_id=0, pci_bus_id=0x3B, pci_device_id=0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)

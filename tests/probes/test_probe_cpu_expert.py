@@ -10,13 +10,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from probes.cpu_expert import ExpertShape, measure_cpu_expert, pool_size, swiglu_expert  # noqa: E402
+from hotsplit_probes.cpu_expert import ExpertShape, measure_cpu_expert, pool_size, swiglu_expert  # noqa: E402
 
 MIB = 1 << 20
 
 
 def test_the_probe_computes_the_runtime_expert():
-    from runtime.moe import swiglu
+    from hotsplit_runtime.moe import swiglu
 
     gen = torch.Generator().manual_seed(0)
     x, w13, w2 = torch.randn(3, 32, generator=gen), torch.randn(2 * 16, 32, generator=gen), torch.randn(32, 16,
@@ -26,8 +26,8 @@ def test_the_probe_computes_the_runtime_expert():
 
 def test_the_probe_times_the_runtimes_grouped_compute():
     """One grouped compute: what the probe times is what the runtime computes experts with."""
-    import runtime.moe as moe
-    from probes import cpu_expert
+    import hotsplit_runtime.moe as moe
+    from hotsplit_probes import cpu_expert
 
     assert moe.grouped_experts is cpu_expert.grouped_experts and moe.expert_groups is cpu_expert.expert_groups
 
@@ -35,7 +35,7 @@ def test_the_probe_times_the_runtimes_grouped_compute():
 def test_two_tokens_are_measured_not_interpolated():
     """One token is a matrix-vector product, two a matrix-matrix one: a step between them that no
     line from 1 to 4 tokens describes, so the probe measures 2 (and 8, between 4 and 16)."""
-    from probes.cpu_expert import TOKENS
+    from hotsplit_probes.cpu_expert import TOKENS
 
     assert TOKENS == (1, 2, 4, 8, 16)
 
@@ -45,7 +45,7 @@ def test_a_layer_calls_own_cost_is_measured_apart_from_its_experts(monkeypatch):
     `layer_ms`. A grouped compute made to sleep 20 ms more per call of a layer's size (here 8
     experts) shows as most of that (half is the bound: the pool's own pass of 8 small experts
     would have to be held up by 80 ms to take more; no upper bound, which would time the machine)."""
-    from probes import cpu_expert
+    from hotsplit_probes import cpu_expert
 
     real, sizes = cpu_expert.grouped_experts, set()
 
@@ -78,7 +78,7 @@ def _plain_loop_gbps(shape: ExpertShape, n: int, tokens: int, samples: int, cpu:
     (`on_cpus`): the main thread of a long test process can carry state from earlier tests (its
     thread team, its affinity) that made this side 30% slower in a full run, a difference of
     context, not of the probe."""
-    from probes.cpu_expert import on_cpus
+    from hotsplit_probes.cpu_expert import on_cpus
 
     dtype = getattr(torch, shape.dtype)
     w13 = torch.full((n, 2 * shape.inter, shape.hidden), 0.01, dtype=dtype)
@@ -139,7 +139,7 @@ def test_threads_and_affinity_are_restored():
 
 
 def test_the_timing_runs_in_a_thread_of_the_nodes_cpus():
-    from probes.cpu_expert import on_cpus
+    from hotsplit_probes.cpu_expert import on_cpus
 
     first, before = min(os.sched_getaffinity(0)), os.sched_getaffinity(0)
     threads = torch.get_num_threads()

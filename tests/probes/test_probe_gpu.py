@@ -9,7 +9,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def test_uva_view_aliases_pinned_host_memory():
-    from probes.hostmem import HostPages
+    from hotsplit_probes.hostmem import HostPages
 
     with HostPages(1 << 20, None, cudart=torch.cuda.cudart()) as buf:
         assert buf.registered, buf.register_error
@@ -24,7 +24,7 @@ def test_uva_view_aliases_pinned_host_memory():
 
 
 def test_measure_gpu_small_sweep():
-    from probes.bandwidth import SweepPlan, measure_gpu
+    from hotsplit_probes.bandwidth import SweepPlan, measure_gpu
 
     plan = SweepPlan((1 << 20, 16 << 20), samples=5, warmup=1, target_bytes=32 << 20)
     bw = measure_gpu(0, (None,), None, plan)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pynvml
 import pytest
+from hotsplit_probes.nvml import probe_nvml, read_link_state
 
-from probes.nvml import probe_nvml, read_link_state
 from tests.fakes.machine import FakeNvml
 
 GIB = 1 << 30

@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from probes.bandwidth import SweepPlan, summarize, sweep_plan
-from probes.common import collect_reasons, mask_to_ids, parse_cpulist
-from probes.host import count_sockets, parse_cpu_model, parse_meminfo
-from probes.numastat import parse_numastat, parse_numastat_table, run_numastat
-from probes.nvidia_smi import BASIC_FIELDS, gpus_from_queries, parse_query_csv, probe_nvidia_smi
-from probes.sysfs import link_rate_gbps, parse_link_speed, parse_node_meminfo, speed_to_gen, sysfs_bdf
+from hotsplit_probes.bandwidth import SweepPlan, summarize, sweep_plan
+from hotsplit_probes.common import collect_reasons, mask_to_ids, parse_cpulist
+from hotsplit_probes.host import count_sockets, parse_cpu_model, parse_meminfo
+from hotsplit_probes.numastat import parse_numastat, parse_numastat_table, run_numastat
+from hotsplit_probes.nvidia_smi import BASIC_FIELDS, gpus_from_queries, parse_query_csv, probe_nvidia_smi
+from hotsplit_probes.sysfs import link_rate_gbps, parse_link_speed, parse_node_meminfo, speed_to_gen, sysfs_bdf
 
 DATA = Path(__file__).parents[1] / "data" / "numastat"
 
@@ -271,7 +270,7 @@ def test_sweep_plans():
 
 
 def test_collect_reasons_builds_json_paths():
-    from probes.common import GpuDevice
+    from hotsplit_probes.common import GpuDevice
 
     g = GpuDevice.unreadable(3, "GPU is lost", "nvml")
     paths = collect_reasons([g], "gpus")

@@ -7,14 +7,14 @@ import dataclasses
 import json
 
 import pytest
+from hotsplit_probes.common import DriverReport
+from hotsplit_probes.cpu_expert import TOKENS
+from hotsplit_probes.cuda import CudaReport, same_bus
+from hotsplit_probes.numastat import ToolOutput
+from hotsplit_probes.platform import link_verdict, measure_platform, take_inventory
 
 from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.core.errors import InputFileError
-from probes.common import DriverReport
-from probes.cpu_expert import TOKENS
-from probes.cuda import CudaReport, same_bus
-from probes.numastat import ToolOutput
-from probes.platform import link_verdict, measure_platform, take_inventory
 from tests.fakes.machine import CPU_EXPERT_CALLS, GIB, fake_host
 
 
@@ -60,7 +60,7 @@ def test_fake_gpu_machine_report(gpu_sources):
 
 
 def test_cpu_expert_rate_shape_comes_from_the_inventory(gpu_sources):
-    from probes.cpu_expert import DEFAULT_SHAPE, ExpertShape
+    from hotsplit_probes.cpu_expert import DEFAULT_SHAPE, ExpertShape
 
     CPU_EXPERT_CALLS.clear()
     measure_platform(take_inventory("quick", None, gpu_sources), gpu_sources)
@@ -95,7 +95,8 @@ def test_verdicts():
 
 
 def test_nvml_missing_falls_back_to_nvidia_smi(gpu_sources):
-    from probes.nvidia_smi import gpus_from_queries
+    from hotsplit_probes.nvidia_smi import gpus_from_queries
+
     from tests.probes.test_probe_parsers import SMI_BASIC
 
     gpus, driver = gpus_from_queries(SMI_BASIC, {})

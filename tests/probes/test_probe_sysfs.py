@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hotsplit_probes.sysfs import list_numa_nodes, read_numa_nodes, read_pci_link
 
-from probes.sysfs import list_numa_nodes, read_numa_nodes, read_pci_link
 from tests.fakes.machine import BDF, make_node, make_pci, write
 
 

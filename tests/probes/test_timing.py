@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from probes import timing
+from hotsplit_probes import timing
 
 
 def test_median_ms_syncs_around_every_call_and_takes_the_median(monkeypatch):

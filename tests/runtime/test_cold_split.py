@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 import torch
+from hotsplit_runtime import cold_split
+from hotsplit_runtime.cold_split import ColdSplit, SplitExperts
+from hotsplit_runtime.device import choose_device
+from hotsplit_runtime.selftest import _geom, build_pair, random_hot, random_moves
 
 from hotsplit_cli.hotset.coldpath import ColdRates, LayerSplit
-from runtime import cold_split
-from runtime.cold_split import ColdSplit, SplitExperts
-from runtime.device import choose_device
-from runtime.selftest import _geom, build_pair, random_hot, random_moves
 
 CPU = choose_device("cpu")
 EQUAL = ColdRates(10.0, ((1, 10.0), (16, 10.0)))  # device and CPU alike: the split halves
@@ -202,8 +202,9 @@ def test_bad_cold_path_settings_exit_2_with_one_line(cli, monkeypatch, args, env
 
 def test_fp8_banks_refuse_the_cpu_path_in_one_line():
     """Where experts stay fp8 in the banks (Triton), the CPU would dequantise them: refused."""
+    from hotsplit_runtime.fp8 import RELEASE_FP8
+
     from hotsplit_cli.core.errors import UsageError
-    from runtime.fp8 import RELEASE_FP8
 
     g = _geom(CPU, "sigmoid", shared=True)
     model, _ = build_pair(g, 1, np.zeros((1, g.num_experts), dtype=bool), CPU, torch.float32,
@@ -220,7 +221,7 @@ def test_the_cpu_worker_runs_on_the_gpu_nodes_cpus(monkeypatch):
     import os
     from types import SimpleNamespace
 
-    from probes import sysfs
+    from hotsplit_probes import sysfs
 
     first = min(os.sched_getaffinity(0))
     monkeypatch.setattr(sysfs, "read_numa_node", lambda node: SimpleNamespace(cpus=(first, 4096)))
@@ -237,7 +238,7 @@ def test_the_cpu_worker_runs_on_the_gpu_nodes_cpus(monkeypatch):
 def test_device_time_is_folded_in_as_layers_finish():
     """On a GPU each layer's device time is two CUDA events: those already done are read at once,
     the rest when the report is made, so a long run holds only the events still in flight."""
-    from runtime.cold_split import PathCounters
+    from hotsplit_runtime.cold_split import PathCounters
 
     class Ev:
         def __init__(self, t, done):

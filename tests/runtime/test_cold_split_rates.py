@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 import torch
+from hotsplit_runtime.cold_split import ColdSplit
+from hotsplit_runtime.device import choose_device
 
 from hotsplit_cli.hotset.coldpath import ColdRates, predict_cold_paths
-from runtime.cold_split import ColdSplit
-from runtime.device import choose_device
 from tests.planning.test_coldpath_predictions import cpu_platform
 
 # A GPU's figures (zero-copy 20 GB/s; the CPU 10 GB/s at one token, 2.5 at 16; its layer call 0.05 ms):

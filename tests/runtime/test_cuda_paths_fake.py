@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from hotsplit_probes.nvml import LinkState
+from hotsplit_runtime import pinned
+from hotsplit_runtime.bank import ExpertBank
+from hotsplit_runtime.pinned import PinnedAllocator, numa_policy_for
 
-from probes.nvml import LinkState
-from runtime import pinned
-from runtime.bank import ExpertBank
-from runtime.pinned import PinnedAllocator, numa_policy_for
 from tests.conftest import cpu_without_triton, load_benchmark
 
 CPU = cpu_without_triton()
@@ -196,7 +196,7 @@ def test_swapping_out_an_expert_whose_copy_is_in_flight(fake):
 
 
 def test_link_load_lasts_past_the_last_sample():
-    from probes.bandwidth import GIB, LINK_LOAD_SECONDS, LINK_SAMPLE_GAP_S, LINK_SAMPLES, link_load_copies
+    from hotsplit_probes.bandwidth import GIB, LINK_LOAD_SECONDS, LINK_SAMPLE_GAP_S, LINK_SAMPLES, link_load_copies
 
     size = 256 << 20
     # Sampling ends after (samples + 1) gaps; the queued copying must outlast it at the measured rate.
@@ -209,7 +209,7 @@ def test_link_load_lasts_past_the_last_sample():
 
 
 def test_link_sampling_queues_the_load_before_sampling():
-    from probes import bandwidth
+    from hotsplit_probes import bandwidth
 
     events = []
     dst = SimpleNamespace(numel=lambda: 1 << 30, copy_=lambda src, non_blocking: events.append(("copy",)))
@@ -228,7 +228,7 @@ def test_link_sampling_queues_the_load_before_sampling():
 
 
 def test_link_sampling_keeps_the_reason_when_nothing_was_read():
-    from probes import bandwidth
+    from hotsplit_probes import bandwidth
 
     dst = SimpleNamespace(numel=lambda: 1 << 30, copy_=lambda src, non_blocking: None)
     fake_torch = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: None))
@@ -237,7 +237,7 @@ def test_link_sampling_keeps_the_reason_when_nothing_was_read():
 
 
 def test_failed_host_register_clears_the_cuda_error(monkeypatch):
-    from probes import hostmem
+    from hotsplit_probes import hostmem
 
     calls = []
     monkeypatch.setattr(hostmem, "libcudart", lambda: SimpleNamespace(cudaGetLastError=lambda: calls.append(1)))
@@ -248,7 +248,7 @@ def test_failed_host_register_clears_the_cuda_error(monkeypatch):
 
 
 def test_bench_probe_reference_buffer_is_pinned_on_the_probe_node(monkeypatch):
-    from probes import hostmem
+    from hotsplit_probes import hostmem
 
     bench = load_benchmark("bench_probe")
     calls = []
@@ -291,7 +291,7 @@ def test_an_expert_swapped_out_and_back_in_waits_for_its_own_copy(fake):
 
 
 def test_staged_upload_never_rewrites_a_buffer_a_copy_may_still_read(fake):
-    from runtime.engine import StagedUpload
+    from hotsplit_runtime.engine import StagedUpload
 
     ids_t, w_t = torch.zeros(3, 2, dtype=torch.int64), torch.zeros(3, 2)
     stage = StagedUpload(ids_t, w_t, pinned=False)
@@ -392,9 +392,9 @@ def _pinned_cpu():
 def _cheap_model(info, seed: int):
     """A two-layer hot/cold model with 2 x 48 MiB cold banks (above malloc's mmap threshold, so
     freed ranges are reused by the next large allocation, as on a GPU host)."""
-    from runtime.kernels import choose_compute
-    from runtime.model import HotColdMoE
-    from runtime.moe import LayerWeights, MoEGeometry, Router
+    from hotsplit_runtime.kernels import choose_compute
+    from hotsplit_runtime.model import HotColdMoE
+    from hotsplit_runtime.moe import LayerWeights, MoEGeometry, Router
 
     g = MoEGeometry(hidden=1024, inter=512, num_experts=8, top_k=2, shared_inter=0, router="softmax")
     layers = [LayerWeights(torch.full((8, 1024, 1024), float(seed)), torch.full((8, 1024, 512), 1.0),
@@ -444,7 +444,7 @@ def test_models_built_and_dropped_leave_no_stale_registration(cudart):
 
 def test_selftest_pairs_built_in_a_loop_leave_no_stale_registration(cudart):
     """What selftest's reference check does (8 models, dropped one after another)."""
-    from runtime.selftest import check_reference
+    from hotsplit_runtime.selftest import check_reference
 
     assert check_reference(_pinned_cpu(), torch.float32).ok
     import gc
@@ -456,7 +456,7 @@ def test_selftest_pairs_built_in_a_loop_leave_no_stale_registration(cudart):
 
 def test_a_failed_build_leaves_no_registration(cudart):
     """An exception after the cold bank was registered (weights of the wrong shape) releases it."""
-    from runtime.bank import ExpertBank
+    from hotsplit_runtime.bank import ExpertBank
 
     w13 = torch.zeros(4, 8, 16)
     with pytest.raises(RuntimeError):
@@ -470,7 +470,7 @@ def test_a_failed_build_leaves_no_registration(cudart):
 
 
 def test_pages_dropped_during_a_graph_capture_are_released_after_it(cudart, monkeypatch):
-    from probes import hostmem
+    from hotsplit_probes import hostmem
 
     pages = hostmem.HostPages(1 << 16, cudart=cudart)
     address = pages.address
@@ -484,7 +484,7 @@ def test_pages_dropped_during_a_graph_capture_are_released_after_it(cudart, monk
 
 def test_a_device_view_keeps_the_pages_alive(cudart, monkeypatch):
     """A zero-copy view outliving every host tensor still reads mapped, registered memory."""
-    from probes import hostmem
+    from hotsplit_probes import hostmem
 
     seen = []
     monkeypatch.setattr(torch, "as_tensor", lambda obj, device: seen.append(obj) or torch.empty(0))
@@ -506,7 +506,7 @@ def test_registrations_alive_at_exit_are_undone(tmp_path):
     log = tmp_path / "calls.txt"
     code = f"""
 import torch
-from probes import hostmem
+from hotsplit_probes import hostmem
 
 class Cudart:
     def cudaHostRegister(self, address, size, flags):
@@ -529,8 +529,9 @@ def test_graph_capture_then_frees_the_host_memory_dropped_during_it(fake, monkey
     """Pages released while a step was being captured are unregistered and freed right after."""
     import contextlib
 
-    from runtime import engine as engine_mod
-    from runtime.from_recipe import prepare_run
+    from hotsplit_runtime import engine as engine_mod
+    from hotsplit_runtime.from_recipe import prepare_run
+
     from tests.runtime.test_runtime_engine import knobs, tiny
 
     r = tiny()

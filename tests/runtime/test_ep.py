@@ -10,12 +10,12 @@ import subprocess
 import numpy as np
 import pytest
 import torch
+from hotsplit_runtime.moe import MoEGeometry, ReferenceMoE, make_layer_weights
 
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.placement.algorithm import Geometry, place_experts
 from hotsplit_cli.placement.evaluate import random_layout
 from hotsplit_cli.placement.file import placement_doc, save_placement
-from runtime.moe import MoEGeometry, ReferenceMoE, make_layer_weights
 
 from .ep.harness import (
     EP_TEST_DEVICE,

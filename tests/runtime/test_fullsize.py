@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pytest
 import torch
+from hotsplit_runtime import fullsize
+from hotsplit_runtime.device import choose_device
+from hotsplit_runtime.moe import MoEGeometry, dense_reference, grouped_experts
 
-from runtime import fullsize
-from runtime.device import choose_device
-from runtime.moe import MoEGeometry, dense_reference, grouped_experts
 from tests.conftest import load_benchmark
 
 torch.set_num_threads(1)  # as tune_cpu_threads does for the CPU path: tiny matmuls, a busy machine
@@ -56,7 +56,7 @@ def test_routing_picks_distinct_experts_per_token_and_is_deterministic():
 
 
 def test_filled_fp8_weights_dequantise_to_the_peers_weight():
-    from runtime.fp8 import RELEASE_FP8, dequantize_swiglu
+    from hotsplit_runtime.fp8 import RELEASE_FP8, dequantize_swiglu
 
     g = dataclasses.replace(TINY.geom, hidden=256, inter=160)  # a partial 128-block
     lw = fullsize.filled_layer(g, torch.float32, RELEASE_FP8)

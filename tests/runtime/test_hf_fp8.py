@@ -17,12 +17,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers", minversion="5.0")
 
+from hotsplit_runtime.device import choose_device  # noqa: E402
+from hotsplit_runtime.fp8 import FP8, Fp8Format, dequantize, quantize  # noqa: E402
+from hotsplit_runtime.hf.loader import load_model, load_tokenizer  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from runtime.device import choose_device  # noqa: E402
-from runtime.fp8 import FP8, Fp8Format, dequantize, quantize  # noqa: E402
-from runtime.hf.loader import load_model, load_tokenizer  # noqa: E402
 from tests.fakes.hf import SENTENCES, build_checkpoint, reference  # noqa: E402
 
 # Blocks that do not divide every dimension (hidden 32, expert intermediate 16): the last block

@@ -15,9 +15,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", minversion="5.0",
                                    reason="transformers>=5 (hotsplit[hf]) provides the experts interface")
 
-from runtime.device import choose_device  # noqa: E402
-from runtime.hf.capture import capture, trace_of  # noqa: E402
-from runtime.hf.loader import FAMILIES, load_model, load_tokenizer  # noqa: E402
+from hotsplit_runtime.device import choose_device  # noqa: E402
+from hotsplit_runtime.hf.capture import capture, trace_of  # noqa: E402
+from hotsplit_runtime.hf.loader import FAMILIES, load_model, load_tokenizer  # noqa: E402
+
 from tests.conftest import cpu_without_triton  # noqa: E402
 from tests.fakes.hf import EXPECTED_MOE_LAYERS, SENTENCES, reference  # noqa: E402
 
@@ -29,7 +30,7 @@ def cpu():
 
 def router_counts(model, ids_BS, am_BS, moe_layers):
     """Counts from running each router directly (forward hooks on the routers), padding masked."""
-    from runtime.hf.adapter import find_moe_layers
+    from hotsplit_runtime.hf.adapter import find_moe_layers
 
     layers = find_moe_layers(model)
     out = {}
@@ -133,7 +134,7 @@ PLAIN_SWIGLU = tuple(f for f in FAMILIES if f != "gpt_oss")  # gpt-oss: interlea
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_layout_is_plain_swiglu_exactly_where_the_kernels_compute_it(checkpoints, cpu, family):
-    from runtime.hf.bank import HFExpertBank
+    from hotsplit_runtime.hf.bank import HFExpertBank
 
     hm = load_model(checkpoints[family], cpu, torch.float32)
     layout = hm.banks[0].layout
@@ -207,9 +208,9 @@ def test_loader_refuses_tensors_of_another_shape_naming_them(checkpoints, cpu, t
 
 def test_loader_refuses_cold_banks_larger_than_host_memory(checkpoints, cpu, monkeypatch):
     import psutil
+    from hotsplit_runtime import pinned
 
     from hotsplit_cli.core.errors import RuntimeFailure
-    from runtime import pinned
 
     allocs = []
     monkeypatch.setattr(pinned.PinnedAllocator, "alloc", lambda self, n: allocs.append(n))
@@ -295,8 +296,9 @@ def test_bf16_matches_transformers_dtype_rules(checkpoints, cpu, family):
 
 @pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v3", "gpt_oss"])
 def test_serve_greedy_text_identical_through_dynamic_swaps(checkpoints, cpu, family):
+    from hotsplit_runtime.hf.serve import HFServe
+
     from hotsplit_cli.config.knobs import resolve_knobs
-    from runtime.hf.serve import HFServe
 
     folder = checkpoints[family]
     tok = load_tokenizer(folder)

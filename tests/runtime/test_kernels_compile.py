@@ -14,10 +14,9 @@ if os.environ.get("TRITON_INTERPRET") == "1":
                 "fresh_process_without_the_interpreter runs this file again in its own process",
                 allow_module_level=True)
 
+from hotsplit_runtime import triton_kernels as tk  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
-
-from runtime import triton_kernels as tk  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 WEIGHT = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}

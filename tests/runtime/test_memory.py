@@ -8,10 +8,10 @@ import dataclasses
 import psutil
 import pytest
 import torch
+from hotsplit_runtime import memory
+from hotsplit_runtime.device import choose_device
 
 from hotsplit_cli.core.errors import RuntimeFailure
-from runtime import memory
-from runtime.device import choose_device
 
 CPU = choose_device("cpu")
 FAKE_GPU = dataclasses.replace(CPU, is_cuda=True, name="Fake GPU")
@@ -44,9 +44,10 @@ def test_device_memory_is_checked_only_on_a_cuda_device(monkeypatch):
 
 
 def test_recipe_run_refuses_a_cold_bank_larger_than_host_memory(available):
+    from hotsplit_runtime.from_recipe import prepare_run
+
     from hotsplit_cli.config.knobs import resolve_knobs
     from hotsplit_cli.config.recipe import load_recipe
-    from runtime.from_recipe import prepare_run
 
     rec = load_recipe("tiny")
     available(1 << 20)
@@ -58,8 +59,8 @@ def test_recipe_run_refuses_a_cold_bank_larger_than_host_memory(available):
 
 
 def test_recipe_run_refuses_a_hot_bank_larger_than_the_free_device_memory(monkeypatch):
-    from runtime.from_recipe import _check_memory
-    from runtime.moe import MoEGeometry
+    from hotsplit_runtime.from_recipe import _check_memory
+    from hotsplit_runtime.moe import MoEGeometry
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1 << 20, 80 << 30))
     geom = MoEGeometry(hidden=64, inter=128, num_experts=8, top_k=2, shared_inter=0, router="softmax")

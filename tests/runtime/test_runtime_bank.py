@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hotsplit_runtime.device import choose_device
+from hotsplit_runtime.engine import ArraySource, Engine
+from hotsplit_runtime.fp8 import FP8, Fp8Format, dequantize, quantize
+from hotsplit_runtime.moe import MoEGeometry, dense_reference, make_layer_weights
+from hotsplit_runtime.selftest import build_pair, random_hot, random_moves, tolerances
 
-from runtime.device import choose_device
-from runtime.engine import ArraySource, Engine
-from runtime.fp8 import FP8, Fp8Format, dequantize, quantize
-from runtime.moe import MoEGeometry, dense_reference, make_layer_weights
-from runtime.selftest import build_pair, random_hot, random_moves, tolerances
 from tests.conftest import STARTED_INTERPRETED, cpu_without_triton, interpreter_mode
 
 torch.set_num_threads(1)
@@ -72,9 +72,10 @@ def test_fp8_quantize_round_trips_within_e4m3_precision():
 
 
 def test_the_release_fp8_format_is_the_one_plans_charge_scales_for():
+    from hotsplit_runtime.fp8 import RELEASE_FP8
+
     from hotsplit_cli.config.recipe import parse_recipe
     from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
-    from runtime.fp8 import RELEASE_FP8
 
     # DeepSeek-V3's expert (hidden 7168, moe_intermediate 2048) under its weight_block_size [128, 128]:
     # gate and up [2048, 7168] -> 16 x 56 fp32 scales each, down [7168, 2048] -> 56 x 16.
@@ -87,7 +88,7 @@ def test_the_release_fp8_format_is_the_one_plans_charge_scales_for():
 
 
 def test_cold_path_measure_reads_every_expert_once():
-    from runtime.selftest import cold_path_gbps
+    from hotsplit_runtime.selftest import cold_path_gbps
 
     g = geom("softmax", shared=False, num_experts=8, top_k=4)
     gbps, n_bytes = cold_path_gbps(CPU, g, reps=2)
@@ -146,7 +147,7 @@ def test_outputs_equal_reference_after_every_swap_of_a_dynamic_run():
 
 
 def test_triton_kernels_equal_reference_in_the_interpreter(triton_interpreted):
-    from runtime.kernels import TritonExperts
+    from hotsplit_runtime.kernels import TritonExperts
 
     rng = np.random.default_rng(5)
     g = geom("sigmoid", hidden=48, inter=24)
@@ -164,7 +165,7 @@ def test_triton_kernels_equal_reference_in_the_interpreter(triton_interpreted):
 
 @cuda
 def test_cuda_zero_copy_view_reads_pinned_memory_in_place():
-    from runtime.bank import zero_copy_view
+    from hotsplit_runtime.bank import zero_copy_view
 
     host = torch.arange(1024, dtype=torch.float32).pin_memory()
     view = zero_copy_view(host, torch.device("cuda"))
@@ -175,7 +176,7 @@ def test_cuda_zero_copy_view_reads_pinned_memory_in_place():
 
 @cuda
 def test_cuda_graph_replay_equals_reference():
-    from runtime.selftest import check_graph
+    from hotsplit_runtime.selftest import check_graph
 
     info = choose_device("cuda")
     result = check_graph(info, torch.bfloat16)
@@ -184,7 +185,7 @@ def test_cuda_graph_replay_equals_reference():
 
 @cuda
 def test_cuda_swaps_in_flight_equal_reference():
-    from runtime.selftest import check_reference, check_swaps
+    from hotsplit_runtime.selftest import check_reference, check_swaps
 
     info = choose_device("cuda")
     for check in (check_reference(info, torch.bfloat16), check_swaps(info, torch.bfloat16)):
@@ -194,7 +195,7 @@ def test_cuda_swaps_in_flight_equal_reference():
 @pytest.mark.parametrize("block_t", [1, 4, 16])
 @pytest.mark.parametrize("seed", range(3))
 def test_align_blocks_groups_each_assignment_once_by_expert(block_t, seed):
-    from runtime.kernels import align_blocks, max_blocks
+    from hotsplit_runtime.kernels import align_blocks, max_blocks
 
     g = torch.Generator().manual_seed(seed)
     E, A = 8, 37  # not a multiple of any block size
@@ -216,7 +217,7 @@ def test_align_blocks_groups_each_assignment_once_by_expert(block_t, seed):
 
 
 def test_align_blocks_all_padding_has_no_live_block():
-    from runtime.kernels import align_blocks
+    from hotsplit_runtime.kernels import align_blocks
 
     b = align_blocks(torch.full((6,), -1), 4, 4)
     assert b.count_N.tolist() == [0] * b.num_blocks and b.expert_N.tolist() == [-1] * b.num_blocks
@@ -237,7 +238,7 @@ BLOCKS = {"small": dict(block_t=4, block_i=8, block_h=16), "dot": dict(block_t=1
 @pytest.mark.parametrize("blocks", BLOCKS)
 @pytest.mark.parametrize("hot_fraction", [0.0, 0.5, 1.0])
 def test_triton_grouped_kernels_many_tokens_per_expert(triton_interpreted, blocks, hot_fraction):
-    from runtime.kernels import TritonExperts
+    from hotsplit_runtime.kernels import TritonExperts
 
     g, bank, reference = _kernel_case(hot_fraction)
     T, K = 21, 3  # A = 63: several full blocks of one expert, and partial ones
@@ -253,7 +254,7 @@ def test_triton_grouped_kernels_many_tokens_per_expert(triton_interpreted, block
 
 @pytest.mark.parametrize("blocks", BLOCKS)
 def test_triton_grouped_kernels_all_padding_gives_zero(triton_interpreted, blocks):
-    from runtime.kernels import TritonExperts
+    from hotsplit_runtime.kernels import TritonExperts
 
     g, bank, _ = _kernel_case(0.5)
     ids = torch.full((5, 2), -1)
@@ -263,7 +264,7 @@ def test_triton_grouped_kernels_all_padding_gives_zero(triton_interpreted, block
 
 
 def test_triton_grouped_kernels_follow_swaps_and_single_token(triton_interpreted):
-    from runtime.kernels import TritonExperts
+    from hotsplit_runtime.kernels import TritonExperts
 
     rng = np.random.default_rng(2)
     g, bank, reference = _kernel_case(0.5, seed=2)
@@ -278,7 +279,7 @@ def test_triton_grouped_kernels_follow_swaps_and_single_token(triton_interpreted
 
 
 def test_triton_grouped_kernels_float16_multiply_in_weight_dtype(triton_interpreted):
-    from runtime.kernels import TritonExperts
+    from hotsplit_runtime.kernels import TritonExperts
 
     g, bank, reference = _kernel_case(0.5, torch.float16)
     compute = TritonExperts(block_t=16, block_i=16, block_h=16)
@@ -292,7 +293,7 @@ def test_triton_grouped_kernels_float16_multiply_in_weight_dtype(triton_interpre
 @pytest.mark.parametrize("fmt", [FP8_BLOCKS, Fp8Format(None)], ids=["blocks", "per-tensor"])
 @pytest.mark.parametrize("split_h", [1, 3])
 def test_triton_grouped_kernels_fp8_dequantise_tiles_as_they_read_them(triton_interpreted, fmt, split_h):
-    from runtime.kernels import TritonExperts
+    from hotsplit_runtime.kernels import TritonExperts
 
     g, bank, reference = _kernel_case(0.5, fp8=fmt)
     assert bank.fp8_meta is not None
@@ -309,7 +310,7 @@ def test_triton_grouped_kernels_fp8_dequantise_tiles_as_they_read_them(triton_in
 def test_triton_grouped_kernels_split_h_sums_every_chunk(triton_interpreted, split_h, hot_fraction):
     """The gate/up reduction over H cut into chunks (partial sums added atomically) computes the
     same function; 8 chunks of 3 H tiles clamp to 3."""
-    from runtime.kernels import TritonExperts
+    from hotsplit_runtime.kernels import TritonExperts
 
     g, bank, reference = _kernel_case(hot_fraction)
     gen = torch.Generator().manual_seed(4)
@@ -328,7 +329,7 @@ def test_triton_grouped_kernels_at_the_compiled_block_sizes(triton_interpreted, 
     """The block sizes the runtime launches by default (t/i/h 16/32/128, down I 64) and the H
     splits test_kernels_compile.py compiles for sm_90, run here in the interpreter: the same
     variants compute the reference's output."""
-    from runtime.kernels import TritonExperts
+    from hotsplit_runtime.kernels import TritonExperts
 
     g, bank, reference = _kernel_case(0.5, dtype, fp8=fp8, hidden=512, inter=64)  # 4 H tiles of 128
     compute = TritonExperts(split_h=split_h)
@@ -342,7 +343,7 @@ def test_triton_grouped_kernels_at_the_compiled_block_sizes(triton_interpreted, 
 
 
 def test_split_for_fills_the_gpu_only_when_the_launch_is_small():
-    from runtime.kernels import split_for
+    from hotsplit_runtime.kernels import split_for
 
     assert split_for(programs=2176, h_tiles=56, target=528) == 1  # 32 experts at full size: plenty
     assert split_for(programs=72, h_tiles=56, target=528) == 8  # decode, 8 experts x 9 I tiles
@@ -350,14 +351,14 @@ def test_split_for_fills_the_gpu_only_when_the_launch_is_small():
 
 
 def test_triton_experts_reject_block_sizes_tl_arange_cannot_take():  # raised before triton is imported
-    from runtime.kernels import TritonExperts
+    from hotsplit_runtime.kernels import TritonExperts
 
     with pytest.raises(ValueError, match="block_t"):
         TritonExperts(block_t=12)
 
 
 def test_triton_grouped_kernels_no_tokens(triton_interpreted):
-    from runtime.kernels import TritonExperts
+    from hotsplit_runtime.kernels import TritonExperts
 
     g, bank, _ = _kernel_case(0.5)
     y = TritonExperts()(torch.zeros(0, g.hidden), torch.zeros(0, 2, dtype=torch.int64), torch.zeros(0, 2), bank)

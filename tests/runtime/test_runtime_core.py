@@ -3,11 +3,10 @@
 import numpy as np
 import pytest
 import torch
-
-from runtime.bank import SlotTable
-from runtime.device import choose_device
-from runtime.moe import MoEGeometry, dense_reference, expert_counts, grouped_experts, make_layer_weights
-from runtime.pinned import PinnedAllocator, numa_policy_for, round_up_pow2
+from hotsplit_runtime.bank import SlotTable
+from hotsplit_runtime.device import choose_device
+from hotsplit_runtime.moe import MoEGeometry, dense_reference, expert_counts, grouped_experts, make_layer_weights
+from hotsplit_runtime.pinned import PinnedAllocator, numa_policy_for, round_up_pow2
 
 torch.set_num_threads(1)
 
@@ -78,7 +77,7 @@ def test_round_up_pow2(n, want):
 
 
 def test_pageable_slabs_are_whole_pages(monkeypatch):
-    from probes import hostmem
+    from hotsplit_probes import hostmem
 
     located = []
     page_nodes = hostmem.page_nodes
@@ -108,7 +107,7 @@ class FakeCudart:
 
 def test_pinned_slabs_are_registered_at_their_own_size(monkeypatch):
     """On a GPU: an exact-size mapping registered Portable|Mapped, not a power of two."""
-    from probes import hostmem
+    from hotsplit_probes import hostmem
 
     cudart = FakeCudart()
     monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
@@ -128,8 +127,8 @@ def test_pinned_slabs_are_registered_at_their_own_size(monkeypatch):
 
 
 def test_a_failed_registration_falls_back_to_torch_pinned_and_says_why(monkeypatch):
-    from probes import hostmem
-    from runtime import pinned
+    from hotsplit_probes import hostmem
+    from hotsplit_runtime import pinned
 
     cudart = FakeCudart(rc=2)
     monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
@@ -178,7 +177,7 @@ def test_allocator_locates_the_pages_of_every_slab():
 
 
 def test_numa_verdict_compares_located_pages_with_the_target():
-    from runtime.pinned import NumaPolicy
+    from hotsplit_runtime.pinned import NumaPolicy
 
     p = NumaPolicy("bind", 1, True, None, pages_by_node={1: 255, 0: 1})
     assert p.verified is True

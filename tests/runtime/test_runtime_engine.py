@@ -5,6 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from hotsplit_runtime.from_recipe import prepare_run
 
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
@@ -13,7 +14,6 @@ from hotsplit_cli.hotset.planner import Swap, plan_hot_set, propose_swaps
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.synthetic import synthetic_trace, zipf_shares
 from hotsplit_cli.traffic.trace import Trace, save_trace
-from runtime.from_recipe import prepare_run
 from tests.conftest import interrupt_at
 
 torch.set_num_threads(1)

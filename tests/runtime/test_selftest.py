@@ -8,9 +8,8 @@ import json
 
 import pytest
 import torch
-
-from runtime import selftest
-from runtime.device import choose_device
+from hotsplit_runtime import selftest
+from hotsplit_runtime.device import choose_device
 
 CUDA_ERROR = "CUDA error: invalid argument\nSearch for `cudaErrorInvalidValue' in the CUDA runtime API documentation"
 ALL_CHECKS = [selftest.REFERENCE, selftest.SWAPS, selftest.FP8_EXPERTS, selftest.GRAPH, selftest.ZERO_COPY,

@@ -8,9 +8,10 @@ argv: the CLI's arguments (`run RECIPE ...`)
 import os
 import sys
 
+from hotsplit_runtime.engine import Engine
+
 from hotsplit_cli.cli import main
 from hotsplit_cli.core.errors import RuntimeFailure
-from runtime.engine import Engine
 
 _step = Engine.step
 

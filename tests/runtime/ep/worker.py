@@ -11,16 +11,16 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from hotsplit_runtime import cold_split
+from hotsplit_runtime.distributed.job import run_ep_rank
+from hotsplit_runtime.engine import Engine
+from hotsplit_runtime.windows import WindowBook
 
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.hotset.coldpath import ColdRates
 from hotsplit_cli.hotset.planner import Swap
 from hotsplit_cli.placement.file import load_placement
-from runtime import cold_split
-from runtime.distributed.job import run_ep_rank
-from runtime.engine import Engine
-from runtime.windows import WindowBook
 
 captured = []
 _step = Engine.step
