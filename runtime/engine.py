@@ -168,33 +168,32 @@ class Engine:
             swaps, error = self.book.decide(c["counts_LE"], self.model.hot_LE(), self.step_count)
             copy_ms = self.model.begin_swaps(moves_by_layer(swaps))
         split = getattr(self.model.compute, "split", None)
+        # The window's own counts, kept for a job's reduction (runtime/distributed/summary.py).
+        self.window_counts = (c["hits_L"].astype(np.float64), c["assigned_L"].astype(np.float64),
+                              int(c["cold_reads_L"].sum()))
         return self.book.close(self.step_count, c["hits_L"], c["assigned_L"], int(c["cold_reads_L"].sum()),
                                len(swaps), copy_ms, error, split.counters.cpu_experts if split else None)
 
     # -- the run --------------------------------------------------------------------------
     def run(self, steps: int, on_record: Callable[[HitRateRecord], None] | None = None,
-            advance: Callable[[int], None] | None = None) -> RunSummary:
-        """Run up to `steps` steps (fewer if a trace ends); Ctrl-C stops with the summary so far.
-        `on_record` gets each window's record, `advance(1)` is called after every step."""
-        dyn = self.knobs.dyn_steps
+            advance: Callable[[int], None] | None = None, hooks: LoopHooks | None = None) -> RunSummary:
+        """The one loop of every run, one rank or a rank of an expert-parallel job: up to `steps`
+        steps (fewer if a trace ends). `on_record` gets each window's record, `advance(1)` is
+        called after every step; `hooks` are the rank's part (the single-rank default: none).
+        Ctrl-C stops a single rank with the summary so far."""
+        hooks = LoopHooks() if hooks is None else hooks
         interrupted = False
         t0 = time.perf_counter()
         try:
-            for routed in self.source.steps():
-                if self.step_count >= steps:
-                    break
-                self.step(routed)
-                if advance:
-                    advance(1)
-                if self.step_count % dyn == 0:
-                    rec = self.close_window(update=self.knobs.dynamic)
-                    if on_record:
-                        on_record(rec)
+            self._steps(steps, on_record, advance, hooks)
         except KeyboardInterrupt:
+            if not hooks.stops_alone:
+                raise
             interrupted = True
-        if self.model.info.is_cuda:
+        if self.model.info.is_cuda:  # time finished work, not queued work
             torch.cuda.synchronize(self.model.info.device)
         elapsed = time.perf_counter() - t0
+        hooks.finish()
         self.book.landed(self.model.publish_ready(wait=True)[1])
         if self.step_count > self.book.window_start:  # the last, partial window
             rec = self.close_window(update=False)
@@ -206,3 +205,32 @@ class Engine:
         if split is not None:
             summary.cold_paths = split.report(self.expert_bytes, self.model.banks[0].expert_bytes)
         return summary
+
+    def _steps(self, steps: int, on_record, advance, hooks: LoopHooks) -> None:
+        dyn = self.knobs.dyn_steps
+        for routed in self.source.steps():
+            if self.step_count >= steps:
+                break
+            self.step(routed)
+            if advance:
+                advance(1)
+            if self.step_count % dyn == 0:
+                rec = self.close_window(update=self.knobs.dynamic)
+                if on_record:
+                    on_record(rec)
+            hooks.after_step(self.step_count, steps)  # after the window's swaps: decided on the map they served
+
+
+class LoopHooks:
+    """What the loop asks of the run around it; this default is a single rank's: nothing
+    between steps, nothing at the end, and Ctrl-C stops the run with its summary so far.
+    A rank of an expert-parallel job (runtime/distributed/rank.py `RankLoop`) rebalances
+    between steps and cannot stop alone in the middle of collectives."""
+
+    stops_alone = True
+
+    def after_step(self, step: int, steps: int) -> None:
+        """Called after step `step` of `steps` (and after the window it closed, if any)."""
+
+    def finish(self) -> None:
+        """Called once the steps are done and timed, before the last copies are published."""

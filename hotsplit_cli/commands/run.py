@@ -57,10 +57,11 @@ def run(
 
     from hotsplit_runtime.device import tune_cpu_threads  # torch is imported only from here on
     from hotsplit_runtime.from_recipe import prepare_run
+    from hotsplit_runtime.rank_context import RankContext
 
     with out.progress(f"building {rec.model.num_moe_layers} MoE layers", rec.model.num_moe_layers) as advance:
         prepared = prepare_run(rec, knobs, plan_path=plan, trace_path=trace, steps=steps, scale=scale,
-                               advance=advance, platform_path=platform, plan_file=plan_file)
+                               advance=advance, platform_path=platform, rank=RankContext(plan_file))
     tune_cpu_threads(prepared.info)
     for note in prepared.notes:
         out.note(f"note: {note}")

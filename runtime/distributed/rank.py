@@ -1,4 +1,4 @@
-"""One expert-parallel rank: its part of `prepare_run` (RankHooks) and its run loop.
+"""One expert-parallel rank: its context for `prepare_run` (EPRankContext) and its loop hooks.
 
 Tokens are data-parallel: a trace's step is cut into the ranks' token shards
 (`hotsplit_cli.placement.dispatch.token_shard`), synthetic traffic and generated hidden states
@@ -22,16 +22,13 @@ import numpy as np
 from hotsplit_cli.core.errors import PlanError
 from hotsplit_cli.hotset.planfile import PlanFile, load_plan, plan_on_placement
 from hotsplit_cli.placement.algorithm import Placement
-from hotsplit_cli.placement.dispatch import ReplicaMap, contiguous_placement, placed_hit_rates, token_shard
-from hotsplit_cli.traffic.trace import Trace
+from hotsplit_cli.placement.dispatch import ReplicaMap, contiguous_placement, placed_hit_rates
 
-from ..engine import ArraySource
-from ..from_recipe import PlanChoice
+from ..engine import LoopHooks
+from ..rank_context import PlanChoice, RankContext, plan_from_file
 from .dispatch import AllGather, AllToAll, EPMoE, make_exchange
 from .launch import Group
 from .shared_bank import SharedAllocator, shm_prefix
-
-SEED_STRIDE = 1_000_003  # rank r draws its tokens from seed + r * SEED_STRIDE
 
 
 def placement_of_plan(plan: PlanFile, layers, num_experts: int, ep: int) -> Placement:
@@ -59,23 +56,30 @@ def placement_of_plan(plan: PlanFile, layers, num_experts: int, ep: int) -> Plac
     return placement
 
 
-class RankHooks:
-    """What `runtime.from_recipe.prepare_run` asks of an expert-parallel rank."""
+class EPRankContext(RankContext):
+    """An expert-parallel rank's answers to `prepare_run` (runtime/rank_context.py)."""
+
+    use_graph = False  # an EP step exchanges over the network, sized on the host: no CUDA graph
 
     def __init__(self, group: Group, placement: Placement, num_experts: int, plan_file: PlanFile | None = None,
                  exchange_mode: str = "a2a"):
+        super().__init__(plan_file)
         self.group, self.placement = group, placement
         self.exchange_mode = exchange_mode  # the ep_exchange knob
-        self.plan_file = plan_file  # the --plan file, read once by the job
         self.replicas = ReplicaMap.of(placement, num_experts)
         self.exchange: AllToAll | AllGather | None = None
         self.allocator: SharedAllocator | None = None
-        self.expected_rank_hit_rate: float | None = None
-        self.trace: Trace | None = None  # the replayed trace, for the job's prediction
 
     @property
     def rank(self) -> int:
         return self.group.rank
+
+    @property
+    def world(self) -> int:
+        return self.group.world
+
+    def check_recipe(self, recipe) -> None:
+        """The job checked the recipe before its ranks started."""
 
     def device(self, request: str) -> str:
         """Each rank its own GPU when the node has one per rank, else the one requested."""
@@ -83,34 +87,18 @@ class RankHooks:
             return f"cuda:{self.group.local_rank}"
         return request
 
-    def seed(self, seed: int) -> int:
-        return seed + self.rank * SEED_STRIDE
-
-    def shard_trace(self, trace: Trace) -> ArraySource:
-        """This rank's tokens of every trace step."""
-        self.trace = trace
-        T = int(trace.topk_ids_SLTK.shape[2])
-        shard = token_shard(T, self.group.world, self.rank)
-
-        def gen():
-            for s in range(trace.num_steps):
-                w = None if trace.topk_weights_SLTK is None else trace.topk_weights_SLTK[s][:, shard]
-                yield trace.topk_ids_SLTK[s][:, shard], w
-        return ArraySource("trace", shard.stop - shard.start, gen(), trace.num_steps)
-
-    def plan(self, counts_LE: np.ndarray, expert_bytes: int, plan_path, budget: Callable, traffic: str) -> PlanChoice:
+    def plan(self, recipe, counts_LE: np.ndarray, expert_bytes: int, plan_path, budget: Callable,
+             traffic: str) -> PlanChoice:
         """This rank's hot set among the experts placed on it, and what it is expected to serve."""
-        L, E = counts_LE.shape
         if plan_path is not None:
             pf = self.plan_file or load_plan(plan_path)
             if len(pf.hot_by_rank) != self.group.world:
                 raise PlanError(f"{plan_path}: a plan for {len(pf.hot_by_rank)} ranks; this run has {self.group.world}",
                                 "plan with a recipe of the same ep")
-            hot_LE = pf.hot_LE(self.placement.layers, E, rank=self.rank)
-            self._check_placed(hot_LE, plan_path)
+            choice = plan_from_file(pf, plan_path, recipe, expert_bytes, rank=self.rank, with_budget=True)
+            self._check_placed(choice.hot_LE, plan_path)
             self.expected_rank_hit_rate = pf.rank_hit_rates[self.rank] if pf.rank_hit_rates else None
-            return PlanChoice(hot_LE, pf.hit_rate, str(plan_path), pf.budget_bytes, int(hot_LE.sum()) * expert_bytes,
-                              pf.made_from or f"{plan_path} (it records no histogram)")
+            return choice
         b = budget().budget_bytes
         p = plan_on_placement(counts_LE, self.placement, expert_bytes, b)
         self.expected_rank_hit_rate = float(placed_hit_rates(counts_LE, self.placement, p.hot_RLE)[self.rank])
@@ -160,39 +148,37 @@ class RankRun:
     loads_SL: np.ndarray  # int64 [steps, L] assignments received
 
 
-def run_rank(engine, steps: int, on_window: Callable, rebalancer=None) -> RankRun:
-    """Step in lockstep with the other ranks; every `dyn_steps` steps close a window here and
-    call `on_window(record, loads_WL)` on every rank (it gathers to rank 0); every `eplb_steps`
-    steps `rebalancer.maybe(step)` (a collective). A KeyboardInterrupt propagates: a rank cannot
-    stop alone in the middle of collectives."""
-    import time
+class RankLoop(LoopHooks):
+    """A rank's part of the one loop (runtime/engine.py `Engine.run`): every `eplb_steps` steps
+    `rebalancer.maybe(step)` (a collective). A KeyboardInterrupt propagates: a rank cannot stop
+    alone in the middle of collectives."""
 
-    dyn, eplb = engine.knobs.dyn_steps, engine.knobs.eplb_steps
+    stops_alone = False
+
+    def __init__(self, eplb_steps: int, rebalancer=None):
+        self.eplb_steps, self.rebalancer = eplb_steps, rebalancer
+
+    def after_step(self, step: int, steps: int) -> None:
+        if self.rebalancer is None:
+            return
+        self.rebalancer.after_step(step)
+        if self.eplb_steps and step % self.eplb_steps == 0 and step < steps:
+            self.rebalancer.maybe(step)
+
+    def finish(self) -> None:
+        if self.rebalancer is not None:
+            self.rebalancer.finish()
+
+
+def run_rank(engine, steps: int, on_window: Callable, rebalancer=None) -> RankRun:
+    """Step in lockstep with the other ranks through the one loop; at every window's close call
+    `on_window(record, loads_WL)` on every rank (it gathers to rank 0), with the window's loads."""
     stats = engine.model.exchange.stats
-    t0 = time.perf_counter()
     start = 0
-    for routed in engine.source.steps():
-        if engine.step_count >= steps:
-            break
-        engine.step(routed)
-        if engine.step_count % dyn == 0:
-            rec = engine.close_window(update=engine.knobs.dynamic)
-            on_window(rec, np.asarray(stats.loads[start:], dtype=np.int64))
-            start = len(stats.loads)
-        if rebalancer is not None:  # after the window's swaps, so they are decided on the map they served
-            rebalancer.after_step(engine.step_count)
-            if eplb and engine.step_count % eplb == 0 and engine.step_count < steps:
-                rebalancer.maybe(engine.step_count)
-    elapsed = time.perf_counter() - t0
-    if rebalancer is not None:
-        rebalancer.finish()
-    engine.book.landed(engine.model.publish_ready(wait=True)[1])
-    if engine.step_count > engine.book.window_start:
-        rec = engine.close_window(update=False)
+
+    def on_record(rec):
+        nonlocal start
         on_window(rec, np.asarray(stats.loads[start:], dtype=np.int64))
-    summary = engine.book.summary(engine.step_count, engine.step_count * engine.source.tokens_per_step, elapsed,
-                                  engine.expected_hit_rate)
-    split = getattr(engine.model.compute, "split", None)
-    if split is not None:
-        summary.cold_paths = split.report(engine.expert_bytes, engine.model.banks[0].expert_bytes)
+        start = len(stats.loads)
+    summary = engine.run(steps, on_record, hooks=RankLoop(engine.knobs.eplb_steps, rebalancer))
     return RankRun(summary, np.asarray(stats.loads, dtype=np.int64).reshape(-1, engine.model.num_layers))

@@ -28,6 +28,7 @@ from ..cold_split import FP8_REFUSAL, make_split
 from ..device import choose_device
 from ..log import HitRateRecord
 from ..pinned import NumaPolicy, PinnedAllocator, numa_policy_for
+from ..rank_context import plan_from_file
 from ..windows import RunSummary
 from .capture import capture
 from .loader import load_model, load_tokenizer
@@ -86,10 +87,8 @@ def run_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: str |
     tok = load_tokenizer(m.path)
     expert_bytes = expert_bytes_per_rank(recipe)
     if plan_path is not None:
-        plan = load_plan(plan_path)
-        hot_LE, expected, source = plan.hot_LE(hm.layer_ids, hm.num_experts, model=recipe.name), plan.hit_rate, \
-            str(plan_path)
-        made_from = plan.made_from or f"{plan_path} (it records no histogram)"
+        c = plan_from_file(load_plan(plan_path), plan_path, recipe, expert_bytes)
+        hot_LE, expected, source, made_from = c.hot_LE, c.expected_hit_rate, c.source, c.made_from
     else:
         # Calibrate on the prefill of the prompts (counts only, no generation), then plan.
         steps_LE: list[np.ndarray] = []

@@ -1,0 +1,101 @@
+"""One rank's part of a run: what `prepare_run` asks of the rank it builds.
+
+A run is N ranks. `RankContext` is the single-rank default (N = 1, no process group): the
+requested device, the recipe's seed, every token of each step, a hot set planned on all the
+experts (or read from a plan file), a private pinned cold bank, CUDA graphs where the device
+has them. An expert-parallel rank (runtime/distributed/rank.py `EPRankContext`) answers the same
+questions for its share: its GPU, its seed, its token shard, its hot set among the experts placed
+on it, the node-shared cold bank and the exchange, no CUDA graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hotsplit_cli.config.recipe import Recipe
+from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.hotset.planfile import PlanFile, load_plan
+from hotsplit_cli.hotset.planner import plan_hot_set
+from hotsplit_cli.placement.dispatch import token_shard
+from hotsplit_cli.traffic.trace import Trace
+
+from .engine import ArraySource
+from .model import HotColdMoE
+from .pinned import PinnedAllocator
+
+SEED_STRIDE = 1_000_003  # rank r draws its tokens from seed + r * SEED_STRIDE
+
+
+@dataclass
+class PlanChoice:
+    hot_LE: np.ndarray  # bool [L, E]
+    expected_hit_rate: float | None
+    source: str  # "planned from <traffic>" | "<plan.json path>"
+    budget_bytes: int | None
+    hot_bytes: int  # real bytes
+    made_from: str  # the routing the hot set was chosen on: this run's traffic, or a plan's histogram
+
+
+def plan_from_file(plan: PlanFile, path, recipe: Recipe, expert_bytes: int, rank: int = 0,
+                   with_budget: bool = False) -> PlanChoice:
+    """Rank `rank`'s hot set [L, E], the plan's expected hit rate and its origin, from a
+    `hotsplit.plan/1` file: the one place a run takes its plan from a file. `with_budget`: report
+    the plan's budget (an expert-parallel job reports it; a single rank's summary never has)."""
+    m = recipe.model
+    hot_LE = plan.hot_LE(m.moe_layer_ids, m.num_experts, rank=rank, model=recipe.name)
+    return PlanChoice(hot_LE, plan.hit_rate, str(path), plan.budget_bytes if with_budget else None,
+                      int(hot_LE.sum()) * expert_bytes, plan.made_from or f"{path} (it records no histogram)")
+
+
+class RankContext:
+    """The single-rank default; see the module docstring."""
+
+    rank, world = 0, 1
+    use_graph: bool | None = None  # None: where the device has CUDA graphs
+
+    def __init__(self, plan_file: PlanFile | None = None):
+        self.plan_file = plan_file  # the --plan file, when the caller has read (and checked) it already
+        self.trace: Trace | None = None  # the replayed trace, for the job's prediction
+        self.expected_rank_hit_rate: float | None = None
+
+    def check_recipe(self, recipe: Recipe) -> None:
+        if recipe.parallel.ep > 1:
+            raise UsageError(f"parallel.ep is {recipe.parallel.ep}: an expert-parallel recipe runs on its ranks",
+                             "run it with `hotsplit run` (it starts the ranks) or under torchrun")
+
+    def device(self, request: str) -> str:
+        return request
+
+    def seed(self, seed: int) -> int:
+        return seed + self.rank * SEED_STRIDE
+
+    def shard_trace(self, trace: Trace) -> ArraySource:
+        """This rank's tokens of every trace step (one rank: all of them)."""
+        self.trace = trace
+        shard = token_shard(int(trace.topk_ids_SLTK.shape[2]), self.world, self.rank)
+
+        def gen():
+            for s in range(trace.num_steps):
+                w = None if trace.topk_weights_SLTK is None else trace.topk_weights_SLTK[s][:, shard]
+                yield trace.topk_ids_SLTK[s][:, shard], w
+        return ArraySource("trace", shard.stop - shard.start, gen(), trace.num_steps)
+
+    def plan(self, recipe: Recipe, counts_LE: np.ndarray, expert_bytes: int, plan_path: str | Path | None,
+             budget: Callable, traffic: str) -> PlanChoice:
+        """The hot set this rank serves with, and the hit rate it is expected to reach."""
+        if plan_path is not None:
+            return plan_from_file(self.plan_file or load_plan(plan_path), plan_path, recipe, expert_bytes)
+        b = budget().budget_bytes
+        p = plan_hot_set(counts_LE, expert_bytes, b)
+        self.expected_rank_hit_rate = p.hit_rate
+        return PlanChoice(p.hot_RLE[0], p.hit_rate, f"planned from {traffic}", b, int(p.hot_bytes_R[0]), traffic)
+
+    def build_model(self, layers, geom, hot_LE, info, numa, compute):
+        """(cold bank allocator, model) of this rank."""
+        allocator = PinnedAllocator(pin=info.pinned, numa=numa)
+        return allocator, HotColdMoE(layers, geom, hot_LE, info, allocator, compute)
+
