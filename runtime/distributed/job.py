@@ -1,5 +1,5 @@
 """What `hotsplit run` does in each rank of an expert-parallel job: join the group, build the
-rank (prepare_run with RankHooks), step in lockstep, gather the job's figures to rank 0, leave.
+rank (prepare_run with its EPRankContext), step in lockstep, gather the job's figures to rank 0, leave.
 
 Rank 0 gets every window's `JobRecord` (through `on_record`) and the job's `EPResult`; the other
 ranks get None. An error on any rank goes to the launcher (launch.report_rank_error).
@@ -24,9 +24,9 @@ from hotsplit_cli.placement.dispatch import contiguous_placement, predict_trace
 
 from ..from_recipe import Prepared, prepare_run
 from . import launch
-from .rank import RankHooks, placement_of_plan, run_rank
+from .rank import EPRankContext, placement_of_plan, run_rank
 from .rebalance import Rebalancer
-from .summary import EPFigures, gather_rows, job_record, job_summary
+from .summary import EPFigures, RankWindow, gather_rows, job_record, job_summary, rank_totals
 
 
 @dataclass
@@ -65,9 +65,9 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
     if placement is None:
         placement = (placement_of_plan(plan_file, layers, E, group.world) if plan_file is not None
                      else contiguous_placement(layers, E, group.world))
-    hooks = RankHooks(group, placement, E, plan_file, knobs.ep_exchange)
+    hooks = EPRankContext(group, placement, E, plan_file, knobs.ep_exchange)
     prepared = prepare_run(recipe, knobs, plan_path=plan_path, trace_path=trace_path, steps=steps, scale=scale,
-                           platform_path=platform_path, ep=hooks)
+                           platform_path=platform_path, rank=hooks)
     from ..device import tune_cpu_threads
 
     tune_cpu_threads(prepared.info)
@@ -75,15 +75,11 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
         on_ready(prepared, group)
     engine, control = prepared.engine, group.control
     book = engine.book
-    last = {"hits_L": np.zeros(engine.model.num_layers), "assigned_L": np.zeros(engine.model.num_layers), "cold": 0}
     records = []
 
     def on_window(rec, loads_WL):
-        hits_L, assigned_L = book.layer_hits_L - last["hits_L"], book.layer_assigned_L - last["assigned_L"]
-        counters = {"hits_L": hits_L, "assigned_L": assigned_L,
-                    "cold_reads": book.cold_reads - last["cold"]}
-        last.update(hits_L=book.layer_hits_L.copy(), assigned_L=book.layer_assigned_L.copy(), cold=book.cold_reads)
-        job = job_record(rec, counters, loads_WL, np.array([book.hits, book.assigned]), control)
+        hits_L, assigned_L, cold_reads = engine.window_counts
+        job = job_record(RankWindow(rec, hits_L, assigned_L, cold_reads, book.hits, book.assigned, loads_WL), control)
         if job is not None:
             records.append(job)
             if on_record is not None:
@@ -93,7 +89,7 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
     run = run_rank(engine, prepared.steps, on_window, rebalancer)
     stats = engine.model.exchange.stats
     hot_RLE = gather_rows(engine.model.hot_LE().astype(np.float64), control)  # for the prediction (static runs)
-    out = job_summary(run, stats, hooks.expected_rank_hit_rate, book.cold_reads, control)
+    out = job_summary(rank_totals(run, stats, hooks.expected_rank_hit_rate, book.cold_reads), control)
     dist.barrier(group=control)
     if out is None:
         return None

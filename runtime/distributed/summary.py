@@ -36,6 +36,13 @@ def gather_rows(values, group) -> np.ndarray:
     return out.view(dist.get_world_size(), -1).numpy()
 
 
+def gather_to_rank0(obj, group) -> list | None:
+    """Collective: every rank's `obj` as a list on rank 0 (None elsewhere)."""
+    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0, group=group)
+    return out
+
+
 @dataclass(frozen=True)
 class JobRecord(HitRateRecord):
     """A window of the whole job; `ranks` gives each rank's part."""
@@ -44,34 +51,46 @@ class JobRecord(HitRateRecord):
     ranks: list[dict] = field(default_factory=list)
 
 
-def _record_row(rec: HitRateRecord, hits_L, assigned_L, cold_reads: int) -> list[float]:
-    return [rec.step, rec.swaps, rec.swaps_total, rec.bytes_copied, rec.copy_ms, rec.cold_bytes_per_step,
-            float(np.sum(hits_L)), float(np.sum(assigned_L)), float(cold_reads), *hits_L, *assigned_L]
+@dataclass
+class RankWindow:
+    """One rank's closed window: its record and the counts the job's record is reduced from."""
+
+    record: HitRateRecord
+    hits_L: np.ndarray  # float64 [L] assignments served hot, this window
+    assigned_L: np.ndarray  # float64 [L] assignments, this window
+    cold_reads: int  # distinct cold experts read, summed over the window's steps
+    hits_total: float  # since the start
+    assigned_total: float
+    loads_WL: np.ndarray  # int64 [W, L] assignments received, per (step, layer) exchange of the window
 
 
-def job_record(rec: HitRateRecord, counters: dict, loads_WL: np.ndarray, totals: np.ndarray, group) -> JobRecord | None:
-    """Collective: every rank's window to rank 0 (None elsewhere). `counters`: the window's
-    hits_L, assigned_L and cold_reads of this rank; `totals`: its [hits, assigned] since the start."""
-    L = len(counters["hits_L"])
-    row = _record_row(rec, counters["hits_L"], counters["assigned_L"], counters["cold_reads"]) + list(totals)
-    rows = gather_rows(row, group)
-    loads = gather_rows(loads_WL.ravel(), group)  # [R, W*L]
-    if dist.get_rank() != 0:
-        return None
-    hits_RL, assigned_RL = rows[:, 9:9 + L], rows[:, 9 + L:9 + 2 * L]
-    hits, assigned = rows[:, 6].sum(), rows[:, 7].sum()
-    tot_hits, tot_assigned = rows[:, -2].sum(), rows[:, -1].sum()
-    layer = np.divide(hits_RL.sum(0), assigned_RL.sum(0), out=np.zeros(L), where=assigned_RL.sum(0) > 0)
-    ranks = [{"rank": r, "tokens": int(rows[r, 7]), "hit_rate": float(rows[r, 6] / rows[r, 7]) if rows[r, 7] else 0.0,
-              "cold_reads": int(rows[r, 8])} for r in range(len(rows))]
+def _rate(num: float, den: float) -> float:
+    return float(num / den) if den else 0.0
+
+
+def reduce_windows(windows: list[RankWindow]) -> JobRecord:
+    """The job's window from its ranks' (one rank: that rank's own figures): hit rates over all
+    assignments, swaps and copies summed, the slowest copy, balancedness over the exchanges."""
+    recs = [w.record for w in windows]
+    hits_L, assigned_L = sum(w.hits_L for w in windows), sum(w.assigned_L for w in windows)
+    layer = np.divide(hits_L, assigned_L, out=np.zeros(len(hits_L)), where=assigned_L > 0)
+    ranks = [{"rank": r, "tokens": int(w.assigned_L.sum()), "hit_rate": _rate(w.hits_L.sum(), w.assigned_L.sum()),
+              "cold_reads": int(w.cold_reads)} for r, w in enumerate(windows)]
     return JobRecord(
-        step=int(rows[0, 0]), hit_rate_window=float(hits / assigned) if assigned else 0.0,
-        hit_rate_total=float(tot_hits / tot_assigned) if tot_assigned else 0.0,
-        swaps=int(rows[:, 1].sum()), swaps_total=int(rows[:, 2].sum()), bytes_copied=int(rows[:, 3].sum()),
-        copy_ms=float(rows[:, 4].max()), cold_bytes_per_step=float(rows[:, 5].sum()),
-        layer_hit_rate=[float(x) for x in layer], planner_error=rec.planner_error,
-        balancedness=balancedness(loads.T),  # one row per (step, layer) exchange
+        step=recs[0].step, hit_rate_window=_rate(hits_L.sum(), assigned_L.sum()),
+        hit_rate_total=_rate(sum(w.hits_total for w in windows), sum(w.assigned_total for w in windows)),
+        swaps=sum(r.swaps for r in recs), swaps_total=sum(r.swaps_total for r in recs),
+        bytes_copied=sum(r.bytes_copied for r in recs), copy_ms=float(max(r.copy_ms for r in recs)),
+        cold_bytes_per_step=float(sum(r.cold_bytes_per_step for r in recs)),
+        layer_hit_rate=[float(x) for x in layer], planner_error=recs[0].planner_error,
+        balancedness=balancedness(np.concatenate([w.loads_WL.reshape(-1, 1) for w in windows], axis=1)),
         ranks=ranks)
+
+
+def job_record(window: RankWindow, group) -> JobRecord | None:
+    """Collective: every rank's window to rank 0, reduced there (None elsewhere)."""
+    windows = gather_to_rank0(window, group)
+    return None if windows is None else reduce_windows(windows)
 
 
 def format_job_line(r: JobRecord) -> str:
@@ -96,76 +115,85 @@ class EPFigures:
         return dataclasses.asdict(self)
 
 
-# A rank's cold paths (runtime/cold_split.py `report`) as numbers, for the gather: scalars, then per path.
 _COLD_SCALARS = ("cpu_share", "layers", "layers_with_cpu")
 _COLD_PATH_FIELDS = ("experts", "bytes", "allocated_bytes", "ms", "predicted_ms")
 
 
-def _cold_row(paths: dict | None) -> list[float]:
+def _cold_doc(paths: dict | None) -> dict | None:
+    """One rank's cold paths (runtime/cold_split.py `report`) in the job's summary: the mode,
+    the CPU's share and the per-path figures (None: the gpu path)."""
     if paths is None:
-        return [0.0] * (1 + len(_COLD_SCALARS) + 2 * len(_COLD_PATH_FIELDS))
-    return [1.0, *(float(paths[k]) for k in _COLD_SCALARS),
-            *(float(paths[p][k]) for p in ("gpu", "cpu") for k in _COLD_PATH_FIELDS)]
-
-
-def _cold_doc(row: np.ndarray, mode: str) -> dict | None:
-    """One rank's cold paths, the fields of a single-rank summary's `cold_paths` (None: gpu path)."""
-    if row[0] == 0:
         return None
-    n, f = len(_COLD_SCALARS), len(_COLD_PATH_FIELDS)
-    doc: dict = {"mode": mode, **{k: float(v) for k, v in zip(_COLD_SCALARS, row[1:1 + n], strict=True)}}
-    doc["layers"], doc["layers_with_cpu"] = int(doc["layers"]), int(doc["layers_with_cpu"])
-    for i, path in enumerate(("gpu", "cpu")):
-        vals = row[1 + n + i * f:1 + n + (i + 1) * f]
-        doc[path] = {k: (float(v) if k.endswith("ms") else int(v))
-                     for k, v in zip(_COLD_PATH_FIELDS, vals, strict=True)}
+    doc: dict = {"mode": paths["mode"], "cpu_share": float(paths["cpu_share"]), "layers": int(paths["layers"]),
+                 "layers_with_cpu": int(paths["layers_with_cpu"])}
+    for path in ("gpu", "cpu"):
+        doc[path] = {k: (float(paths[path][k]) if k.endswith("ms") else int(paths[path][k]))
+                     for k in _COLD_PATH_FIELDS}
     return doc
 
 
-def job_summary(run, stats, expected_rank: float | None, cold_reads: int, group) -> tuple[RunSummary, EPFigures] | None:
-    """Collective: the job's summary and EP figures on rank 0 (None elsewhere). `run`: this
-    rank's RankRun; `stats`: its ExchangeStats. Each rank's entry carries its cold paths (where
-    its cold work went: cold_path cpu / split), as a single rank's summary does."""
-    s = run.summary
-    cold = _cold_row(s.cold_paths)
-    row = [s.steps, s.tokens, s.elapsed_s, s.swaps, s.bytes_copied, s.copy_ms, s.cold_bytes_per_step,
-           s.hit_rate, float(run.loads_SL.sum()), float(cold_reads), -1.0 if expected_rank is None else expected_rank,
-           float(stats.act_bytes), float(stats.meta_bytes), stats.ms, float(stats.exchanges), *cold,
-           *s.layer_hit_rate]
-    rows = gather_rows(row, group)
-    loads = gather_rows(run.loads_SL.ravel(), group)  # [R, S*L]
-    if dist.get_rank() != 0:
-        return None
-    R, L = len(rows), len(s.layer_hit_rate)
-    received = rows[:, 8]
-    hits = rows[:, 7] * received
-    c0 = 15 + len(cold)
-    mode = s.cold_paths["mode"] if s.cold_paths else "gpu"  # the knob: the same on every rank
-    layer_RL = rows[:, c0:c0 + L]
-    loads_SLR = loads.T.reshape(-1, L, R)
-    job = RunSummary(
-        steps=int(rows[0, 0]), tokens=int(rows[:, 1].sum()), elapsed_s=float(rows[:, 2].max()),
-        tokens_per_s=float(rows[:, 1].sum() / rows[:, 2].max()) if rows[:, 2].max() > 0 else 0.0,
-        hit_rate=float(hits.sum() / received.sum()) if received.sum() else 0.0,
-        hit_rate_last_window=None, expected_hit_rate=s.expected_hit_rate, swaps=int(rows[:, 3].sum()),
-        bytes_copied=int(rows[:, 4].sum()), copy_ms=float(rows[:, 5].max()),
-        cold_bytes_per_step=float(rows[:, 6].sum()),
-        layer_hit_rate=[float(x) for x in (layer_RL * loads_SLR.sum(0).T).sum(0)
-                        / np.maximum(loads_SLR.sum(axis=(0, 2)), 1)],
+@dataclass
+class RankTotals:
+    """One rank's finished run: the figures the job's summary is reduced from."""
+
+    summary: RunSummary  # the rank's own, without its records
+    loads_SL: np.ndarray  # int64 [steps, L] assignments received
+    cold_reads: int
+    expected_hit_rate: float | None  # of this rank's hot set on its placed experts
+    act_bytes: int  # exchange totals (dispatch.ExchangeStats)
+    meta_bytes: int
+    exchange_ms: float
+    exchanges: int
+
+
+def rank_totals(run, stats, expected_rank: float | None, cold_reads: int) -> RankTotals:
+    """`run`: this rank's RankRun; `stats`: its ExchangeStats."""
+    expected = None if expected_rank is None else float(expected_rank)
+    return RankTotals(dataclasses.replace(run.summary, records=[]), run.loads_SL, int(cold_reads), expected,
+                      int(stats.act_bytes), int(stats.meta_bytes), float(stats.ms), int(stats.exchanges))
+
+
+def reduce_summaries(ranks: list[RankTotals]) -> RunSummary:
+    """The job's summary from its ranks' (one rank: its own figures, hit rates by loads)."""
+    s0 = ranks[0].summary
+    received = np.array([float(t.loads_SL.sum()) for t in ranks])
+    loads_LR = np.stack([t.loads_SL.sum(0) for t in ranks], axis=1).astype(np.float64)
+    layer_RL = np.array([t.summary.layer_hit_rate for t in ranks])
+    hits = np.array([t.summary.hit_rate for t in ranks]) * received
+    tokens, elapsed = sum(t.summary.tokens for t in ranks), float(max(t.summary.elapsed_s for t in ranks))
+    return RunSummary(
+        steps=s0.steps, tokens=tokens, elapsed_s=elapsed, tokens_per_s=_rate(tokens, elapsed),
+        hit_rate=_rate(hits.sum(), received.sum()), hit_rate_last_window=None,
+        expected_hit_rate=s0.expected_hit_rate, swaps=sum(t.summary.swaps for t in ranks),
+        bytes_copied=sum(t.summary.bytes_copied for t in ranks), copy_ms=float(max(t.summary.copy_ms for t in ranks)),
+        cold_bytes_per_step=float(sum(t.summary.cold_bytes_per_step for t in ranks)),
+        layer_hit_rate=[float(x) for x in (layer_RL * loads_LR.T).sum(0) / np.maximum(loads_LR.sum(1), 1)],
         interrupted=False)
-    ranks = [{"rank": r, "tokens": int(received[r]), "hit_rate": float(rows[r, 7]),
-              "expected_hit_rate": None if rows[r, 10] < 0 else float(rows[r, 10]), "cold_reads": int(rows[r, 9]),
-              "swaps": int(rows[r, 3]), "cold_paths": _cold_doc(rows[r, 15:c0], mode)} for r in range(R)]
-    mean = received.mean()
-    top = int(np.argmax(received))
-    exchanges = rows[:, 14].sum()
-    measured = float(rows[:, 11].sum() / exchanges) if exchanges else 0.0
-    figures = EPFigures(
-        ranks=ranks, balancedness=balancedness(loads_SLR.reshape(-1, R)), predicted_balancedness=None,
+
+
+def ep_figures(ranks: list[RankTotals]) -> EPFigures:
+    """Each rank's load, hit rate and cold paths, balancedness, the bottleneck, the exchange."""
+    received = np.array([float(t.loads_SL.sum()) for t in ranks])
+    docs = [{"rank": r, "tokens": int(received[r]), "hit_rate": float(t.summary.hit_rate),
+             "expected_hit_rate": t.expected_hit_rate, "cold_reads": t.cold_reads, "swaps": int(t.summary.swaps),
+             "cold_paths": _cold_doc(t.summary.cold_paths)} for r, t in enumerate(ranks)]
+    loads_SLR = np.stack([t.loads_SL for t in ranks], axis=2)
+    mean, top = received.mean(), int(np.argmax(received))
+    exchanges = sum(t.exchanges for t in ranks)
+
+    def per_exchange(total: float) -> float:
+        return float(total / exchanges) if exchanges else 0.0
+    return EPFigures(
+        ranks=docs, balancedness=balancedness(loads_SLR.reshape(-1, len(ranks))), predicted_balancedness=None,
         bottleneck={"rank": top, "load": int(received[top]), "lead": float(received[top] / mean) if mean else 1.0},
-        exchange={"measured_bytes_per_layer": measured,
-                  "ms_per_layer": float(rows[:, 13].sum() / exchanges) if exchanges else 0.0,
-                  "meta_bytes_per_layer": float(rows[:, 12].sum() / exchanges) if exchanges else 0.0,
-                  "exchanges_per_rank": int(rows[0, 14])},
+        exchange={"measured_bytes_per_layer": per_exchange(sum(t.act_bytes for t in ranks)),
+                  "ms_per_layer": per_exchange(sum(t.exchange_ms for t in ranks)),
+                  "meta_bytes_per_layer": per_exchange(sum(t.meta_bytes for t in ranks)),
+                  "exchanges_per_rank": int(ranks[0].exchanges)},
         placement={})
-    return job, figures
+
+
+def job_summary(totals: RankTotals, group) -> tuple[RunSummary, EPFigures] | None:
+    """Collective: the job's summary and EP figures on rank 0 (None elsewhere)."""
+    ranks = gather_to_rank0(totals, group)
+    return None if ranks is None else (reduce_summaries(ranks), ep_figures(ranks))

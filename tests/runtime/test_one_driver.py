@@ -1,0 +1,93 @@
+"""One driver: a single rank and an expert-parallel rank step through the same loop, and the
+job's figures come from one reduction that, over one rank, gives that rank's own figures."""
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hotsplit_runtime import engine as engine_mod
+from hotsplit_runtime.distributed import rank as rank_mod
+from hotsplit_runtime.distributed.summary import RankTotals, RankWindow, reduce_summaries, reduce_windows
+from hotsplit_runtime.from_recipe import prepare_run
+from hotsplit_runtime.rank_context import RankContext
+
+from hotsplit_cli.config.knobs import resolve_knobs
+from hotsplit_cli.config.recipe import load_recipe
+from hotsplit_cli.core.errors import UsageError
+
+torch.set_num_threads(1)
+RUNTIME = Path(engine_mod.__file__).parent
+
+
+def _tiny():
+    r = load_recipe("tiny")
+    return dataclasses.replace(r, traffic=dataclasses.replace(r.traffic, drift_every=10, batch=8),
+                               run=dataclasses.replace(r.run, scale=0.25))
+
+
+def _loops_over_steps(tree: ast.AST) -> list[str]:
+    """Functions with a `for` over a routing source's `.steps()`."""
+    found = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef):
+            for node in ast.walk(fn):
+                if (isinstance(node, ast.For) and isinstance(node.iter, ast.Call)
+                        and isinstance(node.iter.func, ast.Attribute) and node.iter.func.attr == "steps"):
+                    found.append(fn.name)
+    return found
+
+
+def test_the_runtime_has_one_step_loop_and_a_rank_runs_it():
+    loops = {str(p.relative_to(RUNTIME)): _loops_over_steps(ast.parse(p.read_text()))
+             for p in RUNTIME.rglob("*.py")}
+    assert {k: v for k, v in loops.items() if v} == {"engine.py": ["_steps"]}
+    calls = [n for n in ast.walk(ast.parse(Path(rank_mod.__file__).read_text()))
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "run"]
+    assert calls, "run_rank must step through Engine.run"
+
+
+def test_a_rank_context_is_the_only_seam_of_prepare_run():
+    src = (RUNTIME / "from_recipe.py").read_text()
+    assert "ep is None" not in src and "ep is not None" not in src
+    assert issubclass(rank_mod.EPRankContext, RankContext)
+
+
+def test_one_rank_reduced_is_that_rank_own_figures():
+    """The reduction the job uses, over a single rank's windows and totals, reproduces what the
+    rank's own bookkeeping reported: the same code serves 1 and N ranks."""
+    r = _tiny()
+    k = resolve_knobs(r.knobs, {"HOTSPLIT_DYN_STEPS": "5", "HOTSPLIT_DYN_MAX_SWAPS": "2"})
+    p = prepare_run(r, k, steps=23)
+    eng, windows = p.engine, []
+
+    def on_record(rec):
+        hits_L, assigned_L, cold = eng.window_counts
+        loads = np.zeros((1, len(hits_L)), dtype=np.int64)
+        windows.append(RankWindow(rec, hits_L, assigned_L, cold, eng.book.hits, eng.book.assigned, loads))
+    s = eng.run(p.steps, on_record)
+    assert len(windows) == 5 and s.swaps > 0  # 4 full windows, one partial; swaps happened
+    for w in windows:
+        job = reduce_windows([w])
+        for f in dataclasses.fields(w.record):
+            if f.name != "cold_cpu_bytes_per_step":  # a CPU-split figure the job line does not carry
+                want = getattr(w.record, f.name)
+                assert getattr(job, f.name) == (want if want is None else pytest.approx(want, rel=1e-12)), f.name
+        assert job.ranks[0]["hit_rate"] == pytest.approx(w.record.hit_rate_window, rel=1e-12)
+    assigned_SL = np.ones((s.steps, len(s.layer_hit_rate)), dtype=np.int64)  # equal loads: rates unweighted
+    job = reduce_summaries([RankTotals(s, assigned_SL, eng.book.cold_reads, s.expected_hit_rate, 0, 0, 0.0, 0)])
+    for name in ("steps", "tokens", "elapsed_s", "tokens_per_s", "hit_rate", "swaps", "bytes_copied", "copy_ms",
+                 "cold_bytes_per_step", "expected_hit_rate"):
+        assert getattr(job, name) == pytest.approx(getattr(s, name), rel=1e-12), name
+    assert job.layer_hit_rate == pytest.approx(s.layer_hit_rate, rel=1e-12)
+
+
+def test_a_single_rank_context_refuses_an_expert_parallel_recipe_before_building():
+    r = _tiny()
+    r = dataclasses.replace(r, parallel=dataclasses.replace(r.parallel, ep=2))
+    built = []
+    with pytest.raises(UsageError, match="parallel.ep is 2"):
+        prepare_run(r, resolve_knobs(r.knobs, {}), steps=2, advance=built.append)
+    assert built == []
