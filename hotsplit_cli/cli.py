@@ -52,7 +52,6 @@ hist_app = typer.Typer(help="Inspect and import routing histograms.", no_args_is
 app.add_typer(hist_app, name="hist")
 
 set_debug(os.environ.get("HOTSPLIT_DEBUG", "") not in ("", "0"))
-INVOCATION = {"argv": []}  # the arguments of this run, for a command that relaunches itself on N ranks
 
 
 def _version(value: bool) -> None:
@@ -96,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     if "--debug" in argv[1:]:  # anywhere, not only before the command (typer takes it there alone)
         argv = [argv[0]] + [a for a in argv[1:] if a != "--debug"]
     forget_written()
-    INVOCATION["argv"] = list(argv)
     try:
-        rc = app(args=argv, prog_name="hotsplit", standalone_mode=False)
+        # obj: the arguments of this run, for a command that relaunches itself on N ranks
+        rc = app(args=argv, prog_name="hotsplit", standalone_mode=False, obj={"argv": list(argv)})
     except HotsplitError as exc:
         if debug_on() and exc.message:
             raise

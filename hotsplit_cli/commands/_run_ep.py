@@ -18,12 +18,12 @@ from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.core.jsonio import schema_tag
 from hotsplit_cli.output import Output, debug_on, pct
 
+from .run_request import RunRequest
 
-def run_expert_parallel(out: Output, rec, knobs, plan: Path | None, trace: Path | None, steps: int | None,
-                        scale: float | None, log_jsonl: Path | None, plot: Path | None, platform: Path | None,
-                        report) -> None:
-    """`report`: run.py's describe / logged / origin / plot / render_summary, so that an EP run
-    prints in the single-rank run's terms."""
+
+def run_expert_parallel(out: Output, request: RunRequest) -> None:
+    """Launch the ranks, or run this one; it prints in the single-rank run's terms (commands/run.py)."""
+    rec = request.recipe
     ep = rec.parallel.ep
     if rec.model.kind == "hf":
         raise UsageError(f"parallel.ep is {ep}: checkpoint recipes run on one rank", "use ep: 1 for a checkpoint")
@@ -35,11 +35,9 @@ def run_expert_parallel(out: Output, rec, knobs, plan: Path | None, trace: Path 
     if not in_group():
         from hotsplit_runtime.distributed.launch import launch_local
 
-        from hotsplit_cli.cli import INVOCATION
-
         if debug_on():
             os.environ["HOTSPLIT_DEBUG"] = "1"
-        return launch_local(ep, INVOCATION["argv"])
+        return launch_local(ep, list(request.argv))
     world = int(os.environ["WORLD_SIZE"])
     if world != ep:
         if os.environ["RANK"] != "0":  # every rank finds the same mismatch: rank 0 says it for the job
@@ -48,31 +46,34 @@ def run_expert_parallel(out: Output, rec, knobs, plan: Path | None, trace: Path 
             raise ReportedElsewhere(2)
         raise UsageError(f"parallel.ep is {ep} but the launcher started {world} ranks",
                          f"launch {ep} ranks (torchrun --nproc-per-node, --nnodes), or change parallel.ep")
-    _rank(out, rec, knobs, (plan, trace, steps, scale, platform), log_jsonl, plot, report)
+    _rank(out, request)
 
 
-def _rank(out, rec, knobs, inputs, log_jsonl, plot, report) -> None:
+def _rank(out: Output, request: RunRequest) -> None:
     from hotsplit_runtime.distributed.job import run_ep_rank
     from hotsplit_runtime.distributed.summary import format_job_line
 
-    plan, trace, steps, scale, platform = inputs
+    from . import run as report  # the single-rank run's lines and tables
+
+    rec, knobs, plot = request.recipe, request.knobs, request.plot
     say = out.note if out.json_mode else out.print
     header = {}
 
     def on_ready(prepared, group):
         header["doc"] = pdoc = prepared.to_doc()
-        report.describe(say, rec.name, prepared, pdoc)
+        report._describe(say, rec.name, prepared, pdoc)
         say(f"expert parallel: {group.world} ranks on {group.world // group.local_world} node(s), {group.backend}; "
             f"each rank steps {prepared.engine.source.tokens_per_step} tokens; cold bank shared by each node's ranks")
 
     def runner(on_record):
-        return run_ep_rank(rec, knobs, plan_path=plan, trace_path=trace, steps=steps, scale=scale,
-                           platform_path=platform, on_record=on_record, on_ready=on_ready)
+        return run_ep_rank(rec, knobs, plan_path=request.plan, trace_path=request.trace, steps=request.steps,
+                           scale=request.scale, platform_path=request.platform, on_record=on_record,
+                           on_ready=on_ready)
 
     if int(os.environ["RANK"]) != 0:
         runner(None)
         return
-    result = report.logged(say, log_jsonl, runner, line=format_job_line)
+    result = report._logged(say, request.log_jsonl, runner, line=format_job_line)
     s, fig = result.summary, result.figures
     doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), **header["doc"],
            "parallel": {"ep": result.group.world, "backend": result.group.backend,
@@ -81,7 +82,7 @@ def _rank(out, rec, knobs, inputs, log_jsonl, plot, report) -> None:
     if plot is not None:
         _plot(plot, s, fig, rec.name, report)
         doc["plot"] = str(plot)
-    origin = report.origin(out, s, result.prepared.plan.made_from, result.prepared.traffic)
+    origin = report._origin(out, s, result.prepared.plan.made_from, result.prepared.traffic)
     out.emit(doc, lambda: _render(out, rec.name, s, fig, origin, plot, report))
 
 
@@ -93,7 +94,7 @@ def _plot(path: Path, s, fig, title: str, report) -> None:
     def draw(figure, ax):
         ax.remove()
         hits, loads = figure.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
-        report.draw_hit_rates(hits, s, title)
+        report._draw_hit_rates(hits, s, title)
         tokens = [r["tokens"] for r in fig.ranks]
         top = fig.bottleneck["rank"]
         bars = loads.bar([str(r["rank"]) for r in fig.ranks], tokens,
@@ -128,7 +129,7 @@ def _render(out: Output, name: str, s, fig, origin, plot, report) -> None:
                      f"balancedness {r['before']:.3f} -> {r['predicted_after']:.3f} predicted{after}; "
                      f"{r['experts_moved']} slots refilled, up to {max(r['bytes_moved_R']) / 2**20:.2f} MiB per rank "
                      f"from the shared cold bank, {r['ms']:.1f} ms, {r['steps_disturbed']} steps disturbed"))
-    report.render_summary(out, f"hotsplit run {name} (ep {len(fig.ranks)})", s, [], rows, origin)
+    report._render_summary(out, f"hotsplit run {name} (ep {len(fig.ranks)})", s, [], rows, origin)
     split = any(r["cold_paths"] for r in fig.ranks)  # cold_path cpu / split: where each rank's cold work went
     t = out.table("rank", "assignments", "hit rate", "expected", "cold reads", "swaps",
                   *(("cold on CPU",) if split else ()), title="ranks")

@@ -17,6 +17,8 @@ from hotsplit_cli.hotset.planfile import check_run_inputs
 from hotsplit_cli.options import ColdPathOpt, HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeArg, output_option
 from hotsplit_cli.output import Output, gib, pct
 
+from .run_request import RunRequest
+
 MIB = 1 << 20
 PlanFileOpt = Annotated[Path | None, typer.Option("--plan", help="plan.json from `hotsplit plan` (else planned here).")]
 TraceOpt = Annotated[Path | None, typer.Option("--trace", help="Replay this routing trace (.npz).")]
@@ -30,6 +32,7 @@ LogJsonlOpt = Annotated[Path | None, output_option("--log-jsonl", help="Also wri
 
 
 def run(
+    ctx: typer.Context,
     recipe: RecipeArg,
     plan: PlanFileOpt = None,
     trace: TraceOpt = None,
@@ -51,7 +54,11 @@ def run(
     _check_options(rec, platform, (trace, steps, scale), plot)
     plan_file = check_run_inputs(rec, plan, trace)  # before anything is built
     if rec.parallel.ep > 1:  # the ranks of an expert-parallel run
-        return _expert_parallel(out, rec, knobs, plan, trace, steps, scale, log_jsonl, plot, platform)
+        from ._run_ep import run_expert_parallel
+
+        argv = tuple((ctx.obj or {}).get("argv", ()))
+        return run_expert_parallel(out, RunRequest(rec, knobs, plan, trace, steps, scale, log_jsonl, plot, platform,
+                                                   argv))
     if rec.model.kind == "hf":
         return _run_checkpoint(out, rec, knobs, plan, log_jsonl, plot, json_out, platform)
 
@@ -90,18 +97,6 @@ def run(
     if summary.interrupted:
         raise Interrupted(f"interrupted at step {summary.steps} of {prepared.steps}",
                           _wrote(log_jsonl, len(summary.records), plot))
-
-
-def _expert_parallel(out: Output, rec, knobs, *options) -> None:
-    """parallel.ep > 1: launch the local ranks, or be one of them (commands/_run_ep.py), reporting
-    for the job with this command's own lines and tables."""
-    from types import SimpleNamespace
-
-    from ._run_ep import run_expert_parallel
-
-    report = SimpleNamespace(describe=_describe, logged=_logged, origin=_origin, draw_hit_rates=_draw_hit_rates,
-                             render_summary=_render_summary)
-    return run_expert_parallel(out, rec, knobs, *options, report=report)
 
 
 def _check_options(rec, platform: Path | None, synthetic: tuple, plot: Path | None) -> None:
