@@ -53,7 +53,7 @@ def _rank(out: Output, request: RunRequest) -> None:
     from hotsplit_runtime.distributed.job import run_ep_rank
     from hotsplit_runtime.distributed.summary import format_job_line
 
-    from . import run as report  # the single-rank run's lines and tables
+    from . import run_report as report  # the single-rank run's lines and tables
 
     rec, knobs, plot = request.recipe, request.knobs, request.plot
     say = out.note if out.json_mode else out.print
@@ -61,7 +61,7 @@ def _rank(out: Output, request: RunRequest) -> None:
 
     def on_ready(prepared, group):
         header["doc"] = pdoc = prepared.to_doc()
-        report._describe(say, rec.name, prepared, pdoc)
+        report.describe(say, rec.name, prepared, pdoc)
         say(f"expert parallel: {group.world} ranks on {group.world // group.local_world} node(s), {group.backend}; "
             f"each rank steps {prepared.engine.source.tokens_per_step} tokens; cold bank shared by each node's ranks")
 
@@ -73,7 +73,7 @@ def _rank(out: Output, request: RunRequest) -> None:
     if int(os.environ["RANK"]) != 0:
         runner(None)
         return
-    result = report._logged(say, request.log_jsonl, runner, line=format_job_line)
+    result = report.logged(say, request.log_jsonl, runner, line=format_job_line)
     s, fig = result.summary, result.figures
     doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), **header["doc"],
            "parallel": {"ep": result.group.world, "backend": result.group.backend,
@@ -82,7 +82,7 @@ def _rank(out: Output, request: RunRequest) -> None:
     if plot is not None:
         _plot(plot, s, fig, rec.name, report)
         doc["plot"] = str(plot)
-    origin = report._origin(out, s, result.prepared.plan.made_from, result.prepared.traffic)
+    origin = report.origin(out, s, result.prepared.plan.made_from, result.prepared.traffic)
     out.emit(doc, lambda: _render(out, rec.name, s, fig, origin, plot, report))
 
 
@@ -94,7 +94,7 @@ def _plot(path: Path, s, fig, title: str, report) -> None:
     def draw(figure, ax):
         ax.remove()
         hits, loads = figure.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
-        report._draw_hit_rates(hits, s, title)
+        report.draw_hit_rates(hits, s, title)
         tokens = [r["tokens"] for r in fig.ranks]
         top = fig.bottleneck["rank"]
         bars = loads.bar([str(r["rank"]) for r in fig.ranks], tokens,
@@ -129,7 +129,7 @@ def _render(out: Output, name: str, s, fig, origin, plot, report) -> None:
                      f"balancedness {r['before']:.3f} -> {r['predicted_after']:.3f} predicted{after}; "
                      f"{r['experts_moved']} slots refilled, up to {max(r['bytes_moved_R']) / 2**20:.2f} MiB per rank "
                      f"from the shared cold bank, {r['ms']:.1f} ms, {r['steps_disturbed']} steps disturbed"))
-    report._render_summary(out, f"hotsplit run {name} (ep {len(fig.ranks)})", s, [], rows, origin)
+    report.render_summary(out, f"hotsplit run {name} (ep {len(fig.ranks)})", s, [], rows, origin)
     split = any(r["cold_paths"] for r in fig.ranks)  # cold_path cpu / split: where each rank's cold work went
     t = out.table("rank", "assignments", "hit rate", "expected", "cold reads", "swaps",
                   *(("cold on CPU",) if split else ()), title="ranks")

@@ -1,0 +1,150 @@
+"""What a `hotsplit run` prints, shared by single-rank, checkpoint and expert-parallel runs:
+the run's description, its hit-rate lines (and JSON lines), the summary table, the plan's origin
+beside this run's traffic, and the hit-rate plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.markup import escape
+
+from hotsplit_cli.core.jsonio import write_atomic
+from hotsplit_cli.output import Output, gib, pct
+
+MIB = 1 << 20
+
+
+def describe(say, name: str, prepared, pdoc: dict) -> None:
+    """What a synthetic run is about to do: device and kernel, traffic, cold bank, plan, cold path."""
+    say(f"{name}: {prepared.steps} steps on {prepared.info.name} ({pdoc['kernel']}"
+        f"{', CUDA graph' if pdoc['cuda_graph'] else ''}; experts {prepared.expert_format}),"
+        f" traffic: {prepared.traffic}")
+    alloc = prepared.allocator
+    how = alloc.method + (f"; {alloc.fallback}" if alloc.fallback else "")
+    say(f"cold bank: {gib(alloc.requested_bytes)} of host memory ({how}), {alloc.numa.describe()}")
+    say(f"plan: {pdoc['plan']['hot_experts']} hot experts, {gib(prepared.plan.hot_bytes)} real"
+        f" ({prepared.plan.source}); expected hit rate {pct(prepared.plan.expected_hit_rate)}")
+    if pdoc["cold_path"]["rates"]:
+        say(escape(f"cold path: {pdoc['cold_path']['mode']} ({pdoc['cold_path']['rates']})"))
+
+
+def logged(say, log_jsonl: Path | None, runner, line=None):
+    """Run `runner(on_record)`: each hit-rate record as a human line (`line(record)`, by default
+    runtime.log's), and as a JSON line in `log_jsonl` (streamed into a temp file that is renamed
+    when the run ends, even by Ctrl-C)."""
+    from hotsplit_runtime.log import format_line, write_jsonl
+
+    line = line or format_line
+
+    def go(fh=None):
+        def on_record(r):
+            say(line(r))
+            if fh is not None:
+                write_jsonl(fh, r)
+        return runner(on_record)
+
+    if log_jsonl is None:
+        return go()
+    box = {}
+    write_atomic(log_jsonl, lambda fh: box.setdefault("result", go(fh)))
+    return box["result"]
+
+
+def cold_path_rows(paths: dict | None) -> list[tuple[str, str]]:
+    """Summary rows of a CPU cold path: per path the cold bytes served (as allocated, and at full
+    size), and the time achieved vs predicted for the tensors as allocated."""
+    if not paths:
+        return []
+    rows = [("cold path", f"{paths['mode']}: the CPU computed {100 * paths['cpu_share']:.1f}% of the distinct cold "
+                          f"experts, in {paths['layers_with_cpu']} of {paths['layers']} layer calls")]
+    for key, label in (("gpu", "device"), ("cpu", "CPU")):
+        p = paths[key]
+        share = ("its hot and cold experts" if paths.get("hot_modelled") else "its cold share (hot experts not "
+                 "modelled)") if key == "gpu" else "its cold share"
+        allocated = p.get("allocated_bytes", p["bytes"])
+        full = "" if allocated == p["bytes"] else f" ({p['bytes'] / MIB:,.2f} MiB at full size)"
+        rows.append((f"  {label}", f"{allocated / MIB:,.2f} MiB allocated{full}; {p['ms']:,.2f} ms achieved vs "
+                                   f"{p['predicted_ms']:,.2f} ms predicted for {share}"))
+    if paths.get("rates_not_used"):
+        rows.append(("  rates not used", paths["rates_not_used"]))
+    return rows
+
+
+def origin(out: Output, summary, made_from: str, traffic: str, drift_every: int | None = None,
+            dynamic: bool = True) -> list[tuple[str, str]]:
+    """Summary rows naming the routing the plan was made from next to this run's traffic; a
+    warning when the achieved hit rate is far from the plan's expectation."""
+    from hotsplit_runtime.windows import expectation_warning
+
+    warning = expectation_warning(summary, made_from, traffic, drift_every, dynamic)
+    if warning:
+        out.warn(warning)
+    return [("plan made from", made_from), ("this run's traffic", traffic)]
+
+
+def render_summary(out: Output, title: str, s, first: list, extra: list, origin: list) -> None:
+    """The summary table shared by synthetic and checkpoint runs (`s`: a RunSummary), then the
+    `origin` lines (what the plan was made from, this run's traffic)."""
+    from hotsplit_runtime.windows import gap_flagged
+
+    expected = pct(s.expected_hit_rate)
+    if gap_flagged(s):
+        side = "lower" if s.expected_gap < 0 else "higher"
+        expected += f" (achieved {100 * abs(s.expected_gap):.1f} points {side}: see below)"
+    t = out.table("summary", "value", title=title)
+    for row in [*first,
+                ("steps", f"{s.steps}"),
+                ("tokens", f"{s.tokens}"),
+                ("tokens/s", f"{s.tokens_per_s:,.1f}"),
+                ("hit rate (overall)", pct(s.hit_rate)),
+                ("hit rate (last window)", pct(s.hit_rate_last_window)),
+                ("hit rate expected by the plan", expected),
+                ("swaps", f"{s.swaps}"),
+                ("bytes copied (real)", f"{s.bytes_copied / MIB:,.2f} MiB"),
+                *extra,
+                ("cold bytes read per step (real)", f"{s.cold_bytes_per_step / MIB:,.2f} MiB")]:
+        t.add_row(*row)
+    out.print(t)
+    for label, text in origin:
+        out.print(escape(f"{label}: {text}"))
+
+
+def draw_hit_rates(ax, summary, title: str) -> None:
+    recs = summary.records
+    if len(recs) <= 1:  # one window has no curve: bars of what it can show, and why there is one
+        return draw_one_window(ax, summary, title)
+    steps = [r.step for r in recs]
+    ax.plot(steps, [100 * r.hit_rate_window for r in recs], marker="o", label="window")
+    ax.plot(steps, [100 * r.hit_rate_total for r in recs], label="cumulative")
+    if summary.expected_hit_rate is not None:
+        ax.axhline(100 * summary.expected_hit_rate, linestyle=":", color="gray", label="plan expected")
+    for i, r in enumerate(recs):
+        if r.swaps:
+            ax.axvline(r.step, color="tab:red", alpha=0.3, label="swaps" if i == next(
+                j for j, q in enumerate(recs) if q.swaps) else None)
+    ax.set_xlabel("engine step")
+    ax.set_ylabel("hit rate (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(f"hotsplit run {title}")
+    ax.legend(loc="lower right")
+
+
+def one_window_note(summary) -> str:
+    """Why the plot of a run with one window has bars, not a curve."""
+    if len(summary.records) > 1:
+        return ""
+    return f" (one window: bars, not a curve; HOTSPLIT_DYN_STEPS below {summary.steps} gives more points)"
+
+
+def draw_one_window(ax, summary, title: str) -> None:
+    """A run shorter than two windows (steps <= dyn_steps): its one hit rate next to the plan's."""
+    labels = [f"run (steps 1-{summary.steps})"]
+    values = [100 * summary.hit_rate]
+    if summary.expected_hit_rate is not None:
+        labels.append("plan expected")
+        values.append(100 * summary.expected_hit_rate)
+    bars = ax.bar(labels, values, color=["tab:blue", "gray"][:len(values)])
+    ax.bar_label(bars, fmt="%.1f%%")
+    ax.set_ylabel("hit rate (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(f"hotsplit run {title}: one window ({summary.steps} steps, updates every dyn_steps): no curve")
