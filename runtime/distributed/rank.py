@@ -7,9 +7,10 @@ placement (a plan's recorded `hotsplit.placement/1` file, else the contiguous la
 rank holds which replica; each rank's hot set is chosen among the experts placed on it (the
 plan's `ranks[r]`, else planned here by `plan_on_placement`, the code `plan --placement` runs).
 
-The run loop steps every rank in lockstep (each step's exchanges are collectives), closes a
-window every `dyn_steps` steps on every rank (dynamic swaps are per rank, as on one rank), and
-gathers each window's figures to rank 0, which prints for the job.
+The one loop (`Engine.run`, with this module's `RankLoop` hooks) steps every rank in lockstep
+(each step's exchanges are collectives), closes a window every `dyn_steps` steps on every rank
+(dynamic swaps are per rank, as on one rank), and gathers each window's figures to rank 0,
+which prints for the job.
 """
 
 from __future__ import annotations
