@@ -59,27 +59,33 @@ def run(
                                                   "ep_exchange": ep_exchange})
     _check_options(rec, platform, (trace, steps, scale), plot)
     plan_file = check_run_inputs(rec, plan, trace)  # before anything is built
+    request = RunRequest(rec, knobs, plan, trace, steps, scale, log_jsonl, plot, platform,
+                         tuple((ctx.obj or {}).get("argv", ())))
     if rec.parallel.ep > 1:  # the ranks of an expert-parallel run
         from ._run_ep import run_expert_parallel
 
-        argv = tuple((ctx.obj or {}).get("argv", ()))
-        return run_expert_parallel(out, RunRequest(rec, knobs, plan, trace, steps, scale, log_jsonl, plot, platform,
-                                                   argv))
+        return run_expert_parallel(out, request)
     if rec.model.kind == "hf":
-        return _run_checkpoint(out, rec, knobs, plan, log_jsonl, plot, json_out, platform)
+        return _run_checkpoint(out, request)
+    return _run_synthetic(out, request, plan_file)
 
+
+def _run_synthetic(out: Output, request: RunRequest, plan_file) -> None:
+    """A synthetic model on one rank: build it (`plan_file`: the --plan file, read and checked)."""
+    rec, knobs, plan, trace, log_jsonl, plot = (request.recipe, request.knobs, request.plan, request.trace,
+                                                request.log_jsonl, request.plot)
     from hotsplit_runtime.device import tune_cpu_threads  # torch is imported only from here on
     from hotsplit_runtime.from_recipe import prepare_run
     from hotsplit_runtime.rank_context import RankContext
 
     with out.progress(f"building {rec.model.num_moe_layers} MoE layers", rec.model.num_moe_layers) as advance:
-        prepared = prepare_run(rec, knobs, plan_path=plan, trace_path=trace, steps=steps, scale=scale,
-                               advance=advance, platform_path=platform, rank=RankContext(plan_file))
+        prepared = prepare_run(rec, knobs, plan_path=plan, trace_path=trace, steps=request.steps, scale=request.scale,
+                               advance=advance, platform_path=request.platform, rank=RankContext(plan_file))
     tune_cpu_threads(prepared.info)
     for note in prepared.notes:
         out.note(f"note: {note}")
     pdoc = prepared.to_doc()
-    say = out.note if json_out else out.print
+    say = out.note if out.json_mode else out.print
     _describe(say, rec.name, prepared, pdoc)
     with out.progress(f"{rec.name}: steps", prepared.steps) as advance:
         summary = _logged(say, log_jsonl, lambda on_record: prepared.engine.run(prepared.steps, on_record, advance))
@@ -130,16 +136,17 @@ def _wrote(log_jsonl: Path | None, records: int, plot: Path | None) -> str:
     return f"wrote {' and '.join(files)}" if files else "nothing was written"
 
 
-def _run_checkpoint(out: Output, rec, knobs, plan: Path | None, log_jsonl: Path | None, plot: Path | None,
-                    json_out: bool, platform: Path | None = None) -> None:
+def _run_checkpoint(out: Output, request: RunRequest) -> None:
     """A real checkpoint: generate the recipe's prompts on the hot/cold banks, logging hit rates."""
+    rec, knobs, plan, log_jsonl, plot, platform = (request.recipe, request.knobs, request.plan, request.log_jsonl,
+                                                   request.plot, request.platform)
     try:
         import transformers  # noqa: F401
     except ImportError:
         raise UsageError("a checkpoint recipe needs transformers", "pip install 'hotsplit[hf]'") from None
     from hotsplit_runtime.hf.run import checkpoint_prompts, run_checkpoint
 
-    say = out.note if json_out else out.print
+    say = out.note if out.json_mode else out.print
     say(f"{rec.name}: {rec.model.family} checkpoint {rec.model.path}, prompts {rec.traffic.path}")
     prompts = checkpoint_prompts(rec)
     with out.progress(f"{rec.name}: prompts", len(prompts)) as advance:
