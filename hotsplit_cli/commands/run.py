@@ -49,7 +49,7 @@ def run(
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path, "eplb_steps": eplb_steps,
                                                   "ep_exchange": ep_exchange})
     _check_options(rec, platform, (trace, steps, scale), plot)
-    plan_file = check_run_inputs(rec, plan, trace)  # before anything is built
+    plan_file = check_run_inputs(rec, plan, trace, knobs)  # before anything is built
     if rec.parallel.ep > 1:  # the ranks of an expert-parallel run
         return _expert_parallel(out, rec, knobs, plan, trace, steps, scale, log_jsonl, plot, platform)
     if rec.model.kind == "hf":
