@@ -393,10 +393,28 @@ def load_plan(path: str | os.PathLike) -> PlanFile:
     placement = doc.get("placement")
     if placement is not None and not (isinstance(placement, dict) and isinstance(placement.get("path"), str)):
         raise PlanError(f"{path}: `placement` must be an object with the placement's `path`")
+    if placement is not None:
+        placement = {**placement, "path": str(find_beside(Path(path), placement["path"], placement.get("sha256")))}
     rates = tuple(float(r["hit_rate"]) if isinstance(r.get("hit_rate"), int | float) else None for r in ranks)
     return PlanFile(Path(path), layers, tuple(hot_by_rank), number("hit_rate", float),
                     number("expert_bytes", int), number("budget_bytes", int), _made_from(doc.get("histogram")),
                     doc.get("recipe") if isinstance(doc.get("recipe"), str) else None, placement, rates)
+
+
+def find_beside(plan_path: Path, recorded: str, sha256: str | None) -> Path:
+    """The file a plan names (its placement): as recorded (relative to the folder the plan was
+    made in), else relative to the plan's own folder, else beside the plan by name, so that a plan
+    moved with its placement still finds it. With a recorded sha256 the first copy that matches
+    wins; with none that exists, the recorded path (its reader then says it cannot be read)."""
+    given = Path(recorded)
+    here = plan_path.parent
+    candidates = [given] if given.is_absolute() else [given, here / given]
+    candidates.append(here / given.name)
+    existing = [c for c in dict.fromkeys(candidates) if c.is_file()]
+    for c in existing:
+        if sha256 is None or file_sha256(c) == sha256:
+            return c
+    return existing[0] if existing else given
 
 
 def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | None,
