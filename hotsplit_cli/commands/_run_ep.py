@@ -41,11 +41,7 @@ def run_expert_parallel(out: Output, rec, knobs, plan: Path | None, trace: Path 
             os.environ["HOTSPLIT_DEBUG"] = "1"
         return launch_local(ep, INVOCATION["argv"])
     world = int(os.environ["WORLD_SIZE"])
-    if world != ep:
-        if os.environ["RANK"] != "0":  # every rank finds the same mismatch: rank 0 says it for the job
-            from hotsplit_runtime.distributed.launch import ReportedElsewhere
-
-            raise ReportedElsewhere(2)
+    if world != ep:  # every rank finds the same mismatch: rank 0 says it for the job (cli._say_error)
         raise UsageError(f"parallel.ep is {ep} but the launcher started {world} ranks",
                          f"launch {ep} ranks (torchrun --nproc-per-node, --nnodes), or change parallel.ep")
     _rank(out, rec, knobs, (plan, trace, steps, scale, platform), log_jsonl, plot, report)
