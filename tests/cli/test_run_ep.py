@@ -250,3 +250,17 @@ def test_under_torchrun_a_refusal_waits_for_a_slow_rank_zero(tmp_path, args, wan
     assert done.returncode != 0 and lines == [want], done.stderr[-3000:]
     assert time.monotonic() - t0 >= 4  # rank 0's line came after its delay, not from a rank that gave up
     assert not (tmp_path / "ep.jsonl").exists()
+
+
+def test_the_allgather_exchange_prints_no_torch_warning(tmp_path):
+    """torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor (FutureWarning on every
+    call); the exchange uses the current names, so no rank prints a warning (torchrun shows every
+    rank's stderr)."""
+    from tests.runtime.ep.harness import tiny_ep_recipe
+
+    recipe = tiny_ep_recipe(tmp_path / "r.yaml", 2)
+    done = run_job(torchrun(2, ["-m", "hotsplit_cli", "run", str(recipe), "--steps", "4", "--ep-exchange",
+                                "allgather"]), timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "(allgather)" in done.stdout
+    assert "Warning" not in done.stderr, done.stderr[-3000:]
