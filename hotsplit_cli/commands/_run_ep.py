@@ -39,12 +39,33 @@ def run_expert_parallel(out: Output, rec, knobs, plan: Path | None, trace: Path 
 
         if debug_on():
             os.environ["HOTSPLIT_DEBUG"] = "1"
+        _remove_ended_jobs(out)
         return launch_local(ep, INVOCATION["argv"])
+    _start_rank(out)
     world = int(os.environ["WORLD_SIZE"])
     if world != ep:  # every rank finds the same mismatch: rank 0 says it for the job (cli._say_error)
         raise UsageError(f"parallel.ep is {ep} but the launcher started {world} ranks",
                          f"launch {ep} ranks (torchrun --nproc-per-node, --nnodes), or change parallel.ep")
     _rank(out, rec, knobs, (plan, trace, steps, scale, platform), log_jsonl, plot, report)
+
+
+def _remove_ended_jobs(out: Output) -> None:
+    """Before a job starts: remove what killed jobs left on this node, and say so."""
+    from hotsplit_runtime.distributed.leftovers import remove_ended
+
+    line = remove_ended().line()
+    if line:
+        out.note(escape(line))
+
+
+def _start_rank(out: Output) -> None:
+    """First in a rank: die with the launcher; under a launcher not our own (torchrun), the
+    node's local rank 0 removes what killed jobs left, as our launcher does."""
+    from hotsplit_runtime.distributed.launch import ERROR_DIR_ENV, die_with_launcher
+
+    die_with_launcher()
+    if os.environ.get("LOCAL_RANK") == "0" and ERROR_DIR_ENV not in os.environ:
+        _remove_ended_jobs(out)
 
 
 def _rank(out, rec, knobs, inputs, log_jsonl, plot, report) -> None:

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import json
 import logging
@@ -26,7 +27,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -36,11 +36,16 @@ import torch
 import torch.distributed as dist
 
 from hotsplit_cli.core.errors import HotsplitError, Interrupted, RuntimeFailure
+from hotsplit_cli.output import StdoutClosed
 
-from .shared_bank import SHM_DIR, remove_leftovers
+from .leftovers import SHM_DIR, log_folder
+from .shared_bank import remove_leftovers
 
 COLLECTIVE_TIMEOUT_S = 120  # one collective (a step's exchange, the summary) waits at most this long
 ERROR_DIR_ENV = "HOTSPLIT_EP_ERROR_DIR"  # set by the launcher: ranks write their error here
+LAUNCHER_PID_ENV = "HOTSPLIT_EP_LAUNCHER_PID"  # set by the launcher: the parent its ranks die with
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+STDOUT_CLOSED_EXIT = 141  # 128 + SIGPIPE: rank 0's stdout was closed, what the CLI exits with then
 GROUP_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -90,6 +95,25 @@ def join(environ=os.environ) -> Group:
     return Group(rank, world, local_rank, local_world, node, job, backend, control)
 
 
+def die_with_launcher(environ=os.environ) -> bool:
+    """In a rank: be killed (SIGKILL) when the launcher that started it dies. torch's agent starts
+    each rank in a session of its own, so neither a terminal's Ctrl-C nor a kill of the
+    launcher's group reaches a rank; without this a killed launcher leaves its ranks stepping.
+    SIGKILL, not SIGTERM: a rank waiting in a collective runs no Python handler. A launcher that
+    died before this call is found by the parent pid (then this process ends at once). Returns
+    False where prctl is not there (not Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    expected = int(environ.get(LAUNCHER_PID_ENV, 0) or 0)
+    if os.getppid() == 1 or (expected and os.getppid() != expected):  # the launcher is gone already
+        os._exit(128 + int(signal.SIGKILL))
+    return True
+
+
 def leave() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -119,6 +143,11 @@ def report_rank_error(rank: int, exc: BaseException, environ=os.environ) -> None
     (torchrun) the job's first error is said once, by the rank that claims it (`_claim_report`);
     the other ranks exit quietly with their code."""
     folder = environ.get(ERROR_DIR_ENV)
+    if isinstance(exc, StdoutClosed):  # rank 0's reader went away (`| head`): a quiet 141, as on one rank
+        if folder:
+            raise ReportedElsewhere(STDOUT_CLOSED_EXIT) from None
+        _claim_report("error")  # the ranks that lose their peer over it say nothing
+        raise exc
     if isinstance(exc, KeyboardInterrupt):
         if folder:
             raise ReportedElsewhere(130) from None
@@ -256,25 +285,35 @@ def launch_local(nproc: int, argv: list[str]) -> None:
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.CRITICAL)  # the agent's own chatter; failures are ours to say
     job = f"hotsplit-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    folder = tempfile.mkdtemp(prefix="hotsplit-ep-")
+    folder = log_folder(os.getpid())
     logs = DefaultLogsSpecs(log_dir=folder, redirects={r: Std.ALL for r in range(1, nproc)})
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=job, rdzv_backend="c10d",
                           rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1, logs_specs=logs)
-    saved = os.environ.get(ERROR_DIR_ENV)
-    os.environ[ERROR_DIR_ENV] = folder
+    saved = {k: os.environ.get(k) for k in (ERROR_DIR_ENV, LAUNCHER_PID_ENV)}
+    os.environ.update({ERROR_DIR_ENV: folder, LAUNCHER_PID_ENV: str(os.getpid())})
     try:
         elastic_launch(config, sys.executable)("-m", "hotsplit_cli", *argv)
     except ChildFailedError as exc:
+        if _stdout_closed(exc.failures):
+            raise StdoutClosed from None
         raise job_failure(exc.failures, folder, nproc) from None
     except (SignalException, KeyboardInterrupt):
         raise Interrupted(f"interrupted: all {nproc} ranks were stopped", "nothing was written") from None
     finally:
-        if saved is None:
-            os.environ.pop(ERROR_DIR_ENV, None)
-        else:
-            os.environ[ERROR_DIR_ENV] = saved
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         remove_leftovers(SHM_DIR, job)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stdout_closed(failures: dict) -> bool:
+    """Rank 0, the one rank writing to the launcher's stdout, stopped because its reader went
+    away; the other ranks only lost it."""
+    first = failures.get(0)
+    return first is not None and first.exitcode == STDOUT_CLOSED_EXIT
 
 
 def job_failure(failures: dict, folder: str, nproc: int) -> HotsplitError:

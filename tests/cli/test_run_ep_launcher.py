@@ -1,0 +1,71 @@
+"""The plain EP launcher as a process: its ranks die with it, what a killed job left is removed by
+the next run (by its recorded owner, never by age), and `| head` ends it quietly as it ends a
+single-rank run. Every job is bounded in time and its processes are killed afterwards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from hotsplit_runtime.distributed.leftovers import owner_tag
+
+from tests.cli.test_run_ep import HOTSPLIT, _start_long_run
+from tests.runtime.ep.harness import kill_tagged, run_job, tagged_pids, tiny_ep_recipe
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def test_a_killed_launcher_takes_its_ranks_and_the_next_run_removes_what_it_left(tmp_path):
+    tag = uuid.uuid4().hex
+    proc = _start_long_run(tag)
+    seg = live = None
+    try:
+        ranks = [p for p in tagged_pids(tag) if p != proc.pid]
+        assert len(ranks) == 4
+        folders = list(Path("/tmp").glob(f"hotsplit-ep-o{proc.pid}.*"))
+        assert len(folders) == 1  # the launcher's log folder, named for it
+        owner = owner_tag(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while any(map(_running, ranks)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in ranks if _running(p)], "ranks outlived their launcher by 10 s"
+        assert folders[0].is_dir()  # a SIGKILL leaves the launcher no time to remove it
+        # What a job killed during set-up leaves in /dev/shm, named for its dead launcher, beside
+        # a segment of a job that still runs (this test's process owns it): only the first goes.
+        seg = Path(f"/dev/shm/hotsplit-hotsplit-{proc.pid}-test-node0-{owner}-0")
+        seg.write_bytes(b"\0" * (3 << 20))
+        live = Path(f"/dev/shm/hotsplit-test-{tag}-node0-{owner_tag(os.getpid())}-0")
+        live.write_bytes(b"\0")
+        recipe = tiny_ep_recipe(tmp_path / "r.yaml", 2)
+        done = run_job([*HOTSPLIT, "run", str(recipe), "--steps", "2"], timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        want = (f"removed what ended expert-parallel jobs left: 1 shared-memory segment (3.0 MiB) from /dev/shm "
+                f"and 1 log folder ({folders[0]})")
+        assert want in done.stderr.splitlines(), done.stderr[-3000:]
+        assert not seg.exists() and not folders[0].exists() and live.exists()
+    finally:
+        kill_tagged(tag)
+        for path in (seg, live):
+            if path is not None:
+                path.unlink(missing_ok=True)
+
+
+def test_an_ep_run_piped_into_head_exits_quietly_with_141():
+    """`hotsplit run tiny-ep4 --steps 200 | head -3`: rank 0's reader goes away; the launcher
+    exits 141 without a line, as a single-rank run does."""
+    cmd = f"{sys.executable} -m hotsplit_cli run tiny-ep4 --steps 200 | head -3; exit ${{PIPESTATUS[0]}}"
+    done = run_job(["bash", "-c", cmd], timeout=200)
+    assert done.returncode == 141, done.stderr[-3000:]
+    assert len(done.stdout.splitlines()) == 3
+    assert "error" not in done.stderr, done.stderr[-3000:]
