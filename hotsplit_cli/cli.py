@@ -87,9 +87,9 @@ def _say_error(line: str, exit_code: int) -> None:
     rank is this same command line, so a refused flag, knob or recipe value (exit 2) is refused
     by every rank alike: rank 0 says it for the job, the others wait until it has, then exit 2
     without a line."""
-    if exit_code == 2 and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and "MASTER_PORT" in os.environ:
-        from hotsplit_runtime.distributed.launch import say_refusal_once
+    from hotsplit_cli.commands._refusal import say_refusal_once, under_launcher
 
+    if exit_code == 2 and under_launcher():
         say_refusal_once(line)
         return
     print(line, file=sys.stderr)
