@@ -30,6 +30,10 @@ def run_expert_parallel(out: Output, rec, knobs, plan: Path | None, trace: Path 
     if rec.parallel.tp != 1:
         raise UsageError(f"parallel.tp is {rec.parallel.tp} with ep {ep}: the runtime runs tp 1 under ep",
                          "use tp: 1 for an expert-parallel run")
+    from hotsplit_cli.commands._refusal import under_launcher
+
+    if not under_launcher():  # before torch is imported: a refusal here takes well under a second
+        _check_before_launch(rec, plan, trace, steps)
     from hotsplit_runtime.distributed.launch import in_group
 
     if not in_group():
@@ -47,6 +51,23 @@ def run_expert_parallel(out: Output, rec, knobs, plan: Path | None, trace: Path 
         raise UsageError(f"parallel.ep is {ep} but the launcher started {world} ranks",
                          f"launch {ep} ranks (torchrun --nproc-per-node, --nnodes), or change parallel.ep")
     _rank(out, rec, knobs, (plan, trace, steps, scale, platform), log_jsonl, plot, report)
+
+
+def _check_before_launch(rec, plan: Path | None, trace: Path | None, steps: int | None) -> None:
+    """What every rank would refuse, refused once by the launcher before any rank starts, with
+    the checks a single-rank run makes before it builds: the trace against the recipe and
+    --steps, the plan's placement. A refusal names the input, not a rank."""
+    from hotsplit_cli.hotset.planfile import load_plan
+    from hotsplit_cli.traffic.trace import load_replay
+
+    trace_file = trace or (rec.traffic.path if rec.traffic.kind == "trace" else None)
+    if trace_file is not None:
+        load_replay(trace_file, rec, steps)
+    if plan is not None:  # its number of ranks is checked with the single-rank checks (check_run_inputs)
+        from hotsplit_runtime.distributed.rank import placement_of_plan
+
+        m = rec.model
+        placement_of_plan(load_plan(plan), m.moe_layer_ids, m.num_experts, rec.parallel.ep)
 
 
 def _remove_ended_jobs(out: Output) -> None:

@@ -69,3 +69,35 @@ def test_an_ep_run_piped_into_head_exits_quietly_with_141():
     assert done.returncode == 141, done.stderr[-3000:]
     assert len(done.stdout.splitlines()) == 3
     assert "error" not in done.stderr, done.stderr[-3000:]
+
+
+def _trace(path, num_experts: int, steps: int):
+    from hotsplit_cli.config.recipe import load_recipe
+    from hotsplit_cli.traffic.synthetic import synthetic_trace, zipf_shares
+    from hotsplit_cli.traffic.trace import save_trace
+
+    m = load_recipe("tiny-ep4").model
+    save_trace(path, synthetic_trace(zipf_shares(m.num_moe_layers, num_experts, 1.2, 3), m.moe_layer_ids, steps, 16,
+                                     m.top_k, seed=5))
+    return path
+
+
+def test_the_launcher_refuses_a_trace_of_another_model_before_any_rank_starts(cli, tmp_path):
+    """A trace with expert ids the recipe does not have (here up to 63 for 32 experts), and
+    --steps beyond a trace's 24: refused by the launcher in under a second, naming the file and
+    the option, never a rank; no rank started (no log folder of this process)."""
+    wide, short = _trace(tmp_path / "wide.npz", 64, 4), _trace(tmp_path / "short.npz", 32, 24)
+    before = set(Path("/tmp").glob(f"hotsplit-ep-o{os.getpid()}.*"))
+    t0 = time.monotonic()
+    r = cli("run", "tiny-ep4", "--trace", wide, "--log-jsonl", tmp_path / "log.jsonl")
+    elapsed = time.monotonic() - t0
+    assert r.code == 1 and r.out == "" and not (tmp_path / "log.jsonl").exists()
+    [line] = r.err.splitlines()
+    assert line.startswith(f"error: {wide}: `topk_ids[") and line.endswith("but the model has 32 experts"), line
+    assert elapsed < 1.0, elapsed
+    r = cli("run", "tiny-ep4", "--trace", short, "--steps", "100")
+    assert r.code == 2 and r.err.splitlines() == [
+        f"error: --steps 100: the trace {short} has 24 steps; pass --steps 24 or less, or drop --steps to replay the "
+        "whole trace"]
+    assert "rank" not in r.err
+    assert set(Path("/tmp").glob(f"hotsplit-ep-o{os.getpid()}.*")) == before
