@@ -58,6 +58,9 @@ def place_cmd(
         from hotsplit_cli.config.recipe import load_recipe
 
         rec = load_recipe(recipe)
+        if rec.parallel.ep > 1 and ranks != rec.parallel.ep:
+            raise UsageError(f"--ranks {ranks}: recipe {rec.name!r} has ep={rec.parallel.ep}",
+                             f"place with --ranks {rec.parallel.ep}, or use a recipe with ep: {ranks}")
     req = PlaceRequest(hist_file, ranks, redundant, nodes, groups, eval_hist, seed, fit, platform, balance or "time")
     if platform is None and (hot_gib is not None or balance is not None):
         raise UsageError("--hot-gib and --balance time the ranks and need --platform",
