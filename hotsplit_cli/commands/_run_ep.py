@@ -10,6 +10,7 @@ every rank's fields.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from rich.markup import escape
@@ -32,6 +33,7 @@ def run_expert_parallel(out: Output, rec, knobs, plan: Path | None, trace: Path 
                          "use tp: 1 for an expert-parallel run")
     from hotsplit_cli.commands._refusal import under_launcher
 
+    started = time.time()  # the job's start, for the progress lines of its set-up
     if not under_launcher():  # before torch is imported: a refusal here takes well under a second
         _check_before_launch(rec, plan, trace, steps)
     from hotsplit_runtime.distributed.launch import in_group
@@ -44,7 +46,8 @@ def run_expert_parallel(out: Output, rec, knobs, plan: Path | None, trace: Path 
         if debug_on():
             os.environ["HOTSPLIT_DEBUG"] = "1"
         _remove_ended_jobs(out)
-        return launch_local(ep, INVOCATION["argv"])
+        out.note(f"expert parallel: starting {ep} local ranks")
+        return launch_local(ep, INVOCATION["argv"], started)
     _start_rank(out)
     world = int(os.environ["WORLD_SIZE"])
     if world != ep:  # every rank finds the same mismatch: rank 0 says it for the job (cli._say_error)
@@ -98,6 +101,9 @@ def _rank(out, rec, knobs, inputs, log_jsonl, plot, report) -> None:
     header = {}
 
     def on_ready(prepared, group):
+        from hotsplit_runtime.distributed.launch import seconds_since_start
+
+        out.note(f"expert parallel: every rank's banks built after {seconds_since_start():.1f} s")
         header["doc"] = pdoc = prepared.to_doc()
         report.describe(say, rec.name, prepared, pdoc)
         say(f"expert parallel: {group.world} ranks on {group.world // group.local_world} node(s), {group.backend}; "
@@ -121,6 +127,11 @@ def _rank(out, rec, knobs, inputs, log_jsonl, plot, report) -> None:
         doc["plot"] = str(plot)
     origin = report.origin(out, s, result.prepared.plan.made_from, result.prepared.traffic)
     out.emit(doc, lambda: _render(out, rec.name, s, fig, origin, plot, report))
+    if s.interrupted:  # Ctrl-C: every rank stopped at the same window; said here once, for the job
+        from hotsplit_cli.core.errors import Interrupted
+
+        raise Interrupted(f"interrupted at step {s.steps} of {result.prepared.steps}",
+                          report.wrote(log_jsonl, len(s.records), plot))
 
 
 def _plot(path: Path, s, fig, title: str, report) -> None:
@@ -166,7 +177,8 @@ def _render(out: Output, name: str, s, fig, origin, plot, report) -> None:
                      f"balancedness {r['before']:.3f} -> {r['predicted_after']:.3f} predicted{after}; "
                      f"{r['experts_moved']} slots refilled, up to {max(r['bytes_moved_R']) / 2**20:.2f} MiB per rank "
                      f"from the shared cold bank, {r['ms']:.1f} ms, {r['steps_disturbed']} steps disturbed"))
-    report.render_summary(out, f"hotsplit run {name} (ep {len(fig.ranks)})", s, [], rows, origin)
+    title = f"hotsplit run {name} (ep {len(fig.ranks)})" + (" (interrupted)" if s.interrupted else "")
+    report.render_summary(out, title, s, [], rows, origin)
     split = any(r["cold_paths"] for r in fig.ranks)  # cold_path cpu / split: where each rank's cold work went
     t = out.table("rank", "assignments", "hit rate", "expected", "cold reads", "swaps",
                   *(("cold on CPU",) if split else ()), title="ranks")

@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from hotsplit_cli.core.errors import HotsplitError, Interrupted, RuntimeFailure, StdoutClosed
 
+from .interrupt import forward_interrupts, stop_at_next_window
 from .leftovers import SHM_DIR, log_folder
 from .shared_bank import remove_leftovers
 
@@ -44,7 +45,10 @@ COLLECTIVE_TIMEOUT_S = 120  # one collective (a step's exchange, the summary) wa
 ERROR_DIR_ENV = "HOTSPLIT_EP_ERROR_DIR"  # set by the launcher: ranks write their error here
 LAUNCHER_PID_ENV = "HOTSPLIT_EP_LAUNCHER_PID"  # set by the launcher: the parent its ranks die with
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+STARTED_ENV = "HOTSPLIT_EP_STARTED"  # set by the launcher: when the job started (time.time()), for progress
+_PROCESS_STARTED = time.time()  # a rank under another launcher counts from its own start
 STDOUT_CLOSED_EXIT = 141  # 128 + SIGPIPE: rank 0's stdout was closed, what the CLI exits with then
+INTERRUPTED_EXIT = Interrupted.exit_code  # 130: rank 0 stopped on Ctrl-C and said so
 GROUP_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -91,7 +95,15 @@ def join(environ=os.environ) -> Group:
         torch.cuda.set_device(local_rank)
     dist.init_process_group(backend, timeout=timeout)
     control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
+    if rank == 0:  # progress through the silent seconds of set-up (stderr, as a single rank's bars)
+        print(f"expert parallel: {world} ranks joined ({backend}) after {seconds_since_start(environ):.1f} s; "
+              "building their banks", file=sys.stderr, flush=True)
     return Group(rank, world, local_rank, local_world, node, job, backend, control)
+
+
+def seconds_since_start(environ=os.environ) -> float:
+    """Seconds since the job started: since the launcher did, or since this process did."""
+    return time.time() - float(environ.get(STARTED_ENV, _PROCESS_STARTED))
 
 
 def die_with_launcher(environ=os.environ) -> bool:
@@ -216,9 +228,11 @@ def _claim_report(kind: str) -> bool:
 # ---- the local launcher ---------------------------------------------------------------------------
 
 
-def launch_local(nproc: int, argv: list[str]) -> None:
+def launch_local(nproc: int, argv: list[str], started: float | None = None) -> None:
     """Run `python -m hotsplit_cli *argv` as `nproc` local ranks under torch's elastic agent;
-    returns when all finished, raises one HotsplitError naming the rank that failed first."""
+    returns when all finished, raises one HotsplitError naming the rank that failed first.
+    `started`: when the job started (time.time()), for the ranks' progress lines."""
+    started = time.time() if started is None else started
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -230,14 +244,18 @@ def launch_local(nproc: int, argv: list[str]) -> None:
     folder = log_folder(os.getpid())
     logs = DefaultLogsSpecs(log_dir=folder, redirects={r: Std.ALL for r in range(1, nproc)})
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=job, rdzv_backend="c10d",
-                          rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1, logs_specs=logs)
-    saved = {k: os.environ.get(k) for k in (ERROR_DIR_ENV, LAUNCHER_PID_ENV)}
-    os.environ.update({ERROR_DIR_ENV: folder, LAUNCHER_PID_ENV: str(os.getpid())})
+                          rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1, logs_specs=logs,
+                          signals_to_handle="SIGTERM,SIGHUP,SIGQUIT")  # SIGINT is forward_interrupts
+    saved = {k: os.environ.get(k) for k in (ERROR_DIR_ENV, LAUNCHER_PID_ENV, STARTED_ENV)}
+    os.environ.update({ERROR_DIR_ENV: folder, LAUNCHER_PID_ENV: str(os.getpid()), STARTED_ENV: repr(started)})
     try:
-        elastic_launch(config, sys.executable)("-m", "hotsplit_cli", *argv)
+        with forward_interrupts() as sigint:
+            elastic_launch(config, sys.executable)("-m", "hotsplit_cli", *argv)
     except ChildFailedError as exc:
         if _stdout_closed(exc.failures):
             raise StdoutClosed from None
+        if sigint["interrupted"] and _said_interrupted(exc.failures):
+            raise ReportedElsewhere(INTERRUPTED_EXIT) from None
         raise job_failure(exc.failures, folder, nproc) from None
     except (SignalException, KeyboardInterrupt):
         raise Interrupted(f"interrupted: all {nproc} ranks were stopped", "nothing was written") from None
@@ -249,6 +267,13 @@ def launch_local(nproc: int, argv: list[str]) -> None:
                 os.environ[key] = value
         remove_leftovers(SHM_DIR, job)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _said_interrupted(failures: dict) -> bool:
+    """Rank 0 stopped on Ctrl-C at a window, printed the summary so far and the interrupted
+    line, and exited as a single-rank run does."""
+    first = failures.get(0)
+    return first is not None and first.exitcode == INTERRUPTED_EXIT
 
 
 def _stdout_closed(failures: dict) -> bool:
@@ -301,5 +326,7 @@ def _last_line(folder: str, rank: int) -> str:
 
 
 def stop_on_signal() -> None:
-    """In a rank: SIGTERM (the agent stopping the job) ends the process at once, quietly."""
+    """In a rank: SIGTERM (the agent stopping the job) ends the process at once, quietly; SIGINT
+    (Ctrl-C, passed on by the launcher) stops the job at its next window (interrupt.py)."""
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+    stop_at_next_window()
