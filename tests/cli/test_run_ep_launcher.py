@@ -101,3 +101,39 @@ def test_the_launcher_refuses_a_trace_of_another_model_before_any_rank_starts(cl
         "whole trace"]
     assert "rank" not in r.err
     assert set(Path("/tmp").glob(f"hotsplit-ep-o{os.getpid()}.*")) == before
+
+
+def test_ctrl_c_keeps_the_summary_log_and_plot_so_far_as_a_single_rank_run_does(tmp_path):
+    """Ctrl-C at the plain launcher: every rank stops at the same window, rank 0 prints the
+    summary so far, writes --log-jsonl and --plot, and says once what it wrote; exit 130, no torch
+    log line, no traceback, no rank left."""
+    import subprocess
+
+    from tests.cli.test_run_ep import REPO
+    from tests.runtime.ep.harness import env_for_ranks
+
+    tag, log, png = uuid.uuid4().hex, tmp_path / "ep.jsonl", tmp_path / "ep.png"
+    proc = subprocess.Popen([*HOTSPLIT, "run", "tiny-ep4", "--steps", "100000", "--log-jsonl", str(log),
+                             "--plot", str(png)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env_for_ranks(tag), cwd=REPO, start_new_session=True)
+    try:
+        deadline, head = time.monotonic() + 200, []
+        for line in proc.stdout:  # the header, then the first window's line: every rank is stepping
+            head.append(line)
+            if line.startswith("step ") or time.monotonic() > deadline:
+                break
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
+        out, err = proc.communicate(timeout=90)
+        out = "".join(head) + out
+        lines = [x for x in err.splitlines() if "interrupted" in x]
+        assert proc.returncode == 130 and len(lines) == 1, err[-3000:]
+        records = len(log.read_text().splitlines())
+        assert records >= 1 and png.stat().st_size > 0
+        assert lines[0].startswith("error: interrupted at step ") and lines[0].endswith(
+            f"of 100000; wrote {log} ({records} records) and {png}"), lines
+        assert "(interrupted)" in out and f"plot: {png}" in out
+        assert "death signal" not in err and "Traceback" not in err, err[-3000:]
+        time.sleep(0.5)
+        assert tagged_pids(tag) == []
+    finally:
+        kill_tagged(tag)
