@@ -155,7 +155,9 @@ def report_rank_error(rank: int, exc: BaseException, environ=os.environ) -> None
     the other ranks exit quietly with their code."""
     folder = environ.get(ERROR_DIR_ENV)
     if isinstance(exc, StdoutClosed):  # rank 0's reader went away (`| head`): a quiet 141, as on one rank
-        if folder:
+        if folder:  # said before this rank leaves the group: its peers may fail (and be seen) first
+            _write_report(folder, {"rank": rank, "line": "", "kind": "stdout-closed",
+                                   "exit_code": STDOUT_CLOSED_EXIT, "time": time.time()})
             raise ReportedElsewhere(STDOUT_CLOSED_EXIT) from None
         _claim_report("error")  # the ranks that lose their peer over it say nothing
         raise exc
@@ -180,11 +182,15 @@ def report_rank_error(rank: int, exc: BaseException, environ=os.environ) -> None
             err = RuntimeFailure(f"{who}: {line[len('error: '):]}", "every rank was stopped")
         _tell_torchelastic(err.render(), environ)
         raise err from None
-    doc = {"rank": rank, "line": line, "kind": kind, "exit_code": code, "time": time.time()}
-    tmp = Path(folder) / f".rank{rank}.json"
-    tmp.write_text(json.dumps(doc))
-    tmp.rename(Path(folder) / f"rank{rank}.json")
+    _write_report(folder, {"rank": rank, "line": line, "kind": kind, "exit_code": code, "time": time.time()})
     raise ReportedElsewhere(code) from None
+
+
+def _write_report(folder: str, doc: dict) -> None:
+    """A rank's report for the launcher, whole or not at all (written, then renamed)."""
+    tmp = Path(folder) / f".rank{doc['rank']}.json"
+    tmp.write_text(json.dumps(doc))
+    tmp.rename(Path(folder) / f"rank{doc['rank']}.json")
 
 
 def _tell_torchelastic(line: str, environ) -> None:
@@ -252,7 +258,7 @@ def launch_local(nproc: int, argv: list[str], started: float | None = None) -> N
         with forward_interrupts() as sigint:
             elastic_launch(config, sys.executable)("-m", "hotsplit_cli", *argv)
     except ChildFailedError as exc:
-        if _stdout_closed(exc.failures):
+        if _stdout_closed(exc.failures, folder):
             raise StdoutClosed from None
         if sigint["interrupted"] and _said_interrupted(exc.failures):
             raise ReportedElsewhere(INTERRUPTED_EXIT) from None
@@ -276,11 +282,16 @@ def _said_interrupted(failures: dict) -> bool:
     return first is not None and first.exitcode == INTERRUPTED_EXIT
 
 
-def _stdout_closed(failures: dict) -> bool:
+def _stdout_closed(failures: dict, folder: str) -> bool:
     """Rank 0, the one rank writing to the launcher's stdout, stopped because its reader went
-    away; the other ranks only lost it."""
+    away (its exit code, or its report when a peer that lost it was seen first)."""
     first = failures.get(0)
-    return first is not None and first.exitcode == STDOUT_CLOSED_EXIT
+    if first is not None and first.exitcode == STDOUT_CLOSED_EXIT:
+        return True
+    try:
+        return json.loads((Path(folder) / "rank0.json").read_text()).get("kind") == "stdout-closed"
+    except (OSError, ValueError):
+        return False
 
 
 def job_failure(failures: dict, folder: str, nproc: int) -> HotsplitError:
