@@ -1,10 +1,9 @@
 """The EP launcher checks a plan's placement before it starts a rank (was: the error came from
-every rank after 12-17 s, naming a random one): the refusal names the input, in under a second.
+every rank after 12-17 s, naming a random one): the refusal names the input, and no rank starts
+(no timed assertion: the measured time is in docs/testing.md).
 The trace and --steps checks are in test_run_ep_launcher.py."""
 
 from __future__ import annotations
-
-import time
 
 import pytest
 
@@ -21,12 +20,9 @@ def no_ranks(monkeypatch):
 
 
 def _refused(cli, *args):
-    t0 = time.perf_counter()
     r = cli("run", "tiny-ep4", *args)
-    took = time.perf_counter() - t0
     assert r.code != 0 and r.out == "", r.err
     assert len(r.err.strip().splitlines()) == 1 and "rank " not in r.err.split(";")[0], r.err
-    assert took < 1.0, f"refused after {took:.2f} s"
     return r.err.strip()
 
 
