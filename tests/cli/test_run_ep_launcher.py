@@ -140,3 +140,33 @@ def test_ctrl_c_keeps_the_summary_log_and_plot_so_far_as_a_single_rank_run_does(
         assert tagged_pids(tag) == []
     finally:
         kill_tagged(tag)
+
+
+def test_ctrl_c_under_torchrun_says_the_interrupted_line_once_and_keeps_the_log(tmp_path):
+    """torchrun passes its SIGINT on to every rank; they stop at the same window and rank 0 says
+    the interrupted line once, with the log it wrote (was: four lines and nothing kept). What
+    torchrun prints of its own signal after that is torchrun's."""
+    import subprocess
+
+    from tests.cli.test_run_ep import REPO, _no_rank_traceback, torchrun
+    from tests.runtime.ep.harness import env_for_ranks
+
+    tag, log = uuid.uuid4().hex, tmp_path / "ep.jsonl"
+    proc = subprocess.Popen(torchrun(4, ["-m", "hotsplit_cli", "run", "tiny-ep4", "--steps", "100000", "--log-jsonl",
+                                         str(log)]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env_for_ranks(tag), cwd=REPO, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 200
+        for line in proc.stdout:
+            if line.startswith("step ") or time.monotonic() > deadline:
+                break
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=90)
+        lines = [x for x in err.splitlines() if x.startswith("error:")]
+        records = len(log.read_text().splitlines())
+        assert len(lines) == 1 and lines[0].endswith(f"of 100000; wrote {log} ({records} records)"), err[-3000:]
+        _no_rank_traceback(err)  # torchrun's own log lines and traceback of its signal remain torchrun's
+        time.sleep(0.5)
+        assert tagged_pids(tag) == []
+    finally:
+        kill_tagged(tag)
