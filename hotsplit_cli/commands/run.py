@@ -215,8 +215,9 @@ def _cold_path_rows(paths: dict | None) -> list[tuple[str, str]]:
         share = ("its hot and cold experts" if paths.get("hot_modelled") else "its cold share (hot experts not "
                  "modelled)") if key == "gpu" else "its cold share"
         allocated = p.get("allocated_bytes", p["bytes"])
-        full = "" if allocated == p["bytes"] else f" ({p['bytes'] / MIB:,.2f} MiB at full size)"
-        rows.append((f"  {label}", f"{allocated / MIB:,.2f} MiB allocated{full}; {p['ms']:,.2f} ms achieved vs "
+        full = "" if allocated == p["bytes"] else f"; {gib(p['bytes'])} at full size"
+        rows.append((f"  {label}", f"read {gib(allocated)} of experts (tensors as allocated{full}); "
+                                   f"{p['ms']:,.2f} ms achieved vs "
                                    f"{p['predicted_ms']:,.2f} ms predicted for {share}"))
     if paths.get("rates_not_used"):
         rows.append(("  rates not used", paths["rates_not_used"]))
