@@ -55,9 +55,7 @@ def balance_cmd(
     if recipe_arg is not None and recipe is not None:
         raise UsageError("give the recipe once (RECIPE or --recipe)")
     recipe_name = recipe_arg or recipe
-    if window_steps is not None and windows_steps is not None:
-        raise UsageError("give --window-steps once (--windows-steps is its earlier spelling)")
-    windows_steps = window_steps if window_steps is not None else windows_steps
+    windows_steps = _one_spelling(window_steps, windows_steps)
     for flag, value in (("--max-new-tokens", max_new_tokens), ("--window-steps", windows_steps)):
         if value is not None and value < (0 if flag == "--max-new-tokens" else 1):
             raise UsageError(f"{flag}: must be >= {0 if flag == '--max-new-tokens' else 1}, got {value}")
@@ -186,3 +184,10 @@ def _report(out: Output, hist: Histogram, output, trace, notes, rec=None) -> Non
 
 def register(app: typer.Typer, hist_app: typer.Typer) -> None:
     app.command("balance")(balance_cmd)
+
+
+def _one_spelling(window_steps: int | None, earlier: int | None) -> int | None:
+    """--window-steps, or its earlier spelling --windows-steps; not both."""
+    if window_steps is not None and earlier is not None:
+        raise UsageError("give --window-steps once (--windows-steps is its earlier spelling)")
+    return window_steps if window_steps is not None else earlier

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from hotsplit_cli.config.knobs import check_ep_knobs, resolve_knobs
+from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.core.errors import Interrupted, UsageError
 from hotsplit_cli.core.jsonio import schema_tag, write_atomic
@@ -49,7 +49,6 @@ def run(
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path, "eplb_steps": eplb_steps,
                                                   "ep_exchange": ep_exchange})
     _check_options(rec, platform, (trace, steps, scale), plot)
-    check_ep_knobs(knobs, rec.parallel.ep, rec.name)
     plan_file = check_run_inputs(rec, plan, trace, knobs)  # before anything is built
     if rec.parallel.ep > 1:  # the ranks of an expert-parallel run
         return _expert_parallel(out, rec, knobs, plan, trace, steps, scale, log_jsonl, plot, platform)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hotsplit_cli.config.knobs import Knobs
+from hotsplit_cli.config.knobs import Knobs, check_ep_knobs
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import PlanError
 from hotsplit_cli.core.jsonio import read_json_doc, schema_tag
@@ -419,11 +419,14 @@ def find_beside(plan_path: Path, recorded: str, sha256: str | None) -> Path:
 
 def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | None,
                      knobs: Knobs | None = None) -> PlanFile | None:
-    """What `run` reads, checked before anything is built: the plan exists, is a plan, fits the
-    recipe and its number of ranks, and agrees with a budget the user gave (`knobs`); the trace
+    """What `run` reads, checked before anything is built: the EP-only flags fit the recipe
+    (`knobs`), the plan exists, is a plan, fits the recipe and its number of ranks, and agrees
+    with a budget the user gave; the trace
     exists and is a trace (its contents are checked as it is loaded). Returns the plan read, so
     that the run uses it instead of reading the file again."""
     plan = None
+    if knobs is not None:
+        check_ep_knobs(knobs, recipe.parallel.ep, recipe.name)
     if plan_path is not None:
         m = recipe.model
         plan = load_plan(plan_path)
