@@ -10,7 +10,7 @@ py=.venv/bin/python
 pip=("$py" -m pip --quiet --disable-pip-version-check)
 have() { "$py" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)" 2>/dev/null; }
 
-for spec in "sglang:sglang-kt==0.7.2" "kt_kernel:kt-kernel==0.7.2" "gguf:gguf"; do
+for spec in "sglang:sglang-kt==0.7.2" "kt_kernel:kt-kernel==0.7.2" "gguf:gguf==0.19.0"; do
   mod=${spec%%:*} pkg=${spec#*:}
   have "$mod" || "${pip[@]}" install --no-deps "$pkg" >/dev/null 2>&1 \
     || echo "install_engine_checks: could not install $pkg; its export checks will skip" >&2
