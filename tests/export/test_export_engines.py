@@ -171,6 +171,7 @@ def test_trtllm_and_vllm_ascend_hold_the_placement(tmp_path, capsys):
     check_slots(tmp_path, capsys, make_placement(tmp_path, hist, 4, redundant=4), "tiny")
 
 
+@pytest.mark.slow
 def test_real_deepseek_v3_ep8_placements(tmp_path, capsys):
     """SGLang's DeepSeek-R1 record, placed on 8 ranks with and without redundant experts."""
     hist = sglang_hist(tmp_path)
