@@ -89,7 +89,8 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
             if on_record is not None:
                 on_record(job)
 
-    rebalancer = Rebalancer(hooks, engine.model, control, prepared.expert_bytes) if knobs.eplb_steps else None
+    rebalancer = (Rebalancer(hooks, engine.model, control, prepared.expert_bytes, knobs.eplb_steps)
+                  if knobs.eplb_steps else None)
     run = run_rank(engine, prepared.steps, on_window, rebalancer)
     stats = engine.model.exchange.stats
     hot_RLE = gather_rows(engine.model.hot_LE().astype(np.float64), control)  # for the prediction (static runs)
