@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the serving engines' packages that `hotsplit export`'s acceptance tests read their
-# loading code from (tests/cli/test_export_engines.py). They are never runtime requirements:
+# loading code from (tests/export/test_export_engines.py). They are never runtime requirements:
 # each is installed with --no-deps, quietly, best effort; one that cannot be had is skipped
 # and the tests that need it skip with the reason. Safe to run again: present ones are kept.
 set -u
@@ -17,7 +17,7 @@ for spec in "sglang:sglang-kt==0.7.2" "kt_kernel:kt-kernel==0.7.2" "gguf:gguf==0
 done
 
 # vllm-ascend is an sdist that builds only on Ascend: download it and unpack its sources.
-cache=.cache/engines
+cache=.venv/engines  # beside the packages: gone with the venv, skipped by every source walker
 ascend=vllm_ascend-0.23.0.post1
 if [ ! -d "$cache/$ascend/vllm_ascend" ]; then
   mkdir -p "$cache"

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ASCEND = ROOT / ".cache" / "engines" / "vllm_ascend-0.23.0.post1" / "vllm_ascend"
+ASCEND = ROOT / ".venv" / "engines" / "vllm_ascend-0.23.0.post1" / "vllm_ascend"
 MISSING = "run scripts/install_engine_checks.sh"
 
 
