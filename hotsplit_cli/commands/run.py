@@ -100,7 +100,7 @@ def _expert_parallel(out: Output, rec, knobs, *options) -> None:
     from ._run_ep import run_expert_parallel
 
     report = SimpleNamespace(describe=_describe, logged=_logged, origin=_origin, draw_hit_rates=_draw_hit_rates,
-                             render_summary=_render_summary)
+                             render_summary=_render_summary, wrote=_wrote)
     return run_expert_parallel(out, rec, knobs, *options, report=report)
 
 
