@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from hotsplit_cli.config.knobs import resolve_knobs
+from hotsplit_cli.config.knobs import check_ep_knobs, resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.core.errors import Interrupted, UsageError
 from hotsplit_cli.core.jsonio import schema_tag, write_atomic
@@ -49,7 +49,8 @@ def run(
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path, "eplb_steps": eplb_steps,
                                                   "ep_exchange": ep_exchange})
     _check_options(rec, platform, (trace, steps, scale), plot)
-    plan_file = check_run_inputs(rec, plan, trace)  # before anything is built
+    check_ep_knobs(knobs, rec.parallel.ep, rec.name)
+    plan_file = check_run_inputs(rec, plan, trace, knobs)  # before anything is built
     if rec.parallel.ep > 1:  # the ranks of an expert-parallel run
         return _expert_parallel(out, rec, knobs, plan, trace, steps, scale, log_jsonl, plot, platform)
     if rec.model.kind == "hf":
@@ -214,8 +215,9 @@ def _cold_path_rows(paths: dict | None) -> list[tuple[str, str]]:
         share = ("its hot and cold experts" if paths.get("hot_modelled") else "its cold share (hot experts not "
                  "modelled)") if key == "gpu" else "its cold share"
         allocated = p.get("allocated_bytes", p["bytes"])
-        full = "" if allocated == p["bytes"] else f" ({p['bytes'] / MIB:,.2f} MiB at full size)"
-        rows.append((f"  {label}", f"{allocated / MIB:,.2f} MiB allocated{full}; {p['ms']:,.2f} ms achieved vs "
+        full = "" if allocated == p["bytes"] else f"; {gib(p['bytes'])} at full size"
+        rows.append((f"  {label}", f"read {gib(allocated)} of experts (tensors as allocated{full}); "
+                                   f"{p['ms']:,.2f} ms achieved vs "
                                    f"{p['predicted_ms']:,.2f} ms predicted for {share}"))
     if paths.get("rates_not_used"):
         rows.append(("  rates not used", paths["rates_not_used"]))

@@ -1,7 +1,7 @@
 """What a plan's hit rate will be on traffic it has not seen: rolling-origin refits (numpy only).
 
 A plan's `hit_rate` is measured on the histogram it was fitted on, so it is the best case. With
-a windowed histogram (`balance --windows-steps`), the same planner is refitted on the windows up
+a windowed histogram (`balance --window-steps`), the same planner is refitted on the windows up
 to an origin k and judged on window k, the next traffic it did not see, for every origin of the
 later half (k = ceil(W / 2) .. W - 1; earlier origins fit on too little to stand for a plan fitted
 on all W). The forecast is the pooled hit rate over those held-out windows, its range the lowest
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MIN_WINDOWS = 2  # one to fit, one to judge
-HOW_TO_GET_WINDOWS = "capture the histogram with `hotsplit balance --windows-steps N`"
+HOW_TO_GET_WINDOWS = "capture the histogram with `hotsplit balance --window-steps N`"
 
 Fit = Callable[[np.ndarray], np.ndarray]  # counts [L, E] -> hot mask [R, L, E] (the plan's own planner)
 RankRates = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (counts [L, E], hot [R, L, E]) -> rate [R]

@@ -18,7 +18,7 @@ from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import PlanError
 from hotsplit_cli.core.jsonio import read_json_doc, schema_tag
-from hotsplit_cli.hotset.budget import HotBudget, ReadRate, choose_read_rate, resolve_hot_budget
+from hotsplit_cli.hotset.budget import HotBudget, ReadRate, check_plan_budget, choose_read_rate, resolve_hot_budget
 from hotsplit_cli.hotset.forecast import Band, HeldOut, rolling_origin
 from hotsplit_cli.hotset.planner import Plan, contiguous_owner, plan_hot_set
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
@@ -423,6 +423,8 @@ def load_plan(path: str | os.PathLike) -> PlanFile:
     placement = doc.get("placement")
     if placement is not None and not (isinstance(placement, dict) and isinstance(placement.get("path"), str)):
         raise PlanError(f"{path}: `placement` must be an object with the placement's `path`")
+    if placement is not None:
+        placement = {**placement, "path": str(find_beside(Path(path), placement["path"], placement.get("sha256")))}
     rates = tuple(float(r["hit_rate"]) if isinstance(r.get("hit_rate"), int | float) else None for r in ranks)
     return PlanFile(Path(path), layers, tuple(hot_by_rank), number("hit_rate", float),
                     number("expert_bytes", int), number("budget_bytes", int), _made_from(doc.get("histogram")),
@@ -430,15 +432,36 @@ def load_plan(path: str | os.PathLike) -> PlanFile:
                     _band(doc.get("out_of_sample")), tuple(_band(r.get("out_of_sample")) for r in ranks))
 
 
-def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | None) -> PlanFile | None:
-    """What `run` reads, checked before anything is built: the plan exists, is a plan and fits
-    the recipe; the trace exists and is a trace (its contents are checked as it is loaded).
-    Returns the plan read, so that the run uses it instead of reading the file again."""
+def find_beside(plan_path: Path, recorded: str, sha256: str | None) -> Path:
+    """The file a plan names (its placement): as recorded (relative to the folder the plan was
+    made in), else relative to the plan's own folder, else beside the plan by name, so that a plan
+    moved with its placement still finds it. With a recorded sha256 the first copy that matches
+    wins; with none that exists, the recorded path (its reader then says it cannot be read)."""
+    given = Path(recorded)
+    here = plan_path.parent
+    candidates = [given] if given.is_absolute() else [given, here / given]
+    candidates.append(here / given.name)
+    existing = [c for c in dict.fromkeys(candidates) if c.is_file()]
+    for c in existing:
+        if sha256 is None or file_sha256(c) == sha256:
+            return c
+    return existing[0] if existing else given
+
+
+def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | None,
+                     knobs: Knobs | None = None) -> PlanFile | None:
+    """What `run` reads, checked before anything is built: the plan exists, is a plan, fits the
+    recipe and its number of ranks, and agrees with a budget the user gave (`knobs`); the trace
+    exists and is a trace (its contents are checked as it is loaded). Returns the plan read, so
+    that the run uses it instead of reading the file again."""
     plan = None
     if plan_path is not None:
         m = recipe.model
         plan = load_plan(plan_path)
         plan.hot_LE(m.moe_layer_ids, m.num_experts, model=recipe.name)
+        check_plan_ranks(plan, recipe)
+        if knobs is not None:
+            check_plan_budget(knobs, plan)
     if trace_path is not None:
         from hotsplit_cli.traffic.trace import check_trace_file
 
@@ -455,6 +478,15 @@ def _band(block: object) -> Band | None:
     if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
         return None
     return Band(*(float(v) for v in values))
+
+
+def check_plan_ranks(plan: PlanFile, recipe: Recipe) -> None:
+    """PlanError unless the plan has one hot set per rank of the recipe: an EP plan's rank 0 holds
+    only the experts placed on it, so on one rank it would serve a fraction of what it promises."""
+    have, want = len(plan.hot_by_rank), recipe.parallel.ep
+    if have != want:
+        raise PlanError(f"{plan.path}: a plan for {have} ranks; recipe {recipe.name!r} runs on {want}",
+                        f"plan with a recipe of ep {want}" if want > 1 else "plan with a single-rank recipe")
 
 
 def _made_from(hist: object) -> str | None:

@@ -47,7 +47,7 @@ def placement_of_plan(plan: PlanFile, layers, num_experts: int, ep: int) -> Plac
         sha = file_sha256(where)
     except OSError:
         raise PlanError(f"{plan.path}: its placement {where} cannot be read",
-                        "run from the folder the plan was made in, or re-plan with --placement") from None
+                        "keep the placement beside the plan (or where it was), or re-plan with --placement") from None
     if plan.placement.get("sha256") not in (None, sha):
         raise PlanError(f"{plan.path}: its placement {where} changed since the plan was made",
                         "re-plan with `hotsplit plan --placement`")

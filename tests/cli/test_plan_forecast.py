@@ -55,7 +55,7 @@ def test_plan_without_windows_says_the_estimate_is_not_possible(cli, tiny_hist, 
     r = cli("plan", tiny_hist, "--recipe", "tiny", "-o", out)
     assert r.code == 0, r.err
     assert "expected hit rate on new traffic: not estimated: the histogram has no windows" in r.out
-    assert "balance --windows-steps" in r.out
+    assert "balance --window-steps" in r.out
     assert json.loads(out.read_text())["out_of_sample"]["available"] is False
     assert load_plan(out).expected_hit_rate is None
 

@@ -48,7 +48,7 @@ def test_rank_rates_are_kept_per_origin():
 def test_without_two_windows_it_says_why_and_how_to_get_them(windows):
     held = rolling_origin(windows, lambda c: pytest.fail("nothing to fit"))
     assert held.overall is None
-    assert "balance --windows-steps" in held.reason
+    assert "balance --window-steps" in held.reason
     assert held.to_doc() == {"available": False, "reason": held.reason}
 
 
