@@ -124,10 +124,14 @@ def _render(out: Output, name: str, s, fig, origin, plot, report) -> None:
             rows.append((f"rebalance at step {r['step']}", f"skipped: {r['skipped']}"))
             continue
         after = "" if r["achieved_after"] is None else f", achieved {r['achieved_after']:.3f}"
+        after += " (WORSE than before it)" if r.get("worse") else ""
         rows.append((f"rebalance at step {r['step']}",
-                     f"balancedness {r['before']:.3f} -> {r['predicted_after']:.3f} predicted{after}; "
+                     f"balancedness {r['before']:.3f} -> {r['predicted_after']:.3f} predicted on unseen counts{after}; "
                      f"{r['experts_moved']} slots refilled, up to {max(r['bytes_moved_R']) / 2**20:.2f} MiB per rank "
                      f"from the shared cold bank, {r['ms']:.1f} ms, {r['steps_disturbed']} steps disturbed"))
+    worse = [r["step"] for r in fig.rebalances if r.get("worse")]
+    if worse:
+        rows.append(("rebalances that lowered the balance", f"at step {', '.join(map(str, worse))}"))
     report.render_summary(out, f"hotsplit run {name} (ep {len(fig.ranks)})", s, [], rows, origin)
     split = any(r["cold_paths"] for r in fig.ranks)  # cold_path cpu / split: where each rank's cold work went
     t = out.table("rank", "assignments", "hit rate", "expected", "cold reads", "swaps",
