@@ -71,7 +71,7 @@ def run(
         summary = _logged(say, log_jsonl, lambda on_record: prepared.engine.run(prepared.steps, on_record, advance))
 
     doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), **pdoc,
-           "summary": summary.to_doc()}
+           "summary": summary.to_doc(), "verdicts": _plan_verdicts(plan_file, summary.hit_rate)}
     if plot is not None:
         _plot(plot, summary, rec.name)
         doc["plot"] = str(plot)
@@ -84,11 +84,27 @@ def run(
                                                   *_cold_path_rows(summary.cold_paths)], origin)
         if plot is not None:
             out.print(f"plot: {plot}{_one_window_note(summary)}")
+        _print_verdicts(out, doc["verdicts"])
 
     out.emit(doc, render)
     if summary.interrupted:
         raise Interrupted(f"interrupted at step {summary.steps} of {prepared.steps}",
                           _wrote(log_jsonl, len(summary.records), plot))
+
+
+def _plan_verdicts(plan_file, achieved: float) -> list[dict]:
+    """The plan's hit-rate predictions judged on this run (hotset/verdict.py); none without a plan file."""
+    from hotsplit_cli.hotset.verdict import hit_rate_verdicts
+
+    if plan_file is None:
+        return []
+    return [v.to_doc() for v in hit_rate_verdicts(plan_file.hit_rate, plan_file.out_of_sample, achieved)]
+
+
+def _print_verdicts(out: Output, verdicts: list[dict]) -> None:
+    for v in verdicts:
+        out.print(f"{v['figure']}: achieved {pct(v['achieved'], 2)}, predicted {pct(v['predicted'], 2)} "
+                  f"(band {100 * v['low']:.2f}-{pct(v['high'], 2)}): {v['verdict']}")
 
 
 def _expert_parallel(out: Output, rec, knobs, *options) -> None:
