@@ -185,7 +185,7 @@ class Engine:
         interrupted = False
         t0 = time.perf_counter()
         try:
-            self._steps(steps, on_record, advance, hooks)
+            interrupted = self._steps(steps, on_record, advance, hooks)
         except KeyboardInterrupt:
             if not hooks.stops_alone:
                 raise
@@ -206,7 +206,8 @@ class Engine:
             summary.cold_paths = split.report(self.expert_bytes, self.model.banks[0].expert_bytes)
         return summary
 
-    def _steps(self, steps: int, on_record, advance, hooks: LoopHooks) -> None:
+    def _steps(self, steps: int, on_record, advance, hooks: LoopHooks) -> bool:
+        """Step until `steps` or the source ends; True when the hooks stop the run at a window."""
         dyn = self.knobs.dyn_steps
         for routed in self.source.steps():
             if self.step_count >= steps:
@@ -218,16 +219,24 @@ class Engine:
                 rec = self.close_window(update=self.knobs.dynamic)
                 if on_record:
                     on_record(rec)
+                if hooks.stops_at_window():
+                    return True
             hooks.after_step(self.step_count, steps)  # after the window's swaps: decided on the map they served
+        return False
 
 
 class LoopHooks:
     """What the loop asks of the run around it; this default is a single rank's: nothing
     between steps, nothing at the end, and Ctrl-C stops the run with its summary so far.
     A rank of an expert-parallel job (runtime/distributed/rank.py `RankLoop`) rebalances
-    between steps and cannot stop alone in the middle of collectives."""
+    between steps and cannot stop alone in the middle of collectives: Ctrl-C stops every
+    rank at the same window."""
 
     stops_alone = True
+
+    def stops_at_window(self) -> bool:
+        """Called as each window closes: whether the run stops there (a job's Ctrl-C)."""
+        return False
 
     def after_step(self, step: int, steps: int) -> None:
         """Called after step `step` of `steps` (and after the window it closed, if any)."""

@@ -21,7 +21,7 @@ from hotsplit_cli.hotset.budget import resolve_hot_budget
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.hist import load_hist
 from hotsplit_cli.traffic.synthetic import SyntheticTraffic, inclusion_probs, zipf_shares
-from hotsplit_cli.traffic.trace import Trace, load_trace
+from hotsplit_cli.traffic.trace import Trace, load_replay
 
 from . import cold_split
 from .device import DeviceInfo, choose_device
@@ -196,16 +196,8 @@ def _traffic(recipe: Recipe, rank: RankContext, layers, geom: MoEGeometry, trace
 
 
 def _trace_traffic(recipe: Recipe, rank: RankContext, trace_file, steps) -> _Traffic:
-    L, E = recipe.model.num_moe_layers, recipe.model.num_experts
-    trace = load_trace(trace_file, E)
-    if len(trace.layers) != L:
-        raise InputFileError(f"{trace_file}: the trace has {len(trace.layers)} MoE layers, "
-                             f"{recipe.name} has {L}", "capture the trace with the same recipe")
-    if steps is not None and steps > trace.num_steps:
-        raise UsageError(f"--steps {steps}: the trace {trace_file} has {trace.num_steps} steps",
-                         f"pass --steps {trace.num_steps} or less, or drop --steps to replay the whole trace")
-    n_steps = steps or trace.num_steps  # the whole trace unless --steps
-    counts_LE = Trace(trace.topk_ids_SLTK[:n_steps], trace.layers).counts_LE(E)  # the plan: the steps replayed
+    trace, n_steps = load_replay(trace_file, recipe, steps)
+    counts_LE = Trace(trace.topk_ids_SLTK[:n_steps], trace.layers).counts_LE(recipe.model.num_experts)  # the replayed
     name = f"trace {trace_file} ({n_steps} of {trace.num_steps} trace steps)"
     return _Traffic(rank.shard_trace(trace), counts_LE, name, n_steps, trace.num_steps)
 

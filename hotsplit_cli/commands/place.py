@@ -9,7 +9,7 @@ import typer
 
 from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.options import HotGibOpt, JsonOpt, OutOpt, PlatformOpt, RecipeOpt
-from hotsplit_cli.output import Output
+from hotsplit_cli.output import Output, gib
 
 if TYPE_CHECKING:
     from hotsplit_cli.placement.report import PlaceReport
@@ -58,6 +58,9 @@ def place_cmd(
         from hotsplit_cli.config.recipe import load_recipe
 
         rec = load_recipe(recipe)
+        if rec.parallel.ep > 1 and ranks != rec.parallel.ep:
+            raise UsageError(f"--ranks {ranks}: recipe {rec.name!r} has ep={rec.parallel.ep}",
+                             f"place with --ranks {rec.parallel.ep}, or use a recipe with ep: {ranks}")
     req = PlaceRequest(hist_file, ranks, redundant, nodes, groups, eval_hist, seed, fit, platform, balance or "time")
     if platform is None and (hot_gib is not None or balance is not None):
         raise UsageError("--hot-gib and --balance time the ranks and need --platform",
@@ -112,7 +115,7 @@ def _render(out: Output, report: PlaceReport) -> None:
 def _render_times(out: Output, times: dict, later: bool) -> None:
     """Predicted time per decode step of the token- and the time-balanced layout, side by side."""
     out.print(f"predicted time per decode step at batch {times['batch']}, hot budget "
-              f"{times['budget_bytes'] / 2**30:.2f} GiB per rank ({times['budget_source']}), cold reads at "
+              f"{gib(times['budget_bytes'])} per rank ({times['budget_source']}), cold reads at "
               f"{times['read_gbps']:.1f} GB/s ({times['read_source']}); {times['hot_work']}:")
     cols = ["balance", "fitted max-rank ms/step", "fitted slowest rank total ms"]
     cols += ["eval max-rank ms/step", "eval slowest rank total ms"] if later else []

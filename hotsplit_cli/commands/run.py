@@ -14,7 +14,7 @@ from hotsplit_cli.core.errors import Interrupted, UsageError
 from hotsplit_cli.core.jsonio import schema_tag
 from hotsplit_cli.hotset.planfile import check_run_inputs
 from hotsplit_cli.options import ColdPathOpt, HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeArg, output_option
-from hotsplit_cli.output import Output
+from hotsplit_cli.output import Output, pct
 
 from .run_report import cold_path_rows as _cold_path_rows
 from .run_report import describe as _describe
@@ -23,6 +23,7 @@ from .run_report import logged as _logged
 from .run_report import one_window_note as _one_window_note
 from .run_report import origin as _origin
 from .run_report import render_summary as _render_summary
+from .run_report import wrote as _wrote
 from .run_request import RunRequest
 
 MIB = 1 << 20
@@ -58,7 +59,7 @@ def run(
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path, "eplb_steps": eplb_steps,
                                                   "ep_exchange": ep_exchange})
     _check_options(rec, platform, (trace, steps, scale), plot)
-    plan_file = check_run_inputs(rec, plan, trace)  # before anything is built
+    plan_file = check_run_inputs(rec, plan, trace, knobs)  # before anything is built
     request = RunRequest(rec, knobs, plan, trace, steps, scale, log_jsonl, plot, platform,
                          tuple((ctx.obj or {}).get("argv", ())))
     if rec.parallel.ep > 1:  # the ranks of an expert-parallel run
@@ -74,16 +75,13 @@ def _run_synthetic(out: Output, request: RunRequest, plan_file) -> None:
     """A synthetic model on one rank: build it (`plan_file`: the --plan file, read and checked)."""
     rec, knobs, plan, trace, log_jsonl, plot = (request.recipe, request.knobs, request.plan, request.trace,
                                                 request.log_jsonl, request.plot)
-    from hotsplit_runtime.device import tune_cpu_threads  # torch is imported only from here on
-    from hotsplit_runtime.from_recipe import prepare_run
+    from hotsplit_runtime.from_recipe import prepare_run  # torch is imported only from here on
     from hotsplit_runtime.rank_context import RankContext
 
     with out.progress(f"building {rec.model.num_moe_layers} MoE layers", rec.model.num_moe_layers) as advance:
         prepared = prepare_run(rec, knobs, plan_path=plan, trace_path=trace, steps=request.steps, scale=request.scale,
                                advance=advance, platform_path=request.platform, rank=RankContext(plan_file))
-    tune_cpu_threads(prepared.info)
-    for note in prepared.notes:
-        out.note(f"note: {note}")
+    _ready(out, prepared)
     pdoc = prepared.to_doc()
     say = out.note if out.json_mode else out.print
     _describe(say, rec.name, prepared, pdoc)
@@ -91,7 +89,7 @@ def _run_synthetic(out: Output, request: RunRequest, plan_file) -> None:
         summary = _logged(say, log_jsonl, lambda on_record: prepared.engine.run(prepared.steps, on_record, advance))
 
     doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), **pdoc,
-           "summary": summary.to_doc()}
+           "summary": summary.to_doc(), "verdicts": _plan_verdicts(plan_file, summary.hit_rate)}
     if plot is not None:
         _plot(plot, summary, rec.name)
         doc["plot"] = str(plot)
@@ -104,11 +102,36 @@ def _run_synthetic(out: Output, request: RunRequest, plan_file) -> None:
                                                   *_cold_path_rows(summary.cold_paths)], origin)
         if plot is not None:
             out.print(f"plot: {plot}{_one_window_note(summary)}")
+        _print_verdicts(out, doc["verdicts"])
 
     out.emit(doc, render)
     if summary.interrupted:
         raise Interrupted(f"interrupted at step {summary.steps} of {prepared.steps}",
                           _wrote(log_jsonl, len(summary.records), plot))
+
+
+def _ready(out: Output, prepared) -> None:
+    """The CPU's threads set for the device chosen, and the notes the set-up left."""
+    from hotsplit_runtime.device import tune_cpu_threads
+
+    tune_cpu_threads(prepared.info)
+    for note in prepared.notes:
+        out.note(f"note: {note}")
+
+
+def _plan_verdicts(plan_file, achieved: float) -> list[dict]:
+    """The plan's hit-rate predictions judged on this run (hotset/verdict.py); none without a plan file."""
+    from hotsplit_cli.hotset.verdict import hit_rate_verdicts
+
+    if plan_file is None:
+        return []
+    return [v.to_doc() for v in hit_rate_verdicts(plan_file.hit_rate, plan_file.out_of_sample, achieved)]
+
+
+def _print_verdicts(out: Output, verdicts: list[dict]) -> None:
+    for v in verdicts:
+        out.print(f"{v['figure']}: achieved {pct(v['achieved'], 2)}, predicted {pct(v['predicted'], 2)} "
+                  f"(band {100 * v['low']:.2f}-{pct(v['high'], 2)}): {v['verdict']}")
 
 
 def _check_options(rec, platform: Path | None, synthetic: tuple, plot: Path | None) -> None:
@@ -128,12 +151,6 @@ def _check_options(rec, platform: Path | None, synthetic: tuple, plot: Path | No
         from hotsplit_cli.plotting import require_matplotlib
 
         require_matplotlib()
-
-
-def _wrote(log_jsonl: Path | None, records: int, plot: Path | None) -> str:
-    """What an interrupted run leaves on disk: the records so far and the plot of them."""
-    files = ([f"{log_jsonl} ({records} records)"] if log_jsonl else []) + ([str(plot)] if plot else [])
-    return f"wrote {' and '.join(files)}" if files else "nothing was written"
 
 
 def _run_checkpoint(out: Output, request: RunRequest) -> None:

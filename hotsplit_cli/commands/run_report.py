@@ -28,6 +28,12 @@ def describe(say, name: str, prepared, pdoc: dict) -> None:
         say(escape(f"cold path: {pdoc['cold_path']['mode']} ({pdoc['cold_path']['rates']})"))
 
 
+def wrote(log_jsonl: Path | None, records: int, plot: Path | None) -> str:
+    """What an interrupted run leaves on disk: the records so far and the plot of them."""
+    files = ([f"{log_jsonl} ({records} records)"] if log_jsonl else []) + ([str(plot)] if plot else [])
+    return f"wrote {' and '.join(files)}" if files else "nothing was written"
+
+
 def logged(say, log_jsonl: Path | None, runner, line=None):
     """Run `runner(on_record)`: each hit-rate record as a human line (`line(record)`, by default
     runtime.log's), and as a JSON line in `log_jsonl` (streamed into a temp file that is renamed
@@ -62,8 +68,9 @@ def cold_path_rows(paths: dict | None) -> list[tuple[str, str]]:
         share = ("its hot and cold experts" if paths.get("hot_modelled") else "its cold share (hot experts not "
                  "modelled)") if key == "gpu" else "its cold share"
         allocated = p.get("allocated_bytes", p["bytes"])
-        full = "" if allocated == p["bytes"] else f" ({p['bytes'] / MIB:,.2f} MiB at full size)"
-        rows.append((f"  {label}", f"{allocated / MIB:,.2f} MiB allocated{full}; {p['ms']:,.2f} ms achieved vs "
+        full = "" if allocated == p["bytes"] else f"; {gib(p['bytes'])} at full size"
+        rows.append((f"  {label}", f"read {gib(allocated)} of experts (tensors as allocated{full}); "
+                                   f"{p['ms']:,.2f} ms achieved vs "
                                    f"{p['predicted_ms']:,.2f} ms predicted for {share}"))
     if paths.get("rates_not_used"):
         rows.append(("  rates not used", paths["rates_not_used"]))

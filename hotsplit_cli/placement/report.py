@@ -84,14 +84,14 @@ def place_from_hist(req: PlaceRequest, recipe: Recipe | None = None,
     if recipe is not None:
         for warning in check_hist_matches_recipe(hist, recipe, req.hist_path):
             warn(warning)
-    if req.redundant:
-        warn(f"each of the {req.redundant} redundant replicas per layer takes an expert's bytes on its rank: under a "
-             f"hot budget they leave room for fewer distinct hot experts (`hotsplit plan --placement` says how many)")
     groups, nodes = req.groups, max(req.nodes, 1)
     if groups is None:
         groups = recipe.model.n_group if recipe is not None and recipe.model.n_group % nodes == 0 else nodes
     geo = Geometry(req.ranks, req.redundant, req.nodes, groups)
     check_geometry(E, geo)
+    if req.redundant:  # warned once the geometry is known to be valid
+        warn(f"each of the {req.redundant} redundant replicas per layer takes an expert's bytes on its rank: under a "
+             f"hot budget they leave room for fewer distinct hot experts (`hotsplit plan --placement` says how many)")
     later = None
     if req.eval_path is not None:
         later = load_hist(req.eval_path)

@@ -28,6 +28,7 @@ from hotsplit_cli.placement.dispatch import ReplicaMap, contiguous_placement, pl
 from ..engine import LoopHooks
 from ..rank_context import PlanChoice, RankContext, plan_from_file
 from .dispatch import AllGather, AllToAll, EPMoE, make_exchange
+from .interrupt import job_stops
 from .launch import Group
 from .shared_bank import SharedAllocator, shm_prefix
 
@@ -45,7 +46,7 @@ def placement_of_plan(plan: PlanFile, layers, num_experts: int, ep: int) -> Plac
         sha = file_sha256(where)
     except OSError:
         raise PlanError(f"{plan.path}: its placement {where} cannot be read",
-                        "run from the folder the plan was made in, or re-plan with --placement") from None
+                        "keep the placement beside the plan (or where it was), or re-plan with --placement") from None
     if plan.placement.get("sha256") not in (None, sha):
         raise PlanError(f"{plan.path}: its placement {where} changed since the plan was made",
                         "re-plan with `hotsplit plan --placement`")
@@ -151,13 +152,16 @@ class RankRun:
 
 class RankLoop(LoopHooks):
     """A rank's part of the one loop (runtime/engine.py `Engine.run`): every `eplb_steps` steps
-    `rebalancer.maybe(step)` (a collective). A KeyboardInterrupt propagates: a rank cannot stop
-    alone in the middle of collectives."""
+    `rebalancer.maybe(step)` (a collective); at every window the ranks agree whether Ctrl-C
+    stops the job there (interrupt.py): a rank cannot stop alone in the middle of collectives."""
 
     stops_alone = False
 
-    def __init__(self, eplb_steps: int, rebalancer=None):
-        self.eplb_steps, self.rebalancer = eplb_steps, rebalancer
+    def __init__(self, control, eplb_steps: int, rebalancer=None):
+        self.control, self.eplb_steps, self.rebalancer = control, eplb_steps, rebalancer
+
+    def stops_at_window(self) -> bool:
+        return job_stops(self.control)
 
     def after_step(self, step: int, steps: int) -> None:
         if self.rebalancer is None:
@@ -181,5 +185,6 @@ def run_rank(engine, steps: int, on_window: Callable, rebalancer=None) -> RankRu
         nonlocal start
         on_window(rec, np.asarray(stats.loads[start:], dtype=np.int64))
         start = len(stats.loads)
-    summary = engine.run(steps, on_record, hooks=RankLoop(engine.knobs.eplb_steps, rebalancer))
+    hooks = RankLoop(engine.model.exchange.control, engine.knobs.eplb_steps, rebalancer)
+    summary = engine.run(steps, on_record, hooks=hooks)
     return RankRun(summary, np.asarray(stats.loads, dtype=np.int64).reshape(-1, engine.model.num_layers))

@@ -168,7 +168,7 @@ def reduce_summaries(ranks: list[RankTotals]) -> RunSummary:
         bytes_copied=sum(t.summary.bytes_copied for t in ranks), copy_ms=float(max(t.summary.copy_ms for t in ranks)),
         cold_bytes_per_step=float(sum(t.summary.cold_bytes_per_step for t in ranks)),
         layer_hit_rate=[float(x) for x in (layer_RL * loads_LR.T).sum(0) / np.maximum(loads_LR.sum(1), 1)],
-        interrupted=False)
+        interrupted=s0.interrupted)  # Ctrl-C stops every rank at the same window
 
 
 def ep_figures(ranks: list[RankTotals]) -> EPFigures:

@@ -14,7 +14,7 @@ def launched(monkeypatch):
     for k in launch.GROUP_ENV:
         monkeypatch.delenv(k, raising=False)
     calls = []
-    monkeypatch.setattr(launch, "launch_local", lambda nproc, argv: calls.append((nproc, argv)))
+    monkeypatch.setattr(launch, "launch_local", lambda nproc, argv, *_: calls.append((nproc, argv)))
     return calls
 
 
