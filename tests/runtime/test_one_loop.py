@@ -28,7 +28,13 @@ class _Stats:
 
 class _ExchangeFake:
     def __init__(self):
-        self.stats = _Stats()
+        self.stats, self.control = _Stats(), None
+
+
+@pytest.fixture(autouse=True)
+def _no_job(monkeypatch):
+    """No process group here: the job's agreement on Ctrl-C at a window is "go on"."""
+    monkeypatch.setattr("hotsplit_runtime.distributed.rank.job_stops", lambda control: False)
 
 
 def test_a_rank_runs_the_engines_loop_with_its_hooks(monkeypatch):
@@ -66,7 +72,7 @@ class _Rebalancer:
 def test_rank_hooks_rebalance_every_eplb_steps_but_not_after_the_last():
     p = _prepared(steps=12)
     rb = _Rebalancer()
-    p.engine.run(p.steps, hooks=RankLoop(eplb_steps=6, rebalancer=rb))
+    p.engine.run(p.steps, hooks=RankLoop(None, eplb_steps=6, rebalancer=rb))
     assert [e for e in rb.events if e[0] != "after"] == [("maybe", 6), ("finish",)]
     assert [e[1] for e in rb.events if e[0] == "after"] == list(range(1, 13))
 
@@ -78,10 +84,10 @@ def test_a_rank_cannot_stop_alone_but_a_single_rank_stops_with_its_summary(monke
     monkeypatch.setattr(Engine, "step", interrupted)
     assert p.engine.run(p.steps).interrupted
     with pytest.raises(KeyboardInterrupt):
-        p.engine.run(p.steps, hooks=RankLoop(eplb_steps=0))
+        p.engine.run(p.steps, hooks=RankLoop(None, eplb_steps=0))
 
 
-@pytest.mark.parametrize("hooks", [None, RankLoop(eplb_steps=0)], ids=["single-rank", "ep-rank"])
+@pytest.mark.parametrize("hooks", [None, RankLoop(None, eplb_steps=0)], ids=["single-rank", "ep-rank"])
 def test_every_path_waits_for_the_device_before_timing(monkeypatch, hooks):
     p = _prepared(steps=4)
     info = dataclasses.replace(p.engine.model.info, is_cuda=True)
