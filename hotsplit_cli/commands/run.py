@@ -13,6 +13,7 @@ from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.core.errors import Interrupted, UsageError
 from hotsplit_cli.core.jsonio import schema_tag, write_atomic
+from hotsplit_cli.hotset.plan_fit import check_plan_suits_run
 from hotsplit_cli.hotset.planfile import check_run_inputs
 from hotsplit_cli.options import ColdPathOpt, HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeArg, output_option
 from hotsplit_cli.output import Output, gib, pct
@@ -50,6 +51,7 @@ def run(
                                                   "ep_exchange": ep_exchange})
     _check_options(rec, platform, (trace, steps, scale), plot)
     plan_file = check_run_inputs(rec, plan, trace)  # before anything is built
+    check_plan_suits_run(rec, knobs, plan_file)
     if rec.parallel.ep > 1:  # the ranks of an expert-parallel run
         return _expert_parallel(out, rec, knobs, plan, trace, steps, scale, log_jsonl, plot, platform)
     if rec.model.kind == "hf":
