@@ -124,10 +124,16 @@ def _render(out: Output, name: str, s, fig, origin, plot, report) -> None:
             rows.append((f"rebalance at step {r['step']}", f"skipped: {r['skipped']}"))
             continue
         after = "" if r["achieved_after"] is None else f", achieved {r['achieved_after']:.3f}"
+        if r.get("lowered"):
+            after += f" LOWERED: the replaced map would have had {r['kept_after']:.3f}"
         rows.append((f"rebalance at step {r['step']}",
-                     f"balancedness {r['before']:.3f} -> {r['predicted_after']:.3f} predicted{after}; "
+                     f"balancedness {r['before']:.3f} live -> {r['predicted_after']:.3f} predicted on unseen steps "
+                     f"(kept map {r['predicted_before']:.3f}){after}; "
                      f"{r['experts_moved']} slots refilled, up to {max(r['bytes_moved_R']) / 2**20:.2f} MiB per rank "
                      f"from the shared cold bank, {r['ms']:.1f} ms, {r['steps_disturbed']} steps disturbed"))
+    lowered = [r["step"] for r in fig.rebalances if r.get("lowered")]
+    if lowered:
+        rows.append(("rebalances that lowered balance", f"at steps {', '.join(map(str, lowered))}"))
     report.render_summary(out, f"hotsplit run {name} (ep {len(fig.ranks)})", s, [], rows, origin)
     split = any(r["cold_paths"] for r in fig.ranks)  # cold_path cpu / split: where each rank's cold work went
     t = out.table("rank", "assignments", "hit rate", "expected", "cold reads", "swaps",
