@@ -39,3 +39,25 @@ def check_plan_suits_run(recipe: Recipe, knobs: Knobs, plan: PlanFile | None) ->
     if plan is not None:
         check_plan_ranks(plan, recipe)
         check_no_budget_beside_plan(knobs, plan.path)
+
+
+def placement_path_of(plan: PlanFile) -> Path:
+    """Where the placement an EP plan was made on is now. The plan records the path as it was given
+    (relative to the folder `plan` ran in), so a plan moved with its placement is found by
+    looking beside the plan file too; the first candidate whose sha256 is the recorded one wins
+    (the recorded path itself when none matches, so the caller's error names it)."""
+    from hotsplit_cli.traffic.hist import file_sha256
+
+    stored = Path(plan.placement["path"])
+    beside = plan.path.resolve().parent
+    candidates = [stored] if stored.is_absolute() else [stored, beside / stored]
+    candidates.append(beside / stored.name)
+    want = plan.placement.get("sha256")
+    for path in candidates:
+        try:
+            if want is None or file_sha256(path) == want:
+                if path.is_file():
+                    return path
+        except OSError:
+            continue
+    return stored

@@ -37,17 +37,18 @@ SEED_STRIDE = 1_000_003  # rank r draws its tokens from seed + r * SEED_STRIDE
 def placement_of_plan(plan: PlanFile, layers, num_experts: int, ep: int) -> Placement:
     """The placement an EP plan was made on (its recorded file, unchanged), else the contiguous
     layout. One-line errors when the file is gone, changed, or does not fit the recipe."""
+    from hotsplit_cli.hotset.plan_fit import placement_path_of
     from hotsplit_cli.placement.file import load_placement
     from hotsplit_cli.traffic.hist import file_sha256
 
     if plan.placement is None:
         return contiguous_placement(layers, num_experts, ep)
-    where = plan.placement["path"]
+    where = placement_path_of(plan)  # beside the plan file when it moved with it
     try:
         sha = file_sha256(where)
     except OSError:
         raise PlanError(f"{plan.path}: its placement {where} cannot be read",
-                        "run from the folder the plan was made in, or re-plan with --placement") from None
+                        "keep the placement beside the plan or where it was, or re-plan with --placement") from None
     if plan.placement.get("sha256") not in (None, sha):
         raise PlanError(f"{plan.path}: its placement {where} changed since the plan was made",
                         "re-plan with `hotsplit plan --placement`")
