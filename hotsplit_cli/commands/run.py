@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from hotsplit_cli.config.ep_knobs import check_ep_knobs_need_ep
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.core.errors import Interrupted, UsageError
@@ -52,6 +53,7 @@ def run(
     _check_options(rec, platform, (trace, steps, scale), plot)
     plan_file = check_run_inputs(rec, plan, trace)  # before anything is built
     check_plan_suits_run(rec, knobs, plan_file)
+    check_ep_knobs_need_ep(rec, knobs)
     if rec.parallel.ep > 1:  # the ranks of an expert-parallel run
         return _expert_parallel(out, rec, knobs, plan, trace, steps, scale, log_jsonl, plot, platform)
     if rec.model.kind == "hf":

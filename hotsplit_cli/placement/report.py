@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from hotsplit_cli.config.recipe import Recipe
-from hotsplit_cli.core.errors import PlanError
+from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.placement.algorithm import Geometry, Placement, check_geometry, place_experts
 from hotsplit_cli.placement.evaluate import (
     FitChoice,
@@ -73,6 +73,17 @@ class PlaceReport:
 
 def hist_windows(hist: Histogram) -> np.ndarray:
     return hist.windows_WLE if hist.windows_WLE is not None else hist.counts_LE[None]
+
+
+def check_place_request(req: PlaceRequest, recipe: Recipe | None) -> None:
+    """UsageError, before any work or warning: a negative --redundant, or --ranks that is not the
+    EP recipe's `ep` (a plan on that recipe would refuse the placement later)."""
+    if req.redundant < 0:
+        raise UsageError(f"--redundant must be >= 0, got {req.redundant}", "pass 0 for no redundant replicas")
+    ep = recipe.parallel.ep if recipe is not None else 1
+    if ep > 1 and req.ranks != ep:
+        raise UsageError(f"--ranks {req.ranks}, but recipe {recipe.name!r} runs on ep {ep} ranks",
+                         f"pass --ranks {ep}, or a recipe with ep: {req.ranks}")
 
 
 def place_from_hist(req: PlaceRequest, recipe: Recipe | None = None,
