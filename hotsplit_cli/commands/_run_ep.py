@@ -55,6 +55,8 @@ def _rank(out, rec, knobs, inputs, log_jsonl, plot, report) -> None:
     from hotsplit_runtime.distributed.job import run_ep_rank
     from hotsplit_runtime.distributed.summary import format_job_line
 
+    from hotsplit_cli.hotset.plan_fit import layout_words
+
     plan, trace, steps, scale, platform = inputs
     say = out.note if out.json_mode else out.print
     header = {}
@@ -63,7 +65,8 @@ def _rank(out, rec, knobs, inputs, log_jsonl, plot, report) -> None:
         header["doc"] = pdoc = prepared.to_doc()
         report.describe(say, rec.name, prepared, pdoc)
         say(f"expert parallel: {group.world} ranks on {group.world // group.local_world} node(s), {group.backend}; "
-            f"each rank steps {prepared.engine.source.tokens_per_step} tokens; cold bank shared by each node's ranks")
+            f"each rank steps {prepared.engine.source.tokens_per_step} tokens; cold bank shared by each node's ranks; "
+            f"{layout_words(plan)}")
 
     def runner(on_record):
         return run_ep_rank(rec, knobs, plan_path=plan, trace_path=trace, steps=steps, scale=scale,

@@ -61,3 +61,14 @@ def placement_path_of(plan: PlanFile) -> Path:
         except OSError:
             continue
     return stored
+
+
+def layout_words(plan_path: Path | None) -> str:
+    """How an EP run lays its experts out, for its header: the plan's placement file, or the
+    contiguous split (rank r holds experts r*E/R .. (r+1)*E/R-1 of every layer) and why."""
+    if plan_path is None:
+        return "layout contiguous (no plan)"
+    pf = load_plan(plan_path)
+    if pf.placement is None:
+        return "layout contiguous: the plan was made without --placement"
+    return f"placement {placement_path_of(pf)}"
