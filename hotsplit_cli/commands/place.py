@@ -9,7 +9,7 @@ import typer
 
 from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.options import HotGibOpt, JsonOpt, OutOpt, PlatformOpt, RecipeOpt
-from hotsplit_cli.output import Output
+from hotsplit_cli.output import Output, gib
 
 if TYPE_CHECKING:
     from hotsplit_cli.placement.report import PlaceReport
@@ -113,7 +113,7 @@ def _render(out: Output, report: PlaceReport) -> None:
 def _render_times(out: Output, times: dict, later: bool) -> None:
     """Predicted time per decode step of the token- and the time-balanced layout, side by side."""
     out.print(f"predicted time per decode step at batch {times['batch']}, hot budget "
-              f"{times['budget_bytes'] / 2**30:.2f} GiB per rank ({times['budget_source']}), cold reads at "
+              f"{gib(times['budget_bytes'])} per rank ({times['budget_source']}), cold reads at "
               f"{times['read_gbps']:.1f} GB/s ({times['read_source']}); {times['hot_work']}:")
     cols = ["balance", "fitted max-rank ms/step", "fitted slowest rank total ms"]
     cols += ["eval max-rank ms/step", "eval slowest rank total ms"] if later else []
