@@ -55,15 +55,12 @@ def run(
     if rec.model.kind == "hf":
         return _run_checkpoint(out, rec, knobs, plan, log_jsonl, plot, json_out, platform)
 
-    from hotsplit_runtime.device import tune_cpu_threads  # torch is imported only from here on
-    from hotsplit_runtime.from_recipe import prepare_run
+    from hotsplit_runtime.from_recipe import prepare_run  # torch is imported only from here on
 
     with out.progress(f"building {rec.model.num_moe_layers} MoE layers", rec.model.num_moe_layers) as advance:
         prepared = prepare_run(rec, knobs, plan_path=plan, trace_path=trace, steps=steps, scale=scale,
                                advance=advance, platform_path=platform, plan_file=plan_file)
-    tune_cpu_threads(prepared.info)
-    for note in prepared.notes:
-        out.note(f"note: {note}")
+    _ready(out, prepared)
     pdoc = prepared.to_doc()
     say = out.note if json_out else out.print
     _describe(say, rec.name, prepared, pdoc)
@@ -90,6 +87,15 @@ def run(
     if summary.interrupted:
         raise Interrupted(f"interrupted at step {summary.steps} of {prepared.steps}",
                           _wrote(log_jsonl, len(summary.records), plot))
+
+
+def _ready(out: Output, prepared) -> None:
+    """The CPU's threads set for the device chosen, and the notes the set-up left."""
+    from hotsplit_runtime.device import tune_cpu_threads
+
+    tune_cpu_threads(prepared.info)
+    for note in prepared.notes:
+        out.note(f"note: {note}")
 
 
 def _plan_verdicts(plan_file, achieved: float) -> list[dict]:
