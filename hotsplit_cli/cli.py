@@ -75,18 +75,24 @@ def _register() -> None:
     # them) live in their functions. Each exposes register(app, hist_app); a module that cannot be
     # imported is an error, never a command silently left out.
     for name in ("plan", "hist_show", "ledger", "probe", "run", "selftest", "balance", "rerank",
-                 "simulate", "place", "hist_import"):
+                 "simulate", "place", "hist_import", "export"):
         importlib.import_module(f"hotsplit_cli.commands.{name}").register(app, hist_app)
 
 
 _register()
 
 
-def _said_by_rank_zero(exit_code: int) -> bool:
-    """Under torchrun every rank is this same command line, so a refused flag, knob or recipe
-    value (exit 2) is refused by every rank alike: rank 0 says it for the job and the others
-    exit 2 without a line, as with a plain start."""
-    return exit_code == 2 and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and os.environ.get("RANK", "0") != "0"
+def _say_error(line: str, exit_code: int) -> None:
+    """Print the one error line. Under a launcher (torchrun, or `run`'s own on N ranks) every
+    rank is this same command line, so a refused flag, knob or recipe value (exit 2) is refused
+    by every rank alike: rank 0 says it for the job, the others wait until it has, then exit 2
+    without a line."""
+    from hotsplit_cli.commands._refusal import say_refusal_once, under_launcher
+
+    if exit_code == 2 and under_launcher():
+        say_refusal_once(line)
+        return
+    print(line, file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     except HotsplitError as exc:
         if debug_on() and exc.message:
             raise
-        if exc.message and not _said_by_rank_zero(exc.exit_code):  # empty: already reported (by its launcher)
-            print(exc.render(), file=sys.stderr)
+        if exc.message:  # empty: already reported (by its launcher)
+            _say_error(exc.render(), exc.exit_code)
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code
@@ -123,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             print(exc.format_message(), file=sys.stderr)  # the help text itself
             return 2
         code = getattr(exc, "exit_code", 2)
-        if not _said_by_rank_zero(code):
-            print(one_line_error(exc.format_message(), f"see `{cmd}`"), file=sys.stderr)
+        _say_error(one_line_error(exc.format_message(), f"see `{cmd}`"), code)
         return code
     except Exception as exc:  # noqa: BLE001 - a bug, not a refusal: one line unless --debug
         if debug_on():

@@ -16,6 +16,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from hotsplit_cli.core.errors import StdoutClosed
 from hotsplit_cli.core.jsonio import dumps
 from hotsplit_cli.core.units import gib, pct  # noqa: F401 - the commands take them from here with Output
 
@@ -34,10 +35,6 @@ def debug_on() -> bool:
 
 def _no_progress(n: float = 1) -> None:
     pass
-
-
-class StdoutClosed(Exception):
-    """The process reading our output closed the pipe (`hotsplit ... | head -1`)."""
 
 
 class _Console(Console):

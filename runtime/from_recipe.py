@@ -23,7 +23,7 @@ from hotsplit_cli.hotset.planner import plan_hot_set
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.hist import load_hist
 from hotsplit_cli.traffic.synthetic import SyntheticTraffic, inclusion_probs, zipf_shares
-from hotsplit_cli.traffic.trace import Trace, load_trace
+from hotsplit_cli.traffic.trace import Trace, load_replay
 
 from . import cold_split
 from .device import DeviceInfo, choose_device
@@ -157,14 +157,8 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     # Traffic, and the routing counts the plan is made from.
     trace_file = trace_path or (t.path if t.kind == "trace" else None)
     if trace_file is not None:
-        trace = load_trace(trace_file, E)
-        if len(trace.layers) != L:
-            raise InputFileError(f"{trace_file}: the trace has {len(trace.layers)} MoE layers, "
-                                 f"{recipe.name} has {L}", "capture the trace with the same recipe")
-        if steps is not None and steps > trace.num_steps:
-            raise UsageError(f"--steps {steps}: the trace {trace_file} has {trace.num_steps} steps",
-                             f"pass --steps {trace.num_steps} or less, or drop --steps to replay the whole trace")
-        n_steps, trace_steps = steps or trace.num_steps, trace.num_steps  # the whole trace unless --steps
+        trace, n_steps = load_replay(trace_file, recipe, steps)
+        trace_steps = trace.num_steps
         # The plan is made from the steps that are replayed.
         source, counts_LE = trace_source(trace), Trace(trace.topk_ids_SLTK[:n_steps], trace.layers).counts_LE(E)
         if ep is not None:

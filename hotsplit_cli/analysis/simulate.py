@@ -44,7 +44,7 @@ from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.core.units import gib
 from hotsplit_cli.hotset.budget import HotBudget, ReadRate, choose_read_rate, resolve_hot_budget
 from hotsplit_cli.hotset.coldpath import replay_cold_paths
-from hotsplit_cli.hotset.planfile import PlanFile, load_plan, recipe_cold_rates
+from hotsplit_cli.hotset.planfile import PlanFile, check_plan_ranks, load_plan, recipe_cold_rates
 from hotsplit_cli.hotset.planner import SwapRule, plan_hot_set
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.hist import load_hist
@@ -432,6 +432,8 @@ def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _
     tr, counts_SLE, assignments_S = _load_trace(req, recipe)
     size = expert_bytes_per_rank(recipe)
     plan = load_plan(req.plan_path) if req.plan_path is not None else None
+    if plan is not None:
+        check_plan_ranks(plan, recipe)
     platform = load_platform(req.platform_path) if req.platform_path is not None else None
     budget = resolve_hot_budget(recipe, knobs, platform, plan)
     wsteps = min(req.window_steps or knobs.dyn_steps, tr.num_steps)

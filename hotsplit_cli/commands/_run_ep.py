@@ -10,6 +10,7 @@ every rank's fields.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from rich.markup import escape
@@ -30,6 +31,11 @@ def run_expert_parallel(out: Output, rec, knobs, plan: Path | None, trace: Path 
     if rec.parallel.tp != 1:
         raise UsageError(f"parallel.tp is {rec.parallel.tp} with ep {ep}: the runtime runs tp 1 under ep",
                          "use tp: 1 for an expert-parallel run")
+    from hotsplit_cli.commands._refusal import under_launcher
+
+    started = time.time()  # the job's start, for the progress lines of its set-up
+    if not under_launcher():  # before torch is imported: a refusal here takes well under a second
+        _check_before_launch(rec, plan, trace, steps)
     from hotsplit_runtime.distributed.launch import in_group
 
     if not in_group():
@@ -39,29 +45,67 @@ def run_expert_parallel(out: Output, rec, knobs, plan: Path | None, trace: Path 
 
         if debug_on():
             os.environ["HOTSPLIT_DEBUG"] = "1"
-        return launch_local(ep, INVOCATION["argv"])
+        _remove_ended_jobs(out)
+        out.note(f"expert parallel: starting {ep} local ranks")
+        return launch_local(ep, INVOCATION["argv"], started)
+    _start_rank(out)
     world = int(os.environ["WORLD_SIZE"])
-    if world != ep:
-        if os.environ["RANK"] != "0":  # every rank finds the same mismatch: rank 0 says it for the job
-            from hotsplit_runtime.distributed.launch import ReportedElsewhere
-
-            raise ReportedElsewhere(2)
+    if world != ep:  # every rank finds the same mismatch: rank 0 says it for the job (cli._say_error)
         raise UsageError(f"parallel.ep is {ep} but the launcher started {world} ranks",
                          f"launch {ep} ranks (torchrun --nproc-per-node, --nnodes), or change parallel.ep")
     _rank(out, rec, knobs, (plan, trace, steps, scale, platform), log_jsonl, plot, report)
+
+
+def _check_before_launch(rec, plan: Path | None, trace: Path | None, steps: int | None) -> None:
+    """What every rank would refuse, refused once by the launcher before any rank starts, with
+    the checks a single-rank run makes before it builds: the trace against the recipe and
+    --steps, the plan's placement. A refusal names the input, not a rank."""
+    from hotsplit_cli.hotset.planfile import load_plan
+    from hotsplit_cli.traffic.trace import load_replay
+
+    trace_file = trace or (rec.traffic.path if rec.traffic.kind == "trace" else None)
+    if trace_file is not None:
+        load_replay(trace_file, rec, steps)
+    if plan is not None:  # its number of ranks is checked with the single-rank checks (check_run_inputs)
+        from hotsplit_runtime.distributed.rank import placement_of_plan
+
+        m = rec.model
+        placement_of_plan(load_plan(plan), m.moe_layer_ids, m.num_experts, rec.parallel.ep)
+
+
+def _remove_ended_jobs(out: Output) -> None:
+    """Before a job starts: remove what killed jobs left on this node, and say so."""
+    from hotsplit_runtime.distributed.leftovers import remove_ended
+
+    line = remove_ended().line()
+    if line:
+        out.note(escape(line))
+
+
+def _start_rank(out: Output) -> None:
+    """First in a rank: die with the launcher; under a launcher not our own (torchrun), the
+    node's local rank 0 removes what killed jobs left, as our launcher does."""
+    from hotsplit_runtime.distributed.launch import ERROR_DIR_ENV, die_with_launcher
+
+    die_with_launcher()
+    if os.environ.get("LOCAL_RANK") == "0" and ERROR_DIR_ENV not in os.environ:
+        _remove_ended_jobs(out)
 
 
 def _rank(out, rec, knobs, inputs, log_jsonl, plot, report) -> None:
     from hotsplit_runtime.distributed.job import run_ep_rank
     from hotsplit_runtime.distributed.summary import format_job_line
 
-    from hotsplit_cli.hotset.plan_fit import layout_words
+    from hotsplit_cli.hotset.ep_layout import layout_words
 
     plan, trace, steps, scale, platform = inputs
     say = out.note if out.json_mode else out.print
     header = {}
 
     def on_ready(prepared, group):
+        from hotsplit_runtime.distributed.launch import seconds_since_start
+
+        out.note(f"expert parallel: every rank's banks built after {seconds_since_start():.1f} s")
         header["doc"] = pdoc = prepared.to_doc()
         report.describe(say, rec.name, prepared, pdoc)
         say(f"expert parallel: {group.world} ranks on {group.world // group.local_world} node(s), {group.backend}; "
@@ -86,6 +130,11 @@ def _rank(out, rec, knobs, inputs, log_jsonl, plot, report) -> None:
         doc["plot"] = str(plot)
     origin = report.origin(out, s, result.prepared.plan.made_from, result.prepared.traffic)
     out.emit(doc, lambda: _render(out, rec.name, s, fig, origin, plot, report))
+    if s.interrupted:  # Ctrl-C: every rank stopped at the same window; said here once, for the job
+        from hotsplit_cli.core.errors import Interrupted
+
+        raise Interrupted(f"interrupted at step {s.steps} of {result.prepared.steps}",
+                          report.wrote(log_jsonl, len(s.records), plot))
 
 
 def _plot(path: Path, s, fig, title: str, report) -> None:
@@ -127,17 +176,16 @@ def _render(out: Output, name: str, s, fig, origin, plot, report) -> None:
             rows.append((f"rebalance at step {r['step']}", f"skipped: {r['skipped']}"))
             continue
         after = "" if r["achieved_after"] is None else f", achieved {r['achieved_after']:.3f}"
-        if r.get("lowered"):
-            after += f" LOWERED: the replaced map would have had {r['kept_after']:.3f}"
+        after += " (WORSE than before it)" if r.get("worse") else ""
         rows.append((f"rebalance at step {r['step']}",
-                     f"balancedness {r['before']:.3f} live -> {r['predicted_after']:.3f} predicted on unseen steps "
-                     f"(kept map {r['predicted_before']:.3f}){after}; "
+                     f"balancedness {r['before']:.3f} -> {r['predicted_after']:.3f} predicted on unseen counts{after}; "
                      f"{r['experts_moved']} slots refilled, up to {max(r['bytes_moved_R']) / 2**20:.2f} MiB per rank "
                      f"from the shared cold bank, {r['ms']:.1f} ms, {r['steps_disturbed']} steps disturbed"))
-    lowered = [r["step"] for r in fig.rebalances if r.get("lowered")]
-    if lowered:
-        rows.append(("rebalances that lowered balance", f"at steps {', '.join(map(str, lowered))}"))
-    report.render_summary(out, f"hotsplit run {name} (ep {len(fig.ranks)})", s, [], rows, origin)
+    worse = [r["step"] for r in fig.rebalances if r.get("worse")]
+    if worse:
+        rows.append(("rebalances that lowered the balance", f"at step {', '.join(map(str, worse))}"))
+    title = f"hotsplit run {name} (ep {len(fig.ranks)})" + (" (interrupted)" if s.interrupted else "")
+    report.render_summary(out, title, s, [], rows, origin)
     split = any(r["cold_paths"] for r in fig.ranks)  # cold_path cpu / split: where each rank's cold work went
     t = out.table("rank", "assignments", "hit rate", "expected", "cold reads", "swaps",
                   *(("cold on CPU",) if split else ()), title="ranks")

@@ -38,8 +38,10 @@ def balance_cmd(
                                                        "prompt (0: prefill only).")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="Prompts per batch.")] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="Synthetic model: engine steps to route.")] = None,
-    windows_steps: Annotated[int | None, typer.Option("--windows-steps", help="Keep counts per window of N "
-                                                      "steps.")] = None,
+    window_steps: Annotated[int | None, typer.Option("--window-steps", help="Keep counts per window of N "
+                                                     "steps.")] = None,
+    # The earlier spelling, still accepted (simulate and the docs say --window-steps).
+    windows_steps: Annotated[int | None, typer.Option("--windows-steps", hidden=True)] = None,
     trace: Annotated[Path | None, output_option("--trace", help="Also save the routing trace (.npz).",
                                                                   suffix=".npz")] = None,
     device: DeviceOpt = "auto",
@@ -53,7 +55,8 @@ def balance_cmd(
     if recipe_arg is not None and recipe is not None:
         raise UsageError("give the recipe once (RECIPE or --recipe)")
     recipe_name = recipe_arg or recipe
-    for flag, value in (("--max-new-tokens", max_new_tokens), ("--windows-steps", windows_steps)):
+    windows_steps = _one_spelling(window_steps, windows_steps)
+    for flag, value in (("--max-new-tokens", max_new_tokens), ("--window-steps", windows_steps)):
         if value is not None and value < (0 if flag == "--max-new-tokens" else 1):
             raise UsageError(f"{flag}: must be >= {0 if flag == '--max-new-tokens' else 1}, got {value}")
     for flag, value in (("--batch-size", batch_size), ("--steps", steps)):
@@ -181,3 +184,10 @@ def _report(out: Output, hist: Histogram, output, trace, notes, rec=None) -> Non
 
 def register(app: typer.Typer, hist_app: typer.Typer) -> None:
     app.command("balance")(balance_cmd)
+
+
+def _one_spelling(window_steps: int | None, earlier: int | None) -> int | None:
+    """--window-steps, or its earlier spelling --windows-steps; not both."""
+    if window_steps is not None and earlier is not None:
+        raise UsageError("give --window-steps once (--windows-steps is its earlier spelling)")
+    return window_steps if window_steps is not None else earlier

@@ -21,6 +21,7 @@ from hotsplit_cli.analysis.ledger import (
 )
 from hotsplit_cli.config.recipe import GIB
 from hotsplit_cli.core.jsonio import schema_tag
+from hotsplit_cli.core.units import decimal_bytes, duration
 from hotsplit_cli.options import HotGibOpt, JsonOpt, RecipeArg
 from hotsplit_cli.output import Output, gib, pct
 
@@ -155,29 +156,29 @@ def _render_params(out: Output, m) -> None:
 
 def _render_banks(out: Output, m) -> None:
     t = out.table("expert bytes", "value", title="Expert bytes")
-    t.add_row("one expert, whole", f"{m.expert_bytes_full / (1 << 20):.2f} MiB")
-    t.add_row(f"one expert, per rank (1/tp = 1/{m.tp})", f"{m.expert_bytes / (1 << 20):.2f} MiB")
+    t.add_row("one expert, whole", gib(m.expert_bytes_full))
+    t.add_row(f"one expert, per rank (1/tp = 1/{m.tp})", gib(m.expert_bytes))
     t.add_row(
-        f"all routed experts ({m.num_experts} x {m.num_moe_layers} layers)", gib(m.bank_bytes_total, unit="GiB")
+        f"all routed experts ({m.num_experts} x {m.num_moe_layers} layers)", gib(m.bank_bytes_total)
     )
-    t.add_row(f"per rank ({m.experts_per_rank} experts)", gib(m.bank_bytes_per_rank, unit="GiB"))
+    t.add_row(f"per rank ({m.experts_per_rank} experts)", gib(m.bank_bytes_per_rank))
     out.print(t)
 
-    t = out.table("cold banks", "GiB", title="Host memory (every expert of every rank, page-locked)")
-    t.add_row("per rank", gib(m.bank_bytes_per_rank, unit="GiB"))
+    t = out.table("cold banks", "size", title="Host memory (every expert of every rank, page-locked)")
+    t.add_row("per rank", gib(m.bank_bytes_per_rank))
     # Each host pins the banks of its own ranks; how ranks spread over hosts is not in the recipe.
     t.add_row(f"all {m.ranks} ranks (tp {m.tp} x ep {m.ep}), summed over their hosts",
-              gib(m.host_bytes_all_ranks, unit="GiB"))
+              gib(m.host_bytes_all_ranks))
     out.print(t)
 
 
 def _render_gpu(out: Output, m) -> None:
     t = out.table("per rank", "memory", title="GPU memory per rank")
-    t.add_row("GPU memory", gib(m.gpu_mem_gib * GIB, unit="GiB"))
-    t.add_row("- dense weights (/tp)", gib(m.dense_gib * GIB, unit="GiB"))
-    t.add_row("- KV cache", gib(m.kv_cache_gib * GIB, unit="GiB"))
-    t.add_row("- reserve", gib(m.reserve_gib * GIB, unit="GiB"))
-    t.add_row("= room for hot experts", gib(m.room_gib * GIB, unit="GiB"))
+    t.add_row("GPU memory", gib(m.gpu_mem_gib * GIB))
+    t.add_row("- dense weights (/tp)", gib(m.dense_gib * GIB))
+    t.add_row("- KV cache", gib(m.kv_cache_gib * GIB))
+    t.add_row("- reserve", gib(m.reserve_gib * GIB))
+    t.add_row("= room for hot experts", gib(m.room_gib * GIB))
     t.add_row(f"hot budget ({m.hot_source})", gib(None if m.hot_gib is None else m.hot_gib * GIB))
     held = (
         "-" if m.hot_experts is None else f"{m.hot_experts} of {m.experts_per_rank} ({pct(m.hot_fraction)})"
@@ -190,7 +191,7 @@ def _render_a2a(out: Output, a) -> None:
     t = out.table("All-to-All", "value", title=f"Expert-parallel All-to-All (EP {a.ep})")
     t.add_row(
         "expert memory per card",
-        f"{gib(a.expert_bytes_per_card, unit='GiB')} ({a.experts_per_card} experts/layer)",
+        f"{gib(a.expert_bytes_per_card)} ({a.experts_per_card} experts/layer)",
     )
     t.add_row("tokens per step per card (--tokens)", str(a.tokens_per_step))
     t.add_row("activation bytes (--act-bytes)", f"{a.act_bytes} B")
@@ -198,26 +199,26 @@ def _render_a2a(out: Output, a) -> None:
     t.add_row(
         "message = tokens x top_k x hidden x act",
         f"{a.tokens_per_step} x {a.top_k} x {a.hidden_size} x {a.act_bytes} B"
-        f" = {a.message_bytes / 1e6:.3f} MB",
+        f" = {decimal_bytes(a.message_bytes)}",
     )
     t.add_row(
         "remote share = (N-1)/N x cross-ratio", f"{a.remote_fraction:.4f} (cross-ratio {a.cross_ratio:g})"
     )
     t.add_row(
         "per MoE layer (dispatch + combine)",
-        f"{a.a2a_bytes_per_layer / 1e6:.3f} MB -> {1e3 * a.a2a_ms_per_layer:.2f} us",
+        f"{decimal_bytes(a.a2a_bytes_per_layer)} -> {duration(a.a2a_ms_per_layer)}",
     )
-    t.add_row(f"per step ({a.num_moe_layers} MoE layers)", f"{a.a2a_ms_per_step:.3f} ms")
+    t.add_row(f"per step ({a.num_moe_layers} MoE layers)", duration(a.a2a_ms_per_step))
     t.add_row(
         "all-gather 2 x tokens x H x act x (N-1)",  # per layer: the exchange's other mode
-        f"{a.ag_rs_bytes_per_layer / 1e6:.3f} MB -> {1e3 * a.ag_rs_ms_per_layer:.2f} us",
+        f"{decimal_bytes(a.ag_rs_bytes_per_layer)} -> {duration(a.ag_rs_ms_per_layer)}",
     )
     if a.step_ms is None:
         t.add_row("share of step", "- (give --step-ms)")
     else:
         t.add_row(
             "share of step (compute --step-ms + comm)",
-            f"{pct(a.comm_share)} of {a.step_ms + a.a2a_ms_per_step:.3f} ms",
+            f"{pct(a.comm_share)} of {duration(a.step_ms + a.a2a_ms_per_step)}",
         )
     out.print(t)
     out.print("model: bandwidth bound, no latency, comm not overlapped with compute")

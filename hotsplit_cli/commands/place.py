@@ -43,7 +43,7 @@ def place_cmd(
 ) -> None:
     """Replicate and place experts on EP ranks, balancing every window, never two replicas on a rank."""
     from hotsplit_cli.placement.file import save_placement
-    from hotsplit_cli.placement.report import PlaceRequest, check_place_request, place_from_hist
+    from hotsplit_cli.placement.report import PlaceRequest, place_from_hist
 
     out = Output(json)
     if fmt not in FORMATS:
@@ -58,8 +58,10 @@ def place_cmd(
         from hotsplit_cli.config.recipe import load_recipe
 
         rec = load_recipe(recipe)
+        if rec.parallel.ep > 1 and ranks != rec.parallel.ep:
+            raise UsageError(f"--ranks {ranks}: recipe {rec.name!r} has ep={rec.parallel.ep}",
+                             f"place with --ranks {rec.parallel.ep}, or use a recipe with ep: {ranks}")
     req = PlaceRequest(hist_file, ranks, redundant, nodes, groups, eval_hist, seed, fit, platform, balance or "time")
-    check_place_request(req, rec)
     if platform is None and (hot_gib is not None or balance is not None):
         raise UsageError("--hot-gib and --balance time the ranks and need --platform",
                          "pass --platform platform.json from `hotsplit probe`")

@@ -57,15 +57,25 @@ def _render(out: Output, result: PlanResult, doc: dict) -> None:
     for i, layer in enumerate(hist.layers):
         t.add_row(str(layer), str(int(plan.hot_RLE[:, i].any(axis=0).sum())), pct(plan.layer_hit_rate_L[i], 2))
     out.print(t)
-    t = out.table("rank", "hot experts", "used", "budget", "method")
+    by_rank = "hit_rate" in doc["ranks"][0]  # plans on a placement: each rank's own figures
+    t = out.table("rank", "hot experts", "used", "budget", "method",
+                  *(["in-sample", "new traffic"] if by_rank else []))
     for r in doc["ranks"]:
         if r["rank"] % rec.parallel.tp == 0:
             label = str(r["rank"]) if rec.parallel.tp == 1 else f"{r['rank']}..{r['rank'] + rec.parallel.tp - 1}"
-            t.add_row(label, str(r["hot_experts"]), gib(r["hot_bytes"]), gib(budget.budget_bytes), r["method"])
+            t.add_row(label, str(r["hot_experts"]), gib(r["hot_bytes"]), gib(budget.budget_bytes), r["method"],
+                      *([pct(r["hit_rate"], 2), _band_text(r.get("out_of_sample"))] if by_rank else []))
     out.print(t)
     verdict = "optimal (certified)" if plan.certified else "greedy (exact solver skipped: too large)"
-    out.print(f"hit rate {pct(plan.hit_rate, 2)}, {verdict}; LP bound {pct(plan.bound_hit_rate, 2)}, "
-              f"gap {100 * plan.gap:.2f} pp")
+    out.print(f"hit rate {pct(plan.hit_rate, 2)} in-sample (on the histogram it was fitted on), {verdict}; "
+              f"LP bound {pct(plan.bound_hit_rate, 2)}, gap {100 * plan.gap:.2f} pp")
+    held = doc["out_of_sample"]
+    if held["available"]:
+        out.print(f"expected hit rate on new traffic {pct(held['expected'], 2)}, range {100 * held['low']:.2f}-"
+                  f"{pct(held['high'], 2)} (out-of-sample: refitted on earlier windows, judged on the next, "
+                  f"over {len(held['origins'])} held-out windows)")
+    else:
+        out.print(f"expected hit rate on new traffic: not estimated: {held['reason']}")
     if result.costs:
         rate_text = "unknown" if result.rate.gbps is None else f"{result.rate.gbps:.1f} GB/s"
         where = f", {result.platform_path}" if result.platform_path else ""
@@ -81,6 +91,13 @@ def _render(out: Output, result: PlanResult, doc: dict) -> None:
             out.print("rank 0's reads; max-rank ms/step = sum over layers of the slowest rank's cold reads")
     if result.cold_paths is not None:
         _render_cold_paths(out, result.cold_paths)
+
+
+def _band_text(band: dict | None) -> str:
+    """`52.6% (51.4-53.5%)`: a forecast and its range over the held-out windows."""
+    if not band:
+        return "-"
+    return f"{pct(band['expected'], 1)} ({100 * band['low']:.1f}-{pct(band['high'], 1)})"
 
 
 def _render_cold_paths(out: Output, paths: dict) -> None:

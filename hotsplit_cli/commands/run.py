@@ -9,12 +9,10 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from hotsplit_cli.config.ep_knobs import check_ep_knobs_need_ep
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.core.errors import Interrupted, UsageError
 from hotsplit_cli.core.jsonio import schema_tag, write_atomic
-from hotsplit_cli.hotset.plan_fit import check_plan_suits_run
 from hotsplit_cli.hotset.planfile import check_run_inputs
 from hotsplit_cli.options import ColdPathOpt, HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeArg, output_option
 from hotsplit_cli.output import Output, gib, pct
@@ -51,23 +49,18 @@ def run(
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path, "eplb_steps": eplb_steps,
                                                   "ep_exchange": ep_exchange})
     _check_options(rec, platform, (trace, steps, scale), plot)
-    plan_file = check_run_inputs(rec, plan, trace)  # before anything is built
-    check_plan_suits_run(rec, knobs, plan_file)
-    check_ep_knobs_need_ep(rec, knobs)
+    plan_file = check_run_inputs(rec, plan, trace, knobs)  # before anything is built
     if rec.parallel.ep > 1:  # the ranks of an expert-parallel run
         return _expert_parallel(out, rec, knobs, plan, trace, steps, scale, log_jsonl, plot, platform)
     if rec.model.kind == "hf":
         return _run_checkpoint(out, rec, knobs, plan, log_jsonl, plot, json_out, platform)
 
-    from hotsplit_runtime.device import tune_cpu_threads  # torch is imported only from here on
-    from hotsplit_runtime.from_recipe import prepare_run
+    from hotsplit_runtime.from_recipe import prepare_run  # torch is imported only from here on
 
     with out.progress(f"building {rec.model.num_moe_layers} MoE layers", rec.model.num_moe_layers) as advance:
         prepared = prepare_run(rec, knobs, plan_path=plan, trace_path=trace, steps=steps, scale=scale,
                                advance=advance, platform_path=platform, plan_file=plan_file)
-    tune_cpu_threads(prepared.info)
-    for note in prepared.notes:
-        out.note(f"note: {note}")
+    _ready(out, prepared)
     pdoc = prepared.to_doc()
     say = out.note if json_out else out.print
     _describe(say, rec.name, prepared, pdoc)
@@ -75,7 +68,7 @@ def run(
         summary = _logged(say, log_jsonl, lambda on_record: prepared.engine.run(prepared.steps, on_record, advance))
 
     doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), **pdoc,
-           "summary": summary.to_doc()}
+           "summary": summary.to_doc(), "verdicts": _plan_verdicts(plan_file, summary.hit_rate)}
     if plot is not None:
         _plot(plot, summary, rec.name)
         doc["plot"] = str(plot)
@@ -88,11 +81,36 @@ def run(
                                                   *_cold_path_rows(summary.cold_paths)], origin)
         if plot is not None:
             out.print(f"plot: {plot}{_one_window_note(summary)}")
+        _print_verdicts(out, doc["verdicts"])
 
     out.emit(doc, render)
     if summary.interrupted:
         raise Interrupted(f"interrupted at step {summary.steps} of {prepared.steps}",
                           _wrote(log_jsonl, len(summary.records), plot))
+
+
+def _ready(out: Output, prepared) -> None:
+    """The CPU's threads set for the device chosen, and the notes the set-up left."""
+    from hotsplit_runtime.device import tune_cpu_threads
+
+    tune_cpu_threads(prepared.info)
+    for note in prepared.notes:
+        out.note(f"note: {note}")
+
+
+def _plan_verdicts(plan_file, achieved: float) -> list[dict]:
+    """The plan's hit-rate predictions judged on this run (hotset/verdict.py); none without a plan file."""
+    from hotsplit_cli.hotset.verdict import hit_rate_verdicts
+
+    if plan_file is None:
+        return []
+    return [v.to_doc() for v in hit_rate_verdicts(plan_file.hit_rate, plan_file.out_of_sample, achieved)]
+
+
+def _print_verdicts(out: Output, verdicts: list[dict]) -> None:
+    for v in verdicts:
+        out.print(f"{v['figure']}: achieved {pct(v['achieved'], 2)}, predicted {pct(v['predicted'], 2)} "
+                  f"(band {100 * v['low']:.2f}-{pct(v['high'], 2)}): {v['verdict']}")
 
 
 def _expert_parallel(out: Output, rec, knobs, *options) -> None:
@@ -103,7 +121,7 @@ def _expert_parallel(out: Output, rec, knobs, *options) -> None:
     from ._run_ep import run_expert_parallel
 
     report = SimpleNamespace(describe=_describe, logged=_logged, origin=_origin, draw_hit_rates=_draw_hit_rates,
-                             render_summary=_render_summary)
+                             render_summary=_render_summary, wrote=_wrote)
     return run_expert_parallel(out, rec, knobs, *options, report=report)
 
 
@@ -218,8 +236,9 @@ def _cold_path_rows(paths: dict | None) -> list[tuple[str, str]]:
         share = ("its hot and cold experts" if paths.get("hot_modelled") else "its cold share (hot experts not "
                  "modelled)") if key == "gpu" else "its cold share"
         allocated = p.get("allocated_bytes", p["bytes"])
-        full = "" if allocated == p["bytes"] else f" ({p['bytes'] / MIB:,.2f} MiB at full size)"
-        rows.append((f"  {label}", f"{allocated / MIB:,.2f} MiB allocated{full}; {p['ms']:,.2f} ms achieved vs "
+        full = "" if allocated == p["bytes"] else f"; {gib(p['bytes'])} at full size"
+        rows.append((f"  {label}", f"read {gib(allocated)} of experts (tensors as allocated{full}); "
+                                   f"{p['ms']:,.2f} ms achieved vs "
                                    f"{p['predicted_ms']:,.2f} ms predicted for {share}"))
     if paths.get("rates_not_used"):
         rows.append(("  rates not used", paths["rates_not_used"]))

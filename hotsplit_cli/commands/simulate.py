@@ -11,7 +11,6 @@ import numpy as np
 import typer
 
 from hotsplit_cli.core.errors import UsageError
-from hotsplit_cli.hotset.plan_fit import check_plan_ranks
 from hotsplit_cli.options import HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeOpt
 from hotsplit_cli.output import Output, gib, pct
 
@@ -53,8 +52,6 @@ def simulate_cmd(
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "dyn_steps": dyn_steps,
                                                    "dyn_max_swaps": dyn_max_swaps, "dyn_margin": dyn_margin,
                                                    "dyn_decay": dyn_decay})
-    if plan is not None:
-        check_plan_ranks(plan, rec)
     result = run_simulation(req, rec, knobs, out.warn, out.progress)
     doc = result.to_doc()
     if plot is not None:

@@ -137,3 +137,15 @@ def resolve_knobs(
             continue
         values[spec.name], sources[spec.name] = _convert(spec, raw, where), src
     return Knobs(**values, sources=sources)
+
+
+EP_KNOBS = ("eplb_steps", "ep_exchange")  # knobs of an expert-parallel run only
+
+
+def check_ep_knobs(knobs: Knobs, ep: int, recipe_name: str) -> None:
+    """UsageError when a flag of an expert-parallel run is given to a single-rank recipe, which
+    would otherwise ignore it without a word."""
+    given = [f"--{k.replace('_', '-')}" for k in EP_KNOBS if knobs.sources.get(k) == "flag"]
+    if ep == 1 and given:
+        raise UsageError(f"{' and '.join(given)}: expert-parallel options, but recipe {recipe_name!r} runs on one "
+                         "rank (parallel.ep: 1)", "drop them, or use a recipe with ep > 1 (e.g. tiny-ep4)")

@@ -74,3 +74,9 @@ class Interrupted(HotsplitError):
     """Ctrl-C stopped the work; the message says what was written before it stopped."""
 
     exit_code = 130
+
+
+class StdoutClosed(Exception):
+    """The process reading our output closed the pipe (`hotsplit ... | head -1`): not an error,
+    the CLI stops quietly with 141 (cli.main); a rank of an expert-parallel run tells its
+    launcher the same way."""

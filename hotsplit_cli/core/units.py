@@ -16,6 +16,8 @@ def gib(n_bytes: float | None, digits: int = 2, unit: str | None = None) -> str:
     (a column of figures that must read alike)."""
     if n_bytes is None:
         return "-"
+    if n_bytes == 0 and unit is None:
+        return "0 B"
     for name, shift in UNITS:
         if name == unit or (unit is None and (abs(n_bytes) >= (1 << shift) or name == "KiB")):
             return f"{n_bytes / (1 << shift):.{digits}f} {name}"
@@ -32,3 +34,24 @@ def size(n_bytes: int | None) -> str:
             v = n_bytes / (1 << shift)
             return f"{v:.0f} {name}" if v == int(v) else f"{v:.2f} {name}"
     return f"{n_bytes} B"
+
+
+def duration(ms: float | None) -> str:
+    """A time in ms, or in us below 1 ms, to 3 significant figures: a small value reads as what it
+    is (`16.9 us`), never as `0.000 ms`; an exact zero is `0 ms`."""
+    if ms is None:
+        return "-"
+    if ms == 0:
+        return "0 ms"
+    return f"{ms:.3g} ms" if abs(ms) >= 1 else f"{1e3 * ms:.3g} us"
+
+
+def decimal_bytes(n_bytes: float | None) -> str:
+    """Bytes on a link, in decimal units (1 MB = 1e6 B, as link rates are given in GB/s), to 3
+    significant figures; an exact zero is `0 B`."""
+    if n_bytes is None:
+        return "-"
+    for name, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n_bytes) >= scale:
+            return f"{n_bytes / scale:.3g} {name}"
+    return f"{n_bytes:.3g} B"

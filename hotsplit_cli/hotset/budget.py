@@ -70,9 +70,9 @@ def resolve_hot_budget(recipe: Recipe, knobs: Knobs, platform: PlatformInfo | No
                        plan: BudgetedPlan | None = None) -> HotBudget:
     """The hot budget per rank by the rule of this module. A plan that records no budget takes
     --hot-gib; a platform.json without a measured free GPU memory cannot derive one."""
-    flag = knobs.sources["hot_gib"] == "flag"
-    if plan is not None and not (plan.budget_bytes is None and flag):
-        return _plan_budget(knobs, plan, flag)
+    given = _budget_given(knobs)
+    if plan is not None and not (plan.budget_bytes is None and given):
+        return _plan_budget(knobs, plan, given)
     free_gib = probed_free_gib(platform)
     mem_source = RECIPE_GPU_MEM if free_gib is None else f"{platform.path}: smallest free GPU memory"
     if platform is not None and free_gib is None:
@@ -84,15 +84,33 @@ def resolve_hot_budget(recipe: Recipe, knobs: Knobs, platform: PlatformInfo | No
     return HotBudget(int(derivation.hot_gib * GIB), derivation.hot_gib, "auto", "auto", derivation)
 
 
-def _plan_budget(knobs: Knobs, plan: BudgetedPlan, flag: bool) -> HotBudget:
+def _budget_given(knobs: Knobs) -> bool:
+    """The user asked for a budget (--hot-gib or HOTSPLIT_HOT_GIB), not the recipe or the default."""
+    return knobs.sources["hot_gib"] in ("flag", "env") and knobs.hot_gib is not None
+
+
+def _plan_budget(knobs: Knobs, plan: BudgetedPlan, given: bool) -> HotBudget:
     budget = plan.budget_bytes
     if budget is None:
         raise UsageError(f"{plan.path}: records no `budget_bytes`",
                          "pass --hot-gib, or re-create the plan with `hotsplit plan`")
-    if flag and int(knobs.hot_gib * GIB) != budget:
-        raise UsageError(f"--hot-gib {knobs.hot_gib:g} disagrees with the budget of {plan.path} "
-                         f"({budget / GIB:g} GiB)", "drop --hot-gib: with --plan every policy gets the plan's budget")
+    if given and int(knobs.hot_gib * GIB) != budget:
+        where = knobs.origin("hot_gib")
+        raise UsageError(f"{where} {knobs.hot_gib:g} disagrees with the budget of {plan.path} "
+                         f"({budget / GIB:g} GiB)", f"drop {where}: a --plan brings its own budget")
     return HotBudget(budget, budget / GIB, "plan", f"plan {plan.path}")
+
+
+def check_plan_budget(knobs: Knobs, plan: BudgetedPlan) -> None:
+    """`run --plan` takes the plan's hot set as it is: a budget the user asked for (--hot-gib,
+    HOTSPLIT_HOT_GIB) must be the plan's own, never silently ignored."""
+    if not _budget_given(knobs):
+        return
+    if plan.budget_bytes is None:
+        where = knobs.origin("hot_gib")
+        raise UsageError(f"{where} {knobs.hot_gib:g} with --plan {plan.path}: the plan's hot set is used as it is, "
+                         "and it records no budget to check against", f"drop {where}, or re-plan with it")
+    _plan_budget(knobs, plan, True)
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hotsplit_cli.config.knobs import Knobs
+from hotsplit_cli.config.knobs import Knobs, check_ep_knobs
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import PlanError
 from hotsplit_cli.core.jsonio import read_json_doc, schema_tag
-from hotsplit_cli.hotset.budget import HotBudget, ReadRate, choose_read_rate, resolve_hot_budget
+from hotsplit_cli.hotset.budget import HotBudget, ReadRate, check_plan_budget, choose_read_rate, resolve_hot_budget
+from hotsplit_cli.hotset.forecast import Band, HeldOut, rolling_origin
 from hotsplit_cli.hotset.planner import Plan, contiguous_owner, plan_hot_set
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.hist import Histogram, file_sha256, load_hist
@@ -43,12 +44,17 @@ class ColdCost:
 def plan_for_recipe(hist: Histogram, recipe: Recipe, budget_bytes: int) -> Plan:
     """TP: one hot set for every rank. EP: each EP group ranks only the experts it owns.
     `hist` is already checked against the recipe (make_plan)."""
+    return plan_counts_for_recipe(hist.counts_LE, recipe, budget_bytes)
+
+
+def plan_counts_for_recipe(counts_LE: np.ndarray, recipe: Recipe, budget_bytes: int) -> Plan:
+    """`plan_for_recipe` on counts [L, E] (a histogram's, or some of its windows')."""
     size = expert_bytes_per_rank(recipe)
     ep = recipe.parallel.ep
     if ep == 1:
-        return plan_hot_set(hist.counts_LE, size, budget_bytes)
-    owner = contiguous_owner(hist.num_layers, hist.num_experts, ep)
-    return plan_hot_set(hist.counts_LE, size, budget_bytes, rank_of_LE=owner, num_ranks=ep)
+        return plan_hot_set(counts_LE, size, budget_bytes)
+    owner = contiguous_owner(*np.shape(counts_LE), ep)
+    return plan_hot_set(counts_LE, size, budget_bytes, rank_of_LE=owner, num_ranks=ep)
 
 
 def physical_plan_for(hist: Histogram, recipe: Recipe, budget_bytes: int, placement) -> Plan:
@@ -145,6 +151,7 @@ class PlanResult:
     placement_path: Path | None = None
     cold_paths: dict | None = None  # each cold path's predicted time per decode step (with a platform)
     rank_times: list | None = None  # ranktime.RankTimes per batch: every rank's cold reads (placement + rate)
+    held_out: HeldOut | None = None  # the hit rate on traffic the plan has not seen (rolling origin)
 
 
 def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path | None = None,
@@ -194,7 +201,20 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
         pi, hot = (routing_probs(hist), not_cold_LE) if layout is None else rank0_slots(hist, layout, phys)
         cold_paths = cold_path_prediction(hist, hot, recipe, platform, warn, pi_LE=pi)
     return PlanResult(hist, hist_path, recipe, knobs, plan, budget, rate, costs, platform_path, layout,
-                      placement_path, cold_paths, times)
+                      placement_path, cold_paths, times, held_out_hit_rates(hist, recipe, budget.budget_bytes, layout))
+
+
+def held_out_hit_rates(hist: Histogram, recipe: Recipe, budget_bytes: int, placement=None) -> HeldOut:
+    """The plan's planner refitted on the histogram's earlier windows and judged on later ones
+    (forecast.rolling_origin); per rank with a placement (its replicas' hot sets refitted, the
+    placement itself kept as given)."""
+    if placement is None:
+        return rolling_origin(hist.windows_WLE, lambda c: plan_counts_for_recipe(c, recipe, budget_bytes).hot_RLE)
+    from hotsplit_cli.placement.dispatch import placed_hit_rates
+
+    size = expert_bytes_per_rank(recipe)
+    return rolling_origin(hist.windows_WLE, lambda c: plan_on_placement(c, placement, size, budget_bytes).hot_RLE,
+                          lambda c, hot: placed_hit_rates(c, placement, hot))
 
 
 def rank0_slots(hist: Histogram, placement, phys: Plan) -> tuple[np.ndarray, np.ndarray]:
@@ -266,7 +286,8 @@ def plan_doc(result: PlanResult) -> dict:
         "expert_dtype": recipe.model.expert_dtype,
         "layers": list(hist.layers),
         "ranks": ranks,
-        "hit_rate": plan.hit_rate,
+        "hit_rate": plan.hit_rate,  # in-sample: on the histogram it was fitted on
+        "out_of_sample": result.held_out.to_doc() if result.held_out else None,
         "layer_hit_rate": {str(layer): float(plan.layer_hit_rate_L[i]) for i, layer in enumerate(hist.layers)},
         "greedy_hit_rate": plan.greedy_hit_rate,
         "certified_optimal": plan.certified,
@@ -280,6 +301,8 @@ def plan_doc(result: PlanResult) -> dict:
 
         for r, rate in enumerate(placed_hit_rates(hist.counts_LE, placement, plan.hot_RLE)):
             ranks[r]["hit_rate"] = float(rate)
+            if result.held_out is not None and result.held_out.ranks:
+                ranks[r]["out_of_sample"] = result.held_out.ranks[r].to_doc()
     if result.costs is not None:
         doc["platform"] = str(result.platform_path) if result.platform_path else None
         doc["decode_cost_read_gbps"] = {"gbps": result.rate.gbps, "source": result.rate.source}
@@ -330,13 +353,20 @@ class PlanFile:
     path: Path
     layers: tuple[int, ...]  # model layer ids with a hot set
     hot_by_rank: tuple[dict[int, tuple[int, ...]], ...]  # rank -> model layer id -> expert ids
-    hit_rate: float | None
+    hit_rate: float | None  # in-sample: on the histogram the plan was fitted on
     expert_bytes: int | None
     budget_bytes: int | None
     made_from: str | None = None  # the histogram the plan was made from, as a user reads it
     recipe: str | None = None  # the recipe it was made with
     placement: dict | None = None  # {"path", "sha256"} of the placement an EP plan was made on
-    rank_hit_rates: tuple[float | None, ...] = ()  # each rank's expected hit rate (EP plans)
+    rank_hit_rates: tuple[float | None, ...] = ()  # each rank's in-sample hit rate (EP plans)
+    out_of_sample: Band | None = None  # the forecast on new traffic; None: the plan has none (no windows, older plan)
+    rank_out_of_sample: tuple[Band | None, ...] = ()  # each rank's (plans on a placement)
+
+    @property
+    def expected_hit_rate(self) -> float | None:
+        """What the plan expects on traffic it has not seen (never the in-sample figure)."""
+        return None if self.out_of_sample is None else self.out_of_sample.expected
 
     def hot_LE(self, layers, num_experts: int, rank: int = 0, model: str = "the model") -> np.ndarray:
         """Boolean hot mask [L, E] of one rank, rows in the order of `layers` (model layer ids)."""
@@ -393,26 +423,73 @@ def load_plan(path: str | os.PathLike) -> PlanFile:
     placement = doc.get("placement")
     if placement is not None and not (isinstance(placement, dict) and isinstance(placement.get("path"), str)):
         raise PlanError(f"{path}: `placement` must be an object with the placement's `path`")
+    if placement is not None:
+        placement = {**placement, "path": str(find_beside(Path(path), placement["path"], placement.get("sha256")))}
     rates = tuple(float(r["hit_rate"]) if isinstance(r.get("hit_rate"), int | float) else None for r in ranks)
     return PlanFile(Path(path), layers, tuple(hot_by_rank), number("hit_rate", float),
                     number("expert_bytes", int), number("budget_bytes", int), _made_from(doc.get("histogram")),
-                    doc.get("recipe") if isinstance(doc.get("recipe"), str) else None, placement, rates)
+                    doc.get("recipe") if isinstance(doc.get("recipe"), str) else None, placement, rates,
+                    _band(doc.get("out_of_sample")), tuple(_band(r.get("out_of_sample")) for r in ranks))
 
 
-def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | None) -> PlanFile | None:
-    """What `run` reads, checked before anything is built: the plan exists, is a plan and fits
-    the recipe; the trace exists and is a trace (its contents are checked as it is loaded).
-    Returns the plan read, so that the run uses it instead of reading the file again."""
+def find_beside(plan_path: Path, recorded: str, sha256: str | None) -> Path:
+    """The file a plan names (its placement): as recorded (relative to the folder the plan was
+    made in), else relative to the plan's own folder, else beside the plan by name, so that a plan
+    moved with its placement still finds it. With a recorded sha256 the first copy that matches
+    wins; with none that exists, the recorded path (its reader then says it cannot be read)."""
+    given = Path(recorded)
+    here = plan_path.parent
+    candidates = [given] if given.is_absolute() else [given, here / given]
+    candidates.append(here / given.name)
+    existing = [c for c in dict.fromkeys(candidates) if c.is_file()]
+    for c in existing:
+        if sha256 is None or file_sha256(c) == sha256:
+            return c
+    return existing[0] if existing else given
+
+
+def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | None,
+                     knobs: Knobs | None = None) -> PlanFile | None:
+    """What `run` reads, checked before anything is built: the EP-only flags fit the recipe
+    (`knobs`), the plan exists, is a plan, fits the recipe and its number of ranks, and agrees
+    with a budget the user gave; the trace
+    exists and is a trace (its contents are checked as it is loaded). Returns the plan read, so
+    that the run uses it instead of reading the file again."""
     plan = None
+    if knobs is not None:
+        check_ep_knobs(knobs, recipe.parallel.ep, recipe.name)
     if plan_path is not None:
         m = recipe.model
         plan = load_plan(plan_path)
         plan.hot_LE(m.moe_layer_ids, m.num_experts, model=recipe.name)
+        check_plan_ranks(plan, recipe)
+        if knobs is not None:
+            check_plan_budget(knobs, plan)
     if trace_path is not None:
         from hotsplit_cli.traffic.trace import check_trace_file
 
         check_trace_file(trace_path)
     return plan
+
+
+def _band(block: object) -> Band | None:
+    """A forecast block of plan.json (`out_of_sample`); None when absent (older plans), not
+    available (no windows) or not three numbers."""
+    if not isinstance(block, dict):
+        return None
+    values = [block.get(k) for k in ("expected", "low", "high")]
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        return None
+    return Band(*(float(v) for v in values))
+
+
+def check_plan_ranks(plan: PlanFile, recipe: Recipe) -> None:
+    """PlanError unless the plan has one hot set per rank of the recipe: an EP plan's rank 0 holds
+    only the experts placed on it, so on one rank it would serve a fraction of what it promises."""
+    have, want = len(plan.hot_by_rank), recipe.parallel.ep
+    if have != want:
+        raise PlanError(f"{plan.path}: a plan for {have} ranks; recipe {recipe.name!r} runs on {want}",
+                        f"plan with a recipe of ep {want}" if want > 1 else "plan with a single-rank recipe")
 
 
 def _made_from(hist: object) -> str | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from hotsplit_cli.config.recipe import Recipe
-from hotsplit_cli.core.errors import PlanError, UsageError
+from hotsplit_cli.core.errors import PlanError
 from hotsplit_cli.placement.algorithm import Geometry, Placement, check_geometry, place_experts
 from hotsplit_cli.placement.evaluate import (
     FitChoice,
@@ -75,17 +75,6 @@ def hist_windows(hist: Histogram) -> np.ndarray:
     return hist.windows_WLE if hist.windows_WLE is not None else hist.counts_LE[None]
 
 
-def check_place_request(req: PlaceRequest, recipe: Recipe | None) -> None:
-    """UsageError, before any work or warning: a negative --redundant, or --ranks that is not the
-    EP recipe's `ep` (a plan on that recipe would refuse the placement later)."""
-    if req.redundant < 0:
-        raise UsageError(f"--redundant must be >= 0, got {req.redundant}", "pass 0 for no redundant replicas")
-    ep = recipe.parallel.ep if recipe is not None else 1
-    if ep > 1 and req.ranks != ep:
-        raise UsageError(f"--ranks {req.ranks}, but recipe {recipe.name!r} runs on ep {ep} ranks",
-                         f"pass --ranks {ep}, or a recipe with ep: {req.ranks}")
-
-
 def place_from_hist(req: PlaceRequest, recipe: Recipe | None = None,
                     warn: Callable[[str], None] = lambda message: None) -> PlaceReport:
     """Fit a placement on `req.hist_path` and compare it with the baseline layouts; `warn(message)`
@@ -95,14 +84,14 @@ def place_from_hist(req: PlaceRequest, recipe: Recipe | None = None,
     if recipe is not None:
         for warning in check_hist_matches_recipe(hist, recipe, req.hist_path):
             warn(warning)
-    if req.redundant:
-        warn(f"each of the {req.redundant} redundant replicas per layer takes an expert's bytes on its rank: under a "
-             f"hot budget they leave room for fewer distinct hot experts (`hotsplit plan --placement` says how many)")
     groups, nodes = req.groups, max(req.nodes, 1)
     if groups is None:
         groups = recipe.model.n_group if recipe is not None and recipe.model.n_group % nodes == 0 else nodes
     geo = Geometry(req.ranks, req.redundant, req.nodes, groups)
     check_geometry(E, geo)
+    if req.redundant:  # warned once the geometry is known to be valid
+        warn(f"each of the {req.redundant} redundant replicas per layer takes an expert's bytes on its rank: under a "
+             f"hot budget they leave room for fewer distinct hot experts (`hotsplit plan --placement` says how many)")
     later = None
     if req.eval_path is not None:
         later = load_hist(req.eval_path)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hotsplit_cli.core.errors import InputFileError
+from hotsplit_cli.core.errors import InputFileError, UsageError
 from hotsplit_cli.core.jsonio import sniff_kind, write_atomic
 
 
@@ -58,6 +58,21 @@ def check_trace_file(path: str | os.PathLike) -> None:
     if kind and not kind.startswith("a routing trace") and "npz" not in kind:
         raise InputFileError(f"{path}: is {kind}, not a routing trace (.npz)",
                              "capture a trace with `hotsplit balance RECIPE --trace FILE.npz`")
+
+
+def load_replay(path: str | os.PathLike, recipe, steps: int | None) -> tuple[Trace, int]:
+    """The trace a run of `recipe` replays, checked against the recipe's MoE layers and experts
+    and against --steps (`steps`, None: the whole trace); returns it with the steps to run. One
+    check for every run: a single rank's, and the expert-parallel launcher's before its ranks."""
+    m = recipe.model
+    trace = load_trace(path, m.num_experts)
+    if len(trace.layers) != m.num_moe_layers:
+        raise InputFileError(f"{path}: the trace has {len(trace.layers)} MoE layers, "
+                             f"{recipe.name} has {m.num_moe_layers}", "capture the trace with the same recipe")
+    if steps is not None and steps > trace.num_steps:
+        raise UsageError(f"--steps {steps}: the trace {path} has {trace.num_steps} steps",
+                         f"pass --steps {trace.num_steps} or less, or drop --steps to replay the whole trace")
+    return trace, steps or trace.num_steps  # the whole trace unless --steps
 
 
 def load_trace(path: str | os.PathLike, num_experts: int | None = None) -> Trace:

@@ -22,12 +22,12 @@ others, what the ledger's All-to-All formula predicts; ids and counts are counte
 1. once per step the ranks' token counts go round the control group; every rank pads its
    tokens to the largest count (uneven list all_gather does not work on gloo);
 2. per layer the ranks all-gather their routing (ids and weights, one float32 tensor, over the
-   control group) and their token rows (all_gather_into_tensor over the device group);
+   control group) and their token rows (all_gather_single over the device group);
 3. each rank applies the replica rule to every source rank's tokens, as that source would, and
    computes the assignments routed to the replicas it holds (in source, then (token, k) order:
    the order a2a delivers them), summing weight x output per token in float32 into a partial
    output of every rank's tokens;
-4. a reduce_scatter_tensor (in the activation dtype) sums the partials and hands each rank its
+4. a reduce_scatter_single (in the activation dtype) sums the partials and hands each rank its
    own tokens' outputs.
 Bytes leaving a rank: its padded rows to the R - 1 others, and the R - 1 other ranks' partial
 rows back, 2 x T_max x hidden x act_bytes x (R - 1), the ledger's all-gather formula (at the
@@ -47,6 +47,11 @@ from hotsplit_cli.placement.dispatch import ReplicaMap, choose_replicas
 
 from ..model import HotColdMoE
 from ..moe import swiglu
+
+# torch 2.13 renamed the single-tensor collectives (the old names warn FutureWarning on every
+# call); the same ops, gloo and NCCL both. Older torch has only the old names.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 @dataclass
@@ -165,7 +170,7 @@ class AllGather(_Exchange):
     def begin_step(self, num_tokens: int) -> None:
         mine = torch.tensor([num_tokens], dtype=torch.int64)
         every = torch.empty(self.world, dtype=torch.int64)
-        self._collective(dist.all_gather_into_tensor, every, mine, group=self.control)
+        self._collective(all_gather_single, every, mine, group=self.control)
         self.tokens_R = every.tolist()
         self.stats.meta_bytes += (self.world - 1) * 8
 
@@ -179,11 +184,11 @@ class AllGather(_Exchange):
         route[:T, :K] = ids_TK.detach().cpu().float()
         route[:T, K:] = w_TK.detach().cpu().float()
         routes = torch.empty(R * Tm, 2 * K, dtype=torch.float32)
-        self._collective(dist.all_gather_into_tensor, routes, route, group=self.control)
+        self._collective(all_gather_single, routes, route, group=self.control)
         x_pad = x_TH.new_zeros((Tm, H))
         x_pad[:T] = x_TH
         x_all = x_TH.new_empty((R * Tm, H))
-        self._collective(dist.all_gather_into_tensor, x_all, x_pad, group=self.group)
+        self._collective(all_gather_single, x_all, x_pad, group=self.group)
         routes_np = routes.view(R, Tm, 2 * K).numpy()
         rows, experts, weights = [], [], []
         for src in range(R):  # every source's assignments to my replicas, as that source routes them
@@ -206,7 +211,7 @@ class AllGather(_Exchange):
         partial = torch.zeros(R * Tm, H, dtype=torch.float32, device=y_AH.device)
         partial.index_add_(0, sent.rows_A, y_AH.float() * sent.w_A[:, None])
         out = y_AH.new_empty((Tm, H))
-        self._collective(dist.reduce_scatter_tensor, out, partial.to(y_AH.dtype), group=self.group)
+        self._collective(reduce_scatter_single, out, partial.to(y_AH.dtype), group=self.group)
         self.stats.act_bytes += (R - 1) * Tm * H * y_AH.element_size()
         return out[:num_tokens]
 

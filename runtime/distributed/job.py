@@ -21,6 +21,7 @@ from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.hotset.planfile import load_plan
 from hotsplit_cli.placement.algorithm import Placement
 from hotsplit_cli.placement.dispatch import contiguous_placement, predict_trace
+from hotsplit_cli.placement.rebalance_rule import replay_rebalancing
 
 from ..from_recipe import Prepared, prepare_run
 from . import launch
@@ -89,7 +90,8 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
             if on_record is not None:
                 on_record(job)
 
-    rebalancer = Rebalancer(hooks, engine.model, control, prepared.expert_bytes) if knobs.eplb_steps else None
+    rebalancer = (Rebalancer(hooks, engine.model, control, prepared.expert_bytes, knobs.eplb_steps)
+                  if knobs.eplb_steps else None)
     run = run_rank(engine, prepared.steps, on_window, rebalancer)
     stats = engine.model.exchange.stats
     hot_RLE = gather_rows(engine.model.hot_LE().astype(np.float64), control)  # for the prediction (static runs)
@@ -106,10 +108,14 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
                          "slots_per_rank": placement.slots_per_rank}
     figures.rebalances = [r.to_doc() for r in rebalancer.reports] if rebalancer else []
     moved = any(r["skipped"] is None for r in figures.rebalances)  # a rebalance that changed the layout
+    if hooks.trace is not None and rebalancer is not None:  # the same moves, replayed by the same rule
+        figures.predicted_balancedness = replay_rebalancing(hooks.trace.topk_ids_SLTK[:summary.steps], placement, E,
+                                                            knobs.eplb_steps).balancedness
     if hooks.trace is not None and not moved:  # the layout the run began with: the prediction holds
         pred = predict_trace(hooks.trace.topk_ids_SLTK[:summary.steps], placement, E,
                              hot_RLE.reshape(group.world, L, E) > 0.5)
-        figures.predicted_balancedness = pred.balancedness
+        if rebalancer is None:
+            figures.predicted_balancedness = pred.balancedness
         for r, rate in enumerate(pred.hit_rate_R):
             if figures.ranks[r]["swaps"] == 0:  # its final hot set is the one it served with
                 figures.ranks[r]["predicted_hit_rate"] = float(rate)

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import json
 import logging
@@ -26,7 +27,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -35,12 +35,20 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hotsplit_cli.core.errors import HotsplitError, Interrupted, RuntimeFailure
+from hotsplit_cli.core.errors import HotsplitError, Interrupted, RuntimeFailure, StdoutClosed
 
-from .shared_bank import SHM_DIR, remove_leftovers
+from .interrupt import forward_interrupts, stop_at_next_window
+from .leftovers import SHM_DIR, log_folder
+from .shared_bank import remove_leftovers
 
 COLLECTIVE_TIMEOUT_S = 120  # one collective (a step's exchange, the summary) waits at most this long
 ERROR_DIR_ENV = "HOTSPLIT_EP_ERROR_DIR"  # set by the launcher: ranks write their error here
+LAUNCHER_PID_ENV = "HOTSPLIT_EP_LAUNCHER_PID"  # set by the launcher: the parent its ranks die with
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+STARTED_ENV = "HOTSPLIT_EP_STARTED"  # set by the launcher: when the job started (time.time()), for progress
+_PROCESS_STARTED = time.time()  # a rank under another launcher counts from its own start
+STDOUT_CLOSED_EXIT = 141  # 128 + SIGPIPE: rank 0's stdout was closed, what the CLI exits with then
+INTERRUPTED_EXIT = Interrupted.exit_code  # 130: rank 0 stopped on Ctrl-C and said so
 GROUP_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -87,7 +95,34 @@ def join(environ=os.environ) -> Group:
         torch.cuda.set_device(local_rank)
     dist.init_process_group(backend, timeout=timeout)
     control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
+    if rank == 0:  # progress through the silent seconds of set-up (stderr, as a single rank's bars)
+        print(f"expert parallel: {world} ranks joined ({backend}) after {seconds_since_start(environ):.1f} s; "
+              "building their banks", file=sys.stderr, flush=True)
     return Group(rank, world, local_rank, local_world, node, job, backend, control)
+
+
+def seconds_since_start(environ=os.environ) -> float:
+    """Seconds since the job started: since the launcher did, or since this process did."""
+    return time.time() - float(environ.get(STARTED_ENV, _PROCESS_STARTED))
+
+
+def die_with_launcher(environ=os.environ) -> bool:
+    """In a rank: be killed (SIGKILL) when the launcher that started it dies. torch's agent starts
+    each rank in a session of its own, so neither a terminal's Ctrl-C nor a kill of the
+    launcher's group reaches a rank; without this a killed launcher leaves its ranks stepping.
+    SIGKILL, not SIGTERM: a rank waiting in a collective runs no Python handler. A launcher that
+    died before this call is found by the parent pid (then this process ends at once). Returns
+    False where prctl is not there (not Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    expected = int(environ.get(LAUNCHER_PID_ENV, 0) or 0)
+    if os.getppid() == 1 or (expected and os.getppid() != expected):  # the launcher is gone already
+        os._exit(128 + int(signal.SIGKILL))
+    return True
 
 
 def leave() -> None:
@@ -119,6 +154,13 @@ def report_rank_error(rank: int, exc: BaseException, environ=os.environ) -> None
     (torchrun) the job's first error is said once, by the rank that claims it (`_claim_report`);
     the other ranks exit quietly with their code."""
     folder = environ.get(ERROR_DIR_ENV)
+    if isinstance(exc, StdoutClosed):  # rank 0's reader went away (`| head`): a quiet 141, as on one rank
+        if folder:  # said before this rank leaves the group: its peers may fail (and be seen) first
+            _write_report(folder, {"rank": rank, "line": "", "kind": "stdout-closed",
+                                   "exit_code": STDOUT_CLOSED_EXIT, "time": time.time()})
+            raise ReportedElsewhere(STDOUT_CLOSED_EXIT) from None
+        _claim_report("error")  # the ranks that lose their peer over it say nothing
+        raise exc
     if isinstance(exc, KeyboardInterrupt):
         if folder:
             raise ReportedElsewhere(130) from None
@@ -140,11 +182,15 @@ def report_rank_error(rank: int, exc: BaseException, environ=os.environ) -> None
             err = RuntimeFailure(f"{who}: {line[len('error: '):]}", "every rank was stopped")
         _tell_torchelastic(err.render(), environ)
         raise err from None
-    doc = {"rank": rank, "line": line, "kind": kind, "exit_code": code, "time": time.time()}
-    tmp = Path(folder) / f".rank{rank}.json"
-    tmp.write_text(json.dumps(doc))
-    tmp.rename(Path(folder) / f"rank{rank}.json")
+    _write_report(folder, {"rank": rank, "line": line, "kind": kind, "exit_code": code, "time": time.time()})
     raise ReportedElsewhere(code) from None
+
+
+def _write_report(folder: str, doc: dict) -> None:
+    """A rank's report for the launcher, whole or not at all (written, then renamed)."""
+    tmp = Path(folder) / f".rank{doc['rank']}.json"
+    tmp.write_text(json.dumps(doc))
+    tmp.rename(Path(folder) / f"rank{doc['rank']}.json")
 
 
 def _tell_torchelastic(line: str, environ) -> None:
@@ -188,9 +234,11 @@ def _claim_report(kind: str) -> bool:
 # ---- the local launcher ---------------------------------------------------------------------------
 
 
-def launch_local(nproc: int, argv: list[str]) -> None:
+def launch_local(nproc: int, argv: list[str], started: float | None = None) -> None:
     """Run `python -m hotsplit_cli *argv` as `nproc` local ranks under torch's elastic agent;
-    returns when all finished, raises one HotsplitError naming the rank that failed first."""
+    returns when all finished, raises one HotsplitError naming the rank that failed first.
+    `started`: when the job started (time.time()), for the ranks' progress lines."""
+    started = time.time() if started is None else started
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -199,25 +247,51 @@ def launch_local(nproc: int, argv: list[str]) -> None:
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.CRITICAL)  # the agent's own chatter; failures are ours to say
     job = f"hotsplit-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    folder = tempfile.mkdtemp(prefix="hotsplit-ep-")
+    folder = log_folder(os.getpid())
     logs = DefaultLogsSpecs(log_dir=folder, redirects={r: Std.ALL for r in range(1, nproc)})
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=job, rdzv_backend="c10d",
-                          rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1, logs_specs=logs)
-    saved = os.environ.get(ERROR_DIR_ENV)
-    os.environ[ERROR_DIR_ENV] = folder
+                          rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1, logs_specs=logs,
+                          signals_to_handle="SIGTERM,SIGHUP,SIGQUIT")  # SIGINT is forward_interrupts
+    saved = {k: os.environ.get(k) for k in (ERROR_DIR_ENV, LAUNCHER_PID_ENV, STARTED_ENV)}
+    os.environ.update({ERROR_DIR_ENV: folder, LAUNCHER_PID_ENV: str(os.getpid()), STARTED_ENV: repr(started)})
     try:
-        elastic_launch(config, sys.executable)("-m", "hotsplit_cli", *argv)
+        with forward_interrupts() as sigint:
+            elastic_launch(config, sys.executable)("-m", "hotsplit_cli", *argv)
     except ChildFailedError as exc:
+        if _stdout_closed(exc.failures, folder):
+            raise StdoutClosed from None
+        if sigint["interrupted"] and _said_interrupted(exc.failures):
+            raise ReportedElsewhere(INTERRUPTED_EXIT) from None
         raise job_failure(exc.failures, folder, nproc) from None
     except (SignalException, KeyboardInterrupt):
         raise Interrupted(f"interrupted: all {nproc} ranks were stopped", "nothing was written") from None
     finally:
-        if saved is None:
-            os.environ.pop(ERROR_DIR_ENV, None)
-        else:
-            os.environ[ERROR_DIR_ENV] = saved
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         remove_leftovers(SHM_DIR, job)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _said_interrupted(failures: dict) -> bool:
+    """Rank 0 stopped on Ctrl-C at a window, printed the summary so far and the interrupted
+    line, and exited as a single-rank run does."""
+    first = failures.get(0)
+    return first is not None and first.exitcode == INTERRUPTED_EXIT
+
+
+def _stdout_closed(failures: dict, folder: str) -> bool:
+    """Rank 0, the one rank writing to the launcher's stdout, stopped because its reader went
+    away (its exit code, or its report when a peer that lost it was seen first)."""
+    first = failures.get(0)
+    if first is not None and first.exitcode == STDOUT_CLOSED_EXIT:
+        return True
+    try:
+        return json.loads((Path(folder) / "rank0.json").read_text()).get("kind") == "stdout-closed"
+    except (OSError, ValueError):
+        return False
 
 
 def job_failure(failures: dict, folder: str, nproc: int) -> HotsplitError:
@@ -263,5 +337,7 @@ def _last_line(folder: str, rank: int) -> str:
 
 
 def stop_on_signal() -> None:
-    """In a rank: SIGTERM (the agent stopping the job) ends the process at once, quietly."""
+    """In a rank: SIGTERM (the agent stopping the job) ends the process at once, quietly; SIGINT
+    (Ctrl-C, passed on by the launcher) stops the job at its next window (interrupt.py)."""
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+    stop_at_next_window()

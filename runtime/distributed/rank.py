@@ -28,6 +28,7 @@ from hotsplit_cli.traffic.trace import Trace
 from ..engine import ArraySource
 from ..from_recipe import PlanChoice
 from .dispatch import AllGather, AllToAll, EPMoE, make_exchange
+from .interrupt import job_stops
 from .launch import Group
 from .shared_bank import SharedAllocator, shm_prefix
 
@@ -37,18 +38,17 @@ SEED_STRIDE = 1_000_003  # rank r draws its tokens from seed + r * SEED_STRIDE
 def placement_of_plan(plan: PlanFile, layers, num_experts: int, ep: int) -> Placement:
     """The placement an EP plan was made on (its recorded file, unchanged), else the contiguous
     layout. One-line errors when the file is gone, changed, or does not fit the recipe."""
-    from hotsplit_cli.hotset.plan_fit import placement_path_of
     from hotsplit_cli.placement.file import load_placement
     from hotsplit_cli.traffic.hist import file_sha256
 
     if plan.placement is None:
         return contiguous_placement(layers, num_experts, ep)
-    where = placement_path_of(plan)  # beside the plan file when it moved with it
+    where = plan.placement["path"]
     try:
         sha = file_sha256(where)
     except OSError:
         raise PlanError(f"{plan.path}: its placement {where} cannot be read",
-                        "keep the placement beside the plan or where it was, or re-plan with --placement") from None
+                        "keep the placement beside the plan (or where it was), or re-plan with --placement") from None
     if plan.placement.get("sha256") not in (None, sha):
         raise PlanError(f"{plan.path}: its placement {where} changed since the plan was made",
                         "re-plan with `hotsplit plan --placement`")
@@ -164,14 +164,14 @@ class RankRun:
 def run_rank(engine, steps: int, on_window: Callable, rebalancer=None) -> RankRun:
     """Step in lockstep with the other ranks; every `dyn_steps` steps close a window here and
     call `on_window(record, loads_WL)` on every rank (it gathers to rank 0); every `eplb_steps`
-    steps `rebalancer.maybe(step)` (a collective). A KeyboardInterrupt propagates: a rank cannot
-    stop alone in the middle of collectives."""
+    steps `rebalancer.maybe(step)` (a collective). Ctrl-C stops every rank at the same window
+    (interrupt.py): a rank cannot stop alone in the middle of collectives."""
     import time
 
     dyn, eplb = engine.knobs.dyn_steps, engine.knobs.eplb_steps
     stats = engine.model.exchange.stats
     t0 = time.perf_counter()
-    start = 0
+    start, interrupted = 0, False
     for routed in engine.source.steps():
         if engine.step_count >= steps:
             break
@@ -180,6 +180,9 @@ def run_rank(engine, steps: int, on_window: Callable, rebalancer=None) -> RankRu
             rec = engine.close_window(update=engine.knobs.dynamic)
             on_window(rec, np.asarray(stats.loads[start:], dtype=np.int64))
             start = len(stats.loads)
+            if job_stops(engine.model.exchange.control):  # Ctrl-C: every rank stops at this window
+                interrupted = True
+                break
         if rebalancer is not None:  # after the window's swaps, so they are decided on the map they served
             rebalancer.after_step(engine.step_count)
             if eplb and engine.step_count % eplb == 0 and engine.step_count < steps:
@@ -192,7 +195,7 @@ def run_rank(engine, steps: int, on_window: Callable, rebalancer=None) -> RankRu
         rec = engine.close_window(update=False)
         on_window(rec, np.asarray(stats.loads[start:], dtype=np.int64))
     summary = engine.book.summary(engine.step_count, engine.step_count * engine.source.tokens_per_step, elapsed,
-                                  engine.expected_hit_rate)
+                                  engine.expected_hit_rate, interrupted)
     split = getattr(engine.model.compute, "split", None)
     if split is not None:
         summary.cold_paths = split.report(engine.expert_bytes, engine.model.banks[0].expert_bytes)

@@ -23,8 +23,7 @@ import torch
 from hotsplit_probes.hostmem import HostPages
 
 from ..pinned import NumaPolicy, _Slab, slab_device_address
-
-SHM_DIR = "/dev/shm"
+from .leftovers import SHM_DIR, owner_tag
 
 
 def _job_name(job: str) -> str:
@@ -33,8 +32,10 @@ def _job_name(job: str) -> str:
 
 
 def shm_prefix(job: str, node: int) -> str:
-    """Where one node's cold bank files of one job live (`<prefix><slab>`)."""
-    return os.path.join(SHM_DIR, f"{_job_name(job)}-node{node}-")
+    """Where one node's cold bank files of one job live (`<prefix><slab>`). The name records the
+    job's owner on this node, the ranks' parent (the launcher, or torchrun's agent), so that a
+    later run can tell the files of a job killed during set-up (`leftovers.remove_ended`)."""
+    return os.path.join(SHM_DIR, f"{_job_name(job)}-node{node}-{owner_tag(os.getppid())}-")
 
 
 @dataclass

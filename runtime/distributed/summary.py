@@ -152,7 +152,7 @@ def job_summary(run, stats, expected_rank: float | None, cold_reads: int, group)
         cold_bytes_per_step=float(rows[:, 6].sum()),
         layer_hit_rate=[float(x) for x in (layer_RL * loads_SLR.sum(0).T).sum(0)
                         / np.maximum(loads_SLR.sum(axis=(0, 2)), 1)],
-        interrupted=False)
+        interrupted=s.interrupted)  # Ctrl-C stops every rank at the same window
     ranks = [{"rank": r, "tokens": int(received[r]), "hit_rate": float(rows[r, 7]),
               "expected_hit_rate": None if rows[r, 10] < 0 else float(rows[r, 10]), "cold_reads": int(rows[r, 9]),
               "swaps": int(rows[r, 3]), "cold_paths": _cold_doc(rows[r, 15:c0], mode)} for r in range(R)]

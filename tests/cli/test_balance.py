@@ -74,7 +74,7 @@ def test_synthetic_balance_is_deterministic(tmp_path):
 
 @pytest.mark.parametrize("args,code,msg", [
     (["balance"], 2, "needs --model DIR or a recipe"),
-    (["balance", "tiny", "--windows-steps", "0"], 2, "--windows-steps"),
+    (["balance", "tiny", "--windows-steps", "0"], 2, "--window-steps"),  # the earlier spelling, same check
     (["balance", "tiny", "--steps", "0"], 2, "--steps"),
     (["balance", "tiny", "--trace", "t.json"], 2, ".npz"),
     (["balance", "tiny", "--prompts", "p.txt"], 2, "synthetic model"),

@@ -33,7 +33,7 @@ def prompts(tmp_path):
 def test_balance_model_exact_windows_trace(ckpt, prompts, tmp_path, capsys):
     out, tr = tmp_path / "h.json", tmp_path / "t.npz"
     assert main(["balance", "--model", str(ckpt), "--prompts", str(prompts), "--max-new-tokens", "4",
-                 "--batch-size", "2", "--windows-steps", "3", "--trace", str(tr), "-o", str(out), "--json"]) == 0
+                 "--batch-size", "2", "--window-steps", "3", "--trace", str(tr), "-o", str(out), "--json"]) == 0
     doc = orjson.loads(capsys.readouterr().out)
     h = load_hist(out)
     assert h.layers == (0, 1, 2) and h.top_k == 2 and h.num_experts == 8

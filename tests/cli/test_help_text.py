@@ -9,7 +9,7 @@ import pytest
 from hotsplit_cli.cli import app
 
 COMMANDS = [["plan"], ["run"], ["balance"], ["hist", "import"], ["hist", "show"], ["place"], ["ledger"], ["probe"],
-            ["selftest"], ["simulate"], ["rerank"]]
+            ["selftest"], ["simulate"], ["rerank"], ["export"]]
 
 
 @pytest.fixture

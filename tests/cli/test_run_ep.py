@@ -228,3 +228,39 @@ def test_under_torchrun_a_bad_knob_is_said_once_for_the_job(tmp_path):
     lines = [x for x in done.stderr.splitlines() if x.startswith("error:")]
     assert lines == ["error: --eplb-steps: must be >= 0, got -1"], done.stderr[-3000:]
     assert not (tmp_path / "ep.jsonl").exists()
+
+
+SLOW_RANK0_CLI = str(REPO / "tests" / "runtime" / "ep" / "slow_rank0_cli.py")
+
+
+@pytest.mark.parametrize("args, want", [
+    (["--eplb-steps", "-1"], "error: --eplb-steps: must be >= 0, got -1"),
+    (["--ep-exchange", "ring"], "error: --ep-exchange: must be one of a2a, allgather, got 'ring'"),
+])
+def test_under_torchrun_a_refusal_waits_for_a_slow_rank_zero(tmp_path, args, want):
+    """The race: rank 0 starts 4 s after the others, so rank 1 refuses the value first. Rank 1 may
+    not exit before rank 0 has said the line (torchrun would stop rank 0 at once): it waits for
+    rank 0's mark in the job's store, and the line is said once."""
+    env = env_for_ranks()
+    env["EP_TEST_RANK0_DELAY_S"] = "4"
+    t0 = time.monotonic()
+    done = run_job(torchrun(2, [SLOW_RANK0_CLI, "run", "tiny-ep4", *args, "--log-jsonl", str(tmp_path / "ep.jsonl")]),
+                   env=env, timeout=120)
+    lines = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert done.returncode != 0 and lines == [want], done.stderr[-3000:]
+    assert time.monotonic() - t0 >= 4  # rank 0's line came after its delay, not from a rank that gave up
+    assert not (tmp_path / "ep.jsonl").exists()
+
+
+def test_the_allgather_exchange_prints_no_torch_warning(tmp_path):
+    """torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor (FutureWarning on every
+    call); the exchange uses the current names, so no rank prints a warning (torchrun shows every
+    rank's stderr)."""
+    from tests.runtime.ep.harness import tiny_ep_recipe
+
+    recipe = tiny_ep_recipe(tmp_path / "r.yaml", 2)
+    done = run_job(torchrun(2, ["-m", "hotsplit_cli", "run", str(recipe), "--steps", "4", "--ep-exchange",
+                                "allgather"]), timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "(allgather)" in done.stdout
+    assert "Warning" not in done.stderr, done.stderr[-3000:]

@@ -25,7 +25,7 @@ def _ok(args, env=None):
 def traced(tmp_path_factory):
     d = tmp_path_factory.mktemp("ep-pred")
     recipe = tiny_ep_recipe(d / "r.yaml", 2)
-    _ok(["balance", str(recipe), "--steps", "6", "--windows-steps", "1", "--trace", str(d / "t.npz"),
+    _ok(["balance", str(recipe), "--steps", "6", "--window-steps", "1", "--trace", str(d / "t.npz"),
          "-o", str(d / "h.json")])
     return d, recipe
 

@@ -45,8 +45,10 @@ def test_the_knob_precedence_and_a_plans_budget(tiny, tmp_path):
     assert (b.origin, b.source, b.hot_gib, b.budget_bytes) == ("recipe hotsplit.hot_gib", "recipe", 0.01,
                                                                int(0.01 * GIB))
     assert resolve_hot_budget(tiny, resolve_knobs(tiny.knobs, {}, {"hot_gib": "0.02"})).origin == "--hot-gib"
-    b = resolve_hot_budget(tiny, resolve_knobs(tiny.knobs, {"HOTSPLIT_HOT_GIB": "0.5"}), plan=plan)
-    assert (b.budget_bytes, b.source, b.origin) == (123_456, "plan", f"plan {plan.path}")  # beats env and recipe
+    b = resolve_hot_budget(tiny, resolve_knobs(tiny.knobs, {}), plan=plan)
+    assert (b.budget_bytes, b.source, b.origin) == (123_456, "plan", f"plan {plan.path}")  # beats the recipe's
+    with pytest.raises(UsageError, match="HOTSPLIT_HOT_GIB 0.5 disagrees with the budget"):  # asked for: not ignored
+        resolve_hot_budget(tiny, resolve_knobs(tiny.knobs, {"HOTSPLIT_HOT_GIB": "0.5"}), plan=plan)
     unrecorded = PlanFile(tmp_path / "p.json", (1,), ({1: (0,)},), None, None, None)
     with pytest.raises(UsageError, match="records no `budget_bytes`"):
         resolve_hot_budget(tiny, resolve_knobs(tiny.knobs, {}), plan=unrecorded)

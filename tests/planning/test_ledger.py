@@ -267,7 +267,7 @@ def test_human_output_states_every_assumption_and_its_default(small_path, capsys
         "flags: none",
     ):
         assert text in out, text
-    assert "8 x 2 x 1024 x 2 B = 0.033 MB" in out  # default tokens = the recipe's traffic.batch
+    assert "8 x 2 x 1024 x 2 B = 32.8 kB" in out  # default tokens = the recipe's traffic.batch
 
 
 def test_human_output_lists_flags(small_path, tmp_path, capsys):

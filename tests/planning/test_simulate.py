@@ -301,7 +301,7 @@ def test_cli_simulate_plan_accepts_its_own_budget_and_refuses_another(cli, drift
             "--plot", png)
     assert r.code == 2 and r.out == "" and not png.exists()
     assert r.err == (f"error: --hot-gib 0.01 disagrees with the budget of {small_plan} (0.005 GiB); drop "
-                     "--hot-gib: with --plan every policy gets the plan's budget\n")
+                     "--hot-gib: a --plan brings its own budget\n")
 
 
 def test_cli_simulate_columns_have_units_and_budget_its_unit(cli, drift_trace):

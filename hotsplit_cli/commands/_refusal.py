@@ -1,0 +1,75 @@
+"""The one error line of a refused flag, knob or recipe value when the command line runs as the N
+ranks of an expert-parallel job (torchrun, or `run`'s own launcher): rank 0 says it, the others
+wait until it has (bounded), then exit without a line.
+
+torch.distributed is imported only here (the store the job's launcher holds), and only where a
+launcher started the process; no hotsplit runtime is needed to refuse a value.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+
+REFUSAL_KEY = "hotsplit/refusal-said"  # in the job's store: rank 0 has printed the job's refusal line
+REFUSAL_ACKS = "hotsplit/refusal-read"  # how many other ranks have seen it (rank 0 may host the store)
+REFUSAL_WAIT_S = 60.0  # a rank waits at most this long for rank 0's line, then says its own
+
+
+def under_launcher(environ=os.environ) -> bool:
+    """This process is one of several ranks a launcher started."""
+    return int(environ.get("WORLD_SIZE", "1") or 1) > 1 and "MASTER_PORT" in environ and "RANK" in environ
+
+
+def say_refusal_once(line: str, environ=os.environ) -> None:
+    """A refused flag, knob or recipe value (exit 2) is refused by every rank alike, each being
+    the same command line: rank 0 prints `line` for the job, the others print nothing. They may
+    not exit before rank 0 has printed it (a launcher that sees a rank fail stops the others, and
+    could stop rank 0 before its line): each waits, bounded, for rank 0's mark in the job's store.
+    This runs before the ranks join a group, so it opens the store the launcher holds (torch's
+    agent store), or, without one, the store rank 0 hosts for the group. Without an answering
+    store a rank says the line itself: a repeated line is better than none."""
+    rank, world = int(environ.get("RANK", 0)), int(environ.get("WORLD_SIZE", 1))
+    try:
+        store = _job_store(environ, rank)
+    except Exception:  # noqa: BLE001 - no store: every rank says it
+        print(line, file=sys.stderr, flush=True)
+        return
+    prefix = f"{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    if rank == 0:
+        print(line, file=sys.stderr, flush=True)
+        try:
+            store.set(prefix + REFUSAL_KEY, "1")
+            if not _agent_store(environ):  # this process hosts the store: keep it until all have read it
+                _wait_for(lambda: store.add(prefix + REFUSAL_ACKS, 0) >= world - 1, REFUSAL_WAIT_S)
+        except Exception:  # noqa: BLE001 - the others then time out and say it themselves
+            pass
+        return
+    try:
+        store.wait([prefix + REFUSAL_KEY], datetime.timedelta(seconds=REFUSAL_WAIT_S))
+        store.add(prefix + REFUSAL_ACKS, 1)
+    except Exception:  # noqa: BLE001 - rank 0 never said it: say it here
+        print(line, file=sys.stderr, flush=True)
+
+
+def _agent_store(environ) -> bool:
+    return environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def _job_store(environ, rank: int):
+    """The store at MASTER_ADDR:MASTER_PORT, as `init_process_group(init_method="env://")` opens it."""
+    from torch.distributed import TCPStore
+
+    timeout = datetime.timedelta(seconds=REFUSAL_WAIT_S)
+    host, port = environ["MASTER_ADDR"], int(environ["MASTER_PORT"])
+    if _agent_store(environ):
+        return TCPStore(host, port, None, False, timeout, wait_for_workers=False)
+    return TCPStore(host, port, None, rank == 0, timeout, wait_for_workers=False, multi_tenant=True)
+
+
+def _wait_for(done, limit_s: float) -> None:
+    end = time.monotonic() + limit_s
+    while not done() and time.monotonic() < end:
+        time.sleep(0.05)

@@ -1,0 +1,97 @@
+"""`hotsplit export FILE --to ENGINE -o OUT`: a plan or placement in a serving engine's own format."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.options import JsonOpt, RecipeOpt, output_option
+from hotsplit_cli.output import Output, pct
+
+if TYPE_CHECKING:
+    from hotsplit_cli.export.result import EngineExport
+
+ENGINES = "sglang, ktransformers, trtllm, vllm-ascend or llama.cpp"
+
+
+def export_cmd(
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="plan.json (hotsplit.plan/1) or placement.json "
+                                                              "(hotsplit.placement/1), whichever the engine takes.")],
+    engine: Annotated[str | None, typer.Option("--to", help=f"The engine: {ENGINES}.")] = None,
+    output: Annotated[Path | None, output_option(
+        "--output", "-o", help="The engine's file (.json, .pt, .yaml or .txt, as the engine reads).")] = None,
+    recipe: RecipeOpt = None,
+    hist: Annotated[Path | None, typer.Option(
+        "--hist", help="The histogram the plan was made from, when it is no longer where the plan says.")] = None,
+    online: Annotated[int, typer.Option(
+        "--online", help="trtllm: layers re-balanced per iteration (layer_updates_per_iter; 0 = static).")] = 0,
+    json: JsonOpt = False,
+) -> None:
+    """Write a plan or placement for another engine, with the flags to start it and what it keeps on the GPU."""
+    from hotsplit_cli.export.targets import ExportRequest, export
+
+    out = Output(json)
+    if engine is None or output is None:
+        raise UsageError("export needs --to ENGINE and -o OUT", f"pass --to ({ENGINES}) and the file to write")
+    result = export(ExportRequest(file, engine, output, recipe, hist, online))
+    _write(output, result.payload)
+    if result.plan_hit_rate - result.predicted_hit_rate > 1e-9:
+        out.warn(f"{engine} cannot express the plan exactly: predicted hit rate {pct(result.predicted_hit_rate, 2)} "
+                 f"vs the plan's {pct(result.plan_hit_rate, 2)}")
+    out.emit(result.to_doc(str(output)), lambda: _render(out, result))
+    out.note(f"wrote {output} ({engine})")
+
+
+def _write(path: Path, payload) -> None:
+    """The engine's file, atomically: JSON, YAML, text, or torch's .pt (torch imported only here)."""
+    from hotsplit_cli.core.jsonio import write_atomic, write_json_atomic
+
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        write_json_atomic(path, payload)
+    elif suffix in (".yaml", ".yml"):
+        import yaml
+
+        text = yaml.safe_dump(payload, sort_keys=False, default_flow_style=None, width=1 << 20)
+        write_atomic(path, lambda fh: fh.write(text.encode()))
+    elif suffix == ".pt":
+        import torch
+
+        tensor = torch.from_numpy(payload)
+        write_atomic(path, lambda fh: torch.save({"logical_count": tensor}, fh))
+    else:
+        write_atomic(path, lambda fh: fh.write(payload.encode()))
+
+
+def _render(out: Output, result: EngineExport) -> None:
+    """The copyable flags, what the engine keeps on the GPU per layer, and the two hit rates."""
+    out.print(f"start {result.engine} with:")
+    if not out.json_mode:  # one line however wide, to copy as it is
+        out.out.print(shlex.join(result.flags), soft_wrap=True, markup=False, highlight=False)
+    if result.snippet:
+        out.print(f"extra_llm_api_options.yaml:\n{result.snippet.rstrip()}")
+    ranks = len(next(iter(result.gpu_experts.values()), []))
+    t = out.table("layer", *(f"rank {r} GPU experts" for r in range(min(ranks, 4))))
+    for layer, per_rank in result.gpu_experts.items():
+        t.add_row(str(layer), *(_ids(ids) for ids in per_rank[:4]))
+    out.print(t)
+    if ranks > 4:
+        out.print(f"(ranks 4..{ranks - 1} in --json's gpu_experts)")
+    out.print(f"GPU expert bytes per rank: {result.gpu_bytes / 2**30:.2f} GiB; predicted hit rate of the engine's "
+              f"set {pct(result.predicted_hit_rate, 2)}, the plan's {pct(result.plan_hit_rate, 2)}")
+    for note in result.notes:
+        out.print(f"note: {note}")
+
+
+def _ids(ids: list[int]) -> str:
+    """A rank's experts in one cell: all of them as a count, else the ids (long lists shortened)."""
+    shown = ",".join(map(str, ids[:12]))
+    return f"{len(ids)}: {shown}{',...' if len(ids) > 12 else ''}" if ids else "0"
+
+
+def register(app: typer.Typer, hist_app: typer.Typer) -> None:
+    app.command("export")(export_cmd)

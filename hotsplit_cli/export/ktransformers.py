@@ -1,0 +1,61 @@
+"""KTransformers / SGLang-kt (sglang-kt 0.7.2, kt-kernel 0.7.2): the GPU experts from an
+activation file.
+
+With `--kt-expert-placement-strategy frequency` and `--init-expert-location FILE.pt`,
+`_init_kt_gpu_experts_masks` (sglang/srt/layers/moe/kt_ep_wrapper.py) loads
+`{"logical_count": [buffer, num_hidden_layers, E]}`, sums dim 0 as float32 and calls
+`kt_kernel.experts_base.generate_gpu_experts_masks`: one `torch.topk` of
+`int(num_moe_layers * E * --kt-gpu-experts-ratio)` over every layer flattened, dense rows
+included, after which dense rows are set all-GPU. So the file written holds 1.0 for each planned
+hot expert and 0.0 everywhere else: the top N values are then exactly the plan's N experts (no
+tie at the cut, nothing float32 cannot hold), and the ratio is chosen so that the engine's
+integer budget is exactly N.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hotsplit_cli.core.errors import PlanError, UnsupportedModelError
+from hotsplit_cli.export.result import EngineExport, hit_rate
+from hotsplit_cli.export.source import PlanSource
+from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
+
+
+def exact_ratio(num_gpu: int, total: int) -> str:
+    """The shortest decimal r with int(total * float(r)) == num_gpu: the engine's own arithmetic.
+    N / T itself can lose one (T = 49, N = 1: int(49 * (1 / 49)) is 0), the midpoint cannot."""
+    if num_gpu == total:
+        return "1"
+    for digits in range(1, 18):
+        text = f"{(num_gpu + 0.5) / total:.{digits}g}"
+        if int(total * float(text)) == num_gpu:
+            return text
+    raise AssertionError(f"no decimal ratio gives {num_gpu} of {total}")  # unreachable: 17 digits round-trip
+
+
+def export_ktransformers(src: PlanSource, out: str) -> EngineExport:
+    recipe, m = src.recipe, src.recipe.model
+    if recipe.parallel.ep > 1:
+        raise PlanError(f"ktransformers keeps one GPU expert mask for every rank and has no expert parallelism "
+                        f"(KTransformers #2002), but {src.path} is an ep={recipe.parallel.ep} plan",
+                        "plan with a recipe of ep: 1 (tensor parallel ranks share the mask)")
+    first = m.moe_layer_ids[0]
+    if tuple(m.moe_layer_ids) != tuple(range(first, m.num_hidden_layers)):
+        raise UnsupportedModelError(f"ktransformers counts MoE layers as first_k_dense_replace..num_hidden_layers, "
+                                    f"but {m.name}'s MoE layers are {list(m.moe_layer_ids)}")
+    hot_LE = src.hot_RLE[0]
+    counts = np.zeros((1, m.num_hidden_layers, m.num_experts), dtype=np.float32)
+    counts[0, list(m.moe_layer_ids)] = hot_LE.astype(np.float32)
+    n, total = int(hot_LE.sum()), hot_LE.size
+    ratio = exact_ratio(n, total)
+    flags = ["--init-expert-location", out, "--kt-expert-placement-strategy", "frequency",
+             "--kt-gpu-experts-ratio", ratio]
+    experts = {layer: [np.flatnonzero(hot_LE[i]).tolist()] * recipe.parallel.tp
+               for i, layer in enumerate(m.moe_layer_ids)}
+    rate = hit_rate(src.hist.counts_LE, hot_LE)
+    notes = [f"{n} of {total} experts on the GPU: int({total} x {ratio}) = {n}; --kt-gpu-experts-ratio overrides "
+             f"--kt-num-gpu-experts, and the default strategy (uniform) would ignore the file",
+             "one mask serves every tensor-parallel rank; expert parallelism is not supported (KTransformers #2002)"]
+    return EngineExport("ktransformers", counts, flags, experts, n * expert_bytes_per_rank(recipe), rate,
+                        src.plan.hit_rate if src.plan.hit_rate is not None else rate, notes)

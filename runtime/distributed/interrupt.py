@@ -1,0 +1,74 @@
+"""Ctrl-C in an expert-parallel run, as in a single-rank one: the job stops at the next window,
+rank 0 prints the summary so far and writes what it was asked to, the interrupted line is said
+once.
+
+A rank cannot stop alone (its peers would wait in the next exchange), so SIGINT only raises a
+flag; at every window the ranks agree through one small all-reduce whether any of them has it,
+and all stop at the same step. The SIGINT reaches the ranks from their launcher: torchrun's
+agent sends its death signal to every rank; ours (`forward_interrupts`) passes a terminal's
+Ctrl-C on, since each rank runs in a session of its own. A second Ctrl-C at our launcher stops
+the job at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+_asked = {"stop": False}
+
+
+def stop_at_next_window() -> None:
+    """In a rank: SIGINT asks the job to stop at its next window instead of raising
+    KeyboardInterrupt wherever the rank is (mid-collective)."""
+    _asked["stop"] = False
+    signal.signal(signal.SIGINT, lambda *_: _asked.update(stop=True))
+
+
+def job_stops(group=None) -> bool:
+    """Collective (every rank, at the same step): whether any rank was asked to stop."""
+    flag = torch.tensor([1 if _asked["stop"] else 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return bool(flag.item())
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of `pid` (the ranks torch's agent started)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_bytes().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != b"Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+@contextmanager
+def forward_interrupts():
+    """In our launcher: the first SIGINT is passed to every rank (they stop at the next window);
+    a second raises KeyboardInterrupt here, which stops the job at once. Yields a dict whose
+    "interrupted" says whether a SIGINT came."""
+    state = {"interrupted": False}
+
+    def on_sigint(*_):
+        if state["interrupted"]:
+            raise KeyboardInterrupt
+        state["interrupted"] = True
+        for pid in _children(os.getpid()):
+            try:
+                os.kill(pid, signal.SIGINT)
+            except OSError:
+                pass
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield state
+    finally:
+        signal.signal(signal.SIGINT, previous)
