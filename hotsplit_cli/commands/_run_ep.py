@@ -94,6 +94,8 @@ def _rank(out: Output, request: RunRequest) -> None:
     from hotsplit_runtime.distributed.job import run_ep_rank
     from hotsplit_runtime.distributed.summary import format_job_line
 
+    from hotsplit_cli.hotset.ep_layout import layout_words
+
     from . import run_report as report  # the single-rank run's lines and tables
 
     rec, knobs, plot, log_jsonl = request.recipe, request.knobs, request.plot, request.log_jsonl
@@ -107,7 +109,8 @@ def _rank(out: Output, request: RunRequest) -> None:
         header["doc"] = pdoc = prepared.to_doc()
         report.describe(say, rec.name, prepared, pdoc)
         say(f"expert parallel: {group.world} ranks on {group.world // group.local_world} node(s), {group.backend}; "
-            f"each rank steps {prepared.engine.source.tokens_per_step} tokens; cold bank shared by each node's ranks")
+            f"each rank steps {prepared.engine.source.tokens_per_step} tokens; cold bank shared by each node's ranks; "
+            f"{layout_words(request.plan)}")
 
     def runner(on_record):
         return run_ep_rank(rec, knobs, plan_path=request.plan, trace_path=request.trace, steps=request.steps,

@@ -29,7 +29,7 @@ def hist_show_cmd(
     """Report what to check in a routing histogram before launch."""
     out = Output(json)
     hist = load_hist(file)
-    expert_bytes = None
+    expert_bytes, ranks = None, 1
     if recipe is not None:
         from hotsplit_cli.config.recipe import load_recipe
         from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
@@ -38,8 +38,8 @@ def hist_show_cmd(
         rec = load_recipe(recipe)
         for warning in check_hist_matches_recipe(hist, rec, file):
             out.warn(warning)
-        expert_bytes = expert_bytes_per_rank(rec)
-    report = hist_report(hist, expert_bytes)
+        expert_bytes, ranks = expert_bytes_per_rank(rec), rec.parallel.ep
+    report = hist_report(hist, expert_bytes, ranks)
     if plot is not None:
         plot_coverage(plot, report)
     out.emit({"file": str(file), **report.to_doc()}, lambda: render_hist_report(out, report))
@@ -70,14 +70,21 @@ def render_hist_report(out: Output, report: HistReport) -> None:
     for f in TOP_FRACTIONS:
         t.add_row(f"{top_count(f, n)} of {n} ({pct(top_count(f, n) / n)})", pct(report.top_share[f]))
     out.print(t)
-    cols = ["coverage", "experts"] + (["bytes per rank"] if report.cover_bytes else [])
+    per_rank = report.cover_rank_experts
+    cols = ["coverage", "experts"] + (["experts per rank"] if per_rank else []) + (
+        ["bytes per rank"] if report.cover_bytes else [])
     t = out.table(*cols)
     for target in COVERAGE_TARGETS:
-        row = [pct(target, 0), f"{report.cover_experts[target]:,}"]
+        row = [pct(target, 0), f"{report.cover_experts[target]:,}"] + ([f"{per_rank[target]:,}"] if per_rank else [])
         if report.cover_bytes:
             row.append(gib(report.cover_bytes[target]))
         t.add_row(*row)
     out.print(t)
+    if per_rank:
+        out.print(f"per rank: assumes the experts split evenly and contiguously over ep {report.ranks} ranks "
+                  f"(rank r holds experts r*{report.num_experts // report.ranks}..); each rank covers the share of "
+                  f"its own traffic, and the neediest rank sets the figure. `hotsplit plan --placement` plans a "
+                  f"placement's ranks")
     if not report.cover_bytes:
         out.print("add --recipe R to see the GiB each coverage needs")
 
@@ -88,8 +95,10 @@ def plot_coverage(path: Path, report: HistReport) -> None:
     def draw(fig, ax):
         n = len(report.curve_share)
         if report.curve_bytes is not None:
-            ax.plot(report.curve_bytes / (1 << 30), report.curve_share * 100)
-            ax.set_xlabel("hot experts per rank (GiB)")
+            share = report.curve_rank_share if report.curve_rank_share is not None else report.curve_share
+            ax.plot(report.curve_bytes / (1 << 30), share * 100)
+            ax.set_xlabel("hot experts per rank (GiB)" + (f", neediest of {report.ranks} contiguous ranks"
+                                                          if report.ranks > 1 else ""))
         else:
             ax.plot([100 * (i + 1) / n for i in range(n)], report.curve_share * 100)
             ax.set_xlabel("hottest experts (% of all)")

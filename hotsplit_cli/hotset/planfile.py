@@ -486,10 +486,12 @@ def _band(block: object) -> Band | None:
 def check_plan_ranks(plan: PlanFile, recipe: Recipe) -> None:
     """PlanError unless the plan has one hot set per rank of the recipe: an EP plan's rank 0 holds
     only the experts placed on it, so on one rank it would serve a fraction of what it promises."""
-    have, want = len(plan.hot_by_rank), recipe.parallel.ep
+    tp, ep = recipe.parallel.tp, recipe.parallel.ep
+    have, want = len(plan.hot_by_rank), tp * ep  # `plan` writes one hot set per rank, tp x ep of them
     if have != want:
-        raise PlanError(f"{plan.path}: a plan for {have} ranks; recipe {recipe.name!r} runs on {want}",
-                        f"plan with a recipe of ep {want}" if want > 1 else "plan with a single-rank recipe")
+        shape = f" (tp {tp} x ep {ep})" if tp > 1 else ""
+        raise PlanError(f"{plan.path}: a plan for {have} ranks; recipe {recipe.name!r} runs on {want}{shape}",
+                        f"plan with a recipe of ep {ep}" if ep > 1 else "plan with this recipe")
 
 
 def _made_from(hist: object) -> str | None:

@@ -44,6 +44,9 @@ class HistReport:
     expert_bytes: int | None
     curve_bytes: np.ndarray | None  # coverage curve: cumulative bytes and share, best first
     curve_share: np.ndarray
+    ranks: int = 1  # EP ranks the experts are split over, evenly and contiguously (per-rank figures)
+    cover_rank_experts: dict[float, int] | None = None  # target -> experts the neediest rank holds hot
+    curve_rank_share: np.ndarray | None = None  # the neediest rank's coverage by its k hottest experts
 
     def to_doc(self) -> dict:
         return {
@@ -65,6 +68,9 @@ class HistReport:
             "cover_experts": {f"{k:g}": v for k, v in self.cover_experts.items()},
             "cover_gib": None if self.cover_bytes is None
             else {f"{k:g}": v / (1 << 30) for k, v in self.cover_bytes.items()},
+            "ranks": self.ranks,
+            "cover_rank_experts": None if self.cover_rank_experts is None
+            else {f"{k:g}": v for k, v in self.cover_rank_experts.items()},
         }
 
 
@@ -74,8 +80,10 @@ def top_count(fraction: float, n: int) -> int:
     return max(1, int(np.ceil(fraction * n - 1e-9)))
 
 
-def hist_report(hist: Histogram, expert_bytes: int | None = None) -> HistReport:
-    """Summarise `hist`; with `expert_bytes` (per rank, one expert) also the GiB per coverage."""
+def hist_report(hist: Histogram, expert_bytes: int | None = None, ranks: int = 1) -> HistReport:
+    """Summarise `hist`; with `expert_bytes` (per rank, one expert) also the GiB per coverage. With
+    `ranks` > 1 (an EP recipe) the GiB are per rank: each rank holds E/ranks experts of every layer
+    (the contiguous split) and must cover the target of its own traffic; the neediest rank sets it."""
     c = hist.counts_LE
     total = float(c.sum())
     L, E = c.shape
@@ -103,8 +111,27 @@ def hist_report(hist: Histogram, expert_bytes: int | None = None) -> HistReport:
     cover_experts = {t: int(np.searchsorted(cum_share, t - 1e-12) + 1) for t in COVERAGE_TARGETS}
     cover_bytes = None
     curve_bytes = None
+    rank_experts = rank_curve = None
+    if ranks > 1:
+        rank_curve = _neediest_rank_curve(c, ranks)
+        rank_experts = {t: int(np.searchsorted(rank_curve, t - 1e-12) + 1) for t in COVERAGE_TARGETS}
     if expert_bytes is not None:
-        cover_bytes = {t: k * int(expert_bytes) for t, k in cover_experts.items()}
-        curve_bytes = np.arange(1, n + 1, dtype=np.float64) * expert_bytes
+        per_rank = rank_experts or cover_experts
+        cover_bytes = {t: k * int(expert_bytes) for t, k in per_rank.items()}
+        curve_bytes = np.arange(1, len(rank_curve if rank_curve is not None else cum_share) + 1,
+                                dtype=np.float64) * expert_bytes
     return HistReport(hist.model, hist.source, hist.top_k, hist.tokens, L, E, total, tuple(layers),
-                      top_share, cover_experts, cover_bytes, expert_bytes, curve_bytes, cum_share)
+                      top_share, cover_experts, cover_bytes, expert_bytes, curve_bytes, cum_share,
+                      ranks, rank_experts, rank_curve)
+
+
+def _neediest_rank_curve(counts_LE: np.ndarray, ranks: int) -> np.ndarray:
+    """float [L*E/ranks]: the lowest, over ranks, share of a rank's own assignments served by its k
+    hottest experts (k = 1, 2, ...), with rank r holding experts r*E/ranks .. (r+1)*E/ranks-1."""
+    L, E = counts_LE.shape
+    if E % ranks:
+        raise ValueError(f"{E} experts do not split evenly over {ranks} ranks")
+    per = counts_LE.reshape(L, ranks, E // ranks).transpose(1, 0, 2).reshape(ranks, -1)
+    best = -np.sort(-per, axis=1)
+    totals = np.maximum(best.sum(axis=1, keepdims=True), 1e-300)
+    return (np.cumsum(best, axis=1) / totals).min(axis=0)

@@ -126,3 +126,11 @@ def test_the_budget_knob_keeps_its_precedence_and_is_checked_first(cli, ep4, pla
     assert r.code == 0 and json.loads(r.out)["times"]["budget_source"] == "HOTSPLIT_HOT_GIB"
     r = place(cli, hists[0], ep4, platform, out, "--json")  # the flag beats the environment
     assert r.code == 0 and json.loads(r.out)["times"]["budget_bytes"] == int(10 * ONE / 2**30 * 2**30)
+
+
+def test_place_platform_prints_a_small_budget_in_a_unit_that_shows_it(cli, ep4, platform, hists, tmp_path):
+    """10 tiny experts are 1.88 MiB: the header must not round them to `0.00 GiB`."""
+    r = place(cli, hists[0], ep4, platform, tmp_path / "pl.json", "--balance", "time")
+    assert r.code == 0, r.err
+    text = " ".join(r.out.split())  # the console may wrap the line
+    assert "hot budget 1.88 MiB per rank" in text and "0.00 GiB" not in text, text

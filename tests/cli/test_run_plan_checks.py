@@ -26,7 +26,7 @@ def test_a_single_rank_run_refuses_a_plan_made_for_four_ranks(cli, tmp_path):
     r = cli("run", "tiny", "--steps", "4", "--scale", "0.25", "--plan", plan_file(tmp_path, 4), "--log-jsonl", log)
     assert r.code == 1 and r.out == "" and not log.exists()
     assert r.err.splitlines() == [f"error: {tmp_path / 'plan-4.json'}: a plan for 4 ranks; recipe 'tiny' runs on 1; "
-                                  "plan with a single-rank recipe"]
+                                  "plan with this recipe"]
 
 
 def test_an_expert_parallel_run_refuses_a_single_rank_plan_before_its_ranks_start(cli, tmp_path):
@@ -34,6 +34,21 @@ def test_an_expert_parallel_run_refuses_a_single_rank_plan_before_its_ranks_star
     assert r.code == 1 and r.out == ""
     assert r.err.splitlines() == [f"error: {tmp_path / 'plan-1.json'}: a plan for 1 ranks; recipe 'tiny-ep4' runs "
                                   "on 4; plan with a recipe of ep 4"]
+
+
+def test_a_tensor_parallel_plan_has_one_hot_set_per_rank_and_runs(cli, tmp_path):
+    """`plan` for a tp 8 recipe writes 8 ranks, each the same hot set: that plan fits its recipe."""
+    from hotsplit_cli.config.recipe import load_recipe
+    from hotsplit_cli.hotset.planfile import check_plan_ranks, load_plan
+
+    rec = load_recipe("deepseek-v3")
+    path = tmp_path / "tp8.json"
+    hot = {str(layer): [0] for layer in rec.model.moe_layer_ids}
+    write_json_atomic(path, {"schema": "hotsplit.plan/1", "ranks": [{"rank": r, "hot": hot} for r in range(8)]})
+    check_plan_ranks(load_plan(path), rec)
+    write_json_atomic(path, {"schema": "hotsplit.plan/1", "ranks": [{"rank": 0, "hot": hot}]})
+    r = cli("run", "deepseek-v3", "--plan", path, "--steps", "1", "--scale", "0.01")
+    assert r.code == 1 and "a plan for 1 ranks; recipe 'deepseek-v3' runs on 8 (tp 8 x ep 1)" in r.err
 
 
 def test_simulate_refuses_a_plan_made_for_four_ranks(cli, tmp_path):
