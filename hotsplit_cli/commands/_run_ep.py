@@ -107,7 +107,7 @@ def _rank(out: Output, request: RunRequest) -> None:
 
         out.note(f"expert parallel: every rank's banks built after {seconds_since_start():.1f} s")
         header["doc"] = pdoc = prepared.to_doc()
-        report.describe(say, rec.name, prepared, pdoc)
+        report.describe(say, rec.name, prepared, pdoc, ranks=group.world)
         say(f"expert parallel: {group.world} ranks on {group.world // group.local_world} node(s), {group.backend}; "
             f"each rank steps {prepared.engine.source.tokens_per_step} tokens; cold bank shared by each node's ranks; "
             f"{layout_words(request.plan)}")

@@ -14,15 +14,17 @@ from hotsplit_cli.output import Output, gib, pct
 MIB = 1 << 20
 
 
-def describe(say, name: str, prepared, pdoc: dict) -> None:
-    """What a synthetic run is about to do: device and kernel, traffic, cold bank, plan, cold path."""
+def describe(say, name: str, prepared, pdoc: dict, ranks: int = 1) -> None:
+    """What a synthetic run is about to do: device and kernel, traffic, cold bank, plan, cold path.
+    With `ranks` > 1 (rank 0 describes an EP job) the plan's figures are rank 0's, and say so."""
     say(f"{name}: {prepared.steps} steps on {prepared.info.name} ({pdoc['kernel']}"
         f"{', CUDA graph' if pdoc['cuda_graph'] else ''}; experts {prepared.expert_format}),"
         f" traffic: {prepared.traffic}")
     alloc = prepared.allocator
     how = alloc.method + (f"; {alloc.fallback}" if alloc.fallback else "")
     say(f"cold bank: {gib(alloc.requested_bytes)} of host memory ({how}), {alloc.numa.describe()}")
-    say(f"plan: {pdoc['plan']['hot_experts']} hot experts, {gib(prepared.plan.hot_bytes)} real"
+    whose = "plan" if ranks == 1 else f"plan, rank 0 of {ranks} (each rank its own hot set)"
+    say(f"{whose}: {pdoc['plan']['hot_experts']} hot experts, {gib(prepared.plan.hot_bytes)} real"
         f" ({prepared.plan.source}); expected hit rate {pct(prepared.plan.expected_hit_rate)}")
     if pdoc["cold_path"]["rates"]:
         say(escape(f"cold path: {pdoc['cold_path']['mode']} ({pdoc['cold_path']['rates']})"))

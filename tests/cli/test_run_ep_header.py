@@ -19,3 +19,5 @@ def test_a_plan_without_placement_says_contiguous_in_the_header(tmp_path: Path, 
     assert done.returncode == 0, done.stderr[-3000:]
     header = next(x for x in done.stdout.splitlines() if x.startswith("expert parallel:"))
     assert "layout contiguous: the plan was made without --placement" in header, header
+    plan_line = next(x for x in done.stdout.splitlines() if x.startswith("plan"))
+    assert plan_line.startswith("plan, rank 0 of 4 (each rank its own hot set): "), plan_line  # not the job's total
