@@ -17,7 +17,8 @@ from rich.markup import escape
 
 from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.core.jsonio import schema_tag
-from hotsplit_cli.output import Output, debug_on, pct
+from hotsplit_cli.core.units import duration
+from hotsplit_cli.output import Output, debug_on, gib, pct
 
 from .run_request import RunRequest
 
@@ -163,15 +164,29 @@ def _plot(path: Path, s, fig, title: str, report) -> None:
     save_png(path, draw, figsize=(13, 4), dpi=100)
 
 
+def _exchange_words(ex: dict, s) -> str:
+    """Measured bytes and time of one exchange (one MoE layer's dispatch and combine) next to the
+    ledger's, and the share of a step that a step's exchanges took."""
+    layers = ex["exchanges_per_rank"] / s.steps if s.steps else 0  # exchanges per step: one per MoE layer
+    words = (f"{gib(ex['measured_bytes_per_layer'])} measured vs {gib(ex['predicted_bytes_per_layer'])} by the "
+             f"ledger; {duration(ex['ms_per_layer'])} measured")
+    if ex.get("predicted_ms_per_layer") is not None:
+        words += f" vs {duration(ex['predicted_ms_per_layer'])} by the ledger at {ex['predicted_at_gbps']:g} GB/s"
+    step_ms = 1e3 * s.elapsed_s / s.steps if s.steps else 0.0
+    if layers and step_ms > 0:
+        words += f"; {pct(ex['ms_per_layer'] * layers / step_ms)} of a step ({duration(step_ms)})"
+    return words
+
+
 def _render(out: Output, name: str, s, fig, origin, plot, report) -> None:
     ex = fig.exchange
     pred = "" if fig.predicted_balancedness is None else f" (predicted {fig.predicted_balancedness:.4f})"
     b = fig.bottleneck
-    rows = [("balancedness", f"{fig.balancedness:.4f}{pred}"),
-            ("bottleneck rank", f"rank {b['rank']}: {b['load']} assignments, {b['lead']:.2f}x the mean"),
-            (f"exchange ({ex['mode']}) per layer and rank",
-             f"{ex['measured_bytes_per_layer'] / 1024:,.1f} KiB measured vs "
-             f"{ex['predicted_bytes_per_layer'] / 1024:,.1f} KiB by the ledger, {ex['ms_per_layer']:.2f} ms")]
+    rows = [("balancedness (per exchange)", f"{fig.balancedness:.4f}{pred}: each step and layer's mean / max rank "
+                                             "load, summed"),
+            ("bottleneck rank (run totals)", f"rank {b['rank']}: {b['load']} assignments, {b['lead']:.2f}x the mean "
+                                             "of the ranks' totals (evens out over steps, so above balancedness)"),
+            (f"exchange ({ex['mode']}) per layer and rank", _exchange_words(ex, s))]
     for r in fig.rebalances:
         if r["skipped"]:
             rows.append((f"rebalance at step {r['step']}", f"skipped: {r['skipped']}"))

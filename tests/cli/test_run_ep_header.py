@@ -21,3 +21,6 @@ def test_a_plan_without_placement_says_contiguous_in_the_header(tmp_path: Path, 
     assert "layout contiguous: the plan was made without --placement" in header, header
     plan_line = next(x for x in done.stdout.splitlines() if x.startswith("plan"))
     assert plan_line.startswith("plan, rank 0 of 4 (each rank its own hot set): "), plan_line  # not the job's total
+    flat = " ".join(done.stdout.split())  # table cells wrap when piped
+    assert "balancedness (per exchange)" in flat and "bottleneck rank (run totals)" in flat
+    assert "measured vs" in flat and "by the ledger at" in flat and "of a step (" in flat, flat[-1500:]
