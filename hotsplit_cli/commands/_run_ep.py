@@ -185,7 +185,9 @@ def _render(out: Output, name: str, s, fig, origin, plot, report) -> None:
     rows = [("balancedness (per exchange)", f"{fig.balancedness:.4f}{pred}: each step and layer's mean / max rank "
                                              "load, summed"),
             ("bottleneck rank (run totals)", f"rank {b['rank']}: {b['load']} assignments, {b['lead']:.2f}x the mean "
-                                             "of the ranks' totals (evens out over steps, so above balancedness)"),
+                                             f"of the ranks' totals (totals even out over steps and layers: 1 / "
+                                             f"{b['lead']:.2f} = {1 / b['lead']:.3f} is above the per-exchange "
+                                             f"{fig.balancedness:.3f})"),
             (f"exchange ({ex['mode']}) per layer and rank", _exchange_words(ex, s))]
     for r in fig.rebalances:
         if r["skipped"]:
