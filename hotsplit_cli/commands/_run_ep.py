@@ -20,11 +20,11 @@ from hotsplit_cli.core.jsonio import schema_tag
 from hotsplit_cli.core.units import duration
 from hotsplit_cli.output import Output, debug_on, gib, pct
 
-from .run_request import RunRequest
+from ._run_request import RunRequest
 
 
 def run_expert_parallel(out: Output, request: RunRequest) -> None:
-    """Launch the ranks, or run this one; it prints in the single-rank run's terms (commands/run_report.py)."""
+    """Launch the ranks, or run this one; it prints in the single-rank run's terms (commands/_run_report.py)."""
     rec, plan, trace, steps = request.recipe, request.plan, request.trace, request.steps
     ep = rec.parallel.ep
     if rec.model.kind == "hf":
@@ -97,7 +97,7 @@ def _rank(out: Output, request: RunRequest) -> None:
 
     from hotsplit_cli.hotset.ep_layout import layout_words
 
-    from . import run_report as report  # the single-rank run's lines and tables
+    from . import _run_report as report  # the single-rank run's lines and tables
 
     rec, knobs, plot, log_jsonl = request.recipe, request.knobs, request.plot, request.log_jsonl
     say = out.note if out.json_mode else out.print

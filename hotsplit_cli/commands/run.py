@@ -16,15 +16,15 @@ from hotsplit_cli.hotset.planfile import check_run_inputs
 from hotsplit_cli.options import ColdPathOpt, HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeArg, output_option
 from hotsplit_cli.output import Output, pct
 
-from .run_report import cold_path_rows as _cold_path_rows
-from .run_report import describe as _describe
-from .run_report import draw_hit_rates as _draw_hit_rates
-from .run_report import logged as _logged
-from .run_report import one_window_note as _one_window_note
-from .run_report import origin as _origin
-from .run_report import render_summary as _render_summary
-from .run_report import wrote as _wrote
-from .run_request import RunRequest
+from ._run_report import cold_path_rows as _cold_path_rows
+from ._run_report import describe as _describe
+from ._run_report import draw_hit_rates as _draw_hit_rates
+from ._run_report import logged as _logged
+from ._run_report import one_window_note as _one_window_note
+from ._run_report import origin as _origin
+from ._run_report import render_summary as _render_summary
+from ._run_report import wrote as _wrote
+from ._run_request import RunRequest
 
 MIB = 1 << 20
 PlanFileOpt = Annotated[Path | None, typer.Option("--plan", help="plan.json from `hotsplit plan` (else planned here).")]
