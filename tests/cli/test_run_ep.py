@@ -87,6 +87,8 @@ def _start_long_run(tag: str, launcher: str = "plain"):
     for line in proc.stdout:  # the header: every rank is built and stepping
         if line.startswith("expert parallel:") or time.monotonic() > deadline:
             break
+    if proc.poll() is not None:  # it ended before its header: say why, not only that no rank is there
+        pytest.fail(f"the job ended before it started stepping (exit {proc.returncode}): {proc.stderr.read()[-3000:]}")
     return proc
 
 
