@@ -14,9 +14,7 @@ from hotsplit_cli.traffic.hist import Histogram, save_hist
 from hotsplit_cli.traffic.synthetic import zipf_shares
 
 ROOT = Path(__file__).resolve().parents[2]
-ROUTING = ROOT.parent.parent / "shared" / "data" / "routing"  # /work/shared/data/routing beside the worktrees
-if not ROUTING.is_dir():
-    ROUTING = ROOT.parent / "shared" / "data" / "routing"
+ROUTING = ROOT.parent / "shared" / "data" / "routing"  # the shared routing records beside the checkout, if any
 
 
 def synthetic_hist(path: Path, recipe_name: str, tokens: int = 4096, skew: float = 1.1, seed: int = 0) -> Path:
