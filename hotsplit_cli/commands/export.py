@@ -50,7 +50,7 @@ def _write(path: Path, payload) -> None:
     """The engine's file, atomically: JSON, YAML, text, or torch's .pt (torch imported only here)."""
     from hotsplit_cli.core.jsonio import write_atomic, write_json_atomic
 
-    suffix = path.suffix.lower()
+    suffix = path.suffix
     if suffix == ".json":
         write_json_atomic(path, payload)
     elif suffix in (".yaml", ".yml"):

@@ -48,7 +48,7 @@ def check_request(req: ExportRequest) -> Target:
     target = TARGETS.get(req.engine)
     if target is None:
         raise UsageError(f"--to {req.engine!r}: must be one of {', '.join(TARGETS)}")
-    if req.output.suffix.lower() not in target.suffixes:
+    if req.output.suffix not in target.suffixes:  # exactly: the engines compare the name case-sensitively
         raise UsageError(f"-o {req.output}: --to {req.engine} needs a name ending in {' or '.join(target.suffixes)} "
                          f"({target.why})", f"name it {req.output.with_suffix(target.suffixes[0]).name}")
     if req.online and req.engine != "trtllm":

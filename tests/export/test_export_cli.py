@@ -71,7 +71,9 @@ def test_a_recipe_that_does_not_match_the_file_is_refused(cli, tmp_path, tiny):
 
 @pytest.mark.parametrize("engine, name, want", [
     ("ktransformers", "kt.json", ".pt"), ("llama.cpp", "args.sh", ".txt"), ("trtllm", "lb.json", ".yaml"),
-    ("vllm-ascend", "map.yaml", ".json"), ("sglang", "loc.pt", ".json")])
+    ("vllm-ascend", "map.yaml", ".json"), ("sglang", "loc.pt", ".json"),
+    # The engines compare the suffix exactly: KTransformers reads kt.PT as no file (uniform placement).
+    ("ktransformers", "kt.PT", ".pt"), ("vllm-ascend", "map.JSON", ".json")])
 def test_an_output_the_engine_would_not_read_is_refused(cli, tmp_path, tiny, engine, name, want):
     src = tiny["plan"] if engine in ("ktransformers", "llama.cpp") else tiny["placement"]
     refused(cli, tmp_path, 2, src, "--to", engine, "--recipe", "tiny", "-o", tmp_path / name,
