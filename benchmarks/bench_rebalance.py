@@ -39,9 +39,9 @@ def refit_always(fit_LE, judge_LE, current, live):
     """The earlier rule: a map fitted on the interval's counts, applied whenever live < 0.95."""
     recent = fit_LE + judge_LE
     if live >= rebalance_rule.EPLB_SKIP_ABOVE or not recent.any():
-        return rebalance_rule.RebalanceDecision(None, "kept", 0.0, None, 0.0)
+        return rebalance_rule.RebalanceDecision(None, "kept", 0.0, None)
     geo = Geometry(current.num_ranks, current.num_physical - recent.shape[1])
-    return rebalance_rule.RebalanceDecision(place_experts(recent[None], current.layers, geo), None, 0.0, None, 0.0)
+    return rebalance_rule.RebalanceDecision(place_experts(recent[None], current.layers, geo), None, 0.0, None)
 
 
 def row(ids, start, num_experts: int, eplb: int) -> tuple[float, float, float]:

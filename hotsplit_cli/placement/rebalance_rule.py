@@ -38,7 +38,6 @@ class RebalanceDecision:
     kept: str | None  # why the current map was kept (None when it moves)
     current_held_out: float  # the current map's balancedness on the latest counts
     candidate_held_out: float | None  # a map fitted on the earlier counts, on the latest ones
-    predicted_in_sample: float  # the map in force after the decision, on the counts it was fitted to
 
 
 def chunk_ends(eplb_steps: int) -> tuple[int, ...]:
@@ -69,23 +68,21 @@ def decide_rebalance(fit_LE: np.ndarray, judge_LE: np.ndarray, current: Placemen
     rule of the module docstring. `live`: the balancedness of the interval's exchanges."""
     E = fit_LE.shape[1]
     recent_LE = fit_LE + judge_LE
-    now = evaluate(recent_LE[None], current).balancedness if recent_LE.any() else 1.0
     cur_held = evaluate(judge_LE[None], current).balancedness if judge_LE.any() else 1.0
     if not recent_LE.any():
-        return RebalanceDecision(None, "no traffic", cur_held, None, now)
+        return RebalanceDecision(None, "no traffic", cur_held, None)
     if live >= EPLB_SKIP_ABOVE:
-        return RebalanceDecision(None, f"balancedness {live:.3f} >= {EPLB_SKIP_ABOVE}", cur_held, None, now)
+        return RebalanceDecision(None, f"balancedness {live:.3f} >= {EPLB_SKIP_ABOVE}", cur_held, None)
     if not fit_LE.any() or not judge_LE.any():
-        return RebalanceDecision(None, "no counts yet to judge a new map on", cur_held, None, now)
+        return RebalanceDecision(None, "no counts yet to judge a new map on", cur_held, None)
     geo = Geometry(current.num_ranks, current.num_physical - E)
     candidate = place_experts(fit_LE[None], current.layers, geo)
     cand_held = evaluate(judge_LE[None], candidate).balancedness
     need = move_margin(judge_LE, current.num_ranks)
     if cand_held < cur_held + need:
         return RebalanceDecision(None, f"a new map would reach {cand_held:.3f} on unseen counts, the current one "
-                                       f"{cur_held:.3f} (a move needs +{need:.3f})", cur_held, cand_held, now)
-    new = place_experts(recent_LE[None], current.layers, geo)
-    return RebalanceDecision(new, None, cur_held, cand_held, evaluate(recent_LE[None], new).balancedness)
+                                       f"{cur_held:.3f} (a move needs +{need:.3f})", cur_held, cand_held)
+    return RebalanceDecision(place_experts(recent_LE[None], current.layers, geo), None, cur_held, cand_held)
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ class Rebalancer:
                                   [0] * old.num_ranks, (time.perf_counter() - t0) * 1e3)
             self.reports.append(rep)
             return rep
-        new, E, recent_LE = d.placement, self._num_experts(), sum(self._chunks)
+        new, E, recent_LE = d.placement, int(self.hooks.replicas.logcnt_LE.shape[1]), sum(self._chunks)
         self._chunks = []
         self.hooks.placement, self.hooks.replicas = new, ReplicaMap.of(new, E)
         self.model.exchange.set_replicas(self.hooks.replicas)
@@ -101,9 +101,6 @@ class Rebalancer:
         self._pending = rep
         self._copying = rep if any(b.in_flight for b in self.model.banks) else None
         return rep
-
-    def _num_experts(self) -> int:
-        return int(self.hooks.replicas.logcnt_LE.shape[1])  # before the map moves: the old one's E, the same
 
     def _settle(self, achieved: float) -> None:
         """The last move's achieved balancedness: the exchanges since it."""
