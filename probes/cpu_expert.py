@@ -186,6 +186,46 @@ def measure_handoff_ms(samples: int = 200) -> float:
         return median_ms(lambda: pool.submit(int).result(), samples)
 
 
+def _time_pool(torch, shape: ExpertShape, w13, w2, tokens: Sequence[int], samples: int, layer_experts: int,
+               tick: Callable[[int], None]) -> tuple[list, list]:
+    """(per token count: the pool's rate cells, per sample: a layer call's cost beyond its experts)."""
+    n, H, dtype = w13.shape[0], shape.hidden, w13.dtype
+
+    def weights_of(e: int) -> tuple[Any, Any]:
+        return w13[e], w2[e]
+
+    cells, layer_s = [], []
+    for i, t in enumerate(tokens):
+        # One call of the runtime's grouped compute in which each of t tokens routes to every
+        # expert of the pool: the experts one after another with t tokens each, the call's
+        # own cost spread over the whole pool.
+        x = torch.full((t, H), 0.5, dtype=dtype)
+        ids, w = torch.arange(n).repeat(t, 1), torch.full((t, n), 0.25)
+
+        def one_pass(x=x, ids=ids, w=w) -> None:
+            grouped_experts(x, ids, w, weights_of, n)
+
+        # At the first token count, also the same experts one call each, as a run's layers
+        # call it: the difference is what a call costs beyond its experts (its output,
+        # grouping the routing by expert), paired sample by sample against load changes.
+        one_id, one_w = torch.zeros((t, 1), dtype=torch.int64), torch.full((t, 1), 0.25)
+
+        def by_calls(x=x, one_id=one_id, one_w=one_w) -> None:
+            for e in range(n):
+                grouped_experts(x, one_id, one_w, lambda _, e=e: weights_of(e), layer_experts)
+
+        one_pass()  # warm-up: first-use costs (thread team start, kernel selection)
+        seconds = []
+        for _ in range(samples):
+            seconds.append(wall_clock(one_pass))
+            if i == 0:
+                layer_s.append((wall_clock(by_calls) - seconds[-1]) / n)
+        gbps = [n * shape.expert_bytes / s / 1e9 for s in seconds]
+        cells.append((t, summarize(n * shape.expert_bytes, n, gbps)))
+        tick(1)
+    return cells, layer_s
+
+
 def measure_cpu_expert(shape: ExpertShape, node: int | None, cpus: Sequence[int] | None,
                        pool_bytes: int = POOL_BYTES, tokens: Sequence[int] = TOKENS, samples: int = 5,
                        tick: Callable[[int], None] | None = None, threads: int | None = None,
@@ -209,40 +249,8 @@ def measure_cpu_expert(shape: ExpertShape, node: int | None, cpus: Sequence[int]
     w13.fill_(0.01)
     w2.fill_(0.01)
 
-    def weights_of(e: int) -> tuple[Any, Any]:
-        return w13[e], w2[e]
-
     def timed() -> tuple[list, list]:
-        cells, layer_s = [], []
-        for i, t in enumerate(tokens):
-            # One call of the runtime's grouped compute in which each of t tokens routes to every
-            # expert of the pool: the experts one after another with t tokens each, the call's
-            # own cost spread over the whole pool.
-            x = torch.full((t, H), 0.5, dtype=dtype)
-            ids, w = torch.arange(n).repeat(t, 1), torch.full((t, n), 0.25)
-
-            def one_pass(x=x, ids=ids, w=w) -> None:
-                grouped_experts(x, ids, w, weights_of, n)
-
-            # At the first token count, also the same experts one call each, as a run's layers
-            # call it: the difference is what a call costs beyond its experts (its output,
-            # grouping the routing by expert), paired sample by sample against load changes.
-            one_id, one_w = torch.zeros((t, 1), dtype=torch.int64), torch.full((t, 1), 0.25)
-
-            def by_calls(x=x, one_id=one_id, one_w=one_w) -> None:
-                for e in range(n):
-                    grouped_experts(x, one_id, one_w, lambda _, e=e: weights_of(e), layer_experts)
-
-            one_pass()  # warm-up: first-use costs (thread team start, kernel selection)
-            seconds = []
-            for _ in range(samples):
-                seconds.append(wall_clock(one_pass))
-                if i == 0:
-                    layer_s.append((wall_clock(by_calls) - seconds[-1]) / n)
-            gbps = [n * shape.expert_bytes / s / 1e9 for s in seconds]
-            cells.append((t, summarize(n * shape.expert_bytes, n, gbps)))
-            tick(1)
-        return cells, layer_s
+        return _time_pool(torch, shape, w13, w2, tokens, samples, layer_experts, tick)
 
     (cells, layer_s), threads = on_cpus(torch, cpus, timed, threads)
     handoff = measure_handoff_ms()

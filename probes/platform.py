@@ -304,17 +304,8 @@ def _node_memory_mismatch(nodes: tuple[NumaNode, ...], mem_total_bytes: int | No
             "the per-node and the global view of memory disagree (a VM or container?)")
 
 
-def take_inventory(mode: str = "quick", expert_bytes: int | None = None, sources: Sources = Sources(),
-                   expert_shape: ExpertShape | None = None, layer_experts: int | None = None) -> Inventory:
-    """Host, NUMA nodes, GPUs and links: read, not timed. `expert_shape`: the expert the CPU
-    expert rate computes, `layer_experts` the routed experts per layer (a recipe's; DeepSeek-V3's
-    when None)."""
-    import platform as _platform
-
-    reasons: list[Reason] = []
-    host = sources.host(sources.root)
-    nodes, node_reasons = read_numa_nodes(sources.root)
-    reasons.extend(Reason(f"host.{r.field}", r.why) for r in node_reasons)
+def _numastat_nodes(nodes: list, sources: Sources, reasons: list[Reason]) -> tuple[list, str]:
+    """The sysfs nodes with numastat's per-node memory and counters where numastat runs."""
     numa_source = "sysfs" if nodes else "none"
     if nodes:
         mem_out, cnt_out = sources.numastat(("-m",)), sources.numastat(())
@@ -327,11 +318,11 @@ def take_inventory(mode: str = "quick", expert_bytes: int | None = None, sources
                 numa_source = "numastat"
             except ValueError as exc:
                 reasons.append(Reason("host.numa_source", f"numastat output not understood ({exc}); read sysfs"))
+    return nodes, numa_source
 
-    mismatch = _node_memory_mismatch(nodes, host.mem_total_bytes)
-    if mismatch:
-        reasons.append(Reason("host.numa_nodes", mismatch))
 
+def _gpu_driver(sources: Sources, reasons: list[Reason]):
+    """NVML, else nvidia-smi, else None (no GPU), saying why."""
     driver = sources.nvml()
     if not driver.available:
         smi = sources.nvidia_smi()
@@ -340,7 +331,27 @@ def take_inventory(mode: str = "quick", expert_bytes: int | None = None, sources
             driver = smi
         else:
             reasons.append(Reason("gpus", f"no GPU: NVML: {driver.reason}; nvidia-smi: {smi.reason}"))
-            driver = None
+            return None
+    return driver
+
+
+def take_inventory(mode: str = "quick", expert_bytes: int | None = None, sources: Sources = Sources(),
+                   expert_shape: ExpertShape | None = None, layer_experts: int | None = None) -> Inventory:
+    """Host, NUMA nodes, GPUs and links: read, not timed. `expert_shape`: the expert the CPU
+    expert rate computes, `layer_experts` the routed experts per layer (a recipe's; DeepSeek-V3's
+    when None)."""
+    import platform as _platform
+
+    reasons: list[Reason] = []
+    host = sources.host(sources.root)
+    nodes, node_reasons = read_numa_nodes(sources.root)
+    reasons.extend(Reason(f"host.{r.field}", r.why) for r in node_reasons)
+    nodes, numa_source = _numastat_nodes(nodes, sources, reasons)
+    mismatch = _node_memory_mismatch(nodes, host.mem_total_bytes)
+    if mismatch:
+        reasons.append(Reason("host.numa_nodes", mismatch))
+
+    driver = _gpu_driver(sources, reasons)
     # Without a driver CUDA cannot work either: skip importing torch.
     cuda = sources.cuda() if driver is not None else None
     links = {g.index: read_pci_link(g.pci_bus_id, sources.root) for g in (driver.gpus if driver else ())

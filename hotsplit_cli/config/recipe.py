@@ -251,12 +251,25 @@ def parse_recipe(data: Any, path: Path | None = None) -> Recipe:
         pcie_gbps=hw.take("pcie_gbps", float, None, minimum=0.0),
     )
     hw.done()
-    tr = root.section("traffic")
+    traffic = _parse_traffic(root.section("traffic"), base)
+    rs = root.section("run")
+    run = RunSpec(
+        steps=rs.take("steps", int, 200, minimum=1),
+        scale=rs.take("scale", float, 1.0, minimum=1e-6, maximum=1.0),
+        device=rs.take("device", str, "auto"),
+        seed=rs.take("seed", int, 0, minimum=0),
+    )
+    rs.done()
+    knobs_raw = _knobs_of(root)
+    return Recipe(name, path, model, parallel, hardware, traffic, run, dict(knobs_raw))
+
+
+def _parse_traffic(tr: _Section, base: Path) -> TrafficSpec:
     kind = tr.take("kind", str, "synthetic", choices=TRAFFIC_KINDS)
     tpath = tr.take("path", str, None)
     if kind != "synthetic" and tpath is None:
         raise RecipeError(f"traffic.path: missing (traffic.kind is {kind})")
-    traffic = TrafficSpec(
+    spec = TrafficSpec(
         kind=kind,
         path=(base / tpath) if tpath else None,
         batch=tr.take("batch", int, 8, minimum=1),
@@ -266,14 +279,11 @@ def parse_recipe(data: Any, path: Path | None = None) -> Recipe:
         max_new_tokens=tr.take("max_new_tokens", int, 32, minimum=0),
     )
     tr.done()
-    rs = root.section("run")
-    run = RunSpec(
-        steps=rs.take("steps", int, 200, minimum=1),
-        scale=rs.take("scale", float, 1.0, minimum=1e-6, maximum=1.0),
-        device=rs.take("device", str, "auto"),
-        seed=rs.take("seed", int, 0, minimum=0),
-    )
-    rs.done()
+    return spec
+
+
+def _knobs_of(root: _Section) -> dict:
+    """The recipe's `hotsplit:` knobs, names and ranges checked (the rest of the root is done)."""
     knobs_raw = root.data.pop("hotsplit", None) or {}
     if not isinstance(knobs_raw, dict):
         raise RecipeError("hotsplit: must be a mapping")
@@ -286,15 +296,11 @@ def parse_recipe(data: Any, path: Path | None = None) -> Recipe:
             raise RecipeError(f"hotsplit.{k}: unknown key", f"knobs are: {', '.join(KNOB_NAMES)}")
     # Range-check the values now, so a bad recipe is refused when it is loaded.
     resolve_knobs(knobs_raw, env={}, flags={})
-    return Recipe(name, path, model, parallel, hardware, traffic, run, dict(knobs_raw))
+    return knobs_raw
 
 
-def _parse_model(m: _Section, base: Path, recipe_name: str) -> ModelSpec:
-    kind = m.take("kind", str, "synthetic", choices=MODEL_KINDS)
-    mpath = m.take("path", str, None)
-    if kind == "hf" and mpath is None:
-        raise RecipeError("model.path: missing (model.kind is hf: name the checkpoint folder)")
-    layers = m.take("num_hidden_layers", int, minimum=1)
+def _moe_layer_ids(m: _Section, layers: int) -> tuple[int, ...]:
+    """The MoE layers: listed (`moe_layers`), or every `moe_every`-th after `first_k_dense`."""
     explicit = m.take("moe_layers", list, None)
     first_dense = m.take("first_k_dense", int, 0, minimum=0)
     every = m.take("moe_every", int, 1, minimum=1)
@@ -309,6 +315,16 @@ def _parse_model(m: _Section, base: Path, recipe_name: str) -> ModelSpec:
         moe_ids = tuple(i for i in range(first_dense, layers) if (i - first_dense) % every == 0)
     if not moe_ids:
         raise RecipeError("model.first_k_dense: leaves no MoE layer")
+    return moe_ids
+
+
+def _parse_model(m: _Section, base: Path, recipe_name: str) -> ModelSpec:
+    kind = m.take("kind", str, "synthetic", choices=MODEL_KINDS)
+    mpath = m.take("path", str, None)
+    if kind == "hf" and mpath is None:
+        raise RecipeError("model.path: missing (model.kind is hf: name the checkpoint folder)")
+    layers = m.take("num_hidden_layers", int, minimum=1)
+    moe_ids = _moe_layer_ids(m, layers)
     hidden = m.take("hidden_size", int, minimum=1)
     inter = m.take("moe_intermediate_size", int, minimum=1)
     experts = m.take("num_experts", int, minimum=1)

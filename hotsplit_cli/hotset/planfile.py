@@ -252,23 +252,29 @@ def plan_warnings(hist: Histogram, recipe: Recipe, plan: Plan, placement=None) -
     return out
 
 
+def _ranks_doc(plan, layers, tp: int, ep: int) -> list[dict]:
+    """Each rank's hot experts per layer; the TP shards of one EP group hold the same experts."""
+    ranks = []
+    for r in range(tp * ep):
+        group = r // tp
+        hot = plan.hot_RLE[group]
+        ranks.append({
+            "rank": r,
+            "ep_group": group,
+            "hot": {str(layer): np.flatnonzero(hot[i]).tolist() for i, layer in enumerate(layers)},
+            "hot_experts": int(hot.sum()),
+            "hot_bytes": int(plan.hot_bytes_R[group]),
+            "method": plan.methods[group],
+        })
+    return ranks
+
+
 def plan_doc(result: PlanResult) -> dict:
     """The plan.json document. Layer keys are model layer ids as strings; expert ids ascending."""
     hist, recipe, plan, placement = result.hist, result.recipe, result.plan, result.placement
     size = expert_bytes_per_rank(recipe)
     tp, ep = recipe.parallel.tp, (placement.num_ranks if placement is not None else recipe.parallel.ep)
-    ranks = []
-    for r in range(tp * ep):
-        group = r // tp  # TP shards of one EP group hold the same experts
-        hot = plan.hot_RLE[group]
-        ranks.append({
-            "rank": r,
-            "ep_group": group,
-            "hot": {str(layer): np.flatnonzero(hot[i]).tolist() for i, layer in enumerate(hist.layers)},
-            "hot_experts": int(hot.sum()),
-            "hot_bytes": int(plan.hot_bytes_R[group]),
-            "method": plan.methods[group],
-        })
+    ranks = _ranks_doc(plan, hist.layers, tp, ep)
     budget = result.budget
     doc = {
         "schema": schema_tag("plan"),

@@ -99,10 +99,7 @@ def load_hist(path: str | os.PathLike) -> Histogram:
     return hist_from_doc(read_json(path, HistogramError, nonfinite=True), str(path))
 
 
-def hist_from_doc(doc: object, where: str) -> Histogram:
-    if not isinstance(doc, dict):
-        raise HistogramError(f"{where}: expected a JSON object")
-    schema = doc.get("schema")
+def _check_schema(schema: object, where: str) -> None:
     if isinstance(schema, str) and schema.startswith("hotsplit.") and not schema.startswith(f"hotsplit.{KIND}/"):
         kind = schema.split("/")[0]
         raise HistogramError(f"{where}: is a {kind} file ({TAKEN_BY.get(kind[9:], 'another command')} take it), "
@@ -112,6 +109,27 @@ def hist_from_doc(doc: object, where: str) -> Histogram:
             f"{where}: schema {schema!r} is not {schema_tag(KIND)!r}",
             "import engine dumps with `hotsplit hist import`",
         )
+
+
+def _windows_of(windows: object, shape: tuple[int, int], where: str) -> tuple[np.ndarray | None, int | None]:
+    """The optional `windows` block: (counts [W, L, E], steps per window), or (None, None)."""
+    if windows is None:
+        return None, None
+    if not isinstance(windows, dict) or "counts" not in windows:
+        raise HistogramError(f"{where}: `windows` must be an object with `counts`")
+    spw = _nonneg_int(windows.get("steps_per_window", 0), where, "windows.steps_per_window", 0)
+    w = windows["counts"]
+    if not isinstance(w, list) or not w:
+        raise HistogramError(f"{where}: `windows.counts` must be a non-empty list")
+    mats = [_matrix(m, where, f"windows.counts[{i}]") for i, m in enumerate(w)]
+    validate_windows(mats, shape, where)
+    return np.stack(mats), spw
+
+
+def hist_from_doc(doc: object, where: str) -> Histogram:
+    if not isinstance(doc, dict):
+        raise HistogramError(f"{where}: expected a JSON object")
+    _check_schema(doc.get("schema"), where)
     for key in ("model", "source", "top_k", "tokens", "layers", "num_experts", "counts"):
         if key not in doc:
             raise HistogramError(f"{where}: missing field `{key}`")
@@ -137,19 +155,7 @@ def hist_from_doc(doc: object, where: str) -> Histogram:
             f"{where}: `num_experts` is {num_experts} but `counts[0]` has {counts.shape[1]} entries"
         )
     validate_counts(counts, layers, where)
-    windows = doc.get("windows")
-    windows_WLE = None
-    spw = None
-    if windows is not None:
-        if not isinstance(windows, dict) or "counts" not in windows:
-            raise HistogramError(f"{where}: `windows` must be an object with `counts`")
-        spw = _nonneg_int(windows.get("steps_per_window", 0), where, "windows.steps_per_window", 0)
-        w = windows["counts"]
-        if not isinstance(w, list) or not w:
-            raise HistogramError(f"{where}: `windows.counts` must be a non-empty list")
-        mats = [_matrix(m, where, f"windows.counts[{i}]") for i, m in enumerate(w)]
-        validate_windows(mats, counts.shape, where)
-        windows_WLE = np.stack(mats)
+    windows_WLE, spw = _windows_of(doc.get("windows"), counts.shape, where)
     return Histogram(
         model=doc["model"],
         source=doc["source"],

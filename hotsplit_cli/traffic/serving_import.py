@@ -200,6 +200,59 @@ class Imported:
     notes: tuple[str, ...]  # how rows became layers, what was dropped
 
 
+def _rows_by_recipe(counts: np.ndarray, m, top_k: int | None, where: str, notes: list[str]
+                    ) -> tuple[np.ndarray, tuple[int, ...], int]:
+    """Rows named by the recipe: all model layers (dense ones must be empty) or one per MoE layer."""
+    R, E = counts.shape
+    if top_k is not None and top_k != m.top_k:
+        raise UsageError(f"--top-k {top_k} differs from the recipe's model.top_k {m.top_k}")
+    top_k = m.top_k
+    if E > m.num_experts:
+        raise InputFileError(f"{where}: {E} experts per layer, but the recipe's model has {m.num_experts}",
+                             "is this the right recipe?")
+    if E < m.num_experts:  # the engine's map never mentioned the last experts: they saw nothing
+        counts = np.pad(counts, ((0, 0), (0, m.num_experts - E)))
+    if R == m.num_hidden_layers:
+        moe = list(m.moe_layer_ids)
+        dense = sorted(set(range(R)) - set(moe))
+        busy = [i for i in dense if counts[i].any()]
+        if busy:
+            raise InputFileError(
+                f"{where}: row {busy[0]} has routed counts but the recipe says layer {busy[0]} is dense",
+                "is this the right recipe?")
+        counts = counts[moe]
+        layers = tuple(moe)
+        notes.append(f"{R} rows are model layers; kept the recipe's {len(moe)} MoE layers"
+                     + (f", dropped dense layers {dense}" if dense else ""))
+    elif R == m.num_moe_layers:
+        layers = tuple(m.moe_layer_ids)
+        notes.append(f"{R} rows are MoE layers, named by the recipe's MoE layer ids")
+    else:
+        raise InputFileError(
+            f"{where}: {R} rows, but the recipe's model has {m.num_hidden_layers} layers of which "
+            f"{m.num_moe_layers} are MoE", "is this the right recipe?")
+    return counts, layers, top_k
+
+
+def _rows_by_engine(ec: ServingCounts, top_k: int | None, notes: list[str]) -> tuple[np.ndarray, tuple[int, ...]]:
+    """Without a recipe: SGLang rows are model layer ids (all-zero rows dropped), vLLM rows 0.. in order."""
+    counts = ec.counts_RE
+    R = counts.shape[0]
+    if top_k is None:
+        raise UsageError("the file does not say top_k", "pass --top-k K or --recipe R")
+    if ec.rows == "model layers":
+        keep = np.flatnonzero(counts.any(axis=1))
+        dropped = sorted(set(range(R)) - set(keep.tolist()))
+        counts, layers = counts[keep], tuple(int(i) for i in keep)
+        notes.append(f"rows are model layer ids; dropped all-zero rows {dropped} as dense layers"
+                     if dropped else "rows are model layer ids; no all-zero rows")
+        notes.append("pass --recipe to map rows to MoE layers exactly")
+    else:
+        layers = tuple(range(R))
+        notes.append("rows are MoE layers in order, numbered 0..; pass --recipe for the model's layer ids")
+    return counts, layers
+
+
 def to_histogram(ec: ServingCounts, model_spec=None, top_k: int | None = None, model_name: str | None = None,
                  where: str = "import") -> Imported:
     """Map the engine's rows to MoE layer ids and build a histogram.
@@ -210,51 +263,12 @@ def to_histogram(ec: ServingCounts, model_spec=None, top_k: int | None = None, m
     dense; vLLM rows are numbered 0.. in MoE-layer order.
     """
     counts = ec.counts_RE
-    R, E = counts.shape
     notes: list[str] = []
     if model_spec is not None:
-        m = model_spec
-        if top_k is not None and top_k != m.top_k:
-            raise UsageError(f"--top-k {top_k} differs from the recipe's model.top_k {m.top_k}")
-        top_k = m.top_k
-        if E > m.num_experts:
-            raise InputFileError(f"{where}: {E} experts per layer, but the recipe's model has {m.num_experts}",
-                                 "is this the right recipe?")
-        if E < m.num_experts:  # the engine's map never mentioned the last experts: they saw nothing
-            counts = np.pad(counts, ((0, 0), (0, m.num_experts - E)))
-        if R == m.num_hidden_layers:
-            moe = list(m.moe_layer_ids)
-            dense = sorted(set(range(R)) - set(moe))
-            busy = [i for i in dense if counts[i].any()]
-            if busy:
-                raise InputFileError(
-                    f"{where}: row {busy[0]} has routed counts but the recipe says layer {busy[0]} is dense",
-                    "is this the right recipe?")
-            counts = counts[moe]
-            layers = tuple(moe)
-            notes.append(f"{R} rows are model layers; kept the recipe's {len(moe)} MoE layers"
-                         + (f", dropped dense layers {dense}" if dense else ""))
-        elif R == m.num_moe_layers:
-            layers = tuple(m.moe_layer_ids)
-            notes.append(f"{R} rows are MoE layers, named by the recipe's MoE layer ids")
-        else:
-            raise InputFileError(
-                f"{where}: {R} rows, but the recipe's model has {m.num_hidden_layers} layers of which "
-                f"{m.num_moe_layers} are MoE", "is this the right recipe?")
-        name = model_name or m.name
+        counts, layers, top_k = _rows_by_recipe(counts, model_spec, top_k, where, notes)
+        name = model_name or model_spec.name
     else:
-        if top_k is None:
-            raise UsageError("the file does not say top_k", "pass --top-k K or --recipe R")
-        if ec.rows == "model layers":
-            keep = np.flatnonzero(counts.any(axis=1))
-            dropped = sorted(set(range(R)) - set(keep.tolist()))
-            counts, layers = counts[keep], tuple(int(i) for i in keep)
-            notes.append(f"rows are model layer ids; dropped all-zero rows {dropped} as dense layers"
-                         if dropped else "rows are model layer ids; no all-zero rows")
-            notes.append("pass --recipe to map rows to MoE layers exactly")
-        else:
-            layers = tuple(range(R))
-            notes.append("rows are MoE layers in order, numbered 0..; pass --recipe for the model's layer ids")
+        counts, layers = _rows_by_engine(ec, top_k, notes)
         name = model_name or "unknown"
     if not counts.any():
         raise InputFileError(f"{where}: every count is zero", "the engine recorded no routed tokens")

@@ -39,3 +39,16 @@ def test_no_command_function_is_longer_than_the_limit():
     long = [f"{p.name}:{name} ({n} lines)" for p in files
             for name, n in function_lengths(p.read_text()).items() if n > MAX_LINES]
     assert not long, f"move the logic of {long} into the library (limit {MAX_LINES} lines)"
+
+
+PACKAGES = [COMMANDS.parents[1] / name for name in ("hotsplit_cli", "runtime", "probes")]
+
+
+def test_no_product_function_is_longer_than_the_limit():
+    """The same limit everywhere the product's code lives: a longer function is split into
+    named steps (the library, the runtime and the probes alike)."""
+    files = sorted(p for pkg in PACKAGES for p in pkg.rglob("*.py"))
+    assert len(files) > 100
+    long = [f"{p.relative_to(COMMANDS.parents[1])}:{name} ({n} lines)" for p in files
+            for name, n in function_lengths(p.read_text()).items() if n > MAX_LINES]
+    assert not long, f"split {long} into named steps (limit {MAX_LINES} lines)"
