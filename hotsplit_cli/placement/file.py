@@ -5,21 +5,25 @@ three maps, with how it was fitted) and SGLang's `--init-expert-location` map.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from hotsplit_cli.core.errors import InputFileError, PlanError
+from hotsplit_cli.core.holdout import Band
 from hotsplit_cli.core.jsonio import read_json_doc, schema_tag, write_json_atomic
 from hotsplit_cli.placement.algorithm import Placement
 from hotsplit_cli.placement.evaluate import Balance
+from hotsplit_cli.placement.held_out import band_of_doc
 
 KIND = "placement"
 
 
 def placement_doc(placement: Placement, num_experts: int, fitted: Balance | None = None,
-                  source: dict | None = None) -> dict:
-    """The native `hotsplit.placement/1` document."""
+                  source: dict | None = None, out_of_sample: dict | None = None) -> dict:
+    """The native `hotsplit.placement/1` document; `out_of_sample`: held_out.HeldOutBalance's
+    document (absent from older files, which still read)."""
     doc = {
         "schema": schema_tag(KIND),
         "method": placement.method,
@@ -37,6 +41,8 @@ def placement_doc(placement: Placement, num_experts: int, fitted: Balance | None
         doc["fitted"] = fitted.to_doc()
     if source is not None:
         doc["source"] = source
+    if out_of_sample is not None:
+        doc["out_of_sample"] = out_of_sample
     return doc
 
 
@@ -54,6 +60,28 @@ def sglang_doc(placement: Placement, num_hidden_layers: int, num_experts: int) -
 
 def save_placement(path: str | os.PathLike, doc: dict) -> Path:
     return write_json_atomic(path, doc)
+
+
+@dataclass(frozen=True)
+class PlacementPrediction:
+    """What a placement file predicts a run's balancedness to be, on windows of its histogram's size."""
+
+    fitted: float | None  # in-sample balancedness (None: the file records none)
+    steps_per_window: int | None  # engine steps per window of the histogram fitted on (None: not recorded)
+    windows: int  # windows of that histogram
+    out_of_sample: Band | None  # the held-out band (None: older file, or too few windows)
+    balance: str  # tokens | time: which layout `place` wrote
+
+
+def placement_prediction(path: str | os.PathLike) -> PlacementPrediction:
+    """The predictions recorded in a `hotsplit.placement/1` file (read again: load_placement checked it)."""
+    doc = read_json_doc(path, KIND)
+    src = doc.get("source") or {}
+    fitted = (doc.get("fitted") or {}).get("balancedness")
+    spw = src.get("steps_per_window")
+    return PlacementPrediction(None if fitted is None else float(fitted), int(spw) if spw else None,
+                               int(src.get("windows", 1)), band_of_doc(doc.get("out_of_sample")),
+                               str(src.get("balance", "tokens")))
 
 
 def load_placement(path: str | os.PathLike) -> Placement:
