@@ -82,9 +82,10 @@ def balancedness_verdicts(fitted: float | None, forecast: Band | None, achieved:
                       forecast, achieved, "ratio")
 
 
-def cold_path_verdicts(paths: dict | None) -> list[Verdict]:
+def cold_path_verdicts(paths: dict | None, who: str = "") -> list[Verdict]:
     """Each cold path's time per cold expert read (ms), achieved vs the cost model's, from a run's
-    `cold_paths` (runtime/cold_split.py `report`); a path that read no expert is not judged."""
+    `cold_paths` (runtime/cold_split.py `report`; `who`: e.g. " rank 1"); a path that read no
+    expert is not judged."""
     if not paths:
         return []
     out = []
@@ -94,15 +95,16 @@ def cold_path_verdicts(paths: dict | None) -> list[Verdict]:
         if not p["experts"] or not p["predicted_ms"]:
             continue
         achieved, predicted, spread = p["ms"] / p["experts"], p["predicted_ms"] / p["experts"], p.get("spread")
-        figure = f"cold path {label} ({paths['mode']}), ms per cold expert read"
+        figure = f"cold path {label}{who} ({paths['mode']}), ms per cold expert read"
         if spread is None:
             why = "the rate measured at the start" if measured_now else "the platform file"
-            out.append(Verdict(f"cold_path.{key}", figure, achieved, predicted, None, None,
+            out.append(Verdict(f"cold_path.{key}{who.replace(' ', '.')}", figure, achieved, predicted, None, None,
                                f"no band: {why} records no spread", "ms"))
             continue
-        out.append(Verdict(f"cold_path.{key}", figure, achieved, predicted, predicted / (1 + spread),
-                           predicted * (1 + spread), f"the rate's measured spread ({100 * spread:.0f}%): x/ "
-                                                     f"{1 + spread:.2f}", "ms"))
+        out.append(Verdict(f"cold_path.{key}{who.replace(' ', '.')}", figure, achieved, predicted,
+                           predicted / (1 + spread),
+                           predicted * (1 + spread), f"the rate's measured spread {100 * spread:.0f}%: a factor "
+                                                     f"{1 + spread:.2f} either way", "ms"))
     return out
 
 

@@ -72,6 +72,13 @@ class PlacementPrediction:
     out_of_sample: Band | None  # the held-out band (None: older file, or too few windows)
     balance: str  # tokens | time: which layout `place` wrote
 
+    def window_steps(self, run_steps: int) -> int | None:
+        """Steps per window a run is judged over: the histogram's; a histogram without windows is
+        one window, as the whole run is. None: an older file that did not record its window size."""
+        if self.steps_per_window:
+            return self.steps_per_window
+        return max(run_steps, 1) if self.windows <= 1 else None
+
 
 def placement_prediction(path: str | os.PathLike) -> PlacementPrediction:
     """The predictions recorded in a `hotsplit.placement/1` file (read again: load_placement checked it)."""
