@@ -69,7 +69,7 @@ def run(
 
         return run_expert_parallel(out, request)
     if rec.model.kind == "hf":
-        return _run_checkpoint(out, request)
+        return _run_checkpoint(out, request, plan_file)
     return _run_synthetic(out, request, plan_file)
 
 
@@ -140,8 +140,9 @@ def _check_options(rec, platform: Path | None, synthetic: tuple, plot: Path | No
         require_matplotlib()
 
 
-def _run_checkpoint(out: Output, request: RunRequest) -> None:
-    """A real checkpoint: generate the recipe's prompts on the hot/cold banks, logging hit rates."""
+def _run_checkpoint(out: Output, request: RunRequest, plan_file) -> None:
+    """A real checkpoint: generate the recipe's prompts on the hot/cold banks, logging hit rates
+    (`plan_file`: the --plan file, read and checked)."""
     rec, knobs, plan, log_jsonl, plot, platform = (request.recipe, request.knobs, request.plan, request.log_jsonl,
                                                    request.plot, request.platform)
     try:
@@ -156,7 +157,8 @@ def _run_checkpoint(out: Output, request: RunRequest) -> None:
     with out.progress(f"{rec.name}: prompts", len(prompts)) as advance:
         result = _logged(say, log_jsonl, lambda on_record: run_checkpoint(rec, knobs, prompts, plan, on_record,
                                                                           advance, platform))
-    doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), "summary": result.to_doc()}
+    doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), "summary": result.to_doc(),
+           "verdicts": _verdicts(plan_file, result.summary.hit_rate, result.summary.cold_paths)}
     if plot is not None:
         _plot(plot, result.summary, rec.name)
         doc["plot"] = str(plot)
@@ -172,6 +174,7 @@ def _run_checkpoint(out: Output, request: RunRequest) -> None:
                          ("cold bank", result.numa.describe())],
                         [("copy time", f"{result.summary.copy_ms:,.2f} ms"),
                          *_cold_path_rows(result.summary.cold_paths)], origin)
+        _print_verdicts(out, doc["verdicts"])
 
     out.emit(doc, render)
     if result.summary.interrupted:
