@@ -80,15 +80,25 @@ class PlacementPrediction:
         return max(run_steps, 1) if self.windows <= 1 else None
 
 
-def placement_prediction(path: str | os.PathLike) -> PlacementPrediction:
-    """The predictions recorded in a `hotsplit.placement/1` file (read again: load_placement checked it)."""
-    doc = read_json_doc(path, KIND)
-    src = doc.get("source") or {}
-    fitted = (doc.get("fitted") or {}).get("balancedness")
-    spw = src.get("steps_per_window")
-    return PlacementPrediction(None if fitted is None else float(fitted), int(spw) if spw else None,
-                               int(src.get("windows", 1)), band_of_doc(doc.get("out_of_sample")),
-                               str(src.get("balance", "tokens")))
+def placement_prediction(path: str | os.PathLike, doc: dict | None = None) -> PlacementPrediction:
+    """The predictions recorded in a `hotsplit.placement/1` file (`doc`: its document, when read
+    already); InputFileError naming the file when they are malformed."""
+    doc = read_json_doc(path, KIND) if doc is None else doc
+    try:
+        src = doc.get("source") or {}
+        fitted = (doc.get("fitted") or {}).get("balancedness")
+        spw = src.get("steps_per_window")
+        pred = PlacementPrediction(None if fitted is None else float(fitted), int(spw) if spw else None,
+                                   int(src.get("windows", 1)), band_of_doc(doc.get("out_of_sample")),
+                                   str(src.get("balance", "tokens")))
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise InputFileError(f"{path}: malformed prediction in `fitted`, `source` or `out_of_sample` ({exc!r})",
+                             "re-create it with `hotsplit place`") from None
+    figures = [pred.fitted] + ([] if pred.out_of_sample is None else list(pred.out_of_sample.to_doc().values()))
+    if not all(x is None or 0.0 <= x <= 1.0 for x in figures):
+        raise InputFileError(f"{path}: a predicted balancedness outside [0, 1] in `fitted` or `out_of_sample`",
+                             "re-create it with `hotsplit place`")
+    return pred
 
 
 def load_placement(path: str | os.PathLike) -> Placement:
@@ -108,6 +118,7 @@ def load_placement(path: str | os.PathLike) -> Placement:
         raise InputFileError(f"{path}: `num_ranks` {num_ranks} does not divide {phy.shape[1]} physical experts")
     if phy.min() < 0 or phy.max() >= num_experts:
         raise InputFileError(f"{path}: `phy2log` names expert ids outside [0, {num_experts})")
+    placement_prediction(path, doc)  # its predictions too, before any work relies on the file
     placement = Placement(layers, num_ranks, phy.astype(np.int64), str(doc.get("method", "hotsplit")),
                           int(doc.get("num_nodes", 1)))
     missing = np.argwhere(placement.logcnt_LE(num_experts) == 0)

@@ -75,3 +75,34 @@ def test_place_records_the_band_and_the_window_size_and_old_files_still_read(tmp
     path.write_text(json.dumps(old))
     pred = placement_prediction(path)
     assert pred.out_of_sample is None and pred.steps_per_window is None and pred.fitted is not None
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d["out_of_sample"].update(low="x"), "out_of_sample"),
+    (lambda d: d["out_of_sample"].pop("high"), "out_of_sample"),
+    (lambda d: d["fitted"].update(balancedness=1.5), "outside [0, 1]"),
+    (lambda d: d["source"].update(steps_per_window=[4]), "source"),
+])
+def test_a_malformed_prediction_is_refused_by_plan_naming_the_file_and_nothing_is_written(cli, tmp_path, edit,
+                                                                                          field):
+    import yaml
+
+    from tests.cli.test_plan_forecast import ROOT
+
+    rec = yaml.safe_load((ROOT / "recipes" / "tiny.yaml").read_text())
+    rec["parallel"] = {"tp": 1, "ep": 2}
+    recipe = tmp_path / "ep.yaml"
+    recipe.write_text(yaml.safe_dump(rec))
+    windows = np.random.default_rng(2).gamma(0.5, 40.0, size=(4, 4, 32))
+    hist = tmp_path / "h.json"
+    save_hist(hist, Histogram("tiny", "test", 4, 100, (1, 2, 3, 4), windows.sum(0), windows_WLE=windows,
+                              steps_per_window=4))
+    placement, plan = tmp_path / "pl.json", tmp_path / "plan.json"
+    assert cli("place", hist, "--ranks", "2", "-o", placement, "--recipe", recipe).code == 0
+    doc = json.loads(placement.read_text())
+    edit(doc)
+    placement.write_text(json.dumps(doc))
+    r = cli("plan", hist, "--recipe", recipe, "--placement", placement, "-o", plan)
+    lines = r.err.strip().splitlines()
+    assert r.code == 1 and len(lines) == 1 and lines[0].startswith(f"error: {placement}: ") and field in lines[0]
+    assert "re-create it with `hotsplit place`" in lines[0] and not plan.exists()
