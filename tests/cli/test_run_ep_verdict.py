@@ -54,6 +54,9 @@ def esft(tmp_path_factory):
     env["HOTSPLIT_DYNAMIC"] = "0"
     runs = {name: json.loads(_ok(["run", recipe, "--plan", d / "plan.json", "--trace", trace, "--json"],
                                  env=env).stdout) for name, trace in (("fitted", intent), ("other", law))}
+    env["HOTSPLIT_COLD_PATH"] = "cpu"
+    runs["cpu"] = json.loads(_ok(["run", recipe, "--plan", d / "plan.json", "--trace", intent, "--steps", WINDOW,
+                                  "--json"], env=env).stdout)
     return runs
 
 
@@ -80,3 +83,13 @@ def test_on_another_tasks_trace_the_in_sample_figures_are_outside(esft):
     assert v["hit_rate.in_sample"]["verdict"] == v["balancedness.in_sample"]["verdict"] == "OUTSIDE"
     assert v["balancedness.in_sample"]["achieved"] < v["balancedness.in_sample"]["low"]
     assert np.isfinite(v["balancedness.out_of_sample"]["predicted"])
+
+
+def test_each_ranks_cold_path_is_judged_by_its_own_rates_spread(esft):
+    v = _by_name(esft["cpu"])
+    for r in esft["cpu"]["summary"]["ranks"]:
+        p = r["cold_paths"]["cpu"]
+        judged = v[f"cold_path.cpu.rank.{r['rank']}"]
+        assert judged["predicted"] == pytest.approx(p["predicted_ms"] / p["experts"])
+        assert judged["high"] == pytest.approx(judged["predicted"] * (1 + p["spread"]))
+        assert judged["within"] is (judged["low"] <= judged["achieved"] <= judged["high"])
