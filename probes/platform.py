@@ -103,6 +103,9 @@ class GpuSummary:
     h2d_expert_gbps: float | None
     zero_copy_read_expert_gbps: float | None
     reasons: tuple[Reason, ...] = ()
+    # (max - min) / median of the zero-copy read's samples at `size_bytes`: the band a time predicted
+    # from it is judged with (absent from older files: readers take it as not recorded)
+    zero_copy_read_spread: float | None = None
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,12 @@ def _at_size(cells: tuple[Measurement, ...] | None, size: int | None) -> float |
     return None
 
 
+def _relative_spread(cells: tuple[Measurement, ...] | None, size: int | None) -> float | None:
+    """(max - min) / median of the samples at `size` (None: not measured there)."""
+    m = next((m for m in cells or () if m.size_bytes == size), None)
+    return m.spread_gbps / m.median_gbps if m is not None and m.median_gbps > 0 else None
+
+
 def summarize_gpu(bw: GpuBandwidth | None, local_node: int | None, expert_bytes: int | None) -> GpuSummary:
     """Pick the local node (else the node with the best zero-copy read) at the largest size."""
     if bw is None or not bw.by_node:
@@ -206,7 +215,8 @@ def summarize_gpu(bw: GpuBandwidth | None, local_node: int | None, expert_bytes:
     if exp is None:
         reasons.append(Reason("expert_size_bytes", "no --recipe given"))
     return GpuSummary(pick.node, size, _at_size(pick.h2d, size), _at_size(pick.d2h, size), zc, exp,
-                      _at_size(pick.h2d, exp), _at_size(pick.zero_copy_read, exp), tuple(reasons))
+                      _at_size(pick.h2d, exp), _at_size(pick.zero_copy_read, exp), tuple(reasons),
+                      _relative_spread(pick.zero_copy_read, size))
 
 
 def _with_link_pct(bw: GpuBandwidth, rate: float | None) -> GpuBandwidth:

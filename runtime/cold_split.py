@@ -148,7 +148,8 @@ class ColdSplit:
     def report(self, real_expert_bytes: int, allocated_expert_bytes: int | None = None) -> dict:
         """Per path: distinct cold experts, their bytes as allocated and at full size (`bytes`),
         ms achieved and predicted for the tensors as allocated (the device's with its hot experts
-        where the device is this CPU), and the CPU's share of the cold experts."""
+        where the device is this CPU), the relative spread of the rate each path was predicted
+        at (None: its source records none), and the CPU's share of the cold experts."""
         c = self.counters
         c.settle()
         n = c.gpu_experts + c.cpu_experts
@@ -158,9 +159,11 @@ class ColdSplit:
                 "hot_modelled": self.rates.shared_cpu,
                 "gpu": {"experts": c.gpu_experts, "bytes": c.gpu_experts * real_expert_bytes,
                         "allocated_bytes": c.gpu_experts * alloc, "ms": c.gpu_ms,
-                        "predicted_ms": c.gpu_pred_ms + c.hot_pred_ms, "hot_predicted_ms": c.hot_pred_ms},
+                        "predicted_ms": c.gpu_pred_ms + c.hot_pred_ms, "hot_predicted_ms": c.hot_pred_ms,
+                        "spread": self.rates.gpu_spread},
                 "cpu": {"experts": c.cpu_experts, "bytes": c.cpu_experts * real_expert_bytes,
-                        "allocated_bytes": c.cpu_experts * alloc, "ms": c.cpu_ms, "predicted_ms": c.cpu_pred_ms}}
+                        "allocated_bytes": c.cpu_experts * alloc, "ms": c.cpu_ms, "predicted_ms": c.cpu_pred_ms,
+                        "spread": self.rates.cpu_spread}}
 
     def _device(self, device_compute, ids_TK: torch.Tensor) -> torch.Tensor:
         if self.info.is_cuda:
@@ -230,9 +233,10 @@ def measure_rates(bank, info: DeviceInfo, zero_copy_gbps: float | None = None) -
     if info.is_cuda:
         sync_ms += measure_roundtrip_ms(torch, info.device)
         zero_copy = zero_copy_gbps or _zero_copy_gbps(bank, info)
-        rates = ColdRates(zero_copy, points, sync_ms, spread=spread, layer_ms=cpu.layer_ms or 0.0)
+        rates = ColdRates(zero_copy, points, sync_ms, spread=spread, layer_ms=cpu.layer_ms or 0.0, cpu_spread=spread)
     else:
-        rates = ColdRates(None, points, sync_ms, shared_cpu=True, spread=spread, layer_ms=cpu.layer_ms or 0.0)
+        rates = ColdRates(None, points, sync_ms, shared_cpu=True, spread=spread, layer_ms=cpu.layer_ms or 0.0,
+                          gpu_spread=spread, cpu_spread=spread)
     shape_text = f"{shape.hidden}x{shape.inter} {shape.dtype}, {cpu.threads} thread{'s' * (cpu.threads != 1)}"
     return rates, "measured now for the experts this run allocates: " + describe_rates(rates, shape_text)
 

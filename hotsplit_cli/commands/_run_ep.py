@@ -126,17 +126,38 @@ def _rank(out: Output, request: RunRequest) -> None:
     doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), **header["doc"],
            "parallel": {"ep": result.group.world, "backend": result.group.backend,
                         "nodes": result.group.world // result.group.local_world},
-           "summary": {**s.to_doc(), **fig.to_doc()}}
+           "summary": {**s.to_doc(), **fig.to_doc()}, "verdicts": _ep_verdicts(request.plan, s, fig, report)}
     if plot is not None:
         _plot(plot, s, fig, rec.name, report)
         doc["plot"] = str(plot)
     origin = report.origin(out, s, result.prepared.plan.made_from, result.prepared.traffic)
-    out.emit(doc, lambda: _render(out, rec.name, s, fig, origin, plot, report))
+    out.emit(doc, lambda: _render(out, rec.name, s, fig, origin, plot, report, doc["verdicts"]))
     if s.interrupted:  # Ctrl-C: every rank stopped at the same window; said here once, for the job
         from hotsplit_cli.core.errors import Interrupted
 
         raise Interrupted(f"interrupted at step {s.steps} of {result.prepared.steps}",
                           report.wrote(log_jsonl, len(s.records), plot))
+
+
+def _ep_verdicts(plan: Path | None, s, fig, report) -> list[dict]:
+    """The plan's hit rates, the placement's balancedness (while its layout held: no rebalance
+    moved it) and each rank's cold paths, judged (hotset/verdict.py)."""
+    from hotsplit_cli.hotset.planfile import load_plan
+    from hotsplit_cli.hotset.verdict import balancedness_verdicts
+
+    plan_file = load_plan(plan) if plan is not None else None
+    balance = []
+    moved = any(r["skipped"] is None for r in fig.rebalances)
+    if fig.window_balancedness is not None and not moved:
+        from hotsplit_cli.placement.file import placement_prediction
+
+        pred = placement_prediction(plan_file.placement["path"])
+        w = fig.window_balancedness
+        balance = balancedness_verdicts(pred.fitted, pred.out_of_sample, w["balancedness"], w["steps_per_window"])
+    docs = report.verdicts(plan_file, s.hit_rate, None, balance)
+    for r in fig.ranks:
+        docs += report.verdicts(None, s.hit_rate, r["cold_paths"], who=f" rank {r['rank']}")
+    return docs
 
 
 def _plot(path: Path, s, fig, title: str, report) -> None:
@@ -178,7 +199,7 @@ def _exchange_words(ex: dict, s) -> str:
     return words
 
 
-def _render(out: Output, name: str, s, fig, origin, plot, report) -> None:
+def _render(out: Output, name: str, s, fig, origin, plot, report, verdicts: list[dict]) -> None:
     ex = fig.exchange
     pred = "" if fig.predicted_balancedness is None else f" (predicted {fig.predicted_balancedness:.4f})"
     b = fig.bottleneck
@@ -202,6 +223,8 @@ def _render(out: Output, name: str, s, fig, origin, plot, report) -> None:
     worse = [r["step"] for r in fig.rebalances if r.get("worse")]
     if worse:
         rows.append(("rebalances that lowered the balance", f"at step {', '.join(map(str, worse))}"))
+    if fig.rebalance_error is not None:
+        rows.append(("rebalance predictions vs the next window", _error_words(fig.rebalance_error)))
     title = f"hotsplit run {name} (ep {len(fig.ranks)})" + (" (interrupted)" if s.interrupted else "")
     report.render_summary(out, title, s, [], rows, origin)
     split = any(r["cold_paths"] for r in fig.ranks)  # cold_path cpu / split: where each rank's cold work went
@@ -215,3 +238,12 @@ def _render(out: Output, name: str, s, fig, origin, plot, report) -> None:
     out.print(t)
     if plot is not None:
         out.print(escape(f"plot: {plot}"))
+    report.print_verdicts(out, verdicts)
+
+
+def _error_words(err: dict) -> str:
+    """How far the moves' predicted_after was from the balancedness the next window achieved."""
+    if not err["count"]:
+        return "no move was followed by a window to judge it on"
+    return (f"off by {err['mean_abs']:.4f} on average, {err['max_abs']:.4f} at most, over {err['count']} "
+            f"move{'s' * (err['count'] != 1)} (predicted on counts, achieved per exchange)")

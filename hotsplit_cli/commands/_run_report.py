@@ -79,6 +79,31 @@ def cold_path_rows(paths: dict | None) -> list[tuple[str, str]]:
     return rows
 
 
+def verdicts(plan_file, achieved_hit_rate: float, cold_paths: dict | None, balance: list | None = None,
+             who: str = "") -> list[dict]:
+    """Every prediction the run was given, judged (hotset/verdict.py): the plan's hit rates (none
+    without a plan file), the placement's `balance` verdicts (EP), the cold paths' times."""
+    from hotsplit_cli.hotset.verdict import cold_path_verdicts, hit_rate_verdicts
+
+    out = [] if plan_file is None else hit_rate_verdicts(plan_file.hit_rate, plan_file.out_of_sample,
+                                                         achieved_hit_rate)
+    return [v.to_doc() for v in [*out, *(balance or []), *cold_path_verdicts(cold_paths, who)]]
+
+
+def _figure(x: float, unit: str) -> str:
+    return {"fraction": lambda: pct(x, 2), "ms": lambda: f"{x:,.4f} ms"}.get(unit, lambda: f"{x:.4f}")()
+
+
+def print_verdicts(out: Output, docs: list[dict]) -> None:
+    """One line per verdict: achieved, predicted, band and WITHIN / OUTSIDE / NO BAND."""
+    for v in docs:
+        unit = v["unit"]
+        band = (f"band {_figure(v['low'], unit)} - {_figure(v['high'], unit)}: {v['band']}" if v["within"] is not None
+                else v["band"])
+        out.print(escape(f"{v['figure']}: achieved {_figure(v['achieved'], unit)}, predicted "
+                         f"{_figure(v['predicted'], unit)} ({band}): {v['verdict']}"))
+
+
 def origin(out: Output, summary, made_from: str, traffic: str, drift_every: int | None = None,
             dynamic: bool = True) -> list[tuple[str, str]]:
     """Summary rows naming the routing the plan was made from next to this run's traffic; a

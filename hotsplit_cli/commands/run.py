@@ -14,7 +14,7 @@ from hotsplit_cli.core.errors import Interrupted, UsageError
 from hotsplit_cli.core.jsonio import schema_tag
 from hotsplit_cli.hotset.planfile import check_run_inputs
 from hotsplit_cli.options import ColdPathOpt, HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeArg, output_option
-from hotsplit_cli.output import Output, pct
+from hotsplit_cli.output import Output
 
 from ._run_report import cold_path_rows as _cold_path_rows
 from ._run_report import describe as _describe
@@ -22,7 +22,9 @@ from ._run_report import draw_hit_rates as _draw_hit_rates
 from ._run_report import logged as _logged
 from ._run_report import one_window_note as _one_window_note
 from ._run_report import origin as _origin
+from ._run_report import print_verdicts as _print_verdicts
 from ._run_report import render_summary as _render_summary
+from ._run_report import verdicts as _verdicts
 from ._run_report import wrote as _wrote
 from ._run_request import RunRequest
 
@@ -67,7 +69,7 @@ def run(
 
         return run_expert_parallel(out, request)
     if rec.model.kind == "hf":
-        return _run_checkpoint(out, request)
+        return _run_checkpoint(out, request, plan_file)
     return _run_synthetic(out, request, plan_file)
 
 
@@ -89,7 +91,7 @@ def _run_synthetic(out: Output, request: RunRequest, plan_file) -> None:
         summary = _logged(say, log_jsonl, lambda on_record: prepared.engine.run(prepared.steps, on_record, advance))
 
     doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), **pdoc,
-           "summary": summary.to_doc(), "verdicts": _plan_verdicts(plan_file, summary.hit_rate)}
+           "summary": summary.to_doc(), "verdicts": _verdicts(plan_file, summary.hit_rate, summary.cold_paths)}
     if plot is not None:
         _plot(plot, summary, rec.name)
         doc["plot"] = str(plot)
@@ -119,21 +121,6 @@ def _ready(out: Output, prepared) -> None:
         out.note(f"note: {note}")
 
 
-def _plan_verdicts(plan_file, achieved: float) -> list[dict]:
-    """The plan's hit-rate predictions judged on this run (hotset/verdict.py); none without a plan file."""
-    from hotsplit_cli.hotset.verdict import hit_rate_verdicts
-
-    if plan_file is None:
-        return []
-    return [v.to_doc() for v in hit_rate_verdicts(plan_file.hit_rate, plan_file.out_of_sample, achieved)]
-
-
-def _print_verdicts(out: Output, verdicts: list[dict]) -> None:
-    for v in verdicts:
-        out.print(f"{v['figure']}: achieved {pct(v['achieved'], 2)}, predicted {pct(v['predicted'], 2)} "
-                  f"(band {100 * v['low']:.2f}-{pct(v['high'], 2)}): {v['verdict']}")
-
-
 def _check_options(rec, platform: Path | None, synthetic: tuple, plot: Path | None) -> None:
     """Refuse bad options before any work (and --plot when matplotlib is missing); `synthetic` is
     (--trace, --steps, --scale), the options of a synthetic model only."""
@@ -153,8 +140,9 @@ def _check_options(rec, platform: Path | None, synthetic: tuple, plot: Path | No
         require_matplotlib()
 
 
-def _run_checkpoint(out: Output, request: RunRequest) -> None:
-    """A real checkpoint: generate the recipe's prompts on the hot/cold banks, logging hit rates."""
+def _run_checkpoint(out: Output, request: RunRequest, plan_file) -> None:
+    """A real checkpoint: generate the recipe's prompts on the hot/cold banks, logging hit rates
+    (`plan_file`: the --plan file, read and checked)."""
     rec, knobs, plan, log_jsonl, plot, platform = (request.recipe, request.knobs, request.plan, request.log_jsonl,
                                                    request.plot, request.platform)
     try:
@@ -169,7 +157,8 @@ def _run_checkpoint(out: Output, request: RunRequest) -> None:
     with out.progress(f"{rec.name}: prompts", len(prompts)) as advance:
         result = _logged(say, log_jsonl, lambda on_record: run_checkpoint(rec, knobs, prompts, plan, on_record,
                                                                           advance, platform))
-    doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), "summary": result.to_doc()}
+    doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), "summary": result.to_doc(),
+           "verdicts": _verdicts(plan_file, result.summary.hit_rate, result.summary.cold_paths)}
     if plot is not None:
         _plot(plot, result.summary, rec.name)
         doc["plot"] = str(plot)
@@ -185,6 +174,7 @@ def _run_checkpoint(out: Output, request: RunRequest) -> None:
                          ("cold bank", result.numa.describe())],
                         [("copy time", f"{result.summary.copy_ms:,.2f} ms"),
                          *_cold_path_rows(result.summary.cold_paths)], origin)
+        _print_verdicts(out, doc["verdicts"])
 
     out.emit(doc, render)
     if result.summary.interrupted:

@@ -36,6 +36,7 @@ class GpuInfo:
     numa_node: int | None
     link_rate_gbps: float | None  # theoretical PCIe rate the link ran at under load
     roundtrip_ms: float | None = None  # activations to the host and back (a CPU cold path's per-layer cost)
+    zero_copy_read_spread: float | None = None  # (max - min) / median of that read (older probes: None)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class CpuExpertInfo:
     points: tuple[tuple[float, float], ...]  # (tokens per expert, median GB/s)
     handoff_ms: float | None  # a task to a worker thread and back
     shape: str  # the expert it computed, for the report: "HIDDENxINTER DTYPE"
-    spread: float = 0.0  # the largest (max - min) / median of its points
+    spread: float | None = None  # the largest (max - min) / median of its points (None: the file records none)
     threads: int | None = None
     layer_ms: float | None = None  # one layer's call of the grouped compute beyond its experts (older probes: None)
 
@@ -134,6 +135,8 @@ def load_platform(path: str | os.PathLike) -> PlatformInfo:
             numa_node=_number(g.get("numa_node"), f"{where}.numa_node", integer=True),
             link_rate_gbps=_number(g.get("link_rate_gbps"), f"{where}.link_rate_gbps"),
             roundtrip_ms=_number((g.get("bandwidth") or {}).get("roundtrip_ms"), f"{where}.bandwidth.roundtrip_ms"),
+            zero_copy_read_spread=_number(summary.get("zero_copy_read_spread"),
+                                          f"{where}.summary.zero_copy_read_spread"),
         ))
     if not isinstance(doc["reasons"], list):
         raise InputFileError(f"{path}: reasons: must be a list")
@@ -184,7 +187,7 @@ def _cpu_expert(raw: Any, where: str) -> tuple[CpuExpertInfo, ...]:
         out.append(CpuExpertInfo(_number(e.get("node"), f"{where}[{i}].node", integer=True), tuple(points),
                                  _number(e.get("handoff_ms"), f"{where}[{i}].handoff_ms"),
                                  f"{shape.get('hidden')}x{shape.get('inter')} {shape.get('dtype')}",
-                                 max(spreads, default=0.0), _number(e.get("threads"), f"{where}[{i}].threads",
+                                 max(spreads, default=None), _number(e.get("threads"), f"{where}[{i}].threads",
                                                                     integer=True),
                                  _number(e.get("layer_ms"), f"{where}[{i}].layer_ms")))
     return tuple(out)

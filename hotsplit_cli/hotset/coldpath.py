@@ -52,6 +52,10 @@ class ColdRates:
     shared_cpu: bool = False  # no GPU: the device path is this CPU, at the CPU expert rate, on the same cores
     spread: float = 0.0  # the measurements' relative spread ((max - min) / median): closer times are a tie
     layer_ms: float = 0.0  # one layer call of the CPU's grouped compute, beyond its experts
+    # The relative spread of each path's own rate, which a run's time verdict is banded by (None:
+    # its source records none, e.g. a platform.json of an older probe): device path, CPU path.
+    gpu_spread: float | None = None
+    cpu_spread: float | None = None
 
     def cpu_gbps(self, tokens: float) -> float:
         """CPU expert rate at `tokens` tokens per expert (0 when unmeasured), never higher than
@@ -181,8 +185,10 @@ def rates_from_platform(platform, gpu_index: int | None = None, device_is_cpu: b
     gpu, cpu = _gpu_and_cpu(platform, gpu_index)
     shared = device_is_cpu or gpu is None or not gpu.zero_copy_read_gbps
     sync = ((cpu.handoff_ms or 0.0) if cpu else 0.0) + ((gpu.roundtrip_ms or 0.0) if gpu and not shared else 0.0)
+    cpu_spread = cpu.spread if cpu else None
     rates = ColdRates(None if shared else gpu.zero_copy_read_gbps, cpu.points if cpu else (), sync, shared,
-                      cpu.spread if cpu else 0.0, (cpu.layer_ms or 0.0) if cpu else 0.0)
+                      cpu_spread or 0.0, (cpu.layer_ms or 0.0) if cpu else 0.0,
+                      gpu_spread=cpu_spread if shared else gpu.zero_copy_read_spread, cpu_spread=cpu_spread)
     return rates, f"{platform.path}: " + describe_rates(rates, cpu.shape if cpu else None)
 
 

@@ -2,10 +2,9 @@
 
 A plan's `hit_rate` is measured on the histogram it was fitted on, so it is the best case. With
 a windowed histogram (`balance --window-steps`), the same planner is refitted on the windows up
-to an origin k and judged on window k, the next traffic it did not see, for every origin of the
-later half (k = ceil(W / 2) .. W - 1; earlier origins fit on too little to stand for a plan fitted
-on all W). The forecast is the pooled hit rate over those held-out windows, its range the lowest
-and highest window. Shape letters: W = windows, L = MoE layers, E = experts, R = ranks.
+to an origin k and judged on window k (core/holdout.py: which origins). The forecast is the
+pooled hit rate over those held-out windows, its range the lowest and highest window.
+Shape letters: W = windows, L = MoE layers, E = experts, R = ranks.
 """
 
 from __future__ import annotations
@@ -15,26 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MIN_WINDOWS = 2  # one to fit, one to judge
-HOW_TO_GET_WINDOWS = "capture the histogram with `hotsplit balance --window-steps N`"
+from hotsplit_cli.core.holdout import HOW_TO_GET_WINDOWS, MIN_WINDOWS, Band, origins_of
+
+__all__ = ["Band", "HeldOut", "no_forecast", "origins_of", "rolling_origin"]  # Band, origins_of: re-exported
 
 Fit = Callable[[np.ndarray], np.ndarray]  # counts [L, E] -> hot mask [R, L, E] (the plan's own planner)
 RankRates = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (counts [L, E], hot [R, L, E]) -> rate [R]
-
-
-@dataclass(frozen=True)
-class Band:
-    """A forecast: the pooled held-out figure and the lowest and highest held-out window."""
-
-    expected: float
-    low: float
-    high: float
-
-    def contains(self, x: float, slack: float = 1e-12) -> bool:
-        return self.low - slack <= x <= self.high + slack
-
-    def to_doc(self) -> dict:
-        return {"expected": self.expected, "low": self.low, "high": self.high}
 
 
 @dataclass(frozen=True)
@@ -63,11 +48,6 @@ def no_forecast(windows: int) -> HeldOut:
     have = "no windows" if windows == 0 else f"{windows} window"
     return HeldOut(f"the histogram has {have}; an out-of-sample estimate needs at least {MIN_WINDOWS} "
                    f"(fit on earlier, judge on later); {HOW_TO_GET_WINDOWS}")
-
-
-def origins_of(num_windows: int) -> range:
-    """The origins k judged: the later half of the windows, each fitted on all before it."""
-    return range(max(1, -(-num_windows // 2)), num_windows)
 
 
 def rolling_origin(windows_WLE: np.ndarray | None, fit: Fit, rank_rates: RankRates | None = None) -> HeldOut:

@@ -1,13 +1,18 @@
 """Did a run achieve what it was told to expect? Achieved vs predicted, with a band (numpy free).
 
-A plan gives a run two hit-rate predictions: the in-sample figure (`hit_rate`, exact on the
-traffic the plan was fitted on) and, when its histogram had windows, the out-of-sample forecast
-(forecast.py: pooled over held-out windows, with the lowest and highest window).
+Hit rate (the plan). Two predictions: the in-sample figure (`hit_rate`, exact on the traffic the
+plan was fitted on) and, when its histogram had windows, the out-of-sample forecast (forecast.py:
+pooled over held-out windows, with the lowest and highest window).
 - in-sample: the band is the figure itself, widened by the held-out spread of one window
   ((high - low) / 2 each side); without a forecast it is exact (a run on the fitted traffic).
 - out-of-sample: from the lowest held-out window up to the higher of the highest held-out
   window and the in-sample figure (traffic like the fit's is new traffic too, and the fit's
   own rate is what the plan achieves on it).
+Balancedness (the placement): the same two, from `place`'s `fitted` and `out_of_sample`
+(placement/held_out.py), judged on the run's loads summed over windows of the histogram's size.
+Cold-path time (the platform file): per cold expert read, predicted by the cost model, banded
+by the relative spread s of the rate it used (a factor 1 + s either way); no band when the rate's
+source records no spread.
 A run on another task's traffic is outside both when its routing is not the fit's (docs/simulate.md).
 """
 
@@ -22,38 +27,91 @@ EXACT = 1e-9  # a figure without a spread is judged to rounding
 
 @dataclass(frozen=True)
 class Verdict:
-    """One prediction judged: WITHIN when low <= achieved <= high."""
+    """One prediction judged: WITHIN when low <= achieved <= high; no verdict without a band."""
 
-    figure: str  # what was predicted, e.g. "hit rate (plan, in-sample)"
+    name: str  # stable key, e.g. "hit_rate.in_sample"
+    figure: str  # what was predicted, as a user reads it, e.g. "hit rate (plan, in-sample)"
     achieved: float
     predicted: float
-    low: float
-    high: float
+    low: float | None  # None: no band (`band` says why)
+    high: float | None
     band: str  # where the band comes from
+    unit: str = "fraction"  # fraction (printed as %) | ratio | ms
 
     @property
-    def within(self) -> bool:
+    def within(self) -> bool | None:
+        if self.low is None or self.high is None:
+            return None
         return self.low - EXACT <= self.achieved <= self.high + EXACT
 
     @property
     def word(self) -> str:
-        return "WITHIN" if self.within else "OUTSIDE"
+        return {True: "WITHIN", False: "OUTSIDE", None: "NO BAND"}[self.within]
 
     def to_doc(self) -> dict:
-        return {"figure": self.figure, "achieved": self.achieved, "predicted": self.predicted,
-                "low": self.low, "high": self.high, "band": self.band, "verdict": self.word}
+        return {"name": self.name, "figure": self.figure, "unit": self.unit, "achieved": self.achieved,
+                "predicted": self.predicted, "low": self.low, "high": self.high, "band": self.band,
+                "within": self.within, "verdict": self.word}
 
 
-def hit_rate_verdicts(in_sample: float | None, forecast: Band | None, achieved: float) -> list[Verdict]:
-    """The plan's hit-rate predictions judged against the `achieved` hit rate (fractions)."""
+def _two_sided(name: str, what: str, in_sample: float | None, forecast: Band | None, achieved: float,
+               unit: str) -> list[Verdict]:
+    """The in-sample figure (banded by half the held-out range) and the out-of-sample band."""
     out = []
     if in_sample is not None:
         half = 0.0 if forecast is None else (forecast.high - forecast.low) / 2
         band = "exact: no held-out windows" if forecast is None else "+- half the held-out windows' range"
-        out.append(Verdict("hit rate (plan, in-sample)", achieved, in_sample, in_sample - half, in_sample + half,
-                           band))
+        out.append(Verdict(f"{name}.in_sample", f"{what}, in-sample)", achieved, in_sample, in_sample - half,
+                           in_sample + half, band, unit))
     if forecast is not None:
         top = forecast.high if in_sample is None else max(forecast.high, in_sample)
-        out.append(Verdict("hit rate (plan, out-of-sample)", achieved, forecast.expected, forecast.low, top,
-                           "held-out windows' lowest .. max(highest, in-sample)"))
+        out.append(Verdict(f"{name}.out_of_sample", f"{what}, out-of-sample)", achieved, forecast.expected,
+                           forecast.low, top, "held-out windows' lowest .. max(highest, in-sample)", unit))
     return out
+
+
+def hit_rate_verdicts(in_sample: float | None, forecast: Band | None, achieved: float) -> list[Verdict]:
+    """The plan's hit-rate predictions judged against the `achieved` hit rate (fractions)."""
+    return _two_sided("hit_rate", "hit rate (plan", in_sample, forecast, achieved, "fraction")
+
+
+def balancedness_verdicts(fitted: float | None, forecast: Band | None, achieved: float,
+                          steps_per_window: int) -> list[Verdict]:
+    """The placement's balancedness judged against the run's, over windows of `steps_per_window` steps."""
+    return _two_sided("balancedness", f"balancedness per {steps_per_window}-step window (placement", fitted,
+                      forecast, achieved, "ratio")
+
+
+def cold_path_verdicts(paths: dict | None, who: str = "") -> list[Verdict]:
+    """Each cold path's time per cold expert read (ms), achieved vs the cost model's, from a run's
+    `cold_paths` (runtime/cold_split.py `report`; `who`: e.g. " rank 1"); a path that read no
+    expert is not judged."""
+    if not paths:
+        return []
+    out = []
+    measured_now = str(paths.get("rates", "")).startswith("measured now")
+    for key, label in (("gpu", "device"), ("cpu", "CPU")):
+        p = paths[key]
+        if not p["experts"] or not p["predicted_ms"]:
+            continue
+        achieved, predicted, spread = p["ms"] / p["experts"], p["predicted_ms"] / p["experts"], p.get("spread")
+        figure = f"cold path {label}{who} ({paths['mode']}), ms per cold expert read"
+        if spread is None:
+            why = "the rate measured at the start" if measured_now else "the platform file"
+            out.append(Verdict(f"cold_path.{key}{who.replace(' ', '.')}", figure, achieved, predicted, None, None,
+                               f"no band: {why} records no spread", "ms"))
+            continue
+        out.append(Verdict(f"cold_path.{key}{who.replace(' ', '.')}", figure, achieved, predicted,
+                           predicted / (1 + spread),
+                           predicted * (1 + spread), f"the rate's measured spread {100 * spread:.0f}%: a factor "
+                                                     f"{1 + spread:.2f} either way", "ms"))
+    return out
+
+
+def prediction_error(pairs: list[tuple[float, float | None]]) -> dict:
+    """How far predictions were from what was achieved: (predicted, achieved) pairs, those without
+    an achieved figure left out. {"count", "mean_abs", "max_abs"} (None figures when none is judged)."""
+    errors = [abs(p - a) for p, a in pairs if a is not None]
+    if not errors:
+        return {"count": 0, "mean_abs": None, "max_abs": None}
+    return {"count": len(errors), "mean_abs": sum(errors) / len(errors), "max_abs": max(errors)}

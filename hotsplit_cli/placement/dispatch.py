@@ -97,6 +97,18 @@ def balancedness(loads_XR: np.ndarray) -> float:
     return float(loads.mean(axis=1).sum()) / peak if peak > 0 else 1.0
 
 
+def window_balancedness(loads_SLR: np.ndarray, steps_per_window: int) -> float:
+    """`balancedness` of the loads summed over windows of `steps_per_window` steps (the last one
+    may be shorter): the granularity `place` evaluates a histogram's windows at, so a run can be
+    judged against a placement's prediction."""
+    loads = np.asarray(loads_SLR, dtype=np.float64)
+    S, L, R = loads.shape
+    W = -(-S // steps_per_window)
+    padded = np.zeros((W * steps_per_window, L, R))
+    padded[:S] = loads
+    return balancedness(padded.reshape(W, steps_per_window, L, R).sum(axis=1).reshape(-1, R))
+
+
 @dataclass(frozen=True)
 class TracePrediction:
     """What an EP run of a trace will measure, through the replica rule."""

@@ -23,6 +23,7 @@ from hotsplit_cli.placement.evaluate import (
     trivial_layout,
 )
 from hotsplit_cli.placement.file import placement_doc, sglang_doc
+from hotsplit_cli.placement.held_out import held_out_balance
 from hotsplit_cli.traffic.hist import Histogram, load_hist
 from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
 
@@ -104,8 +105,10 @@ def place_from_hist(req: PlaceRequest, recipe: Recipe | None = None,
     placement = place_experts(all_W if choice.mode == "windows" else hist.counts_LE[None], hist.layers, geo)
     compare = compare_layouts(hist, later, geo, placement, req.seed)
     source = {"histogram": str(req.hist_path), "windows": int(all_W.shape[0]), "fit": choice.to_doc(),
-              "num_redundant": req.redundant, "num_groups": groups}
-    doc = placement_doc(placement, E, evaluate(all_W, placement), source)
+              "num_redundant": req.redundant, "num_groups": groups, "steps_per_window": hist.steps_per_window}
+    held = held_out_balance(all_W, lambda w_WLE: place_experts(
+        w_WLE if choice.mode == "windows" else w_WLE.sum(axis=0, keepdims=True), hist.layers, geo))
+    doc = placement_doc(placement, E, evaluate(all_W, placement), source, held.to_doc())
     return PlaceReport(req, hist, geo, int(all_W.shape[0]), choice, placement, doc, compare, later=later)
 
 

@@ -19,6 +19,7 @@ from hotsplit_cli.analysis.ledger import CommModel, a2a_ledger
 from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.hotset.planfile import load_plan
+from hotsplit_cli.hotset.verdict import prediction_error
 from hotsplit_cli.placement.algorithm import Placement
 from hotsplit_cli.placement.dispatch import contiguous_placement, predict_trace
 from hotsplit_cli.placement.rebalance_rule import replay_rebalancing
@@ -91,31 +92,54 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
     run = run_rank(engine, prepared.steps, on_window, rebalancer)
     stats = engine.model.exchange.stats
     hot_RLE = gather_rows(engine.model.hot_LE().astype(np.float64), control)  # for the prediction (static runs)
-    out = job_summary(rank_totals(run, stats, hooks.expected_rank_hit_rate, book.cold_reads), control)
+    prediction = _placement_prediction(plan_file)
+    window_steps = prediction.window_steps(prepared.steps) if prediction is not None else None
+    out = job_summary(rank_totals(run, stats, hooks.expected_rank_hit_rate, book.cold_reads), control, window_steps)
     dist.barrier(group=control)
     if out is None:
         return None
     summary, figures = out
     summary.hit_rate_last_window = records[-1].hit_rate_window if records else None
     summary.records = records
-    L = engine.model.num_layers
     figures.exchange.update(_predicted_exchange(recipe, prepared, knobs.ep_exchange, summary, group.world))
     figures.placement = {"method": placement.method, "physical_experts": placement.num_physical,
                          "slots_per_rank": placement.slots_per_rank}
     figures.rebalances = [r.to_doc() for r in rebalancer.reports] if rebalancer else []
-    moved = any(r["skipped"] is None for r in figures.rebalances)  # a rebalance that changed the layout
-    if hooks.trace is not None and rebalancer is not None:  # the same moves, replayed by the same rule
-        figures.predicted_balancedness = replay_rebalancing(hooks.trace.topk_ids_SLTK[:summary.steps], placement, E,
-                                                            knobs.eplb_steps).balancedness
-    if hooks.trace is not None and not moved:  # the layout the run began with: the prediction holds
-        pred = predict_trace(hooks.trace.topk_ids_SLTK[:summary.steps], placement, E,
-                             hot_RLE.reshape(group.world, L, E) > 0.5)
-        if rebalancer is None:
-            figures.predicted_balancedness = pred.balancedness
-        for r, rate in enumerate(pred.hit_rate_R):
-            if figures.ranks[r]["swaps"] == 0:  # its final hot set is the one it served with
-                figures.ranks[r]["predicted_hit_rate"] = float(rate)
+    if rebalancer is not None:  # each move's prediction, judged on the window after it
+        figures.rebalance_error = prediction_error([(r["predicted_after"], r["achieved_after"])
+                                                    for r in figures.rebalances if r["skipped"] is None])
+    if hooks.trace is not None:
+        _trace_predictions(figures, hooks.trace.topk_ids_SLTK[:summary.steps], placement, E,
+                           hot_RLE.reshape(group.world, engine.model.num_layers, E) > 0.5,
+                           knobs.eplb_steps if rebalancer is not None else 0)
     return EPResult(prepared, group, summary, figures, records)
+
+
+def _trace_predictions(figures: EPFigures, topk_ids_SLTK, placement: Placement, num_experts: int,
+                       hot_RLE: np.ndarray, eplb_steps: int) -> None:
+    """What replaying the run's trace predicts: the balancedness (with the rebalances' moves,
+    replayed by the same rule), and each rank's hit rate while the layout it began with holds."""
+    moved = any(r["skipped"] is None for r in figures.rebalances)  # a rebalance that changed the layout
+    if eplb_steps:
+        figures.predicted_balancedness = replay_rebalancing(topk_ids_SLTK, placement, num_experts,
+                                                            eplb_steps).balancedness
+    if moved:
+        return
+    pred = predict_trace(topk_ids_SLTK, placement, num_experts, hot_RLE)
+    if not eplb_steps:
+        figures.predicted_balancedness = pred.balancedness
+    for r, rate in enumerate(pred.hit_rate_R):
+        if figures.ranks[r]["swaps"] == 0:  # its final hot set is the one it served with
+            figures.ranks[r]["predicted_hit_rate"] = float(rate)
+
+
+def _placement_prediction(plan_file):
+    """What the plan's placement file predicts for the run's balancedness (None: no placement file)."""
+    if plan_file is None or plan_file.placement is None:
+        return None
+    from hotsplit_cli.placement.file import placement_prediction
+
+    return placement_prediction(plan_file.placement["path"])
 
 
 def _predicted_exchange(recipe: Recipe, prepared: Prepared, mode: str, summary, world: int) -> dict:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hotsplit_cli.placement.dispatch import balancedness
+from hotsplit_cli.placement.dispatch import balancedness, window_balancedness
 
 from ..log import HitRateRecord
 from ..windows import RunSummary
@@ -110,13 +110,18 @@ class EPFigures:
     exchange: dict
     placement: dict
     rebalances: list[dict] = field(default_factory=list)
+    # balancedness over windows of the placement's histogram ({"steps_per_window", "balancedness"}):
+    # what the placement's prediction is judged on; None without a placement file that predicts one
+    window_balancedness: dict | None = None
+    # how far each moved rebalance's predicted_after was from the next window's (verdict.prediction_error)
+    rebalance_error: dict | None = None
 
     def to_doc(self) -> dict:
         return dataclasses.asdict(self)
 
 
 _COLD_SCALARS = ("cpu_share", "layers", "layers_with_cpu")
-_COLD_PATH_FIELDS = ("experts", "bytes", "allocated_bytes", "ms", "predicted_ms")
+_COLD_PATH_FIELDS = ("experts", "bytes", "allocated_bytes", "ms", "predicted_ms")  # and "spread": None or float
 
 
 def _cold_doc(paths: dict | None) -> dict | None:
@@ -125,10 +130,12 @@ def _cold_doc(paths: dict | None) -> dict | None:
     if paths is None:
         return None
     doc: dict = {"mode": paths["mode"], "cpu_share": float(paths["cpu_share"]), "layers": int(paths["layers"]),
-                 "layers_with_cpu": int(paths["layers_with_cpu"])}
+                 "layers_with_cpu": int(paths["layers_with_cpu"]), "rates": str(paths["rates"])}
     for path in ("gpu", "cpu"):
         doc[path] = {k: (float(paths[path][k]) if k.endswith("ms") else int(paths[path][k]))
                      for k in _COLD_PATH_FIELDS}
+        spread = paths[path].get("spread")
+        doc[path]["spread"] = None if spread is None else float(spread)
     return doc
 
 
@@ -171,8 +178,9 @@ def reduce_summaries(ranks: list[RankTotals]) -> RunSummary:
         interrupted=s0.interrupted)  # Ctrl-C stops every rank at the same window
 
 
-def ep_figures(ranks: list[RankTotals]) -> EPFigures:
-    """Each rank's load, hit rate and cold paths, balancedness, the bottleneck, the exchange."""
+def ep_figures(ranks: list[RankTotals], window_steps: int | None = None) -> EPFigures:
+    """Each rank's load, hit rate and cold paths, balancedness (and over windows of `window_steps`
+    steps, when given), the bottleneck, the exchange."""
     received = np.array([float(t.loads_SL.sum()) for t in ranks])
     docs = [{"rank": r, "tokens": int(received[r]), "hit_rate": float(t.summary.hit_rate),
              "expected_hit_rate": t.expected_hit_rate, "cold_reads": t.cold_reads, "swaps": int(t.summary.swaps),
@@ -190,10 +198,12 @@ def ep_figures(ranks: list[RankTotals]) -> EPFigures:
                   "ms_per_layer": per_exchange(sum(t.exchange_ms for t in ranks)),
                   "meta_bytes_per_layer": per_exchange(sum(t.meta_bytes for t in ranks)),
                   "exchanges_per_rank": int(ranks[0].exchanges)},
-        placement={})
+        placement={},
+        window_balancedness=None if not window_steps else {
+            "steps_per_window": int(window_steps), "balancedness": window_balancedness(loads_SLR, window_steps)})
 
 
-def job_summary(totals: RankTotals, group) -> tuple[RunSummary, EPFigures] | None:
+def job_summary(totals: RankTotals, group, window_steps: int | None = None) -> tuple[RunSummary, EPFigures] | None:
     """Collective: the job's summary and EP figures on rank 0 (None elsewhere)."""
     ranks = gather_to_rank0(totals, group)
-    return None if ranks is None else (reduce_summaries(ranks), ep_figures(ranks))
+    return None if ranks is None else (reduce_summaries(ranks), ep_figures(ranks, window_steps))

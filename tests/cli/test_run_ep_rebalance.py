@@ -29,3 +29,11 @@ def test_a_rebalancing_run_achieves_the_replayed_prediction(tmp_path):
     moves = [r for r in s["rebalances"] if r["skipped"] is None]
     assert [r["step"] for r in s["rebalances"]] == [2, 4, 6] and len(moves) == 1, s["rebalances"]
     assert s["balancedness"] == pytest.approx(s["predicted_balancedness"], abs=1e-12)
+    # the move's prediction judged on the window after it, in --json and in the text
+    (move,) = moves
+    assert move["achieved_after"] is not None
+    off = abs(move["predicted_after"] - move["achieved_after"])
+    assert s["rebalance_error"] == {"count": 1, "mean_abs": pytest.approx(off), "max_abs": pytest.approx(off)}
+    text = run_job([sys.executable, "-m", "hotsplit_cli", "run", str(recipe), "--trace", str(trace)], env=env)
+    assert text.returncode == 0, text.stderr[-3000:]
+    assert "rebalance predictions vs the next" in text.stdout and f"off by {off:.4f} on average" in text.stdout

@@ -156,6 +156,9 @@ def test_checkpoint_runs_with_a_cpu_cold_path_generate_the_same_text(checkpoints
     if cold_path == "cpu":
         assert paths["gpu"]["experts"] == 0
     assert f"CPU cold path ({cold_path}" in doc["summary"]["kernel"]
+    # a checkpoint run judges its cold paths' times like a synthetic one (hotset/verdict.py)
+    judged = {v["name"] for v in doc["verdicts"]}
+    assert judged == {f"cold_path.{k}" for k in ("gpu", "cpu") if paths[k]["experts"]}
 
 
 def test_ctrl_c_in_a_checkpoint_run_prints_the_summary_so_far(checkpoints, tmp_path, capsys, monkeypatch):  # noqa: F811
