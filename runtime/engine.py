@@ -104,14 +104,19 @@ class Engine:
         self.model, self.source, self.knobs = model, source, knobs
         self.expert_bytes = expert_bytes  # real bytes of one expert on this rank
         self.expected_hit_rate = expected_hit_rate
-        dev = model.info.device
-        T, H = source.tokens_per_step, model.geom.hidden
-        self.gen = torch.Generator(device=dev).manual_seed(seed)
-        self.x_TH = torch.empty(T, H, dtype=model.banks[0].compute_dtype, device=dev)
-        self.use_graph = (model.info.graphs and model.compute.capturable) if use_graph is None else use_graph
-        self.graph = None
         self.book = WindowBook(model.num_layers, knobs, expert_bytes, propose)
         self.step_count = 0
+        self._init_forward(seed, use_graph)
+
+    def _init_forward(self, seed: int, use_graph: bool | None) -> None:
+        """A synthetic model's steps: fresh hidden states each step, through a CUDA graph where
+        the device and the compute allow one (a checkpoint's steps: runtime/hf/steps.py)."""
+        dev = self.model.info.device
+        T, H = self.source.tokens_per_step, self.model.geom.hidden
+        self.gen = torch.Generator(device=dev).manual_seed(seed)
+        self.x_TH = torch.empty(T, H, dtype=self.model.banks[0].compute_dtype, device=dev)
+        self.use_graph = (self.model.info.graphs and self.model.compute.capturable) if use_graph is None else use_graph
+        self.graph = None
 
     # -- one step -------------------------------------------------------------------------
     def _upload(self, routed) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -148,6 +153,10 @@ class Engine:
 
     def step(self, routed) -> None:
         self.book.landed(self.model.publish_ready()[1])  # swaps whose copies landed: publish between steps
+        self._forward(routed)
+        self.step_count += 1
+
+    def _forward(self, routed) -> None:
         self.x_TH.normal_(generator=self.gen)
         if self.use_graph:
             if self.graph is None:
@@ -158,7 +167,10 @@ class Engine:
         else:
             ids_t, w_t = self._upload(routed)
             self.out_TH = self.model.step(self.x_TH, ids_t, w_t)
-        self.step_count += 1
+
+    def tokens(self) -> int:
+        """Tokens the steps so far computed (a checkpoint counts its real ones)."""
+        return self.step_count * self.source.tokens_per_step
 
     # -- windows --------------------------------------------------------------------------
     def close_window(self, update: bool) -> HitRateRecord:
@@ -199,7 +211,7 @@ class Engine:
             rec = self.close_window(update=False)
             if on_record:
                 on_record(rec)
-        summary = self.book.summary(self.step_count, self.step_count * self.source.tokens_per_step, elapsed,
+        summary = self.book.summary(self.step_count, self.tokens(), elapsed,
                                     self.expected_hit_rate, interrupted)
         split = getattr(self.model.compute, "split", None)
         if split is not None:
