@@ -66,8 +66,8 @@ class CheckpointMoE:
         self.counts_LE = np.zeros((L, self.hm.num_experts))
         self.hits_L, self.assigned_L, self.cold_reads_L = np.zeros(L), np.zeros(L), np.zeros(L, dtype=np.int64)
 
-    def begin_swaps(self, moves_by_layer: dict[int, list[tuple[int, int]]]) -> float:
-        return sum(self.banks[li].begin_swaps(moves) for li, moves in moves_by_layer.items())
+    def begin_swaps(self, layer_moves: dict[int, list[tuple[int, int]]]) -> float:
+        return sum(self.banks[li].begin_swaps(moves) for li, moves in layer_moves.items())
 
     def publish_ready(self, wait: bool = False) -> tuple[int, float]:
         done = [b.publish_ready(wait) for b in self.banks]
