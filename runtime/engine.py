@@ -1,10 +1,11 @@
 """Drives engine steps through the hot/cold model: routing sources, windows, dynamic swaps.
 
-Routing sources: the model's own router on generated hidden states (`RouterSource`), a trace,
-or the synthetic sampler (`ArraySource`: either gives expert ids per step). Every `dyn_steps`
-steps a window closes: counters are read (the one host synchronisation), a record is made,
-and in dynamic mode `hotsplit_cli.hotset.planner.SwapRule` (the rule shared with the simulator)
-proposes swaps, which start on the swap stream and are published between later steps.
+Routing sources: the model's own router on generated hidden states (`RouterSource`), a trace, or
+the synthetic sampler (`ArraySource`: either gives expert ids per step); a checkpoint's is its
+generation (runtime/hf/steps.py). Every `dyn_steps` steps a window closes: counters are read
+(the one host synchronisation), a record is made, and in dynamic mode
+`hotsplit_cli.hotset.planner.SwapRule` (the rule shared with the simulator) proposes swaps,
+which start on the swap stream and are published between later steps.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from hotsplit_probes.hostmem import release_deferred
 
 from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.traffic.synthetic import SyntheticTraffic
-from hotsplit_cli.traffic.trace import Trace
 
 from .log import HitRateRecord
 from .model import HotColdMoE
@@ -54,14 +54,6 @@ def synthetic_source(traffic: SyntheticTraffic) -> ArraySource:
         while True:
             yield traffic.next_step(), None
     return ArraySource("synthetic", traffic.batch, gen())
-
-
-def trace_source(trace: Trace) -> ArraySource:
-    def gen():
-        for s in range(trace.num_steps):
-            w = None if trace.topk_weights_SLTK is None else trace.topk_weights_SLTK[s]
-            yield trace.topk_ids_SLTK[s], w
-    return ArraySource("trace", int(trace.topk_ids_SLTK.shape[2]), gen(), trace.num_steps)
 
 
 class StagedUpload:
@@ -102,15 +94,13 @@ class Engine:
                  expected_hit_rate: float | None = None, propose: Propose | None = None,
                  use_graph: bool | None = None):
         self.model, self.source, self.knobs = model, source, knobs
-        self.expert_bytes = expert_bytes  # real bytes of one expert on this rank
-        self.expected_hit_rate = expected_hit_rate
+        self.expert_bytes, self.expected_hit_rate = expert_bytes, expected_hit_rate  # bytes: real, of one expert
         self.book = WindowBook(model.num_layers, knobs, expert_bytes, propose)
         self.step_count = 0
         self._init_forward(seed, use_graph)
 
     def _init_forward(self, seed: int, use_graph: bool | None) -> None:
-        """A synthetic model's steps: fresh hidden states each step, through a CUDA graph where
-        the device and the compute allow one (a checkpoint's steps: runtime/hf/steps.py)."""
+        """A synthetic model's steps: fresh hidden states, in a CUDA graph where one can run."""
         dev = self.model.info.device
         T, H = self.source.tokens_per_step, self.model.geom.hidden
         self.gen = torch.Generator(device=dev).manual_seed(seed)
@@ -168,8 +158,7 @@ class Engine:
             ids_t, w_t = self._upload(routed)
             self.out_TH = self.model.step(self.x_TH, ids_t, w_t)
 
-    def tokens(self) -> int:
-        """Tokens the steps so far computed (a checkpoint counts its real ones)."""
+    def tokens(self) -> int:  # tokens the steps so far computed (a checkpoint counts its real ones)
         return self.step_count * self.source.tokens_per_step
 
     # -- windows --------------------------------------------------------------------------

@@ -31,7 +31,6 @@ from .memory import check_device_memory, check_host_memory
 from .moe import MoEGeometry, make_layer_weights, rms_norm
 from .pinned import PinnedAllocator
 from .rank_context import PlanChoice, RankContext
-from .run_setup import setup_run
 
 CALIBRATION_STEPS = 32
 
@@ -97,7 +96,7 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     scale = recipe.run.scale if scale is None else scale
     _check_args(scale, steps)
     geom = MoEGeometry.from_recipe(recipe, scale)
-    setup = setup_run(recipe, knobs, platform_path, rank.device(recipe.run.device), fp8_kept=lambda i: i.triton)
+    setup = rank.setup(recipe, knobs, platform_path, fp8_kept=lambda info: info.triton)
     info, platform = setup.info, setup.platform
     dtype = dtype or (torch.bfloat16 if info.is_cuda else torch.float32)
     experts = _expert_format(recipe, info, dtype)
@@ -139,7 +138,7 @@ def _expert_format(recipe: Recipe, info: DeviceInfo, dtype: torch.dtype) -> _Exp
     dequantised values: the same function, 3x faster on a CPU."""
     m = recipe.model
     fp8 = RELEASE_FP8 if m.expert_dtype == "fp8" else None
-    fp8_banks = fp8 is not None and info.triton  # a CPU cold path was refused for them (run_setup.py)
+    fp8_banks = fp8 is not None and info.triton  # a CPU cold path was refused for them (rank.setup)
     name = str(dtype).replace("torch.", "")
     notes = []
     if m.expert_dtype == "mxfp4":

@@ -1,4 +1,4 @@
-"""Drive prompts through a loaded model and collect exact routing counts (`hotsplit balance`).
+"""Greedy generation on a loaded model as steps (a checkpoint run's), and exact routing counts.
 
 A batch is left-padded; its prefill is one step and each greedy decode forward is one step.
 Counted tokens: every real prompt token, and each generated token that is fed back while its
@@ -53,19 +53,17 @@ class Forward:
         self.hm, self.mask_T, self.inputs = hm, mask_T, inputs
 
     @torch.no_grad()
-    def __call__(self) -> np.ndarray:
-        """Run it; its routing counts [L, E] (also in `hm.counter`)."""
+    def __call__(self) -> np.ndarray:  # its routing counts [L, E] (also in `hm.counter`)
         self.hm.counter.begin_step(self.mask_T)
         self.out = self.hm.model(use_cache=True, **self.inputs)
         return self.hm.counter.end_step()
 
 
 class Generation:
-    """Greedy generation of `prompts` (the caller's: all of them, or one rank's share), in
-    batches of `batch_size`, as a routing source of steps: each step is one `Forward` (a batch's
-    prefill, then each decode forward), which the caller runs before asking for the next one.
-    `advance(n)` after each batch of n prompts; `ids` holds each finished prompt's generated
-    token ids (up to and including end-of-sequence)."""
+    """Greedy generation of `prompts` (all, or one rank's share) in batches of `batch_size`, one
+    `Forward` a step (a batch's prefill, then each decode forward), each run by the caller before
+    it asks for the next. `advance(n)` after each batch of n prompts; `ids`: each finished
+    prompt's generated token ids (up to and including end-of-sequence)."""
 
     name = "prompts"
 
@@ -75,9 +73,6 @@ class Generation:
         self.max_new_tokens, self.tokens_per_step, self.advance = max_new_tokens, batch_size, advance
         self.ids: list[list[int]] = []
 
-    def steps(self) -> Iterator[Forward]:
-        return self.forwards()
-
     def forwards(self) -> Iterator[Forward]:
         tok, batch = self.tokenizer, self.tokens_per_step
         tok.padding_side = "left"
@@ -86,6 +81,8 @@ class Generation:
             self.ids.extend((yield from self._batch(tok(texts, return_tensors="pt", padding=True))))
             if self.advance is not None:
                 self.advance(len(texts))
+
+    steps = forwards  # as a routing source of the loop
 
     def texts(self) -> list[str]:
         return [self.tokenizer.decode(x, skip_special_tokens=True) for x in self.ids]
@@ -122,17 +119,11 @@ class Generation:
 def capture(hm: HFModel, tokenizer, prompts: list, max_new_tokens: int, batch_size: int,
             advance: Callable[[int], None] | None = None,
             on_step: Callable[[np.ndarray], None] | None = None) -> list[list[int]]:
-    """Run every prompt (prefill, then greedy decode up to `max_new_tokens` tokens) and count,
-    with no hot/cold serving of its own (`hotsplit balance`, a checkpoint run's calibration).
-
-    Counts land in `hm.counter` (per step, and a trace when it keeps one); `on_step(step_LE)`
-    runs between steps. Returns each prompt's generated token ids (up to and including
-    end-of-sequence)."""
+    """Run every prompt's `Generation` with no serving (`hotsplit balance`, a run's calibration): counts
+    land in `hm.counter` (and a trace when it keeps one), `on_step(step_LE)` runs between steps."""
     generation = Generation(hm, tokenizer, prompts, max_new_tokens, batch_size, advance)
     for forward in generation.forwards():
-        step_LE = forward()
-        if on_step is not None:
-            on_step(step_LE)
+        (on_step or (lambda _: None))(forward())
     return generation.ids
 
 

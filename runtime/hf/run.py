@@ -1,7 +1,7 @@
 """`hotsplit run` on a real checkpoint: load it onto the hot/cold banks, plan, generate, log.
 
-The hot set comes from `--plan` or is planned here from the routing of the prompts' prefill
-(one calibration pass, counted exactly), with the recipe's real expert bytes and budget.
+The hot set comes from `--plan` or is planned (`RankContext.plan`, as for a synthetic model) on
+the prompts' prefill routing (one calibration pass), with the recipe's real bytes and budget.
 Shape letters: L = MoE layers, E = experts.
 """
 
@@ -12,22 +12,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import InputFileError, UsageError
 from hotsplit_cli.hotset.budget import resolve_hot_budget
-from hotsplit_cli.hotset.planfile import load_plan
-from hotsplit_cli.hotset.planner import plan_hot_set
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.prompts import read_prompts
 
 from ..cold_split import make_split
 from ..log import HitRateRecord
 from ..pinned import NumaPolicy
-from ..rank_context import PlanChoice, plan_from_file
-from ..run_setup import setup_run
+from ..rank_context import RankContext
 from ..windows import RunSummary
 from .capture import Generation, capture
 from .loader import load_model, load_tokenizer
@@ -66,20 +61,24 @@ def checkpoint_prompts(recipe: Recipe) -> list:
 
 def run_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: str | Path | None = None,
                    on_record: Callable[[HitRateRecord], None] | None = None,
-                   advance: Callable[[int], None] | None = None, platform_path: str | Path | None = None
-                   ) -> CheckpointRun:
+                   advance: Callable[[int], None] | None = None, platform_path: str | Path | None = None,
+                   rank: RankContext | None = None) -> CheckpointRun:
     """Generate greedy text for `prompts` (checkpoint_prompts) on the hot/cold banks through the
     one loop, logging hit rates; `advance(n)` after each batch of n prompts is generated.
     Ctrl-C keeps the windows so far (the summary says `interrupted`), not the texts."""
     m, t = recipe.model, recipe.traffic
+    rank = RankContext() if rank is None else rank
     # The banks keep a checkpoint's fp8 experts on every device; refused before gigabytes are loaded.
-    setup = setup_run(recipe, knobs, platform_path, recipe.run.device, fp8_kept=lambda info: True)
+    setup = rank.setup(recipe, knobs, platform_path, fp8_kept=lambda info: True)
     allocator = setup.allocator()
     hm = load_model(m.path, setup.info, allocator=allocator)
     _check_geometry(recipe, hm)
     tok = load_tokenizer(m.path)
     expert_bytes = expert_bytes_per_rank(recipe)
-    plan = _plan(recipe, knobs, setup.platform, hm, tok, prompts, expert_bytes, plan_path)
+    if plan_path is None:  # calibrate on the prefill of the prompts (counts only, no generation)
+        capture(hm, tok, prompts, 0, t.batch)
+    plan = rank.plan(recipe, hm.counter.counts_LE.copy(), expert_bytes, plan_path,
+                     lambda: resolve_hot_budget(recipe, knobs, setup.platform), f"the prefill routing of {t.path}")
     split = make_split(knobs.cold_path, setup.info, hm.banks[0], setup.platform)
     for row, bank in enumerate(hm.banks):
         bank.set_hot(plan.hot_LE[row])
@@ -101,17 +100,3 @@ def _check_geometry(recipe: Recipe, hm) -> None:
             f"{m.path}: the checkpoint has MoE layers {list(hm.layer_ids)}, {hm.num_experts} experts, top-{hm.top_k}; "
             f"recipe {recipe.name!r} says {list(m.moe_layer_ids)}, {m.num_experts}, top-{m.top_k}",
             "make the recipe's geometry match the checkpoint's config.json")
-
-
-def _plan(recipe: Recipe, knobs: Knobs, platform, hm, tok, prompts: list, expert_bytes: int,
-          plan_path: str | Path | None) -> PlanChoice:
-    """The hot set from `--plan`, or planned on the prefill of the prompts (counts only, no
-    generation: one calibration pass)."""
-    if plan_path is not None:
-        return plan_from_file(load_plan(plan_path), plan_path, recipe, expert_bytes)
-    steps_LE: list[np.ndarray] = []
-    capture(hm, tok, prompts, 0, recipe.traffic.batch, on_step=steps_LE.append)
-    budget = resolve_hot_budget(recipe, knobs, platform).budget_bytes
-    p = plan_hot_set(np.sum(steps_LE, axis=0), expert_bytes, budget)
-    return PlanChoice(p.hot_RLE[0], p.hit_rate, "planned from the prompts' prefill routing", budget,
-                      int(p.hot_bytes_R[0]), f"the prefill routing of {recipe.traffic.path}")
