@@ -1,10 +1,11 @@
 """Drives engine steps through the hot/cold model: routing sources, windows, dynamic swaps.
 
-Routing sources: the model's own router on generated hidden states (`RouterSource`), a trace,
-or the synthetic sampler (`ArraySource`: either gives expert ids per step). Every `dyn_steps`
-steps a window closes: counters are read (the one host synchronisation), a record is made,
-and in dynamic mode `hotsplit_cli.hotset.planner.SwapRule` (the rule shared with the simulator)
-proposes swaps, which start on the swap stream and are published between later steps.
+Routing sources: the model's own router on generated hidden states (`RouterSource`), a trace, or
+the synthetic sampler (`ArraySource`: either gives expert ids per step); a checkpoint's is its
+generation (runtime/hf/steps.py). Every `dyn_steps` steps a window closes: counters are read
+(the one host synchronisation), a record is made, and in dynamic mode
+`hotsplit_cli.hotset.planner.SwapRule` (the rule shared with the simulator) proposes swaps,
+which start on the swap stream and are published between later steps.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from hotsplit_probes.hostmem import release_deferred
 
 from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.traffic.synthetic import SyntheticTraffic
-from hotsplit_cli.traffic.trace import Trace
 
 from .log import HitRateRecord
 from .model import HotColdMoE
@@ -54,14 +54,6 @@ def synthetic_source(traffic: SyntheticTraffic) -> ArraySource:
         while True:
             yield traffic.next_step(), None
     return ArraySource("synthetic", traffic.batch, gen())
-
-
-def trace_source(trace: Trace) -> ArraySource:
-    def gen():
-        for s in range(trace.num_steps):
-            w = None if trace.topk_weights_SLTK is None else trace.topk_weights_SLTK[s]
-            yield trace.topk_ids_SLTK[s], w
-    return ArraySource("trace", int(trace.topk_ids_SLTK.shape[2]), gen(), trace.num_steps)
 
 
 class StagedUpload:
@@ -102,16 +94,19 @@ class Engine:
                  expected_hit_rate: float | None = None, propose: Propose | None = None,
                  use_graph: bool | None = None):
         self.model, self.source, self.knobs = model, source, knobs
-        self.expert_bytes = expert_bytes  # real bytes of one expert on this rank
-        self.expected_hit_rate = expected_hit_rate
-        dev = model.info.device
-        T, H = source.tokens_per_step, model.geom.hidden
-        self.gen = torch.Generator(device=dev).manual_seed(seed)
-        self.x_TH = torch.empty(T, H, dtype=model.banks[0].compute_dtype, device=dev)
-        self.use_graph = (model.info.graphs and model.compute.capturable) if use_graph is None else use_graph
-        self.graph = None
+        self.expert_bytes, self.expected_hit_rate = expert_bytes, expected_hit_rate  # bytes: real, of one expert
         self.book = WindowBook(model.num_layers, knobs, expert_bytes, propose)
         self.step_count = 0
+        self._init_forward(seed, use_graph)
+
+    def _init_forward(self, seed: int, use_graph: bool | None) -> None:
+        """A synthetic model's steps: fresh hidden states, in a CUDA graph where one can run."""
+        dev = self.model.info.device
+        T, H = self.source.tokens_per_step, self.model.geom.hidden
+        self.gen = torch.Generator(device=dev).manual_seed(seed)
+        self.x_TH = torch.empty(T, H, dtype=self.model.banks[0].compute_dtype, device=dev)
+        self.use_graph = (self.model.info.graphs and self.model.compute.capturable) if use_graph is None else use_graph
+        self.graph = None
 
     # -- one step -------------------------------------------------------------------------
     def _upload(self, routed) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -148,6 +143,10 @@ class Engine:
 
     def step(self, routed) -> None:
         self.book.landed(self.model.publish_ready()[1])  # swaps whose copies landed: publish between steps
+        self._forward(routed)
+        self.step_count += 1
+
+    def _forward(self, routed) -> None:
         self.x_TH.normal_(generator=self.gen)
         if self.use_graph:
             if self.graph is None:
@@ -158,7 +157,9 @@ class Engine:
         else:
             ids_t, w_t = self._upload(routed)
             self.out_TH = self.model.step(self.x_TH, ids_t, w_t)
-        self.step_count += 1
+
+    def tokens(self) -> int:  # tokens the steps so far computed (a checkpoint counts its real ones)
+        return self.step_count * self.source.tokens_per_step
 
     # -- windows --------------------------------------------------------------------------
     def close_window(self, update: bool) -> HitRateRecord:
@@ -199,7 +200,7 @@ class Engine:
             rec = self.close_window(update=False)
             if on_record:
                 on_record(rec)
-        summary = self.book.summary(self.step_count, self.step_count * self.source.tokens_per_step, elapsed,
+        summary = self.book.summary(self.step_count, self.tokens(), elapsed,
                                     self.expected_hit_rate, interrupted)
         split = getattr(self.model.compute, "split", None)
         if split is not None:

@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from hotsplit_cli.config.knobs import Knobs
-from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import InputFileError, UsageError
 from hotsplit_cli.hotset.budget import resolve_hot_budget
@@ -24,13 +23,13 @@ from hotsplit_cli.traffic.synthetic import SyntheticTraffic, inclusion_probs, zi
 from hotsplit_cli.traffic.trace import Trace, load_replay
 
 from . import cold_split
-from .device import DeviceInfo, choose_device
+from .device import DeviceInfo
 from .engine import Engine, RouterSource, synthetic_source
 from .fp8 import RELEASE_FP8
 from .kernels import choose_compute
 from .memory import check_device_memory, check_host_memory
 from .moe import MoEGeometry, make_layer_weights, rms_norm
-from .pinned import PinnedAllocator, numa_policy_for
+from .pinned import PinnedAllocator
 from .rank_context import PlanChoice, RankContext
 
 CALIBRATION_STEPS = 32
@@ -97,18 +96,17 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     scale = recipe.run.scale if scale is None else scale
     _check_args(scale, steps)
     geom = MoEGeometry.from_recipe(recipe, scale)
-    platform = load_platform(platform_path) if platform_path is not None else None  # read once, before the work
-    info = choose_device(rank.device(recipe.run.device))
+    setup = rank.setup(recipe, knobs, platform_path, fp8_kept=lambda info: info.triton)
+    info, platform = setup.info, setup.platform
     dtype = dtype or (torch.bfloat16 if info.is_cuda else torch.float32)
-    experts = _expert_format(recipe, knobs, info, dtype)
+    experts = _expert_format(recipe, info, dtype)
     layers = _make_layers(recipe, geom, dtype, experts.fp8, advance)
     traffic = _traffic(recipe, rank, layers, geom, trace_path, steps)
     expert_bytes = expert_bytes_per_rank(recipe)
     plan = rank.plan(recipe, traffic.counts_LE, expert_bytes, plan_path,
                      lambda: resolve_hot_budget(recipe, knobs, platform), traffic.name)
     _check_memory(geom, len(layers), torch.float8_e4m3fn if experts.fp8 else dtype, info, int(plan.hot_LE.sum()))
-    numa = numa_policy_for(knobs.numa_policy, info.numa_node, info.reasons.get("numa_node"))
-    allocator, model = rank.build_model(layers, geom, plan.hot_LE, info, numa, choose_compute(info))
+    allocator, model = rank.build_model(layers, geom, plan.hot_LE, info, setup.numa, choose_compute(info))
     notes = experts.notes + traffic.notes
     split = cold_split.attach(model, knobs.cold_path, info, platform)
     if split is not None and info.graphs:
@@ -133,16 +131,14 @@ class _Experts:
     notes: list[str]
 
 
-def _expert_format(recipe: Recipe, knobs: Knobs, info: DeviceInfo, dtype: torch.dtype) -> _Experts:
+def _expert_format(recipe: Recipe, info: DeviceInfo, dtype: torch.dtype) -> _Experts:
     """fp8 experts are quantised as the fp8 releases are (e4m3, 128x128 block scales). Where the
     Triton kernels run they stay fp8 in the banks (dequantised per tile as they are read); the
     CPU torch path would dequantise every expert at every use, so there the banks hold the
     dequantised values: the same function, 3x faster on a CPU."""
     m = recipe.model
     fp8 = RELEASE_FP8 if m.expert_dtype == "fp8" else None
-    fp8_banks = fp8 is not None and info.triton
-    if fp8_banks and knobs.cold_path != "gpu":
-        raise UsageError(cold_split.FP8_REFUSAL.format(mode=knobs.cold_path))
+    fp8_banks = fp8 is not None and info.triton  # a CPU cold path was refused for them (rank.setup)
     name = str(dtype).replace("torch.", "")
     notes = []
     if m.expert_dtype == "mxfp4":

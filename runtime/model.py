@@ -1,6 +1,7 @@
 """The hot/cold MoE stack: per layer a router, shared experts on the device, and an ExpertBank.
 
-Counters live on the device and are updated without host synchronisation:
+`BankedModel`: what the one loop reads of any model (this one, a checkpoint's: hf/steps.py).
+Counters live on the model's device and are updated without host synchronisation:
 `counts_LE` (routed assignments of the current window), `hits_L` (served hot), `assigned_L`,
 and `cold_reads_L` (distinct cold experts read per step, summed: what crosses PCIe).
 """
@@ -16,7 +17,54 @@ from .moe import LayerWeights, MoEGeometry, Router, rms_norm, swiglu
 from .pinned import PinnedAllocator
 
 
-class HotColdMoE:
+class BankedModel:
+    """Banks, swaps and window counters; subclasses set `banks`, `_init_counters`, `_count` each step."""
+
+    banks: list
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.banks)
+
+    def hot_LE(self) -> np.ndarray:
+        """The hot mask the slot tables hold (the target state of swaps in flight)."""
+        return np.stack([b.hot_E for b in self.banks])
+
+    def _init_counters(self, num_experts: int, device) -> None:
+        L = self.num_layers
+        self.counts_LE = torch.zeros(L, num_experts, dtype=torch.int64, device=device)
+        self.hits_L, self.assigned_L, self.cold_reads_L = torch.zeros(3, L, dtype=torch.int64, device=device)
+
+    def _count(self, step_LE: torch.Tensor, hot_LE: torch.Tensor) -> None:
+        """Add a step's assignments, counted against the map it read (it changes only between steps)."""
+        self.counts_LE += step_LE
+        self.assigned_L += step_LE.sum(dim=1)
+        self.hits_L += (step_LE * hot_LE).sum(dim=1)
+        self.cold_reads_L += ((step_LE > 0) & ~hot_LE).sum(dim=1)
+
+    def read_counters(self, reset_window: bool = True) -> dict[str, np.ndarray]:
+        """Copy the counters to the host (one synchronisation) and clear them for the next window.
+        Copies, because .numpy() of a CPU tensor aliases the memory zeroed below."""
+        out = {"counts_LE": self.counts_LE.cpu().numpy().astype(np.float64),
+               "hits_L": self.hits_L.cpu().numpy().copy(), "assigned_L": self.assigned_L.cpu().numpy().copy(),
+               "cold_reads_L": self.cold_reads_L.cpu().numpy().copy()}
+        if reset_window:
+            for t in (self.counts_LE, self.hits_L, self.assigned_L, self.cold_reads_L):
+                t.zero_()
+        return out
+
+    def begin_swaps(self, moves_by_layer: dict[int, list[tuple[int, int]]]) -> float:
+        return sum(self.banks[li].begin_swaps(moves) for li, moves in moves_by_layer.items())
+
+    def publish_ready(self, wait: bool = False) -> tuple[int, float]:
+        n, ms = 0, 0.0
+        for b in self.banks:
+            dn, dms = b.publish_ready(wait)
+            n, ms = n + dn, ms + dms
+        return n, ms
+
+
+class HotColdMoE(BankedModel):
     def __init__(self, layers: list[LayerWeights], geom: MoEGeometry, hot_LE: np.ndarray, info: DeviceInfo,
                  allocator: PinnedAllocator, compute):
         dev = info.device
@@ -31,19 +79,8 @@ class HotColdMoE:
                                else lw.router.bias_E.to(dev), geom) for lw in layers]
         self.shared = [None if lw.shared_w13 is None else (lw.shared_w13.to(dev), lw.shared_w2.to(dev))
                        for lw in layers]
-        self.counts_LE = torch.zeros(L, E, dtype=torch.int64, device=dev)
         self.step_counts_LE = torch.zeros(L, E, dtype=torch.int64, device=dev)
-        self.hits_L = torch.zeros(L, dtype=torch.int64, device=dev)
-        self.assigned_L = torch.zeros(L, dtype=torch.int64, device=dev)
-        self.cold_reads_L = torch.zeros(L, dtype=torch.int64, device=dev)
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.banks)
-
-    def hot_LE(self) -> np.ndarray:
-        """The hot mask the slot tables hold (the target state of swaps in flight)."""
-        return np.stack([b.table.hot_E for b in self.banks])
+        self._init_counters(E, dev)
 
     def layer(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor | None = None,
               w_TK: torch.Tensor | None = None) -> torch.Tensor:
@@ -65,33 +102,5 @@ class HotColdMoE:
         for li in range(self.num_layers):
             h = h + self.layer(li, rms_norm(h), None if ids_LTK is None else ids_LTK[li],
                                None if w_LTK is None else w_LTK[li])
-        c = self.step_counts_LE
-        hot = self.expert2slot_LE >= 0  # the map this step read (it only changes between steps)
-        self.counts_LE += c
-        self.assigned_L += c.sum(dim=1)
-        self.hits_L += (c * hot).sum(dim=1)
-        self.cold_reads_L += ((c > 0) & ~hot).sum(dim=1)
+        self._count(self.step_counts_LE, self.expert2slot_LE >= 0)  # the map this step read
         return h
-
-    def read_counters(self, reset_window: bool = True) -> dict[str, np.ndarray]:
-        """Copy the counters to the host (one synchronisation) and clear them for the next window.
-        Copies, because .numpy() of a CPU tensor aliases the memory zeroed below."""
-        out = {"counts_LE": self.counts_LE.cpu().numpy().astype(np.float64),
-               "hits_L": self.hits_L.cpu().numpy().copy(), "assigned_L": self.assigned_L.cpu().numpy().copy(),
-               "cold_reads_L": self.cold_reads_L.cpu().numpy().copy()}
-        if reset_window:
-            for t in (self.counts_LE, self.hits_L, self.assigned_L, self.cold_reads_L):
-                t.zero_()
-        return out
-
-    def begin_swaps(self, moves_by_layer: dict[int, list[tuple[int, int]]]) -> float:
-        return sum(self.banks[li].begin_swaps(moves) for li, moves in moves_by_layer.items())
-
-    def publish_ready(self, wait: bool = False) -> tuple[int, float]:
-        n, ms = 0, 0.0
-        if self.swap_stream is None:
-            return n, ms
-        for b in self.banks:
-            dn, dms = b.publish_ready(wait)
-            n, ms = n + dn, ms + dms
-        return n, ms

@@ -1,11 +1,13 @@
-"""One rank's part of a run: what `prepare_run` asks of the rank it builds.
+"""One rank's part of a run: what `prepare_run` and a checkpoint run ask of the rank they build.
 
 A run is N ranks. `RankContext` is the single-rank default (N = 1, no process group): the
-requested device, the recipe's seed, every token of each step, a hot set planned on all the
-experts (or read from a plan file), a private pinned cold bank, CUDA graphs where the device
-has them. An expert-parallel rank (runtime/distributed/rank.py `EPRankContext`) answers the same
-questions for its share: its GPU, its seed, its token shard, its hot set among the experts placed
-on it, the node-shared cold bank and the exchange, no CUDA graph.
+setup every run makes (`setup`: the platform file read once, the requested device, the refusal
+of fp8 banks the CPU would compute, the NUMA policy; it allocates nothing), the recipe's seed,
+every token of each step, a hot set planned on all the experts (or read from a plan file), a
+private pinned cold bank, CUDA graphs where the device has them. An expert-parallel rank
+(runtime/distributed/rank.py `EPRankContext`) answers the same questions for its share: its GPU,
+its seed, its token shard, its hot set among the experts placed on it, the node-shared cold bank
+and the exchange, no CUDA graph.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hotsplit_cli.config.knobs import Knobs
+from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.planfile import PlanFile, load_plan
@@ -23,9 +27,11 @@ from hotsplit_cli.hotset.planner import plan_hot_set
 from hotsplit_cli.placement.dispatch import token_shard
 from hotsplit_cli.traffic.trace import Trace
 
+from .cold_split import FP8_REFUSAL
+from .device import DeviceInfo, choose_device
 from .engine import ArraySource
 from .model import HotColdMoE
-from .pinned import PinnedAllocator
+from .pinned import NumaPolicy, PinnedAllocator, numa_policy_for
 
 SEED_STRIDE = 1_000_003  # rank r draws its tokens from seed + r * SEED_STRIDE
 
@@ -51,6 +57,16 @@ def plan_from_file(plan: PlanFile, path, recipe: Recipe, expert_bytes: int, rank
                       int(hot_LE.sum()) * expert_bytes, plan.made_from or f"{path} (it records no histogram)")
 
 
+@dataclass
+class RunSetup:
+    platform: object | None  # the --platform file's contents, or None
+    info: DeviceInfo
+    numa: NumaPolicy  # where the cold bank goes
+
+    def allocator(self) -> PinnedAllocator:  # private (an EP rank maps its node's shared bank)
+        return PinnedAllocator(pin=self.info.pinned, numa=self.numa)
+
+
 class RankContext:
     """The single-rank default; see the module docstring."""
 
@@ -69,6 +85,16 @@ class RankContext:
 
     def device(self, request: str) -> str:
         return request
+
+    def setup(self, recipe: Recipe, knobs: Knobs, platform_path: str | Path | None,
+              fp8_kept: Callable[[DeviceInfo], bool]) -> RunSetup:
+        """`fp8_kept(info)`: whether the banks would hold fp8 experts on this rank's device."""
+        platform = load_platform(platform_path) if platform_path is not None else None  # read once, before the work
+        info = choose_device(self.device(recipe.run.device))
+        if recipe.model.expert_dtype == "fp8" and knobs.cold_path != "gpu" and fp8_kept(info):
+            raise UsageError(FP8_REFUSAL.format(mode=knobs.cold_path))
+        return RunSetup(platform, info, numa_policy_for(knobs.numa_policy, info.numa_node,
+                                                        info.reasons.get("numa_node")))
 
     def seed(self, seed: int) -> int:
         return seed + self.rank * SEED_STRIDE

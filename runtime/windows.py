@@ -1,6 +1,6 @@
-"""Windows: hit-rate accounting, the dynamic update and the run summary, shared by the synthetic
-engine (runtime/engine.py) and checkpoint serving (runtime/hf/serve.py), so both apply the same
-swap rule with the same checks and report in the same terms.
+"""Windows: hit-rate accounting, the dynamic update and the run summary of the one loop
+(runtime/engine.py), whichever model it steps (synthetic, or a checkpoint: runtime/hf/steps.py),
+so both apply the same swap rule with the same checks and report in the same terms.
 
 Every `dyn_steps` steps a window closes: its counts go to the planner's swap rule (dynamic mode:
 one `SwapRule` per run, the same class `simulate` replays, so its decayed scores match),

@@ -1,4 +1,4 @@
-"""Drive prompts through a loaded model and collect exact routing counts (`hotsplit balance`).
+"""Greedy generation on a loaded model as steps (a checkpoint run's), and exact routing counts.
 
 A batch is left-padded; its prefill is one step and each greedy decode forward is one step.
 Counted tokens: every real prompt token, and each generated token that is fed back while its
@@ -11,7 +11,7 @@ Shape letters: B = batch rows, S = sequence positions, L = MoE layers, T = token
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
 
 import numpy as np
 import torch
@@ -40,65 +40,91 @@ def _eos_ids(model, tokenizer) -> torch.Tensor:
     return torch.tensor(sorted(ids), dtype=torch.long)
 
 
-def _end_step(counter, on_step) -> None:
-    step_LE = counter.end_step()
-    if on_step is not None:
-        on_step(step_LE)
-
-
 def _cache_of(out):
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
 
 
-@torch.no_grad()
-def capture(hm: HFModel, tokenizer, prompts: list, max_new_tokens: int, batch_size: int,
-            advance: Callable[[int], None] | None = None,
-            on_step: Callable[[np.ndarray], None] | None = None) -> list[list[int]]:
-    """Run every prompt (prefill, then greedy decode up to `max_new_tokens` tokens) and count.
+class Forward:
+    """One forward pass of the generation, run (and counted) when called: between two calls the
+    caller may close a window, start swaps and publish the ones that landed."""
 
-    Counts land in `hm.counter` (per step, and a trace when it keeps one); `on_step(step_LE)`
-    runs between steps (where hot/cold swaps may happen). Returns each prompt's generated
-    token ids (up to and including end-of-sequence)."""
-    model, counter = hm.model, hm.counter
-    device = next(p for p in model.parameters() if p.numel()).device
-    eos = _eos_ids(model, tokenizer).to(device)
-    tokenizer.padding_side = "left"
-    generated: list[list[int]] = []
-    # transformers >= 5.2x names the KV cache argument `cache` (`past_key_values` before).
-    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    for start in range(0, len(prompts), batch_size):
-        texts = [prompt_text(tokenizer, p) for p in prompts[start:start + batch_size]]
-        enc = tokenizer(texts, return_tensors="pt", padding=True)
-        ids_BS = enc["input_ids"].to(device)
-        am_BS = enc["attention_mask"].to(device)
+    def __init__(self, hm: HFModel, mask_T: torch.Tensor, **inputs):
+        self.hm, self.mask_T, self.inputs = hm, mask_T, inputs
+
+    @torch.no_grad()
+    def __call__(self) -> np.ndarray:  # its routing counts [L, E] (also in `hm.counter`)
+        self.hm.counter.begin_step(self.mask_T)
+        self.out = self.hm.model(use_cache=True, **self.inputs)
+        return self.hm.counter.end_step()
+
+
+class Generation:
+    """Greedy generation of `prompts` (all, or one rank's share) in batches of `batch_size`, one
+    `Forward` a step (a batch's prefill, then each decode forward), each run by the caller before
+    it asks for the next. `advance(n)` after each batch of n prompts; `ids`: each finished
+    prompt's generated token ids (up to and including end-of-sequence)."""
+
+    name = "prompts"
+
+    def __init__(self, hm: HFModel, tokenizer, prompts: list, max_new_tokens: int, batch_size: int,
+                 advance: Callable[[int], None] | None = None):
+        self.hm, self.tokenizer, self.prompts = hm, tokenizer, prompts
+        self.max_new_tokens, self.tokens_per_step, self.advance = max_new_tokens, batch_size, advance
+        self.ids: list[list[int]] = []
+
+    def forwards(self) -> Iterator[Forward]:
+        tok, batch = self.tokenizer, self.tokens_per_step
+        tok.padding_side = "left"
+        for start in range(0, len(self.prompts), batch):
+            texts = [prompt_text(tok, p) for p in self.prompts[start:start + batch]]
+            self.ids.extend((yield from self._batch(tok(texts, return_tensors="pt", padding=True))))
+            if self.advance is not None:
+                self.advance(len(texts))
+
+    steps = forwards  # as a routing source of the loop
+
+    def texts(self) -> list[str]:
+        return [self.tokenizer.decode(x, skip_special_tokens=True) for x in self.ids]
+
+    def _batch(self, enc) -> Generator[Forward, None, list[list[int]]]:
+        model = self.hm.model
+        device = next(p for p in model.parameters() if p.numel()).device
+        eos = _eos_ids(model, self.tokenizer).to(device)
+        # transformers >= 5.2x names the KV cache argument `cache` (`past_key_values` before).
+        cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        ids_BS, am_BS = enc["input_ids"].to(device), enc["attention_mask"].to(device)
         pos_BS = (am_BS.cumsum(-1) - 1).clamp(min=0)
-        counter.begin_step(am_BS.reshape(-1).bool())
-        out = model(input_ids=ids_BS, attention_mask=am_BS, position_ids=pos_BS, use_cache=True)
-        _end_step(counter, on_step)
-        cache = _cache_of(out)
-        nxt_B = out.logits[:, -1].argmax(-1)
+        step = Forward(self.hm, am_BS.reshape(-1).bool(), input_ids=ids_BS, attention_mask=am_BS, position_ids=pos_BS)
+        yield step
+        nxt_B = step.out.logits[:, -1].argmax(-1)
         alive_B = ~torch.isin(nxt_B, eos)
-        gen = [[int(t)] for t in nxt_B.tolist()] if max_new_tokens > 0 else [[] for _ in texts]
+        gen = [[int(t)] for t in nxt_B.tolist()] if self.max_new_tokens > 0 else [[] for _ in range(len(nxt_B))]
         pos_B = pos_BS[:, -1]
-        for _ in range(max_new_tokens - 1):  # the last generated token is never fed back
+        for _ in range(self.max_new_tokens - 1):  # the last generated token is never fed back
             if not bool(alive_B.any()):
                 break
             am_BS = torch.cat([am_BS, torch.ones_like(am_BS[:, :1])], dim=1)
             pos_B = pos_B + 1
-            counter.begin_step(alive_B.clone())
-            out = model(input_ids=nxt_B[:, None], attention_mask=am_BS, position_ids=pos_B[:, None],
-                        use_cache=True, **{cache_kw: cache})
-            _end_step(counter, on_step)
-            cache = _cache_of(out)
-            nxt_B = out.logits[:, -1].argmax(-1)
+            step = Forward(self.hm, alive_B.clone(), input_ids=nxt_B[:, None], attention_mask=am_BS,
+                           position_ids=pos_B[:, None], **{cache_kw: _cache_of(step.out)})
+            yield step
+            nxt_B = step.out.logits[:, -1].argmax(-1)
             for b in torch.nonzero(alive_B).flatten().tolist():
                 gen[b].append(int(nxt_B[b]))
             alive_B = alive_B & ~torch.isin(nxt_B, eos)
-        generated.extend(gen)
-        if advance is not None:
-            advance(len(texts))
-    return generated
+        return gen
+
+
+def capture(hm: HFModel, tokenizer, prompts: list, max_new_tokens: int, batch_size: int,
+            advance: Callable[[int], None] | None = None,
+            on_step: Callable[[np.ndarray], None] | None = None) -> list[list[int]]:
+    """Run every prompt's `Generation` with no serving (`hotsplit balance`, a run's calibration): counts
+    land in `hm.counter` (and a trace when it keeps one), `on_step(step_LE)` runs between steps."""
+    generation = Generation(hm, tokenizer, prompts, max_new_tokens, batch_size, advance)
+    for forward in generation.forwards():
+        (on_step or (lambda _: None))(forward())
+    return generation.ids
 
 
 def trace_of(hm: HFModel) -> Trace:

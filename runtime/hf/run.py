@@ -1,38 +1,32 @@
 """`hotsplit run` on a real checkpoint: load it onto the hot/cold banks, plan, generate, log.
 
-The hot set comes from `--plan` or is planned here from the routing of the prompts' prefill
-(one calibration pass, counted exactly), with the recipe's real expert bytes and budget.
+The hot set comes from `--plan` or is planned (`RankContext.plan`, as for a synthetic model) on
+the prompts' prefill routing (one calibration pass), with the recipe's real bytes and budget.
 Shape letters: L = MoE layers, E = experts.
 """
 
 from __future__ import annotations
 
-import time
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from hotsplit_cli.config.knobs import Knobs
-from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import InputFileError, UsageError
 from hotsplit_cli.hotset.budget import resolve_hot_budget
-from hotsplit_cli.hotset.planfile import load_plan
-from hotsplit_cli.hotset.planner import plan_hot_set
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.prompts import read_prompts
 
-from ..cold_split import FP8_REFUSAL, make_split
-from ..device import choose_device
+from ..cold_split import make_split
 from ..log import HitRateRecord
-from ..pinned import NumaPolicy, PinnedAllocator, numa_policy_for
-from ..rank_context import plan_from_file
+from ..pinned import NumaPolicy
+from ..rank_context import RankContext
 from ..windows import RunSummary
-from .capture import capture
+from .capture import Generation, capture
 from .loader import load_model, load_tokenizer
-from .serve import HFServe
+from .steps import CheckpointEngine, CheckpointMoE
 
 
 @dataclass
@@ -67,49 +61,42 @@ def checkpoint_prompts(recipe: Recipe) -> list:
 
 def run_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: str | Path | None = None,
                    on_record: Callable[[HitRateRecord], None] | None = None,
-                   advance: Callable[[int], None] | None = None, platform_path: str | Path | None = None
-                   ) -> CheckpointRun:
-    """Generate greedy text for `prompts` (checkpoint_prompts) on the hot/cold banks, logging hit
-    rates; `advance(n)` after each batch of n prompts is generated."""
+                   advance: Callable[[int], None] | None = None, platform_path: str | Path | None = None,
+                   rank: RankContext | None = None) -> CheckpointRun:
+    """Generate greedy text for `prompts` (checkpoint_prompts) on the hot/cold banks through the
+    one loop, logging hit rates; `advance(n)` after each batch of n prompts is generated.
+    Ctrl-C keeps the windows so far (the summary says `interrupted`), not the texts."""
     m, t = recipe.model, recipe.traffic
-    if m.expert_dtype == "fp8" and knobs.cold_path != "gpu":  # before gigabytes are loaded
-        raise UsageError(FP8_REFUSAL.format(mode=knobs.cold_path))
-    platform = load_platform(platform_path) if platform_path is not None else None  # read once, before the work
-    info = choose_device(recipe.run.device)
-    allocator = PinnedAllocator(pin=info.pinned, numa=numa_policy_for(
-        knobs.numa_policy, info.numa_node, info.reasons.get("numa_node")))
-    hm = load_model(m.path, info, allocator=allocator)
+    rank = RankContext() if rank is None else rank
+    # The banks keep a checkpoint's fp8 experts on every device; refused before gigabytes are loaded.
+    setup = rank.setup(recipe, knobs, platform_path, fp8_kept=lambda info: True)
+    allocator = setup.allocator()
+    hm = load_model(m.path, setup.info, allocator=allocator)
+    _check_geometry(recipe, hm)
+    tok = load_tokenizer(m.path)
+    expert_bytes = expert_bytes_per_rank(recipe)
+    if plan_path is None:  # calibrate on the prefill of the prompts (counts only, no generation)
+        capture(hm, tok, prompts, 0, t.batch)
+    plan = rank.plan(recipe, hm.counter.counts_LE.copy(), expert_bytes, plan_path,
+                     lambda: resolve_hot_budget(recipe, knobs, setup.platform), f"the prefill routing of {t.path}")
+    split = make_split(knobs.cold_path, setup.info, hm.banks[0], setup.platform)
+    for row, bank in enumerate(hm.banks):
+        bank.set_hot(plan.hot_LE[row])
+        bank.cold_split = split
+    model = CheckpointMoE(hm, setup.info)
+    engine = CheckpointEngine(model, Generation(hm, tok, prompts, t.max_new_tokens, t.batch, advance), knobs,
+                              expert_bytes, expected_hit_rate=plan.expected_hit_rate)
+    summary = engine.run(math.inf, on_record)
+    return CheckpointRun(
+        texts=[] if summary.interrupted else engine.source.texts(), summary=summary, plan_source=plan.source,
+        plan_made_from=plan.made_from, hot_experts=int(plan.hot_LE.sum()), device=setup.info.name,
+        kernel=model.compute.name, numa=allocator.numa)
+
+
+def _check_geometry(recipe: Recipe, hm) -> None:
+    m = recipe.model
     if hm.layer_ids != m.moe_layer_ids or hm.num_experts != m.num_experts or hm.top_k != m.top_k:
         raise InputFileError(
             f"{m.path}: the checkpoint has MoE layers {list(hm.layer_ids)}, {hm.num_experts} experts, top-{hm.top_k}; "
             f"recipe {recipe.name!r} says {list(m.moe_layer_ids)}, {m.num_experts}, top-{m.top_k}",
             "make the recipe's geometry match the checkpoint's config.json")
-    tok = load_tokenizer(m.path)
-    expert_bytes = expert_bytes_per_rank(recipe)
-    if plan_path is not None:
-        c = plan_from_file(load_plan(plan_path), plan_path, recipe, expert_bytes)
-        hot_LE, expected, source, made_from = c.hot_LE, c.expected_hit_rate, c.source, c.made_from
-    else:
-        # Calibrate on the prefill of the prompts (counts only, no generation), then plan.
-        steps_LE: list[np.ndarray] = []
-        capture(hm, tok, prompts, 0, t.batch, on_step=steps_LE.append)
-        counts_LE = np.sum(steps_LE, axis=0)
-        budget = resolve_hot_budget(recipe, knobs, platform).budget_bytes
-        p = plan_hot_set(counts_LE, expert_bytes, budget)
-        hot_LE, expected, source = p.hot_RLE[0], p.hit_rate, "planned from the prompts' prefill routing"
-        made_from = f"the prefill routing of {t.path}"
-    split = make_split(knobs.cold_path, info, hm.banks[0], platform)
-    for row, bank in enumerate(hm.banks):
-        bank.set_hot(hot_LE[row])
-        bank.cold_split = split
-    serve = HFServe(hm, knobs, expert_bytes, on_record)
-    tokens_before = hm.counter.tokens
-    t0 = time.perf_counter()
-    texts = serve.generate(tok, prompts, t.max_new_tokens, t.batch, advance)
-    elapsed = time.perf_counter() - t0
-    return CheckpointRun(
-        texts=texts, summary=serve.summary(hm.counter.tokens - tokens_before, elapsed, expected),
-        plan_source=source, plan_made_from=made_from, hot_experts=int(hot_LE.sum()), device=info.name,
-        kernel=("triton" if hm.banks[0].kernel is not None else "torch per expert")
-        + (f" + CPU cold path ({split.mode}; {split.rates_source})" if split else ""),
-        numa=allocator.numa)

@@ -163,22 +163,18 @@ def test_checkpoint_runs_with_a_cpu_cold_path_generate_the_same_text(checkpoints
 
 def test_ctrl_c_in_a_checkpoint_run_prints_the_summary_so_far(checkpoints, tmp_path, capsys, monkeypatch):  # noqa: F811
     """As a synthetic run does: the summary of the steps so far, then what was written, exit 130."""
-    import hotsplit_runtime.hf.serve as serve
+    from hotsplit_runtime.hf.steps import CheckpointEngine
 
-    real = serve.capture
+    real = CheckpointEngine.step
+    steps = {"n": 0}
 
-    def stopped(hm, tokenizer, prompts, max_new_tokens, batch_size, advance=None, on_step=None):
-        steps = {"n": 0}
+    def stopped(self, forward):
+        real(self, forward)
+        steps["n"] += 1
+        if steps["n"] == 3:
+            raise KeyboardInterrupt
 
-        def step(step_LE):
-            on_step(step_LE)
-            steps["n"] += 1
-            if steps["n"] == 3:
-                raise KeyboardInterrupt
-
-        return real(hm, tokenizer, prompts, max_new_tokens, batch_size, advance, step)
-
-    monkeypatch.setattr(serve, "capture", stopped)
+    monkeypatch.setattr(CheckpointEngine, "step", stopped)
     ckpt = checkpoints[FAMILIES[0]]
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(orjson.dumps({"prompt": SENTENCES[0]}).decode() + "\n")

@@ -8,6 +8,8 @@ bank) and compared with plain transformers.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -296,7 +298,8 @@ def test_bf16_matches_transformers_dtype_rules(checkpoints, cpu, family):
 
 @pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v3", "gpt_oss"])
 def test_serve_greedy_text_identical_through_dynamic_swaps(checkpoints, cpu, family):
-    from hotsplit_runtime.hf.serve import HFServe
+    from hotsplit_runtime.hf.capture import Generation
+    from hotsplit_runtime.hf.steps import CheckpointEngine, CheckpointMoE
 
     from hotsplit_cli.config.knobs import resolve_knobs
 
@@ -314,12 +317,13 @@ def test_serve_greedy_text_identical_through_dynamic_swaps(checkpoints, cpu, fam
         bank.set_hot(np.arange(hm.num_experts) < hm.num_experts // 2)
     knobs = resolve_knobs({"dyn_steps": 2, "dyn_max_swaps": 2, "dyn_margin": 1.0}, env={})
     records = []
-    serve = HFServe(hm, knobs, expert_bytes=hm.banks[0].expert_bytes, on_record=records.append)
-    texts = serve.generate(tok, prompts, max_new_tokens=8, batch_size=1)
-    assert texts == [tok.decode(w, skip_special_tokens=True) for w in want]
-    assert records and records == serve.records
+    generation = Generation(hm, tok, prompts, max_new_tokens=8, batch_size=1)
+    engine = CheckpointEngine(CheckpointMoE(hm, cpu), generation, knobs, expert_bytes=hm.banks[0].expert_bytes)
+    summary = engine.run(math.inf, records.append)
+    assert generation.texts() == [tok.decode(w, skip_special_tokens=True) for w in want]
+    assert records and records == engine.records
     assert sum(r.swaps for r in records) > 0  # swaps really happened mid-generation
-    summary = serve.summary(tokens=1, elapsed_s=1.0, expected_hit_rate=None)
+    assert summary.tokens == hm.counter.tokens
     assert summary.bytes_copied == sum(r.bytes_copied for r in records) > 0
     assert all((r.copy_ms > 0) == (r.swaps > 0) for r in records)  # each swap's copy is timed
     assert summary.copy_ms == pytest.approx(sum(r.copy_ms for r in records))

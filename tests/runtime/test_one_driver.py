@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from hotsplit_runtime import engine as engine_mod
+from hotsplit_runtime.device import choose_device
 from hotsplit_runtime.distributed import rank as rank_mod
 from hotsplit_runtime.distributed.summary import RankTotals, RankWindow, reduce_summaries, reduce_windows
 from hotsplit_runtime.from_recipe import prepare_run
@@ -91,3 +93,69 @@ def test_a_single_rank_context_refuses_an_expert_parallel_recipe_before_building
     with pytest.raises(UsageError, match="parallel.ep is 2"):
         prepare_run(r, resolve_knobs(r.knobs, {}), steps=2, advance=built.append)
     assert built == []
+
+
+def test_runtime_hf_has_no_window_bookkeeping_and_only_its_step_is_its_own():
+    pytest.importorskip("transformers", minversion="5.0")
+    from hotsplit_runtime.hf.steps import CheckpointEngine
+
+    used = set()
+    for p in (RUNTIME / "hf").rglob("*.py"):
+        for n in ast.walk(ast.parse(p.read_text())):
+            used.add(n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else None)
+    books = {"WindowBook", "window_start", "decide", "dyn_steps", "landed", "moves_by_layer", "perf_counter"}
+    assert not used & books, used & books
+    own = {k for k in vars(CheckpointEngine) if not k.startswith("__")}
+    assert own == {"_init_forward", "_forward", "tokens"}  # run, _steps, step, close_window: Engine's
+    assert not (RUNTIME / "hf" / "serve.py").exists()
+
+
+def _checkpoint_recipe(tmp_path, folder):
+    from hotsplit_runtime.hf.loader import load_model, read_config
+
+    config = read_config(folder)
+    hm = load_model(folder, choose_device("cpu"), torch.float32)
+    (tmp_path / "p.jsonl").write_text('{"prompt": "the cat sat on the mat"}\n{"prompt": "one two three"}\n')
+    one = 3 * config.hidden_size * config.moe_intermediate_size * 2
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump({
+        "name": "ckpt", "model": {"kind": "hf", "path": str(folder), "expert_dtype": "fp16", "total_params": 1.0e6,
+                                  "hidden_size": config.hidden_size,
+                                  "moe_intermediate_size": config.moe_intermediate_size,
+                                  "num_hidden_layers": config.num_hidden_layers, "moe_layers": list(hm.layer_ids),
+                                  "num_experts": hm.num_experts, "top_k": hm.top_k},
+        "traffic": {"kind": "prompts", "path": str(tmp_path / "p.jsonl"), "max_new_tokens": 6, "batch": 2},
+        "run": {"device": "cpu"}, "hotsplit": {"hot_gib": 3 * one / 2**30, "dyn_steps": 2, "dyn_margin": 1.0}}))
+    return load_recipe(str(tmp_path / "r.yaml"))
+
+
+def test_a_checkpoint_run_is_engine_run_with_swaps_published_before_the_next_forward(checkpoints, tmp_path,
+                                                                                      monkeypatch):
+    """Each forward is one step of the one loop: a window's swaps start after a forward and are
+    published before the next one runs, as for a synthetic model."""
+    from hotsplit_runtime.hf import capture, steps
+    from hotsplit_runtime.hf.run import checkpoint_prompts, run_checkpoint
+
+    events, runs = [], []
+    for cls, name in ((capture.Forward, "__call__"), (steps.CheckpointMoE, "begin_swaps"),
+                      (steps.CheckpointMoE, "publish_ready"), (engine_mod.Engine, "run")):
+        real = getattr(cls, name)
+
+        def spy(self, *a, _real=real, _name=name, **kw):
+            events.append(_name)
+            if _name == "run":
+                runs.append(type(self))
+            return _real(self, *a, **kw)
+        monkeypatch.setattr(cls, name, spy)
+    recipe = _checkpoint_recipe(tmp_path, checkpoints["qwen3_moe"])
+    knobs = resolve_knobs(recipe.knobs, {})
+    records = []
+    out = run_checkpoint(recipe, knobs, checkpoint_prompts(recipe), on_record=records.append)
+    assert runs == [steps.CheckpointEngine] and len(out.texts) == 2
+    forwards = [i for i, e in enumerate(events) if e == "__call__"]
+    swaps = [i for i, e in enumerate(events) if e == "begin_swaps"]
+    assert swaps and out.summary.swaps > 0 and records == out.summary.records
+    for s in swaps:  # between this swap and the next forward, a publication
+        nxt = next((f for f in forwards if f > s), len(events))
+        assert "publish_ready" in events[s:nxt]
+    # One calibration forward (the prefill of the one batch) plans the hot set; every other is a step.
+    assert out.summary.steps == records[-1].step == len(forwards) - 1
