@@ -109,9 +109,10 @@ def _rank(out: Output, request: RunRequest) -> None:
         out.note(f"expert parallel: every rank's banks built after {seconds_since_start():.1f} s")
         header["doc"] = pdoc = prepared.to_doc()
         report.describe(say, rec.name, prepared, pdoc, ranks=group.world)
+        source = prepared.engine.source
         say(f"expert parallel: {group.world} ranks on {group.world // group.local_world} node(s), {group.backend}; "
-            f"each rank steps {prepared.engine.source.tokens_per_step} tokens; cold bank shared by each node's ranks; "
-            f"{layout_words(request.plan)}")
+            f"{rank_tokens_words(rec, source.name, source.tokens_per_step, group.world)}; cold bank shared by each "
+            f"node's ranks; {layout_words(request.plan)}")
 
     def runner(on_record):
         return run_ep_rank(rec, knobs, plan_path=request.plan, trace_path=request.trace, steps=request.steps,
@@ -137,6 +138,17 @@ def _rank(out: Output, request: RunRequest) -> None:
 
         raise Interrupted(f"interrupted at step {s.steps} of {result.prepared.steps}",
                           report.wrote(log_jsonl, len(s.records), plot))
+
+
+def rank_tokens_words(rec, source: str, tokens: int, world: int) -> str:
+    """What each rank steps; a trace whose steps give a rank other than the recipe's batch (one
+    captured for a single rank, say) is named, with the capture that replays at that batch."""
+    words = f"each rank steps {tokens} tokens"
+    batch = rec.traffic.batch
+    if source == "trace" and tokens != batch:
+        words += (f" (the trace's steps shared by {world} ranks; traffic.batch is {batch} per rank: "
+                  f"`hotsplit balance {rec.name} --trace` records {world} x {batch} per step)")
+    return words
 
 
 def _plot(path: Path, s, fig, title: str, report) -> None:
