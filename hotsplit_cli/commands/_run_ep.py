@@ -129,7 +129,9 @@ def _rank(out: Output, request: RunRequest) -> None:
                         "nodes": result.group.world // result.group.local_world},
            "summary": {**s.to_doc(), **fig.to_doc()}}
     if plot is not None:
-        _plot(plot, s, fig, rec.name, report)
+        from ._run_ep_plot import plot_ep_run
+
+        plot_ep_run(plot, s, fig, rec.name)
         doc["plot"] = str(plot)
     origin = report.origin(out, s, result.prepared.plan.made_from, result.prepared.traffic)
     out.emit(doc, lambda: _render(out, rec.name, s, fig, origin, plot, report))
@@ -149,31 +151,6 @@ def rank_tokens_words(rec, source: str, tokens: int, world: int) -> str:
         words += (f" (the trace's steps shared by {world} ranks; traffic.batch is {batch} per rank: "
                   f"`hotsplit balance {rec.name} --trace` records {world} x {batch} per step)")
     return words
-
-
-def _plot(path: Path, s, fig, title: str, report) -> None:
-    """The job's hit rates per window (as a single-rank run draws them) beside each rank's load:
-    the assignments it received, the mean, and the bottleneck rank marked."""
-    from hotsplit_cli.plotting import save_png
-
-    def draw(figure, ax):
-        ax.remove()
-        hits, loads = figure.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
-        report.draw_hit_rates(hits, s, title)
-        tokens = [r["tokens"] for r in fig.ranks]
-        top = fig.bottleneck["rank"]
-        bars = loads.bar([str(r["rank"]) for r in fig.ranks], tokens,
-                         color=["tab:red" if r["rank"] == top else "tab:blue" for r in fig.ranks])
-        loads.bar_label(bars, fmt="%d")
-        loads.axhline(sum(tokens) / len(tokens), linestyle=":", color="gray", label="mean")
-        loads.set_xlabel("rank")
-        loads.set_ylabel("routed assignments received")
-        # The totals over the run: balancedness is per exchange (step and layer), so it is lower.
-        loads.set_title(f"load over the run: rank {top} leads {fig.bottleneck['lead']:.2f}x the mean\n"
-                        f"(balancedness per exchange {fig.balancedness:.3f})", fontsize=10)
-        loads.legend(loc="lower right")
-
-    save_png(path, draw, figsize=(13, 4), dpi=100)
 
 
 def _exchange_words(ex: dict, s) -> str:

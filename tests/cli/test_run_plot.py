@@ -33,3 +33,27 @@ def test_a_one_window_run_draws_bars_and_says_why(cli, tmp_path, monkeypatch):
     assert drawn["bars"] == pytest.approx([100 * s.hit_rate, 100 * s.expected_hit_rate])
     assert "one window (20 steps" in drawn["title"]
     assert f"plot: {plot} (one window: bars, not a curve; HOTSPLIT_DYN_STEPS below 20 gives more points)" in r.out
+
+
+def test_a_two_window_run_ticks_at_its_windows_whole_steps(cli, tmp_path, monkeypatch):
+    """Two windows at steps 20 and 24: ticks 20 and 24 (matplotlib's own read 20.0, 20.5, ... 24.0)."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    drawn = {}
+    from hotsplit_cli.commands import run as run_cmd
+
+    real = run_cmd._draw_hit_rates
+
+    def spy(ax, summary, title):
+        real(ax, summary, title)
+        ax.figure.canvas.draw()
+        drawn["ticks"] = list(ax.get_xticks())
+        drawn["labels"] = [t.get_text() for t in ax.get_xticklabels()]
+
+    monkeypatch.setattr(run_cmd, "_draw_hit_rates", spy)
+    monkeypatch.setenv("HOTSPLIT_DYN_STEPS", "20")
+    r = cli("run", "tiny", "--steps", "24", "--plot", tmp_path / "hit.png")
+    assert r.code == 0, r.err
+    assert drawn["ticks"] == [20, 24] and drawn["labels"] == ["20", "24"]
