@@ -95,3 +95,20 @@ def test_the_load_bars_labels_stay_below_the_title(drawn):
         box = t.get_window_extent()
         assert box.y1 <= top < title  # inside the axes, under the title
         assert title - box.y1 >= box.height  # clear of it by at least a line of the label's text
+
+
+def test_a_rebalance_that_lowered_the_balance_is_marked_apart():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hotsplit_cli.commands._run_ep_plot import mark_rebalances
+
+    figure, ax = plt.subplots()
+    mark_rebalances(ax, [{"step": 8, "worse": False}, {"step": 16, "worse": True}, {"step": 24, "worse": False}])
+    marks = [(line.get_xdata()[0], line.get_color()) for line in ax.lines]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    plt.close(figure)
+    assert marks == [(8, "tab:green"), (16, "tab:red"), (24, "tab:green")]
+    assert legend == ["rebalance applied", "rebalance (lowered the balance)"]  # one entry per kind
