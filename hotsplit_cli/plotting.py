@@ -34,3 +34,15 @@ def save_png(path: str | os.PathLike, draw: Callable, figsize: tuple[float, floa
         write_atomic(path, lambda fh: fig.savefig(fh, format="png"))
     finally:
         plt.close(fig)
+
+
+def integer_step_ticks(ax, steps) -> None:
+    """x ticks at whole engine steps: at each point when there are few (a window's end), else
+    integers chosen by matplotlib (its default puts 20.5 between two windows at 20 and 24)."""
+    from matplotlib.ticker import MaxNLocator
+
+    steps = sorted({int(s) for s in steps})
+    if 0 < len(steps) <= 12:
+        ax.set_xticks(steps)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -72,16 +72,20 @@ def make_clone(dest: Path) -> Path:
     return dest
 
 
-def run_commands(commands: list[str], clone: Path) -> None:
-    """Run each command as written in `clone`; fail at the first that exits non-zero."""
+def run_commands(commands: list[str], clone: Path) -> str:
+    """Run each command as written in `clone`; fail at the first that exits non-zero. Returns
+    the last command's stdout."""
     # A user's own settings must not change what the README shows.
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("HOTSPLIT_") and k not in ("PYTHONPATH", "FORCE_COLOR", "TTY_COMPATIBLE")}
+    stdout = ""
     for cmd in commands:
         r = subprocess.run(["bash", "-eo", "pipefail", "-c", cmd], cwd=clone, env=env, capture_output=True,
                            text=True, timeout=600)
         if r.returncode != 0:
             pytest.fail(f"README command failed (exit {r.returncode}): {cmd}\n{r.stderr[-2000:]}")
+        stdout = r.stdout
+    return stdout
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +156,20 @@ def test_what_the_readme_writes_is_ignored_by_git():
     r = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=ROOT, capture_output=True, text=True)
     ignored = set(r.stdout.split())
     assert [w for w in written if w not in ignored] == []
+
+
+def test_the_readme_ep_block_replays_its_capture_at_the_recipes_batch(tmp_path):
+    """Issue: `balance tiny-ep4` recorded one rank's 16 tokens per step, and the replay gave each
+    of the 4 ranks 4. The block's plain run (as written) steps each rank the recipe's 16 tokens
+    of the captured trace, and achieves the hit rate its plan expects."""
+    import re
+
+    block = next(b for b in readme_blocks((ROOT / "README.md").read_text()) if any("tiny-ep4" in c for c in b))
+    plain = next(i for i, c in enumerate(block) if c.startswith(CLI + "run tiny-ep4"))
+    trace = block[0].split("--trace ")[1].split()[0]
+    assert block[0].startswith(CLI + "balance tiny-ep4") and f"--trace {trace}" in block[plain]
+    out = run_commands(block[:plain + 1], make_clone(tmp_path / "clone"))
+    assert "each rank steps 16 tokens;" in out  # tiny-ep4's traffic.batch
+    achieved = float(re.search(r"hit rate \(overall\)\s+([\d.]+)%", out).group(1))
+    expected = float(re.search(r"hit rate expected by the plan\s+([\d.]+)%", out).group(1))
+    assert abs(achieved - expected) <= 3.0, out

@@ -109,9 +109,10 @@ def _rank(out: Output, request: RunRequest) -> None:
         out.note(f"expert parallel: every rank's banks built after {seconds_since_start():.1f} s")
         header["doc"] = pdoc = prepared.to_doc()
         report.describe(say, rec.name, prepared, pdoc, ranks=group.world)
+        source = prepared.engine.source
         say(f"expert parallel: {group.world} ranks on {group.world // group.local_world} node(s), {group.backend}; "
-            f"each rank steps {prepared.engine.source.tokens_per_step} tokens; cold bank shared by each node's ranks; "
-            f"{layout_words(request.plan)}")
+            f"{rank_tokens_words(rec, source.name, source.tokens_per_step, group.world)}; cold bank shared by each "
+            f"node's ranks; {layout_words(request.plan)}")
 
     def runner(on_record):
         return run_ep_rank(rec, knobs, plan_path=request.plan, trace_path=request.trace, steps=request.steps,
@@ -128,7 +129,9 @@ def _rank(out: Output, request: RunRequest) -> None:
                         "nodes": result.group.world // result.group.local_world},
            "summary": {**s.to_doc(), **fig.to_doc()}, "verdicts": _ep_verdicts(request.plan, s, fig, report)}
     if plot is not None:
-        _plot(plot, s, fig, rec.name, report)
+        from ._run_ep_plot import plot_ep_run
+
+        plot_ep_run(plot, s, fig, rec.name)
         doc["plot"] = str(plot)
     origin = report.origin(out, s, result.prepared.plan.made_from, result.prepared.traffic)
     out.emit(doc, lambda: _render(out, rec.name, s, fig, origin, plot, report, doc["verdicts"]))
@@ -160,29 +163,15 @@ def _ep_verdicts(plan: Path | None, s, fig, report) -> list[dict]:
     return docs
 
 
-def _plot(path: Path, s, fig, title: str, report) -> None:
-    """The job's hit rates per window (as a single-rank run draws them) beside each rank's load:
-    the assignments it received, the mean, and the bottleneck rank marked."""
-    from hotsplit_cli.plotting import save_png
-
-    def draw(figure, ax):
-        ax.remove()
-        hits, loads = figure.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
-        report.draw_hit_rates(hits, s, title)
-        tokens = [r["tokens"] for r in fig.ranks]
-        top = fig.bottleneck["rank"]
-        bars = loads.bar([str(r["rank"]) for r in fig.ranks], tokens,
-                         color=["tab:red" if r["rank"] == top else "tab:blue" for r in fig.ranks])
-        loads.bar_label(bars, fmt="%d")
-        loads.axhline(sum(tokens) / len(tokens), linestyle=":", color="gray", label="mean")
-        loads.set_xlabel("rank")
-        loads.set_ylabel("routed assignments received")
-        # The totals over the run: balancedness is per exchange (step and layer), so it is lower.
-        loads.set_title(f"load over the run: rank {top} leads {fig.bottleneck['lead']:.2f}x the mean\n"
-                        f"(balancedness per exchange {fig.balancedness:.3f})", fontsize=10)
-        loads.legend(loc="lower right")
-
-    save_png(path, draw, figsize=(13, 4), dpi=100)
+def rank_tokens_words(rec, source: str, tokens: int, world: int) -> str:
+    """What each rank steps; a trace whose steps give a rank other than the recipe's batch (one
+    captured for a single rank, say) is named, with the capture that replays at that batch."""
+    words = f"each rank steps {tokens} tokens"
+    batch = rec.traffic.batch
+    if source == "trace" and tokens != batch:
+        words += (f" (the trace's steps shared by {world} ranks; traffic.batch is {batch} per rank: "
+                  f"`hotsplit balance {rec.name} --trace` records {world} x {batch} per step)")
+    return words
 
 
 def _exchange_words(ex: dict, s) -> str:

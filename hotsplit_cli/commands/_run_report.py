@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from hotsplit_cli.core.jsonio import write_atomic
 from hotsplit_cli.output import Output, gib, pct
+from hotsplit_cli.plotting import integer_step_ticks
 
 MIB = 1 << 20
 
@@ -156,6 +157,7 @@ def draw_hit_rates(ax, summary, title: str) -> None:
         if r.swaps:
             ax.axvline(r.step, color="tab:red", alpha=0.3, label="swaps" if i == next(
                 j for j, q in enumerate(recs) if q.swaps) else None)
+    integer_step_ticks(ax, steps)
     ax.set_xlabel("engine step")
     ax.set_ylabel("hit rate (%)")
     ax.set_ylim(0, 100)

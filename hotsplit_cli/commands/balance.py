@@ -36,7 +36,8 @@ def balance_cmd(
                                                  "one prompt per line.")] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Greedy decode tokens per "
                                                        "prompt (0: prefill only).")] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Prompts per batch.")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Prompts per batch; synthetic model: "
+                                                   "tokens per step (each rank's, for an EP recipe).")] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="Synthetic model: engine steps to route.")] = None,
     window_steps: Annotated[int | None, typer.Option("--window-steps", help="Keep counts per window of N "
                                                      "steps.")] = None,
@@ -145,18 +146,28 @@ def _from_synthetic(out, rec, steps, batch_size, windows_steps, keep_trace):
     from hotsplit_cli.traffic.trace import Trace
 
     steps = steps or rec.run.steps
-    batch = batch_size or rec.traffic.batch
+    batch, step_words = _job_step_tokens(rec, batch_size)
     with out.progress("balance (synthetic)", steps) as advance:
         counts_SLE, ids = synthetic_routing(rec, steps, batch, rec.run.seed, advance, keep_trace)
     m = rec.model
     hist = Histogram(
         model=m.name, source=f"balance: synthetic model of recipe {rec.name} (random {m.router} routers, "
-        f"{steps} steps x {batch} tokens, seed {rec.run.seed})",
+        f"{steps} steps x {step_words}, seed {rec.run.seed})",
         top_k=m.top_k, tokens=steps * batch, layers=m.moe_layer_ids, counts_LE=counts_SLE.sum(0).astype(np.float64),
         windows_WLE=windows_of(counts_SLE, windows_steps) if windows_steps else None,
         steps_per_window=windows_steps)
     trace_obj = Trace(ids, m.moe_layer_ids) if keep_trace else None
-    return hist, trace_obj, [f"synthetic routing: {steps} steps x {batch} tokens"]
+    return hist, trace_obj, [f"synthetic routing: {steps} steps x {step_words}"]
+
+
+def _job_step_tokens(rec, batch_size: int | None) -> tuple[int, str]:
+    """Tokens of one engine step of the recipe's job, and how to say it. `traffic.batch` (or
+    --batch-size) is each rank's: an expert-parallel job steps every rank's batch at once, so its
+    trace replayed under `run` gives each rank that batch again (token_shard)."""
+    per_rank, ranks = batch_size or rec.traffic.batch, rec.parallel.ep
+    if ranks == 1:
+        return per_rank, f"{per_rank} tokens"
+    return per_rank * ranks, f"{per_rank * ranks} tokens ({ranks} ranks x {per_rank} each)"
 
 
 def _report(out: Output, hist: Histogram, output, trace, notes, rec=None) -> None:

@@ -13,6 +13,7 @@ import typer
 from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.options import HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeOpt
 from hotsplit_cli.output import Output, gib, pct
+from hotsplit_cli.plotting import integer_step_ticks
 
 if TYPE_CHECKING:
     from hotsplit_cli.analysis.simulate import SimResult
@@ -113,6 +114,18 @@ def _render(out: Output, result: SimResult) -> None:
                   f"; fastest here: {c['fastest'] or '-'}{tie}")
 
 
+# One look per policy. oracle and hindsight often draw the same curve: hindsight wide and pale
+# underneath, oracle thin, dashed and on top, so that both show where they coincide.
+POLICY_STYLES = {
+    "static": {"marker": "o", "markersize": 3, "linestyle": "-"},
+    "dynamic": {"marker": "s", "markersize": 3, "linestyle": "-"},
+    "lru": {"marker": "v", "markersize": 3, "linestyle": "-."},
+    "lfu": {"marker": "^", "markersize": 3, "linestyle": "-."},
+    "hindsight": {"marker": "D", "markersize": 5, "linestyle": "-", "linewidth": 4, "alpha": 0.4, "zorder": 2},
+    "oracle": {"marker": "x", "markersize": 5, "linestyle": "--", "linewidth": 1.2, "zorder": 3},
+}
+
+
 def draw_policies(ax, sums: dict, wsteps: int, title: str) -> None:
     """Hit rate per window for each policy (`sums`: name -> PolicySummary); with a single window
     there is no curve to draw, so one bar per policy."""
@@ -131,9 +144,11 @@ def draw_policies(ax, sums: dict, wsteps: int, title: str) -> None:
     else:
         x = np.arange(windows) * wsteps
         for n, s in sums.items():
-            ax.plot(x, 100 * s.window_hit_rate_W, marker=".", label=label(n, s))
+            ax.plot(x, 100 * s.window_hit_rate_W, label=label(n, s), **POLICY_STYLES.get(n, {"marker": "."}))
+        integer_step_ticks(ax, x)
         ax.set_xlabel(f"step (windows of {wsteps})")
         ax.set_ylabel("hit rate per window (%)")
+        ax.set_ylim(0, 100)  # from 0, as every hit-rate axis: a small gap must not look like a large one
         ax.legend(fontsize=8)
     ax.set_title(f"{title}; PCIe MiB/step {'on the bars' if windows == 1 else 'in legend'}")
 

@@ -86,3 +86,31 @@ def test_usage_errors_write_nothing(tmp_path, capsys, args, code, msg):
     assert main([*args, "-o", str(out)]) == code
     assert msg in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("extra, per_rank", [([], 16), (["--batch-size", "5"], 5)])
+def test_an_ep_recipe_records_the_jobs_step_every_ranks_batch(tmp_path, capsys, extra, per_rank):
+    """tiny-ep4's traffic.batch is each rank's: a step of the job is 4 x that, so that a replay
+    under `run` (which shards each step over the ranks) gives every rank the recipe's batch."""
+    out, tr = tmp_path / "h.json", tmp_path / "t.npz"
+    assert main(["balance", "tiny-ep4", "--steps", "3", "--trace", str(tr), "-o", str(out), *extra]) == 0
+    assert f"synthetic routing: 3 steps x {4 * per_rank} tokens (4 ranks x {per_rank} each)" in capsys.readouterr().out
+    rec = load_recipe("tiny-ep4")
+    h, t = load_hist(out), load_trace(tr, rec.model.num_experts)
+    assert h.tokens == 3 * 4 * per_rank
+    assert t.topk_ids_SLTK.shape == (3, len(h.layers), 4 * per_rank, rec.model.top_k)
+    from hotsplit_cli.placement.dispatch import token_shard
+
+    shards = [token_shard(4 * per_rank, 4, r) for r in range(4)]
+    assert [s.stop - s.start for s in shards] == [per_rank] * 4
+
+
+def test_the_ep_replay_line_names_a_trace_that_is_not_the_recipes_batch():
+    from hotsplit_cli.commands._run_ep import rank_tokens_words
+
+    rec = load_recipe("tiny-ep4")
+    assert rank_tokens_words(rec, "trace", 16, 4) == "each rank steps 16 tokens"
+    assert rank_tokens_words(rec, "router", 16, 4) == "each rank steps 16 tokens"
+    assert rank_tokens_words(rec, "trace", 4, 4) == (
+        "each rank steps 4 tokens (the trace's steps shared by 4 ranks; traffic.batch is 16 per rank: "
+        "`hotsplit balance tiny-ep4 --trace` records 4 x 16 per step)")

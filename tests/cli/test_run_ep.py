@@ -219,7 +219,7 @@ def test_plot_adds_each_ranks_load(tmp_path):
     import matplotlib.image
 
     height, width = matplotlib.image.imread(png).shape[:2]
-    assert (width, height) == (1300, 400)  # two panels: hit rates and the per-rank loads
+    assert (width, height) == (1700, 450)  # three panels: hit rates, per-window balance, per-rank loads
 
 
 def test_under_torchrun_a_bad_knob_is_said_once_for_the_job(tmp_path):

@@ -347,12 +347,30 @@ def test_cli_simulate_plot_of_a_single_window_is_one_bar_per_policy(cli, drift_t
     assert "one bar per policy, not a curve" in r.err
 
 
-def test_cli_simulate_plot_of_many_windows_is_a_curve_per_policy(cli, drift_trace, tmp_path, monkeypatch):
+def _plotted_curves(cli, drift_trace, tmp_path, monkeypatch, policies: str):
+    """simulate --plot of the drift trace (many windows) with `policies`: its result and axes."""
     pytest.importorskip("matplotlib")
     drawn = _drawn_axes(monkeypatch)
     r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--plot", tmp_path / "sim.png",
-            "--policies", "static,lru")
+            "--policies", policies)
     assert r.code == 0, r.err
-    ax = drawn[0]
+    return r, drawn[0]
+
+
+def test_cli_simulate_plot_of_many_windows_is_a_curve_per_policy(cli, drift_trace, tmp_path, monkeypatch):
+    r, ax = _plotted_curves(cli, drift_trace, tmp_path, monkeypatch, "static,lru")
     assert len(ax.lines) == 2 and not ax.patches and all(len(line.get_xdata()) > 1 for line in ax.lines)
     assert "not a curve" not in r.err
+
+
+def test_cli_simulate_plot_starts_at_zero_and_shows_oracle_over_hindsight(cli, drift_trace, tmp_path, monkeypatch):
+    """Was: a y-axis from 15% and the oracle's curve hidden under hindsight's. Hit rates start at
+    0; where the two coincide, hindsight is wide and underneath, oracle thin, dashed, on top."""
+    _, ax = _plotted_curves(cli, drift_trace, tmp_path, monkeypatch, "static,oracle,hindsight")
+    assert ax.get_ylim() == (0, 100)
+    lines = {line.get_label().split(":")[0]: line for line in ax.lines}
+    oracle, hindsight = lines["oracle"], lines["hindsight"]
+    assert (oracle.get_linestyle(), oracle.get_marker()) != (hindsight.get_linestyle(), hindsight.get_marker())
+    assert oracle.get_zorder() > hindsight.get_zorder() and oracle.get_linewidth() < hindsight.get_linewidth()
+    legend = [t.get_text().split(":")[0] for t in ax.get_legend().get_texts()]
+    assert legend == ["static", "oracle", "hindsight"]
