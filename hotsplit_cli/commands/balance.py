@@ -28,6 +28,18 @@ def windows_of(steps_SLE: np.ndarray, steps_per_window: int) -> np.ndarray:
     return np.add.reduceat(steps_SLE, starts, axis=0).astype(np.float64)
 
 
+def _check_counts(max_new_tokens, windows_steps, batch_size, steps, dtype: str) -> None:
+    """The numeric flags and --dtype, refused in one line before anything is read."""
+    for flag, value in (("--max-new-tokens", max_new_tokens), ("--window-steps", windows_steps)):
+        if value is not None and value < (0 if flag == "--max-new-tokens" else 1):
+            raise UsageError(f"{flag}: must be >= {0 if flag == '--max-new-tokens' else 1}, got {value}")
+    for flag, value in (("--batch-size", batch_size), ("--steps", steps)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag}: must be >= 1, got {value}")
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
+
+
 def balance_cmd(
     recipe_arg: Annotated[str | None, typer.Argument(metavar="RECIPE", help="Recipe YAML or shipped name.")] = None,
     recipe: RecipeOpt = None,
@@ -57,14 +69,7 @@ def balance_cmd(
         raise UsageError("give the recipe once (RECIPE or --recipe)")
     recipe_name = recipe_arg or recipe
     windows_steps = _one_spelling(window_steps, windows_steps)
-    for flag, value in (("--max-new-tokens", max_new_tokens), ("--window-steps", windows_steps)):
-        if value is not None and value < (0 if flag == "--max-new-tokens" else 1):
-            raise UsageError(f"{flag}: must be >= {0 if flag == '--max-new-tokens' else 1}, got {value}")
-    for flag, value in (("--batch-size", batch_size), ("--steps", steps)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag}: must be >= 1, got {value}")
-    if dtype not in DTYPES:
-        raise UsageError(f"--dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    _check_counts(max_new_tokens, windows_steps, batch_size, steps, dtype)
     rec = None
     if recipe_name is not None:
         from hotsplit_cli.config.recipe import load_recipe
