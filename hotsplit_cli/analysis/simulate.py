@@ -16,8 +16,9 @@ How each policy splits the slots across layers:
   `dyn_decay` per window, then `propose_swaps`); swaps apply from the next step and each copies
   one expert.
 - lru / lfu: per-layer caches with an equal share of the slots (the remainder to the first
-  layers), starting empty. A missed expert is copied in (a fill; its assignments still count as
-  misses) and evicts the least recently / least frequently used one. Recency and frequency are
+  layers), starting empty. A missed expert is read cold by the step that missed it and also
+  copied in (a fill, which costs its bytes a second time) and evicts the least recently / least
+  frequently used one. Recency and frequency are
   kept per step: the experts a step activates are the most recent; frequency counts every
   assignment seen so far.
 - oracle: per window, the planner's best hot set for that window's own counts (hindsight), with
@@ -183,7 +184,9 @@ def run_cache(counts_SLE: np.ndarray, cap_L: np.ndarray, kind: str, advance: Adv
         filled = new_cache & ~in_cache  # only active experts can enter: they are the most recent
         missed = active & ~in_cache
         copied[s] = filled.sum()
-        cold[s] = (missed & ~filled).sum()  # misses that did not enter were read in place
+        # Every miss is read in place by the step that missed it; a fill is a copy on top of that
+        # read (the copy lands for later steps), so a filled miss costs its bytes twice.
+        cold[s] = missed.sum()
         in_cache = new_cache
         advance(1)
     return PolicyRun(kind, hits, cold, copied, int(cap_L.sum()))
