@@ -12,9 +12,10 @@ How each policy splits the slots across layers:
 - static: the planner's greedy by share per byte over all (layer, expert) pairs, so layers get
   as many slots as their traffic earns; fitted on a histogram, a plan, or the trace's first window.
 - dynamic: starts from the static hot set, keeps its per-layer slot counts, and every
-  `dyn_steps` steps applies `planner.SwapRule` (the runtime's rule and knobs: counts decayed by
-  `dyn_decay` per window, then `propose_swaps`); swaps apply from the next step and each copies
-  one expert.
+  `dyn_steps` steps applies the runtime's rule with its knobs (`dyn_rule` credit:
+  `planner.SwapRule`, counts decayed by `dyn_decay` per window, then `propose_swaps`; breakeven:
+  `admission.BreakEvenRule`, swaps that pay for their copy in cold reads); swaps apply from the
+  next step and each copies one expert.
 - lru / lfu: per-layer caches with an equal share of the slots (the remainder to the first
   layers), starting empty. A missed expert is read cold by the step that missed it and also
   copied in (a fill, which costs its bytes a second time) and evicts the least recently / least
@@ -38,15 +39,16 @@ from pathlib import Path
 
 import numpy as np
 
-from hotsplit_cli.config.knobs import DYN_DECAY, Knobs
+from hotsplit_cli.config.knobs import DYN_DECAY, DYN_SIGMAS, Knobs
 from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.config.recipe import GIB, Recipe
 from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.core.units import gib
+from hotsplit_cli.hotset.admission import make_swap_rule
 from hotsplit_cli.hotset.budget import HotBudget, ReadRate, choose_read_rate, resolve_hot_budget
 from hotsplit_cli.hotset.coldpath import replay_cold_paths
 from hotsplit_cli.hotset.planfile import PlanFile, check_plan_ranks, load_plan, recipe_cold_rates
-from hotsplit_cli.hotset.planner import SwapRule, plan_hot_set
+from hotsplit_cli.hotset.planner import plan_hot_set
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.hist import load_hist
 from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
@@ -121,11 +123,12 @@ def run_static(counts_SLE: np.ndarray, hot_LE: np.ndarray, advance: Advance = _i
 
 
 def run_dynamic(counts_SLE: np.ndarray, hot_LE: np.ndarray, dyn_steps: int, max_swaps: int,
-                margin: float, advance: Advance = _ignore, decay: float = DYN_DECAY) -> PolicyRun:
-    """The runtime's rule: every `dyn_steps` steps, one `SwapRule` (decayed counts) is told the
-    last window's counts and proposes the swaps."""
+                margin: float, advance: Advance = _ignore, decay: float = DYN_DECAY, rule: str = "credit",
+                sigmas: float = DYN_SIGMAS) -> PolicyRun:
+    """The runtime's rule: every `dyn_steps` steps, one rule of kind `rule` (`dyn_rule`: credit or
+    breakeven, hotset/admission.py) is told the last window's counts and proposes the swaps."""
     S = counts_SLE.shape[0]
-    rule = SwapRule(decay)
+    propose = make_swap_rule(rule, decay, dyn_steps, sigmas)
     hot = np.array(hot_LE, dtype=bool)
     hits = np.zeros(S)
     cold = np.zeros(S, dtype=np.int64)
@@ -137,7 +140,7 @@ def run_dynamic(counts_SLE: np.ndarray, hot_LE: np.ndarray, dyn_steps: int, max_
         end = start + len(chunk)
         if end >= S:
             break
-        swaps = rule(chunk.sum(axis=0), hot, max_swaps, margin)
+        swaps = propose(chunk.sum(axis=0), hot, max_swaps, margin)
         for s in swaps:
             hot[s.layer, s.out_expert] = False
             hot[s.layer, s.in_expert] = True
@@ -301,6 +304,8 @@ class SimConfig:
     dyn_max_swaps: int
     dyn_margin: float
     dyn_decay: float = DYN_DECAY
+    dyn_rule: str = "credit"
+    dyn_sigmas: float = DYN_SIGMAS
 
     @property
     def hot_slots(self) -> int:
@@ -321,7 +326,7 @@ def simulate(counts_SLE: np.ndarray, static_hot_LE: np.ndarray, cfg: SimConfig,
             out[name] = run_static(counts_SLE, static_hot_LE, advance)
         elif name == "dynamic":
             out[name] = run_dynamic(counts_SLE, static_hot_LE, cfg.dyn_steps, cfg.dyn_max_swaps, cfg.dyn_margin,
-                                    advance, cfg.dyn_decay)
+                                    advance, cfg.dyn_decay, cfg.dyn_rule, cfg.dyn_sigmas)
         elif name in ("lru", "lfu"):
             out[name] = run_cache(counts_SLE, equal_split(cfg.hot_slots, L, E), name, advance)
         elif name == "oracle":
@@ -404,7 +409,7 @@ class SimResult:
                        "expert_bytes": cfg.expert_bytes, "hot_slots": cfg.hot_slots},
             "static": self.static_source, "window_steps": cfg.window_steps,
             "knobs": {"dyn_steps": k.dyn_steps, "dyn_max_swaps": k.dyn_max_swaps, "dyn_margin": k.dyn_margin,
-                      "dyn_decay": k.dyn_decay},
+                      "dyn_decay": k.dyn_decay, "dyn_rule": k.dyn_rule, "dyn_sigmas": k.dyn_sigmas},
             "platform": {"path": str(platform), "zero_copy_read_gbps": self.rate.zero_copy_gbps,
                          "h2d_gbps": self.rate.h2d_gbps} if platform else None,
         }
@@ -449,7 +454,7 @@ def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _
         fit_counts, static_source = _fit_counts(req, recipe, tr, counts_SLE, wsteps, warn)
         static_hot = plan_hot_set(fit_counts, size, budget.budget_bytes).hot_RLE[0]
     cfg = SimConfig(size, budget.budget_bytes, wsteps, knobs.dyn_steps, knobs.dyn_max_swaps, knobs.dyn_margin,
-                    knobs.dyn_decay)
+                    knobs.dyn_decay, knobs.dyn_rule, knobs.dyn_sigmas)
     with progress(f"replaying {tr.num_steps} steps x {len(req.policies)} policies",
                   tr.num_steps * len(req.policies)) as advance:
         runs = simulate(counts_SLE, static_hot, cfg, req.policies, advance)

@@ -34,6 +34,9 @@ def simulate_cmd(
         "--dyn-max-swaps", help="Override HOTSPLIT_DYN_MAX_SWAPS.")] = None,
     dyn_margin: Annotated[str | None, typer.Option("--dyn-margin", help="Override HOTSPLIT_DYN_MARGIN.")] = None,
     dyn_decay: Annotated[str | None, typer.Option("--dyn-decay", help="Override HOTSPLIT_DYN_DECAY.")] = None,
+    dyn_rule: Annotated[str | None, typer.Option(
+        "--dyn-rule", help="Override HOTSPLIT_DYN_RULE (credit | breakeven).")] = None,
+    dyn_sigmas: Annotated[str | None, typer.Option("--dyn-sigmas", help="Override HOTSPLIT_DYN_SIGMAS.")] = None,
     platform: PlatformOpt = None,
     plot: PlotOpt = None,
     json: JsonOpt = False,
@@ -51,7 +54,8 @@ def simulate_cmd(
     rec = load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "dyn_steps": dyn_steps,
                                                    "dyn_max_swaps": dyn_max_swaps, "dyn_margin": dyn_margin,
-                                                   "dyn_decay": dyn_decay})
+                                                   "dyn_decay": dyn_decay, "dyn_rule": dyn_rule,
+                                                   "dyn_sigmas": dyn_sigmas})
     result = run_simulation(req, rec, knobs, out.warn, out.progress)
     doc = result.to_doc()
     if plot is not None:
@@ -82,7 +86,8 @@ def _render(out: Output, result: SimResult) -> None:
     out.print(f"budget {gib(cfg.budget_bytes)} per rank (from {result.budget.origin}) = {cfg.hot_slots} hot experts "
               f"of {cfg.expert_bytes / (1 << 20):.2f} MiB; static {result.static_source}; windows of "
               f"{cfg.window_steps} steps; dyn_steps={k.dyn_steps} dyn_max_swaps={k.dyn_max_swaps} "
-              f"dyn_margin={k.dyn_margin:g} dyn_decay={k.dyn_decay:g}")
+              f"dyn_margin={k.dyn_margin:g} dyn_decay={k.dyn_decay:g} dyn_rule={k.dyn_rule}"
+              + (f" dyn_sigmas={k.dyn_sigmas:g}" if k.dyn_rule == "breakeven" else ""))
     if rate.gbps:
         copies = (f" + copied bytes at {rate.h2d_gbps:.1f} GB/s (slowest GPU's host->device copy)" if rate.h2d_gbps
                   else "; no copy rate: a policy that copies gets none")

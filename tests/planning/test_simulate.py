@@ -233,13 +233,35 @@ def test_cli_simulate_dyn_decay_zero_is_the_last_window_rule(cli, drift_trace, m
     from hotsplit_cli.analysis import simulate as sim
 
     seen = []
-    real = sim.SwapRule
-    monkeypatch.setattr(sim, "SwapRule", lambda decay: seen.append(decay) or real(decay))
+    real = sim.make_swap_rule
+    monkeypatch.setattr(sim, "make_swap_rule", lambda *a: seen.append(a) or real(*a))
     monkeypatch.setenv("HOTSPLIT_DYN_DECAY", "0.5")
     r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--policies", "dynamic", "--dyn-decay", "0",
             "--json")
     assert r.code == 0, r.err
-    assert seen == [0.0] and json.loads(r.out)["knobs"]["dyn_decay"] == 0.0  # the flag beats the environment
+    assert [a[:2] for a in seen] == [("credit", 0.0)]  # the default rule; the flag beats the environment
+    assert json.loads(r.out)["knobs"]["dyn_decay"] == 0.0
+
+
+def test_cli_simulate_dyn_rule_and_sigmas_reach_the_rule(cli, drift_trace, monkeypatch):
+    from hotsplit_cli.analysis import simulate as sim
+
+    seen = []
+    real = sim.make_swap_rule
+    monkeypatch.setattr(sim, "make_swap_rule", lambda *a: seen.append(a) or real(*a))
+    monkeypatch.setenv("HOTSPLIT_DYN_RULE", "credit")
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--policies", "dynamic", "--dyn-rule",
+            "breakeven", "--dyn-sigmas", "3", "--dyn-steps", "20", "--json")
+    assert r.code == 0, r.err
+    assert seen == [("breakeven", 0.8, 20, 3.0)]
+    assert json.loads(r.out)["knobs"]["dyn_rule"] == "breakeven" and json.loads(r.out)["knobs"]["dyn_sigmas"] == 3.0
+
+
+def test_cli_simulate_refuses_an_unknown_dyn_rule_before_any_work(cli, drift_trace, tmp_path):
+    plot = tmp_path / "p.png"
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--dyn-rule", "lfu", "--plot", plot)
+    assert r.code == 2 and "--dyn-rule: must be one of credit, breakeven, got 'lfu'" in r.err
+    assert not plot.exists()
 
 
 def test_cli_simulate_fit_and_human(cli, drift_trace, tiny_hist):
