@@ -196,9 +196,9 @@ def test_dynamic_run_on_a_trace_equals_simulate_exactly(tmp_path, rule, decay):
     s = p.engine.run(p.steps)
     c = trace.counts_SLE(m.num_experts)
     sim = run_dynamic(c, hot0, dyn_steps=5, max_swaps=2, margin=1.25, decay=decay, rule=rule, sigmas=1.0)
-    # The run also decides at its last window, after which no step runs: simulate stops before.
-    assert [rec.swaps for rec in s.records[:-1]] == sim.copied_experts_S[5::5].tolist()
-    assert sim.copied_experts_S.sum() > 0
+    # The last window ends the run: no swap there, whose copies no step would use (nor in simulate).
+    assert [rec.swaps for rec in s.records] == sim.copied_experts_S[5::5].tolist() + [0]
+    assert s.swaps == sim.copied_experts_S.sum() > 0 and s.bytes_copied == s.swaps * p.expert_bytes
     a = c.sum(axis=(1, 2))
     sim_windows = [sim.hits_S[i:i + 5].sum() / a[i:i + 5].sum() for i in range(0, 60, 5)]
     assert [rec.hit_rate_window for rec in s.records] == pytest.approx(sim_windows, abs=1e-12)
