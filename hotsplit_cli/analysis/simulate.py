@@ -397,6 +397,7 @@ class SimResult:
     rate: ReadRate  # what step times are predicted at (none when rate.gbps is None)
     sums: dict[str, PolicySummary]
     cold_paths: dict | None  # the static hot set's cold time per step by cold path (with a platform)
+    static_hot_LE: np.ndarray | None = None  # the static hot set every policy started from
 
     def to_doc(self) -> dict:
         tr, cfg, k, platform = self.trace, self.config, self.knobs, self.request.platform_path
@@ -465,7 +466,7 @@ def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _
         times = replay_cold_paths(counts_SLE, static_hot, time_bytes, fitted.rates, int(tr.topk_ids_SLTK.shape[2]))
         cold_paths = {"policy": "static", "rates": fitted.where, **times.to_doc()}
     return SimResult(req, recipe.name, tr, recipe.model.num_experts, float(assignments_S.sum()), budget, cfg,
-                     static_source, knobs, rate, sums, cold_paths)
+                     static_source, knobs, rate, sums, cold_paths, static_hot)
 
 
 def _load_trace(req: SimRequest, recipe: Recipe) -> tuple[Trace, np.ndarray, np.ndarray]:

@@ -15,6 +15,7 @@ from hotsplit_cli.options import HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, Recip
 from hotsplit_cli.output import Output, gib, pct
 
 if TYPE_CHECKING:
+    from hotsplit_cli.analysis.recommend import Recommendation
     from hotsplit_cli.analysis.simulate import SimResult
 
 
@@ -42,6 +43,7 @@ def simulate_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Replay a routing trace under hot-set policies and compare hit rate and PCIe bytes per step."""
+    from hotsplit_cli.analysis.recommend import recommend_for
     from hotsplit_cli.analysis.simulate import SimRequest, parse_policies, run_simulation
     from hotsplit_cli.config.knobs import resolve_knobs
     from hotsplit_cli.config.recipe import load_recipe
@@ -57,10 +59,11 @@ def simulate_cmd(
                                                    "dyn_decay": dyn_decay, "dyn_rule": dyn_rule,
                                                    "dyn_sigmas": dyn_sigmas})
     result = run_simulation(req, rec, knobs, out.warn, out.progress)
-    doc = result.to_doc()
+    advice = recommend_for(result, recipe)
+    doc = {**result.to_doc(), "recommendation": advice.to_doc()}
     if plot is not None:
         _plot(out, plot, result)
-    out.emit(doc, lambda: _render(out, result))
+    out.emit(doc, lambda: (_render(out, result), _render_advice(out, advice)))
     if plot is not None:
         out.note(f"wrote {plot}")
 
@@ -116,6 +119,19 @@ def _render(out: Output, result: SimResult) -> None:
         out.print(f"cold time per step of the static hot set by cold path ({c['rates']}): gpu {ms(c['gpu_ms'])}, "
                   f"cpu {ms(c['cpu_ms'])}, split {ms(c['split_ms'])} (CPU share {100 * c['split_cpu_share']:.0f}%)"
                   f"; fastest here: {c['fastest'] or '-'}{tie}")
+
+
+def _render_advice(out: Output, advice: Recommendation) -> None:
+    """The recommendation: what to run, what it achieved here, and the command."""
+    b = advice.best
+    what = (f"dynamic, dyn_rule {b.dyn_rule}, dyn_steps {b.dyn_steps}, dyn_max_swaps {b.dyn_max_swaps}" if b.dynamic
+            else "static (no swaps)")
+    out.print(f"recommended for this trace: {what}: hit rate {pct(b.hit_rate, 2)}, "
+              f"{b.pcie_bytes_per_step / (1 << 20):.2f} PCIe MiB/step, {b.copies} copies (the lowest bytes per step of "
+              f"{len(advice.candidates)} runnable candidates, ties by hit rate)")
+    out.print(f"run it: {advice.command}")
+    if advice.note:
+        out.print(f"  note: {advice.note}")
 
 
 def draw_policies(ax, sums: dict, wsteps: int, title: str) -> None:
