@@ -30,10 +30,9 @@ import math
 
 import numpy as np
 
-from hotsplit_cli.core.checks import check_finite_nonneg
 from hotsplit_cli.core.errors import PlanError
 
-from .planner import Swap, SwapRule
+from .planner import Swap, SwapRule, check_window
 
 DYN_RULES = ("credit", "breakeven")  # the seed's window rule (planner.SwapRule), the one here
 
@@ -52,13 +51,7 @@ class BreakEvenRule:
         self.steps = 0.0  # decayed steps the score covers
 
     def __call__(self, counts_LE: np.ndarray, hot_LE: np.ndarray, max_swaps: int, margin: float) -> list[Swap]:
-        counts_LE = np.asarray(counts_LE, dtype=np.float64)
-        hot_LE = np.asarray(hot_LE, dtype=bool)
-        if counts_LE.shape != hot_LE.shape or counts_LE.ndim != 2:
-            raise PlanError(f"live counts {counts_LE.shape} and hot mask {hot_LE.shape} must match [L, E]")
-        if self.score_LE is not None and self.score_LE.shape != counts_LE.shape:
-            raise PlanError(f"live counts {counts_LE.shape} do not match the earlier windows' {self.score_LE.shape}")
-        check_finite_nonneg(counts_LE, PlanError, lambda *_: "live counts must be finite and >= 0")
+        counts_LE, hot_LE = check_window(counts_LE, hot_LE, self.score_LE)
         if max_swaps < 0 or margin < 1.0:
             raise PlanError(f"bad swap knobs: max_swaps={max_swaps}, margin={margin}")
         self.score_LE = counts_LE if self.score_LE is None else self.decay * self.score_LE + counts_LE
