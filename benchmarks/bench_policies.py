@@ -23,7 +23,12 @@ looser cap (dyn_max_swaps 4 and 8); and rules that were tried and lost, kept her
   dyn_max_swaps per layer per window (each window gets the best hot set within reach of the
   start, knowing that window's counts), and a looser one where slots may also move between layers.
 
-Run: .venv/bin/python benchmarks/bench_policies.py   (a few seconds)
+First tables: the recommended dynamic mode (dyn_rule breakeven, dyn_steps 8, dyn_max_swaps 16)
+on every pair the shared ESFT tasks make (another task; a task, then another; the task itself;
+its second half fitted on its first), against LFU, LRU and static, with the acceptance verdict
+per pair; then the same rule at half and twice the budget and at other windows (worst pair).
+
+Run: .venv/bin/python benchmarks/bench_policies.py   (about 25 s on 2 cores)
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from hotsplit_cli.analysis.simulate import (
     summarise,
     swap_cap_bound,
 )
-from hotsplit_cli.config.knobs import DYN_DECAY
+from hotsplit_cli.config.knobs import DYN_DECAY, DYN_SIGMAS
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.hotset.planner import Swap, plan_hot_set, propose_swaps
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
@@ -51,8 +56,12 @@ from hotsplit_cli.traffic.synthetic import synthetic_trace, zipf_shares
 from hotsplit_cli.traffic.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "routing"
-TASKS = ("intent", "law")
+# The shared routing records beside the checkout (../shared), or beside a worktree's parent folder.
+DATA = next((p / "shared" / "data" / "routing" for p in ROOT.parents[:2] if (p / "shared").is_dir()),
+            ROOT.parent / "shared" / "data" / "routing")
+TASKS = ("intent", "law")  # the pair the history tables compare; the recommended table takes every task there
+REC_RULE, REC_STEPS, REC_SWAPS = "breakeven", 8, 16  # the recommended dynamic knobs (docs/simulate.md)
+STATIONARY_POINTS = 0.5  # the most a dynamic rule may lose to static on stationary traffic (hit-rate points)
 HOT_EXPERTS = 416  # of 26 x 64 = 1,664
 MAX_SWAPS, MARGIN = 2, 1.25  # the seed defaults (knobs.py)
 
@@ -123,6 +132,81 @@ def lookahead(counts_SLE, hot_LE, dyn_steps):
                     lambda end, c_LE, hot: propose_swaps(counts_SLE[end:].sum(axis=0), hot, MAX_SWAPS, 1.0))
 
 
+def pairs(counts: dict) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
+    """(name, drift | stationary, fit counts [L, E], replayed counts [S, L, E]) for every task
+    pair: another task, a task followed by another, the task itself, its second half fitted on
+    its first."""
+    out = []
+    for a in counts:
+        for b in counts:
+            if a != b:
+                out.append((f"{a} -> {b}", "drift", counts[a].sum(axis=0), counts[b]))
+                out.append((f"{a} -> {a} then {b}", "drift", counts[a].sum(axis=0),
+                            np.concatenate([counts[a], counts[b]])))
+    for a, c in counts.items():
+        h = len(c) // 2
+        out.append((f"{a} -> {a}", "stationary", c.sum(axis=0), c))
+        out.append((f"{a} first half -> second half", "stationary", c[:h].sum(axis=0), c[h:]))
+    return out
+
+
+def judge(kind: str, row: dict) -> str:
+    """Whether the recommended rule holds its acceptance on this pair, and by how much."""
+    dyn, lfu, static = row["dynamic"], row["lfu"], row["static"]
+    if kind == "drift":
+        ok = dyn.hit_rate >= lfu.hit_rate and dyn.pcie_bytes_per_step <= lfu.pcie_bytes_per_step
+        return (f"{'yes' if ok else 'NO'}: hit {100 * (dyn.hit_rate - lfu.hit_rate):+.2f} points, "
+                f"{(dyn.pcie_bytes_per_step - lfu.pcie_bytes_per_step) / (1 << 20):+.1f} MiB/step vs lfu")
+    gap = 100 * (dyn.hit_rate - static.hit_rate)
+    return f"{'yes' if gap >= -STATIONARY_POINTS else 'NO'}: {gap:+.2f} points vs static"
+
+
+def recommended_rows(counts: dict, size: int, hot: int, dyn_steps: int, swaps: int) -> list[tuple[str, str, dict]]:
+    """Every pair replayed under the dynamic rules at the given knobs, LFU, LRU, static and hindsight."""
+    rows = []
+    for name, kind, fit, c in pairs(counts):
+        L, E = fit.shape
+        hot_LE = plan_hot_set(fit, size, hot * size).hot_RLE[0]
+        a_S = c.sum(axis=(1, 2))
+        cfg = SimConfig(size, hot * size, dyn_steps, dyn_steps, swaps, MARGIN, dyn_rule=REC_RULE)
+        runs = simulate(c, hot_LE, cfg, ("dynamic", "lfu", "lru", "static", "hindsight"))
+        runs["credit"] = run_dynamic(c, hot_LE, dyn_steps, swaps, MARGIN, rule="credit")
+        rows.append((name, kind, {n: summarise(r, a_S, size, dyn_steps) for n, r in runs.items()}))
+    return rows
+
+
+def recommended_table(counts: dict, size: int) -> None:
+    """The acceptance table: at the recommended knobs, each rule as a fraction of hindsight, with bytes."""
+    print(f"recommended: dyn_rule {REC_RULE}, dyn_steps {REC_STEPS}, dyn_max_swaps {REC_SWAPS}, dyn_margin "
+          f"{MARGIN}, dyn_decay {DYN_DECAY}, dyn_sigmas {DYN_SIGMAS}; {HOT_EXPERTS} hot experts; tasks "
+          f"{', '.join(counts)}; each cell: hit rate of hindsight, PCIe MiB/step")
+    print("| fit -> replay | traffic | dynamic (breakeven) | dynamic (credit, same knobs) | lfu | lru | static "
+          "| holds |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, kind, row in recommended_rows(counts, size, HOT_EXPERTS, REC_STEPS, REC_SWAPS):
+        best = row["hindsight"].hit_rate
+        cells = " | ".join(f"{row[n].hit_rate / best:.4f}, {row[n].pcie_bytes_per_step / (1 << 20):.1f}"
+                           for n in ("dynamic", "credit", "lfu", "lru", "static"))
+        print(f"| {name} | {kind} | {cells} | {judge(kind, row)} |")
+
+
+def robustness(counts: dict, size: int) -> None:
+    """The recommended rule at other budgets and windows: the worst pair of each kind."""
+    print("| hot experts | dyn_steps | worst drift pair: hit vs lfu (points), MiB/step vs lfu | worst stationary "
+          "pair: points vs static | holds on every pair |")
+    print("| ---: | ---: | --- | --- | --- |")
+    for hot in (HOT_EXPERTS // 2, HOT_EXPERTS, 2 * HOT_EXPERTS):
+        for dyn in (4, REC_STEPS, 16):
+            rows = recommended_rows(counts, size, hot, dyn, REC_SWAPS)
+            drift = [r for _, k, r in rows if k == "drift"]
+            stat = [r for _, k, r in rows if k != "drift"]
+            hit = min(100 * (r["dynamic"].hit_rate - r["lfu"].hit_rate) for r in drift)
+            mib = max((r["dynamic"].pcie_bytes_per_step - r["lfu"].pcie_bytes_per_step) / (1 << 20) for r in drift)
+            gap = min(100 * (r["dynamic"].hit_rate - r["static"].hit_rate) for r in stat)
+            ok = all(judge(k, r).startswith("yes") for _, k, r in rows)
+            print(f"| {hot} | {dyn} | {hit:+.2f}, {mib:+.1f} | {gap:+.2f} | {'yes' if ok else 'NO'} |")
+
+
 def main() -> int:
     paths = {t: DATA / f"esft-v2lite-{t}.trace.npz" for t in TASKS}
     if not all(p.exists() for p in paths.values()):
@@ -131,7 +215,11 @@ def main() -> int:
     recipe = load_recipe("deepseek-v2-lite")
     E = recipe.model.num_experts
     size = expert_bytes_per_rank(recipe)
-    counts = {t: load_trace(p, E).counts_SLE(E) for t, p in paths.items()}
+    every = {p.name.split("-")[-1].split(".")[0]: p for p in sorted(DATA.glob("esft-v2lite-*.trace.npz"))}
+    counts = {t: load_trace(p, E).counts_SLE(E) for t, p in every.items()}
+    recommended_table(counts, size)
+    robustness(counts, size)
+    counts = {t: counts[t] for t in TASKS}
     mib = size / (1 << 20)
     print(f"data: {DATA}; deepseek-v2-lite, {HOT_EXPERTS} hot experts of {mib:.2f} MiB; "
           f"dyn_max_swaps {MAX_SWAPS}, dyn_margin {MARGIN}; default dyn_decay {DYN_DECAY}")

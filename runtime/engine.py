@@ -217,7 +217,8 @@ class Engine:
             if advance:
                 advance(1)
             if self.step_count % dyn == 0:
-                rec = self.close_window(update=self.knobs.dynamic)
+                # No swap after the last step: its copies would serve nothing (simulate makes none).
+                rec = self.close_window(update=self.knobs.dynamic and self.step_count < steps)
                 if on_record:
                     on_record(rec)
                 if hooks.stops_at_window():

@@ -2,8 +2,9 @@
 (runtime/engine.py), whichever model it steps (synthetic, or a checkpoint: runtime/hf/steps.py),
 so both apply the same swap rule with the same checks and report in the same terms.
 
-Every `dyn_steps` steps a window closes: its counts go to the planner's swap rule (dynamic mode:
-one `SwapRule` per run, the same class `simulate` replays, so its decayed scores match),
+Every `dyn_steps` steps a window closes: its counts go to the swap rule (dynamic mode: one rule
+per run, `dyn_rule` credit = planner.SwapRule or breakeven = hotset/admission.BreakEvenRule, the
+same classes `simulate` replays, so their decayed scores match),
 the answer is checked (hot out, cold in, at most dyn_max_swaps per layer), and one
 `HitRateRecord` is made. Three planner failures in a row abort the run. Copy time is reported in
 the record of the window where the copies landed. Shape letters: L = MoE layers, E = experts.
@@ -18,7 +19,8 @@ import numpy as np
 
 from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.core.errors import PlanError, RuntimeFailure
-from hotsplit_cli.hotset.planner import Swap, SwapRule
+from hotsplit_cli.hotset.admission import make_swap_rule
+from hotsplit_cli.hotset.planner import Swap
 
 from .log import HitRateRecord
 
@@ -111,11 +113,13 @@ def validate_swaps(swaps: list[Swap], hot_LE: np.ndarray, max_swaps: int) -> Non
 
 class WindowBook:
     """Totals over the run and one record per closed window. `propose` is the swap rule
-    (replaceable in tests); None = a fresh `SwapRule` with the knobs' `dyn_decay`."""
+    (replaceable in tests); None = a fresh rule of the knobs' `dyn_rule`, `dyn_decay`, `dyn_steps`
+    and `dyn_sigmas`."""
 
     def __init__(self, num_layers: int, knobs: Knobs, expert_bytes: int, propose: Propose | None = None):
         self.knobs, self.expert_bytes = knobs, expert_bytes
-        self.propose: Propose = SwapRule(knobs.dyn_decay) if propose is None else propose
+        self.propose: Propose = propose if propose is not None else make_swap_rule(
+            knobs.dyn_rule, knobs.dyn_decay, knobs.dyn_steps, knobs.dyn_sigmas)
         self.failures = 0
         self.hits = self.assigned = 0.0
         self.cold_reads = 0

@@ -12,12 +12,14 @@ How each policy splits the slots across layers:
 - static: the planner's greedy by share per byte over all (layer, expert) pairs, so layers get
   as many slots as their traffic earns; fitted on a histogram, a plan, or the trace's first window.
 - dynamic: starts from the static hot set, keeps its per-layer slot counts, and every
-  `dyn_steps` steps applies `planner.SwapRule` (the runtime's rule and knobs: counts decayed by
-  `dyn_decay` per window, then `propose_swaps`); swaps apply from the next step and each copies
-  one expert.
+  `dyn_steps` steps applies the runtime's rule with its knobs (`dyn_rule` credit:
+  `planner.SwapRule`, counts decayed by `dyn_decay` per window, then `propose_swaps`; breakeven:
+  `admission.BreakEvenRule`, swaps that pay for their copy in cold reads); swaps apply from the
+  next step and each copies one expert.
 - lru / lfu: per-layer caches with an equal share of the slots (the remainder to the first
-  layers), starting empty. A missed expert is copied in (a fill; its assignments still count as
-  misses) and evicts the least recently / least frequently used one. Recency and frequency are
+  layers), starting empty. A missed expert is read cold by the step that missed it and also
+  copied in (a fill, which costs its bytes a second time) and evicts the least recently / least
+  frequently used one. Recency and frequency are
   kept per step: the experts a step activates are the most recent; frequency counts every
   assignment seen so far.
 - oracle: per window, the planner's best hot set for that window's own counts (hindsight), with
@@ -37,15 +39,16 @@ from pathlib import Path
 
 import numpy as np
 
-from hotsplit_cli.config.knobs import DYN_DECAY, Knobs
+from hotsplit_cli.config.knobs import DYN_DECAY, DYN_SIGMAS, Knobs
 from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.config.recipe import GIB, Recipe
 from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.core.units import gib
+from hotsplit_cli.hotset.admission import make_swap_rule
 from hotsplit_cli.hotset.budget import HotBudget, ReadRate, choose_read_rate, resolve_hot_budget
 from hotsplit_cli.hotset.coldpath import replay_cold_paths
 from hotsplit_cli.hotset.planfile import PlanFile, check_plan_ranks, load_plan, recipe_cold_rates
-from hotsplit_cli.hotset.planner import SwapRule, plan_hot_set
+from hotsplit_cli.hotset.planner import plan_hot_set
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.hist import load_hist
 from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
@@ -120,11 +123,12 @@ def run_static(counts_SLE: np.ndarray, hot_LE: np.ndarray, advance: Advance = _i
 
 
 def run_dynamic(counts_SLE: np.ndarray, hot_LE: np.ndarray, dyn_steps: int, max_swaps: int,
-                margin: float, advance: Advance = _ignore, decay: float = DYN_DECAY) -> PolicyRun:
-    """The runtime's rule: every `dyn_steps` steps, one `SwapRule` (decayed counts) is told the
-    last window's counts and proposes the swaps."""
+                margin: float, advance: Advance = _ignore, decay: float = DYN_DECAY, rule: str = "credit",
+                sigmas: float = DYN_SIGMAS) -> PolicyRun:
+    """The runtime's rule: every `dyn_steps` steps, one rule of kind `rule` (`dyn_rule`: credit or
+    breakeven, hotset/admission.py) is told the last window's counts and proposes the swaps."""
     S = counts_SLE.shape[0]
-    rule = SwapRule(decay)
+    propose = make_swap_rule(rule, decay, dyn_steps, sigmas)
     hot = np.array(hot_LE, dtype=bool)
     hits = np.zeros(S)
     cold = np.zeros(S, dtype=np.int64)
@@ -136,7 +140,7 @@ def run_dynamic(counts_SLE: np.ndarray, hot_LE: np.ndarray, dyn_steps: int, max_
         end = start + len(chunk)
         if end >= S:
             break
-        swaps = rule(chunk.sum(axis=0), hot, max_swaps, margin)
+        swaps = propose(chunk.sum(axis=0), hot, max_swaps, margin)
         for s in swaps:
             hot[s.layer, s.out_expert] = False
             hot[s.layer, s.in_expert] = True
@@ -183,7 +187,9 @@ def run_cache(counts_SLE: np.ndarray, cap_L: np.ndarray, kind: str, advance: Adv
         filled = new_cache & ~in_cache  # only active experts can enter: they are the most recent
         missed = active & ~in_cache
         copied[s] = filled.sum()
-        cold[s] = (missed & ~filled).sum()  # misses that did not enter were read in place
+        # Every miss is read in place by the step that missed it; a fill is a copy on top of that
+        # read (the copy lands for later steps), so a filled miss costs its bytes twice.
+        cold[s] = missed.sum()
         in_cache = new_cache
         advance(1)
     return PolicyRun(kind, hits, cold, copied, int(cap_L.sum()))
@@ -298,6 +304,8 @@ class SimConfig:
     dyn_max_swaps: int
     dyn_margin: float
     dyn_decay: float = DYN_DECAY
+    dyn_rule: str = "credit"
+    dyn_sigmas: float = DYN_SIGMAS
 
     @property
     def hot_slots(self) -> int:
@@ -318,7 +326,7 @@ def simulate(counts_SLE: np.ndarray, static_hot_LE: np.ndarray, cfg: SimConfig,
             out[name] = run_static(counts_SLE, static_hot_LE, advance)
         elif name == "dynamic":
             out[name] = run_dynamic(counts_SLE, static_hot_LE, cfg.dyn_steps, cfg.dyn_max_swaps, cfg.dyn_margin,
-                                    advance, cfg.dyn_decay)
+                                    advance, cfg.dyn_decay, cfg.dyn_rule, cfg.dyn_sigmas)
         elif name in ("lru", "lfu"):
             out[name] = run_cache(counts_SLE, equal_split(cfg.hot_slots, L, E), name, advance)
         elif name == "oracle":
@@ -389,6 +397,7 @@ class SimResult:
     rate: ReadRate  # what step times are predicted at (none when rate.gbps is None)
     sums: dict[str, PolicySummary]
     cold_paths: dict | None  # the static hot set's cold time per step by cold path (with a platform)
+    static_hot_LE: np.ndarray | None = None  # the static hot set every policy started from
 
     def to_doc(self) -> dict:
         tr, cfg, k, platform = self.trace, self.config, self.knobs, self.request.platform_path
@@ -401,7 +410,7 @@ class SimResult:
                        "expert_bytes": cfg.expert_bytes, "hot_slots": cfg.hot_slots},
             "static": self.static_source, "window_steps": cfg.window_steps,
             "knobs": {"dyn_steps": k.dyn_steps, "dyn_max_swaps": k.dyn_max_swaps, "dyn_margin": k.dyn_margin,
-                      "dyn_decay": k.dyn_decay},
+                      "dyn_decay": k.dyn_decay, "dyn_rule": k.dyn_rule, "dyn_sigmas": k.dyn_sigmas},
             "platform": {"path": str(platform), "zero_copy_read_gbps": self.rate.zero_copy_gbps,
                          "h2d_gbps": self.rate.h2d_gbps} if platform else None,
         }
@@ -446,7 +455,7 @@ def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _
         fit_counts, static_source = _fit_counts(req, recipe, tr, counts_SLE, wsteps, warn)
         static_hot = plan_hot_set(fit_counts, size, budget.budget_bytes).hot_RLE[0]
     cfg = SimConfig(size, budget.budget_bytes, wsteps, knobs.dyn_steps, knobs.dyn_max_swaps, knobs.dyn_margin,
-                    knobs.dyn_decay)
+                    knobs.dyn_decay, knobs.dyn_rule, knobs.dyn_sigmas)
     with progress(f"replaying {tr.num_steps} steps x {len(req.policies)} policies",
                   tr.num_steps * len(req.policies)) as advance:
         runs = simulate(counts_SLE, static_hot, cfg, req.policies, advance)
@@ -457,7 +466,7 @@ def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _
         times = replay_cold_paths(counts_SLE, static_hot, time_bytes, fitted.rates, int(tr.topk_ids_SLTK.shape[2]))
         cold_paths = {"policy": "static", "rates": fitted.where, **times.to_doc()}
     return SimResult(req, recipe.name, tr, recipe.model.num_experts, float(assignments_S.sum()), budget, cfg,
-                     static_source, knobs, rate, sums, cold_paths)
+                     static_source, knobs, rate, sums, cold_paths, static_hot)
 
 
 def _load_trace(req: SimRequest, recipe: Recipe) -> tuple[Trace, np.ndarray, np.ndarray]:

@@ -16,6 +16,7 @@ from hotsplit_cli.output import Output, gib, pct
 from hotsplit_cli.plotting import integer_step_ticks
 
 if TYPE_CHECKING:
+    from hotsplit_cli.analysis.recommend import Recommendation
     from hotsplit_cli.analysis.simulate import SimResult
 
 
@@ -35,11 +36,15 @@ def simulate_cmd(
         "--dyn-max-swaps", help="Override HOTSPLIT_DYN_MAX_SWAPS.")] = None,
     dyn_margin: Annotated[str | None, typer.Option("--dyn-margin", help="Override HOTSPLIT_DYN_MARGIN.")] = None,
     dyn_decay: Annotated[str | None, typer.Option("--dyn-decay", help="Override HOTSPLIT_DYN_DECAY.")] = None,
+    dyn_rule: Annotated[str | None, typer.Option(
+        "--dyn-rule", help="Override HOTSPLIT_DYN_RULE (credit | breakeven).")] = None,
+    dyn_sigmas: Annotated[str | None, typer.Option("--dyn-sigmas", help="Override HOTSPLIT_DYN_SIGMAS.")] = None,
     platform: PlatformOpt = None,
     plot: PlotOpt = None,
     json: JsonOpt = False,
 ) -> None:
     """Replay a routing trace under hot-set policies and compare hit rate and PCIe bytes per step."""
+    from hotsplit_cli.analysis.recommend import recommend_for
     from hotsplit_cli.analysis.simulate import SimRequest, parse_policies, run_simulation
     from hotsplit_cli.config.knobs import resolve_knobs
     from hotsplit_cli.config.recipe import load_recipe
@@ -52,12 +57,14 @@ def simulate_cmd(
     rec = load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "dyn_steps": dyn_steps,
                                                    "dyn_max_swaps": dyn_max_swaps, "dyn_margin": dyn_margin,
-                                                   "dyn_decay": dyn_decay})
+                                                   "dyn_decay": dyn_decay, "dyn_rule": dyn_rule,
+                                                   "dyn_sigmas": dyn_sigmas})
     result = run_simulation(req, rec, knobs, out.warn, out.progress)
-    doc = result.to_doc()
+    advice = recommend_for(result, recipe)
+    doc = {**result.to_doc(), "recommendation": advice.to_doc()}
     if plot is not None:
         _plot(out, plot, result)
-    out.emit(doc, lambda: _render(out, result))
+    out.emit(doc, lambda: (_render(out, result), _render_advice(out, advice)))
     if plot is not None:
         out.note(f"wrote {plot}")
 
@@ -83,7 +90,8 @@ def _render(out: Output, result: SimResult) -> None:
     out.print(f"budget {gib(cfg.budget_bytes)} per rank (from {result.budget.origin}) = {cfg.hot_slots} hot experts "
               f"of {cfg.expert_bytes / (1 << 20):.2f} MiB; static {result.static_source}; windows of "
               f"{cfg.window_steps} steps; dyn_steps={k.dyn_steps} dyn_max_swaps={k.dyn_max_swaps} "
-              f"dyn_margin={k.dyn_margin:g} dyn_decay={k.dyn_decay:g}")
+              f"dyn_margin={k.dyn_margin:g} dyn_decay={k.dyn_decay:g} dyn_rule={k.dyn_rule}"
+              + (f" dyn_sigmas={k.dyn_sigmas:g}" if k.dyn_rule == "breakeven" else ""))
     if rate.gbps:
         copies = (f" + copied bytes at {rate.h2d_gbps:.1f} GB/s (slowest GPU's host->device copy)" if rate.h2d_gbps
                   else "; no copy rate: a policy that copies gets none")
@@ -124,6 +132,19 @@ POLICY_STYLES = {
     "hindsight": {"marker": "D", "markersize": 5, "linestyle": "-", "linewidth": 4, "alpha": 0.4, "zorder": 2},
     "oracle": {"marker": "x", "markersize": 5, "linestyle": "--", "linewidth": 1.2, "zorder": 3},
 }
+
+
+def _render_advice(out: Output, advice: Recommendation) -> None:
+    """The recommendation: what to run, what it achieved here, and the command."""
+    b = advice.best
+    what = (f"dynamic, dyn_rule {b.dyn_rule}, dyn_steps {b.dyn_steps}, dyn_max_swaps {b.dyn_max_swaps}" if b.dynamic
+            else "static (no swaps)")
+    out.print(f"recommended for this trace: {what}: hit rate {pct(b.hit_rate, 2)}, "
+              f"{b.pcie_bytes_per_step / (1 << 20):.2f} PCIe MiB/step, {b.copies} copies (the lowest bytes per step of "
+              f"{len(advice.candidates)} runnable candidates, ties by hit rate)")
+    out.print(f"run it: {advice.command}")
+    if advice.note:
+        out.print(f"  note: {advice.note}")
 
 
 def draw_policies(ax, sums: dict, wsteps: int, title: str) -> None:

@@ -17,6 +17,8 @@ NUMA_POLICIES = ("preferred", "bind", "off")
 COLD_PATHS = ("gpu", "cpu", "split")  # who computes cold experts: see coldpath.py
 EP_EXCHANGES = ("a2a", "allgather")  # how EP ranks exchange tokens: see runtime/distributed/dispatch.py
 DYN_DECAY = 0.8  # the swap rule's memory per window (hotset/planner.py SwapRule; docs/simulate.md)
+DYN_RULES = ("credit", "breakeven")  # which window rule swaps (hotset/admission.py; docs/simulate.md)
+DYN_SIGMAS = 2.0  # the break-even rule's noise test, in Poisson standard deviations (docs/simulate.md)
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ KNOBS = (
     KnobSpec("dyn_max_swaps", "HOTSPLIT_DYN_MAX_SWAPS", int, 2, minimum=0),
     KnobSpec("dyn_margin", "HOTSPLIT_DYN_MARGIN", float, 1.25, minimum=1.0),
     KnobSpec("dyn_decay", "HOTSPLIT_DYN_DECAY", float, DYN_DECAY, minimum=0.0, maximum=1.0),
+    KnobSpec("dyn_rule", "HOTSPLIT_DYN_RULE", str, "credit", choices=DYN_RULES),
+    KnobSpec("dyn_sigmas", "HOTSPLIT_DYN_SIGMAS", float, DYN_SIGMAS, minimum=0.0),  # breakeven rule only
     KnobSpec("vram_reserve_gib", "HOTSPLIT_VRAM_RESERVE_GIB", float, 2.0, minimum=0.0),
     KnobSpec("numa_policy", "HOTSPLIT_NUMA_POLICY", str, "preferred", choices=NUMA_POLICIES),
     KnobSpec("cold_path", "HOTSPLIT_COLD_PATH", str, "gpu", choices=COLD_PATHS),
@@ -61,6 +65,8 @@ class Knobs:
     sources: Mapping[str, str]  # knob -> "flag" | "env" | "recipe" | "default"
     eplb_steps: int = 0  # steps between live expert-parallel rebalances (0 = off)
     ep_exchange: str = "a2a"  # a2a (uneven all_to_all_single) | allgather (all-gather, then reduce-scatter)
+    dyn_rule: str = "credit"  # credit (planner.SwapRule) | breakeven (hotset/admission.py: swaps that pay in bytes)
+    dyn_sigmas: float = DYN_SIGMAS  # breakeven: Poisson standard deviations an incoming score must lead by
 
     def to_doc(self) -> dict:
         return {k: getattr(self, k) for k in KNOB_NAMES}

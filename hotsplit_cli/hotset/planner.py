@@ -378,13 +378,7 @@ class SwapRule:
         return np.where(use_decayed[:, None], self.decayed_LE, self.last_LE)
 
     def __call__(self, counts_LE: np.ndarray, hot_LE: np.ndarray, max_swaps: int, margin: float) -> list[Swap]:
-        counts_LE = np.asarray(counts_LE, dtype=np.float64)
-        hot_LE = np.asarray(hot_LE, dtype=bool)
-        if counts_LE.shape != hot_LE.shape or counts_LE.ndim != 2:
-            raise PlanError(f"live counts {counts_LE.shape} and hot mask {hot_LE.shape} must match [L, E]")
-        if self.last_LE is not None and self.last_LE.shape != counts_LE.shape:
-            raise PlanError(f"live counts {counts_LE.shape} do not match the earlier windows' {self.last_LE.shape}")
-        check_finite_nonneg(counts_LE, PlanError, lambda *_: "live counts must be finite and >= 0")
+        counts_LE, hot_LE = check_window(counts_LE, hot_LE, self.last_LE)
         if self.last_LE is None:
             self.last_LE, self.decayed_LE = counts_LE, counts_LE
             self.credit_2L = np.zeros((2, counts_LE.shape[0]))
@@ -394,6 +388,19 @@ class SwapRule:
                 self.credit_2L[j] += (counts_LE * _top_k_mask(score, slots_L)).sum(axis=1)
             self.last_LE, self.decayed_LE = counts_LE, self.decay * self.decayed_LE + counts_LE
         return propose_swaps(self.score_LE, hot_LE, max_swaps, margin)
+
+
+def check_window(counts_LE, hot_LE, earlier_LE: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """A window rule's input as arrays: counts [L, E] finite and >= 0, the hot mask of the same
+    shape, and the shape of the earlier windows (`earlier_LE`, None at the first)."""
+    counts_LE = np.asarray(counts_LE, dtype=np.float64)
+    hot_LE = np.asarray(hot_LE, dtype=bool)
+    if counts_LE.shape != hot_LE.shape or counts_LE.ndim != 2:
+        raise PlanError(f"live counts {counts_LE.shape} and hot mask {hot_LE.shape} must match [L, E]")
+    if earlier_LE is not None and earlier_LE.shape != counts_LE.shape:
+        raise PlanError(f"live counts {counts_LE.shape} do not match the earlier windows' {earlier_LE.shape}")
+    check_finite_nonneg(counts_LE, PlanError, lambda *_: "live counts must be finite and >= 0")
+    return counts_LE, hot_LE
 
 
 def _top_k_mask(score_LE: np.ndarray, k_L: np.ndarray) -> np.ndarray:

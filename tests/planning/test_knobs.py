@@ -32,6 +32,8 @@ BAD = [
     ("vram_reserve_gib", "-0.5", ">= 0"), ("numa_policy", "everywhere", "preferred, bind, off"),
     ("cold_path", "gpus", "gpu, cpu, split"), ("cold_path", "", "must be set"),
     ("dyn_decay", "1.5", "<= 1"), ("dyn_decay", "-0.1", ">= 0"), ("dyn_decay", "nan", "finite"),
+    ("dyn_rule", "lfu", "must be one of credit, breakeven, got 'lfu'"), ("dyn_rule", "", "must be set"),
+    ("dyn_sigmas", "-1", ">= 0"), ("dyn_sigmas", "inf", "finite"),
 ]
 
 
@@ -40,6 +42,14 @@ def test_dyn_decay_precedence_and_range_ends():
     assert (k.dyn_decay, k.sources["dyn_decay"]) == (0.0, "env")
     assert resolve_knobs({"dyn_decay": 0.5}, {"HOTSPLIT_DYN_DECAY": "0"}, {"dyn_decay": "1"}).dyn_decay == 1.0
     assert resolve_knobs({"dyn_decay": 0.5}, {}, {}).dyn_decay == 0.5
+
+
+def test_dyn_rule_and_sigmas_precedence_and_defaults():
+    k = resolve_knobs({}, {}, {})
+    assert (k.dyn_rule, k.dyn_sigmas) == ("credit", 2.0)
+    k = resolve_knobs({"dyn_rule": "credit", "dyn_sigmas": 1}, {"HOTSPLIT_DYN_RULE": "breakeven"}, {"dyn_sigmas": "3"})
+    assert (k.dyn_rule, k.sources["dyn_rule"]) == ("breakeven", "env")
+    assert (k.dyn_sigmas, k.sources["dyn_sigmas"]) == (3.0, "flag")
 
 
 def test_cold_path_precedence():

@@ -46,13 +46,16 @@ def test_bytes_accounting_by_hand():
     assert s.hit_rate == pytest.approx(4 / 8)
     assert s.pcie_bytes_per_step == pytest.approx(150.0)
     assert s.step_ms == pytest.approx(150 / 1e9 * 1e3)
-    # LRU with 2 slots, starting empty: step 0 misses 0, 2, 3 and keeps the 2 most used (2, then
-    # 0 by lower id) -> 2 fills + 1 read in place; step 1 hits 0 twice, misses 1 and 3: keeps 0
-    # (used twice) and 1 (lower id than 3) -> 1 fill, 3 read in place.
+    # LRU with 2 slots, starting empty: step 0 misses 0, 2, 3 (3 cold reads) and keeps the 2 most
+    # used (2, then 0 by lower id) -> 2 fills; step 1 hits 0 twice, misses 1 and 3 (2 cold
+    # reads): keeps 0 (used twice) and 1 (lower id than 3) -> 1 fill. A filled miss is read
+    # cold and copied: (3 + 2 + 2 + 1) x 100 B over 2 steps = 400 B per step.
     lru = run_cache(c, np.array([2]), "lru")
     assert lru.hits_S.tolist() == [0, 2]
     assert lru.copied_experts_S.tolist() == [2, 1]
-    assert lru.cold_experts_S.tolist() == [1, 1]
+    assert lru.cold_experts_S.tolist() == [3, 2]
+    s = summarise(lru, c.sum(axis=(1, 2)), 100, 2)
+    assert (s.zero_copy_bytes_per_step, s.copy_bytes_per_step, s.pcie_bytes_per_step) == (250.0, 150.0, 400.0)
 
 
 def test_lru_on_a_cyclic_trace_larger_than_the_cache_never_hits():
@@ -61,6 +64,7 @@ def test_lru_on_a_cyclic_trace_larger_than_the_cache_never_hits():
     lru = run_cache(counts_of(ids, E), np.array([cap]), "lru")
     assert lru.hits_S.sum() == 0
     assert lru.copied_experts_S.sum() == 40  # every step fills, evicting the next one needed
+    assert lru.cold_experts_S.sum() == 40  # and reads the expert it missed in place first
 
 
 def test_lfu_keeps_the_frequent_expert():
@@ -229,13 +233,37 @@ def test_cli_simulate_dyn_decay_zero_is_the_last_window_rule(cli, drift_trace, m
     from hotsplit_cli.analysis import simulate as sim
 
     seen = []
-    real = sim.SwapRule
-    monkeypatch.setattr(sim, "SwapRule", lambda decay: seen.append(decay) or real(decay))
+    real = sim.make_swap_rule
+    monkeypatch.setattr(sim, "make_swap_rule", lambda *a: seen.append(a) or real(*a))
     monkeypatch.setenv("HOTSPLIT_DYN_DECAY", "0.5")
     r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--policies", "dynamic", "--dyn-decay", "0",
             "--json")
     assert r.code == 0, r.err
-    assert seen == [0.0] and json.loads(r.out)["knobs"]["dyn_decay"] == 0.0  # the flag beats the environment
+    # The dynamic policy first (the default rule), then the recommendation's candidates: every one
+    # at the flag's decay, which beats the environment's.
+    assert seen[0][:2] == ("credit", 0.0) and {a[1] for a in seen} == {0.0}
+    assert json.loads(r.out)["knobs"]["dyn_decay"] == 0.0
+
+
+def test_cli_simulate_dyn_rule_and_sigmas_reach_the_rule(cli, drift_trace, monkeypatch):
+    from hotsplit_cli.analysis import simulate as sim
+
+    seen = []
+    real = sim.make_swap_rule
+    monkeypatch.setattr(sim, "make_swap_rule", lambda *a: seen.append(a) or real(*a))
+    monkeypatch.setenv("HOTSPLIT_DYN_RULE", "credit")
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--policies", "dynamic", "--dyn-rule",
+            "breakeven", "--dyn-sigmas", "3", "--dyn-steps", "20", "--json")
+    assert r.code == 0, r.err
+    assert seen[0] == ("breakeven", 0.8, 20, 3.0)  # the dynamic policy; then the recommendation's candidates
+    assert json.loads(r.out)["knobs"]["dyn_rule"] == "breakeven" and json.loads(r.out)["knobs"]["dyn_sigmas"] == 3.0
+
+
+def test_cli_simulate_refuses_an_unknown_dyn_rule_before_any_work(cli, drift_trace, tmp_path):
+    plot = tmp_path / "p.png"
+    r = cli("simulate", "--trace", drift_trace, "--recipe", "tiny", "--dyn-rule", "lfu", "--plot", plot)
+    assert r.code == 2 and "--dyn-rule: must be one of credit, breakeven, got 'lfu'" in r.err
+    assert not plot.exists()
 
 
 def test_cli_simulate_fit_and_human(cli, drift_trace, tiny_hist):

@@ -180,9 +180,9 @@ def test_router_source_runs_and_counts_every_assignment():
     assert 0 < hits < assigned and s.hit_rate == pytest.approx(hits / assigned, rel=1e-12)
 
 
-@pytest.mark.parametrize("decay", [0.0, 0.8])
-def test_dynamic_run_on_a_trace_equals_simulate_exactly(tmp_path, decay):
-    """The runtime and `simulate` share one SwapRule: same swaps, same hits, window by window."""
+@pytest.mark.parametrize("rule, decay", [("credit", 0.0), ("credit", 0.8), ("breakeven", 0.8)])
+def test_dynamic_run_on_a_trace_equals_simulate_exactly(tmp_path, rule, decay):
+    """The runtime and `simulate` share one swap rule: same swaps, same hits, window by window."""
     from hotsplit_cli.analysis.simulate import run_dynamic
 
     r = tiny()
@@ -190,14 +190,15 @@ def test_dynamic_run_on_a_trace_equals_simulate_exactly(tmp_path, decay):
     trace = synthetic_trace(zipf_shares(m.num_moe_layers, m.num_experts, 1.2, 5), m.moe_layer_ids, 60, 8, m.top_k,
                             drift_every=15, seed=5)
     path = save_trace(tmp_path / "t.npz", trace)
-    p = prepare_run(r, knobs(r, dyn_steps=5, dyn_max_swaps=2, dyn_margin=1.25, dyn_decay=decay), trace_path=path)
+    p = prepare_run(r, knobs(r, dyn_steps=5, dyn_max_swaps=2, dyn_margin=1.25, dyn_decay=decay, dyn_rule=rule,
+                             dyn_sigmas=1), trace_path=path)
     hot0 = p.engine.model.hot_LE().copy()
     s = p.engine.run(p.steps)
     c = trace.counts_SLE(m.num_experts)
-    sim = run_dynamic(c, hot0, dyn_steps=5, max_swaps=2, margin=1.25, decay=decay)
-    # The run also decides at its last window, after which no step runs: simulate stops before.
-    assert [rec.swaps for rec in s.records[:-1]] == sim.copied_experts_S[5::5].tolist()
-    assert sim.copied_experts_S.sum() > 0
+    sim = run_dynamic(c, hot0, dyn_steps=5, max_swaps=2, margin=1.25, decay=decay, rule=rule, sigmas=1.0)
+    # The last window ends the run: no swap there, whose copies no step would use (nor in simulate).
+    assert [rec.swaps for rec in s.records] == sim.copied_experts_S[5::5].tolist() + [0]
+    assert s.swaps == sim.copied_experts_S.sum() > 0 and s.bytes_copied == s.swaps * p.expert_bytes
     a = c.sum(axis=(1, 2))
     sim_windows = [sim.hits_S[i:i + 5].sum() / a[i:i + 5].sum() for i in range(0, 60, 5)]
     assert [rec.hit_rate_window for rec in s.records] == pytest.approx(sim_windows, abs=1e-12)

@@ -1,0 +1,129 @@
+"""What `simulate --trace T` recommends running on that trace (numpy only; never imports torch).
+
+Only what `hotsplit run` can do is a candidate: the static hot set (HOTSPLIT_DYNAMIC=0), or a
+dynamic rule (`dyn_rule` credit or breakeven) at `dyn_steps` in GRID_STEPS (and the knobs' own)
+and `dyn_max_swaps` in GRID_SWAPS (and the knobs' own); `dyn_margin`, `dyn_decay` and
+`dyn_sigmas` stay as resolved. Each is replayed from the same static hot set with the same
+accounting as `simulate`. The judge is the cost the run pays: the lowest PCIe bytes per step
+wins; candidates within BYTES_TIE of it count as tied, and among them the highest hit rate,
+then the longest window (fewer host synchronisations), then the order above.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from hotsplit_cli.config.knobs import Knobs
+
+from .simulate import SimResult, run_dynamic, run_static
+
+GRID_STEPS = (4, 8, 16, 32)
+GRID_SWAPS = (2, 16)
+BYTES_TIE = 1e-3  # relative: closer bytes per step than this are a tie, judged on hit rate
+
+
+@dataclass(frozen=True)
+class Candidate:
+    dynamic: bool
+    dyn_rule: str | None  # None when static
+    dyn_steps: int | None
+    dyn_max_swaps: int | None
+    hit_rate: float
+    pcie_bytes_per_step: float
+    copies: int
+
+
+def candidates(counts_SLE: np.ndarray, hot_LE: np.ndarray, expert_bytes: int, knobs: Knobs) -> list[Candidate]:
+    """Every candidate replayed, static first."""
+    S = counts_SLE.shape[0]
+    total = float(counts_SLE.sum())
+
+    def judged(run, **kw) -> Candidate:
+        moved = float(run.cold_experts_S.sum() + run.copied_experts_S.sum()) * expert_bytes / S
+        return Candidate(hit_rate=float(run.hits_S.sum()) / total if total else 0.0, pcie_bytes_per_step=moved,
+                         copies=int(run.copied_experts_S.sum()), **kw)
+
+    out = [judged(run_static(counts_SLE, hot_LE), dynamic=False, dyn_rule=None, dyn_steps=None, dyn_max_swaps=None)]
+    steps = sorted({s for s in (*GRID_STEPS, knobs.dyn_steps) if s < S})  # a window as long as the trace never swaps
+    for rule in ("credit", "breakeven"):
+        for dyn in steps:
+            for cap in sorted({*GRID_SWAPS, knobs.dyn_max_swaps}):
+                run = run_dynamic(counts_SLE, hot_LE, dyn, cap, knobs.dyn_margin, decay=knobs.dyn_decay, rule=rule,
+                                  sigmas=knobs.dyn_sigmas)
+                out.append(judged(run, dynamic=True, dyn_rule=rule, dyn_steps=dyn, dyn_max_swaps=cap))
+    return out
+
+
+def best(cands: list[Candidate]) -> Candidate:
+    """The judge of the module docstring."""
+    low = min(c.pcie_bytes_per_step for c in cands)
+    tied = [c for c in cands if c.pcie_bytes_per_step <= low * (1 + BYTES_TIE)]
+    return max(tied, key=lambda c: (c.hit_rate, c.dyn_steps or 0, -cands.index(c)))
+
+
+def run_env(c: Candidate, knobs: Knobs) -> dict[str, str]:
+    """The environment that makes `hotsplit run` do what the candidate did."""
+    if not c.dynamic:
+        return {"HOTSPLIT_DYNAMIC": "0"}
+    return {"HOTSPLIT_DYNAMIC": "1", "HOTSPLIT_DYN_RULE": c.dyn_rule, "HOTSPLIT_DYN_STEPS": str(c.dyn_steps),
+            "HOTSPLIT_DYN_MAX_SWAPS": str(c.dyn_max_swaps), "HOTSPLIT_DYN_MARGIN": f"{knobs.dyn_margin:g}",
+            "HOTSPLIT_DYN_DECAY": f"{knobs.dyn_decay:g}", "HOTSPLIT_DYN_SIGMAS": f"{knobs.dyn_sigmas:g}"}
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    best: Candidate
+    env: dict[str, str]
+    command: str  # the shell line that runs it
+    note: str | None  # where the run cannot start from the same hot set
+    candidates: tuple[Candidate, ...]
+
+    def to_doc(self) -> dict:
+        return {"best": asdict(self.best), "env": self.env, "command": self.command, "note": self.note,
+                "judge": f"lowest PCIe bytes per step, ties within {BYTES_TIE:g} by hit rate",
+                "candidates": [asdict(c) for c in self.candidates]}
+
+
+def recommend(counts_SLE, hot_LE, expert_bytes: int, knobs: Knobs, recipe: str, trace: str,
+              static_from: tuple[str, str | None], hot_gib_flag: str | None = None) -> Recommendation:
+    """`static_from`: ("plan", path), ("fit", histogram path) or ("window", None): where the static
+    hot set came from, so the command starts the run from the same one where it can."""
+    cands = candidates(counts_SLE, hot_LE, expert_bytes, knobs)
+    pick = best(cands)
+    env = run_env(pick, knobs)
+    budget = f" --hot-gib {shlex.quote(hot_gib_flag)}" if hot_gib_flag is not None else ""
+    kind, path = static_from
+    run = f"{' '.join(f'{k}={v}' for k, v in env.items())} hotsplit run {shlex.quote(recipe)} " \
+          f"--trace {shlex.quote(trace)}"
+    note = None
+    if kind == "plan":
+        run += f" --plan {shlex.quote(path)}"
+    elif kind == "fit":  # the plan carries the budget to the run
+        run = f"hotsplit plan {shlex.quote(path)} --recipe {shlex.quote(recipe)}{budget} -o plan.json && {run} " \
+              "--plan plan.json"
+    else:
+        run += budget
+        note = ("the run plans on the whole trace (simulate's hindsight set), not on its first window as simulate "
+                "did here: pass --fit or --plan to simulate the run's start exactly")
+    return Recommendation(pick, env, run, note, tuple(cands))
+
+
+def recommend_for(result: SimResult, recipe_arg: str) -> Recommendation:
+    """The recommendation for a finished `simulate` (`recipe_arg`: the recipe as the user named it)."""
+    req, k = result.request, result.knobs
+    if req.plan_path is not None:
+        static_from = ("plan", str(req.plan_path))
+    elif req.fit_path is not None:
+        static_from = ("fit", str(req.fit_path))
+    else:
+        static_from = ("window", None)
+    flag = repr(k.hot_gib) if k.sources.get("hot_gib") == "flag" and req.plan_path is None else None
+    rec = recommend(result.trace.counts_SLE(result.num_experts), result.static_hot_LE, result.config.expert_bytes, k,
+                    recipe_arg, str(req.trace_path), static_from, flag)
+    if req.batch is not None:
+        rec = replace(rec, note=f"judged on steps regrouped by --batch {req.batch}; the run replays the trace's own "
+                                "steps" + (f"; {rec.note}" if rec.note else ""))
+    return rec
