@@ -203,8 +203,9 @@ class _CheckpointReader:
     weight, every other tensor replaces the skeleton's parameter or buffer (dense)."""
 
     def __init__(self, path: Path, model: torch.nn.Module, config, layers: list[MoELayerInfo],
-                 banks: list[HFExpertBank], dtype: torch.dtype, device: torch.device):
+                 banks: list[HFExpertBank], dtype: torch.dtype, device: torch.device, fills: bool = True):
         self.path, self.model, self.layers, self.dtype, self.device = path, model, layers, dtype, device
+        self.fills = fills  # this process writes the cold banks (a node-shared bank is written by one rank)
         self.layer_of = {i.layer_id: i for i in layers}
         self.bank_of = {i.layer_id: banks[i.row] for i in layers}
         self.fp8 = config.hotsplit_fp8
@@ -220,7 +221,8 @@ class _CheckpointReader:
         from safetensors import safe_open
 
         self.scales = _ScaleReader(files, self.path) if self.fp8 is not None else None
-        handlers = {"scale": self._scale, "expert": self._expert, "fused": self._fused, "dense": self._dense}
+        handlers = {"scale": self._skip, "filled": self._skip, "expert": self._expert, "fused": self._fused,
+                    "dense": self._dense}
         try:
             for file in files:
                 with safe_open(str(file), framework="pt") as f:
@@ -231,7 +233,7 @@ class _CheckpointReader:
             if self.scales is not None:
                 self.scales.close()
         short = np.argwhere(self.parts_LE < 3)
-        if len(short):
+        if len(short) and self.fills:
             li, e = short[0]
             raise InputFileError(f"{self.path}: expert {e} of layer {self.layers[li].layer_id} is missing from the "
                                  "checkpoint")
@@ -242,7 +244,7 @@ class _CheckpointReader:
         for kind, pattern in (("expert", _PER_EXPERT), ("fused", _FUSED)):
             m = pattern.match(key)
             if m and int(m["layer"]) in self.layer_of:
-                return kind, m
+                return (kind if self.fills else "filled"), m
         return "dense", None
 
     @contextlib.contextmanager
@@ -253,8 +255,9 @@ class _CheckpointReader:
         except errors as exc:
             raise InputFileError(f"{self.path}: {key}: {exc}", hint) from None
 
-    def _scale(self, f, key: str, m) -> None:
-        """An fp8 `<weight>_scale_inv`: read with its weight (`_ScaleReader`), nothing to do here."""
+    def _skip(self, f, key: str, m) -> None:
+        """An fp8 `<weight>_scale_inv` (read with its weight by `_ScaleReader`), or an expert
+        tensor that another rank of the node writes into the shared cold bank."""
 
     def _expert(self, f, key: str, m: re.Match) -> None:
         """One projection of one expert (gate and up are halves of the bank's w1)."""
@@ -352,7 +355,8 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
                keep_trace: bool = False, allocator: PinnedAllocator | None = None) -> HFModel:
     """Load the checkpoint at `path` with every routed expert in a pinned cold bank (all cold;
     set hot sets with `bank.set_hot`). `dtype` defaults to the checkpoint's; `allocator` places
-    the cold bank (default: pinned where CUDA is, no NUMA policy)."""
+    the cold bank (default: pinned where CUDA is, no NUMA policy); an allocator that does not
+    fill (`fills`: a node-shared bank another rank writes) maps the bank and skips the experts."""
     path = Path(path)
     config = read_config(path)
     dtype = dtype or getattr(config, "dtype", None) or torch.float32
@@ -362,7 +366,8 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
     layouts = [ExpertLayout.of_module(i.experts, config.hotsplit_fp8) for i in layers]
     _check_memory(path, model, layers, layouts, dtype, info)
     banks = _cold_banks(layers, layouts, dtype, info, allocator)
-    _CheckpointReader(path, model, config, layers, banks, dtype, info.device).read(_checkpoint_files(path))
+    _CheckpointReader(path, model, config, layers, banks, dtype, info.device,
+                      fills=getattr(allocator, "fills", True)).read(_checkpoint_files(path))
     _finish(path, model, config, layers, dtype, info.device)
     counter = RoutingCounter(len(layers), layers[0].num_experts, keep_trace=keep_trace)
     install(model, counter, banks)
