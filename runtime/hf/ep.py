@@ -11,9 +11,9 @@ partitioned by the placement and reached through the synthetic runs' exchange
   experts, each rank computes what it received with its own `HFExpertBank` (hot slot or cold
   bank, as one rank does: K = 1, weight 1) and the outputs come back and are summed per token.
 - Lockstep: every rank takes part in every exchange of every step. A step begins with an
-  all_reduce of "still generating" (in the first MoE layer of a rank's forward, or in
-  `empty_step` of a rank whose prompts are done); a done rank sends empty batches through every
-  MoE layer in layer order until no rank generates (`lockstep`). Collectives are bounded by the
+  all_reduce of "still generating" (in the first MoE layer of a rank's forward, or before the
+  `empty_forward` of a rank whose prompts are done); a done rank sends empty batches through
+  every MoE layer in layer order until no rank generates (`lockstep`). Collectives are bounded by the
   group's timeout (launch.COLLECTIVE_TIMEOUT_S), so no rank waits forever on a dead peer.
 - Counters count what this rank receives, against the map each step read, so its hit rate,
   dynamic swaps and live rebalancing are this rank's, as in a synthetic EP run (`EPMoE`).
@@ -141,25 +141,24 @@ class EPCheckpoint:
         self._sent[row] = ids_TK.detach().to("cpu", torch.int32).numpy()
         return self.exchange.combine(sent, y_AH, w_TK, x_TH.shape[0])
 
-    def empty_step(self) -> bool:
-        """A step of a rank whose prompts are done: False once no rank generates; else an empty
-        batch through every MoE layer in layer order, computing what the others send here."""
-        if not self.begin_step(False, 0):
-            return False
+    def empty_forward(self) -> None:
+        """The forward of a rank whose prompts are done (after `begin_step(False, 0)` said another
+        rank generates): an empty batch through every MoE layer in layer order, computing what
+        the others send here."""
         H, K = self.banks[0].hidden, self.hm.top_k
         dev, dtype = self.info.device, self.banks[0].compute_dtype
         for info in self.hm.layers:
             self._exchange(info.row, info.experts, torch.empty(0, H, dtype=dtype, device=dev),
                            torch.empty(0, K, dtype=torch.int64, device=dev),
                            torch.empty(0, K, dtype=torch.float32, device=dev))
-        return True
 
-    def lockstep(self, steps: Iterator) -> Iterator:
-        """This rank's steps (each one forward), then empty steps until no rank generates: the
-        job's steps, the same number on every rank. Call `end_step` after each."""
-        yield from steps
-        while self.empty_step():
-            yield None
+    def lockstep(self, forwards: Iterator) -> Iterator:
+        """The job's steps on this rank, the same number on every rank: its own forwards (each
+        starts with the agreement in its first MoE layer), then `empty_forward` while another
+        rank generates. Call each, then `end_step`."""
+        yield from forwards
+        while self.begin_step(False, 0):
+            yield self.empty_forward
 
     # ---- counters ----
 

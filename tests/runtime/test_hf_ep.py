@@ -102,5 +102,6 @@ def test_ep4_with_replicas_swaps_and_a_rebalance_mid_run_equals_transformers(tmp
                rebalance_at=3, placement_after=after, prompts=prompts)
     for name, got in job.items():
         assert got["texts"] == _want(checkpoints[name], prompts), name
+        assert all(n > 0 for n in got["swaps_R"]), name  # every rank swapped mid-generation
         reps = got["rebalances"]
         assert [r["step"] for r in reps] == [3] and reps[0]["skipped"] is None and reps[0]["experts_moved"] > 0

@@ -32,7 +32,7 @@ from hotsplit_cli.placement.rebalance_rule import RebalanceDecision
 from tests.conftest import cpu_without_triton
 
 
-def _rotate(ep: EPCheckpoint) -> None:
+def _rotate(ep: EPCheckpoint) -> int:
     """A swap in every layer whatever the counts (the swap rule has its own tests): the first hot
     expert makes room for the first expert held here cold."""
     hot, held = ep.hot_LE(), ep.held_LE
@@ -42,6 +42,7 @@ def _rotate(ep: EPCheckpoint) -> None:
         if len(out) and len(into):
             moves[li] = [(int(out[0]), int(into[0]))]
     ep.begin_swaps(moves)
+    return len(moves)
 
 
 def _force_move(target_path: str) -> None:
@@ -76,13 +77,13 @@ def _generate(group, name, folder, cfg) -> dict | None:
     rebalancer = Rebalancer(ctx, ep, group.control, hm.banks[0].expert_bytes, at) if at else None
     if at:
         _force_move(cfg["placement_after"][name])
-    steps = [0]
+    steps, swaps = [0], [0]
 
     def after_step(_=None):
         ep.end_step()
         steps[0] += 1
         if every and steps[0] % every == 0:
-            _rotate(ep)
+            swaps[0] += _rotate(ep)
         ep.publish_ready()
         if rebalancer is not None:
             rebalancer.after_step(steps[0])
@@ -92,11 +93,12 @@ def _generate(group, name, folder, cfg) -> dict | None:
     ids = capture(hm, tok, prompt_share(cfg["prompts"], group.world, group.rank), cfg["max_new_tokens"],
                   cfg["batch"], on_step=after_step)
     mine_done = steps[0]
-    while ep.empty_step():
+    for forward in ep.lockstep(iter(())):  # the forwards above are done: empty ones while another generates
+        forward()
         after_step()
     counters = ep.read_counters()
     texts = gather_to_rank0([tok.decode(x, skip_special_tokens=True) for x in ids], group.control)
-    hits = gather_rows([counters["hits_L"].sum(), counters["assigned_L"].sum(), mine_done], group.control)
+    hits = gather_rows([counters["hits_L"].sum(), counters["assigned_L"].sum(), mine_done, swaps[0]], group.control)
     loads = gather_rows(np.asarray(ep.exchange.stats.loads, dtype=np.float64), group.control)
     hot_RLE = gather_rows(hot_start.astype(np.float64), group.control) > 0.5
     trace = job_trace(ep.trace_steps, group.control)
@@ -104,7 +106,7 @@ def _generate(group, name, folder, cfg) -> dict | None:
         return None
     pred = predict_trace(trace, placement, hm.num_experts, hot_RLE.reshape(group.world, *hot_start.shape))
     return {"texts": [t for r in texts for t in r], "steps": steps[0], "own_steps": hits[:, 2].tolist(),
-            "hits_R": hits[:, 0].tolist(), "received_R": hits[:, 1].tolist(),
+            "swaps_R": hits[:, 3].tolist(), "hits_R": hits[:, 0].tolist(), "received_R": hits[:, 1].tolist(),
             "loads_SLR": loads.reshape(group.world, steps[0], -1).transpose(1, 2, 0).tolist(),
             "predicted_loads_SLR": pred.loads_SLR.tolist(), "predicted_hits_R": pred.hits_R.tolist(),
             "rebalances": [r.to_doc() for r in rebalancer.reports] if rebalancer else []}
