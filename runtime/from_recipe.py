@@ -50,6 +50,10 @@ class Prepared:
     expert_format: str = ""  # how the routed experts are stored, e.g. "fp8 e4m3, 128x128 block scales"
     trace_steps: int | None = None  # steps in the replayed trace (None: no trace)
 
+    @property
+    def hidden(self) -> int:  # allocated (scaled)
+        return self.geom.hidden
+
     def to_doc(self) -> dict:
         g = self.geom
         return {

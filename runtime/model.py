@@ -21,6 +21,7 @@ class BankedModel:
     """Banks, swaps and window counters; subclasses set `banks`, `_init_counters`, `_count` each step."""
 
     banks: list
+    held_LE: np.ndarray | None = None  # bool [L, E]: an EP rank's experts with a replica there (set by the rank)
 
     @property
     def num_layers(self) -> int:
@@ -44,10 +45,14 @@ class BankedModel:
 
     def read_counters(self, reset_window: bool = True) -> dict[str, np.ndarray]:
         """Copy the counters to the host (one synchronisation) and clear them for the next window.
-        Copies, because .numpy() of a CPU tensor aliases the memory zeroed below."""
+        Copies, because .numpy() of a CPU tensor aliases the memory zeroed below. An EP rank's
+        counts are only of the experts it holds now (`held_LE`), so that a dynamic swap never
+        brings in an expert a rebalance took away."""
         out = {"counts_LE": self.counts_LE.cpu().numpy().astype(np.float64),
                "hits_L": self.hits_L.cpu().numpy().copy(), "assigned_L": self.assigned_L.cpu().numpy().copy(),
                "cold_reads_L": self.cold_reads_L.cpu().numpy().copy()}
+        if self.held_LE is not None:
+            out["counts_LE"][~self.held_LE] = 0.0
         if reset_window:
             for t in (self.counts_LE, self.hits_L, self.assigned_L, self.cold_reads_L):
                 t.zero_()

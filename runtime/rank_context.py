@@ -125,3 +125,27 @@ class RankContext:
         allocator = PinnedAllocator(pin=info.pinned, numa=numa)
         return allocator, HotColdMoE(layers, geom, hot_LE, info, allocator, compute)
 
+    # ---- a checkpoint's rank (runtime/hf/run.py) ----
+
+    def share(self, prompts: list) -> list:
+        """The prompts this rank generates: a contiguous share, the first len mod R ranks one
+        more (one rank: all); the job's texts are the ranks' in rank order."""
+        return prompts[token_shard(len(prompts), self.world, self.rank)]
+
+    def pooled(self, counts_LE: np.ndarray) -> np.ndarray:
+        """The job's routing counts from this rank's (one rank: its own)."""
+        return counts_LE
+
+    def load_checkpoint(self, path, setup: RunSetup):
+        """(the loaded checkpoint, its cold bank's allocator)."""
+        from .hf.loader import load_model
+
+        allocator = setup.allocator()
+        return load_model(path, setup.info, allocator=allocator), allocator
+
+    def checkpoint_model(self, hm, info: DeviceInfo, generation):
+        """(the loop's model, its routing source) over a loaded checkpoint and its generation."""
+        from .hf.steps import CheckpointMoE
+
+        return CheckpointMoE(hm, info), generation
+

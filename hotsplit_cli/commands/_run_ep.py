@@ -27,8 +27,6 @@ def run_expert_parallel(out: Output, request: RunRequest) -> None:
     """Launch the ranks, or run this one; it prints in the single-rank run's terms (commands/_run_report.py)."""
     rec, plan, trace, steps = request.recipe, request.plan, request.trace, request.steps
     ep = rec.parallel.ep
-    if rec.model.kind == "hf":
-        raise UsageError(f"parallel.ep is {ep}: checkpoint recipes run on one rank", "use ep: 1 for a checkpoint")
     if rec.parallel.tp != 1:
         raise UsageError(f"parallel.tp is {rec.parallel.tp} with ep {ep}: the runtime runs tp 1 under ep",
                          "use tp: 1 for an expert-parallel run")
@@ -95,24 +93,12 @@ def _rank(out: Output, request: RunRequest) -> None:
     from hotsplit_runtime.distributed.job import run_ep_rank
     from hotsplit_runtime.distributed.summary import format_job_line
 
-    from hotsplit_cli.hotset.ep_layout import layout_words
-
     from . import _run_report as report  # the single-rank run's lines and tables
 
     rec, knobs, plot, log_jsonl = request.recipe, request.knobs, request.plot, request.log_jsonl
     say = out.note if out.json_mode else out.print
     header = {}
-
-    def on_ready(prepared, group):
-        from hotsplit_runtime.distributed.launch import seconds_since_start
-
-        out.note(f"expert parallel: every rank's banks built after {seconds_since_start():.1f} s")
-        header["doc"] = pdoc = prepared.to_doc()
-        report.describe(say, rec.name, prepared, pdoc, ranks=group.world)
-        source = prepared.engine.source
-        say(f"expert parallel: {group.world} ranks on {group.world // group.local_world} node(s), {group.backend}; "
-            f"{rank_tokens_words(rec, source.name, source.tokens_per_step, group.world)}; cold bank shared by each "
-            f"node's ranks; {layout_words(request.plan)}")
+    on_ready = _header(out, say, request, header, report)
 
     def runner(on_record):
         return run_ep_rank(rec, knobs, plan_path=request.plan, trace_path=request.trace, steps=request.steps,
@@ -134,12 +120,44 @@ def _rank(out: Output, request: RunRequest) -> None:
         plot_ep_run(plot, s, fig, rec.name)
         doc["plot"] = str(plot)
     origin = report.origin(out, s, result.prepared.plan.made_from, result.prepared.traffic)
-    out.emit(doc, lambda: _render(out, rec.name, s, fig, origin, plot, report, doc["verdicts"]))
+    if result.texts is not None:  # a checkpoint's greedy texts, every rank's in prompt order
+        doc["texts"] = result.texts
+    def render():
+        for i, text in enumerate((result.texts or [])[:8]):  # as a single-rank checkpoint run shows them
+            out.print(escape(f"[{i}] {text!r}"))
+        _render(out, rec.name, s, fig, origin, plot, report, doc["verdicts"])
+    out.emit(doc, render)
     if s.interrupted:  # Ctrl-C: every rank stopped at the same window; said here once, for the job
         from hotsplit_cli.core.errors import Interrupted
 
-        raise Interrupted(f"interrupted at step {s.steps} of {result.prepared.steps}",
-                          report.wrote(log_jsonl, len(s.records), plot))
+        of = "" if rec.model.kind == "hf" else f" of {result.prepared.steps}"  # a generation's length is open
+        raise Interrupted(f"interrupted at step {s.steps}{of}", report.wrote(log_jsonl, len(s.records), plot))
+
+
+def _header(out: Output, say, request: RunRequest, header: dict, report):
+    """`on_ready(prepared, group)`: rank 0's lines once every rank is built (and the document's
+    part that describes the rank), for either model source."""
+    from hotsplit_cli.hotset.ep_layout import layout_words
+
+    rec = request.recipe
+
+    def on_ready(prepared, group):
+        from hotsplit_runtime.distributed.launch import seconds_since_start
+
+        out.note(f"expert parallel: every rank's banks built after {seconds_since_start():.1f} s")
+        header["doc"] = pdoc = prepared.to_doc()
+        if rec.model.kind == "hf":
+            p = prepared.plan
+            say(escape(f"{rec.name}: {rec.model.family} checkpoint {rec.model.path}, prompts {rec.traffic.path}; "
+                       f"rank 0: {pdoc['kernel']}, {int(p.hot_LE.sum())} hot experts ({p.source})"))
+            share = "each rank generates its share of the prompts"
+        else:
+            report.describe(say, rec.name, prepared, pdoc, ranks=group.world)
+            source = prepared.engine.source
+            share = rank_tokens_words(rec, source.name, source.tokens_per_step, group.world)
+        say(f"expert parallel: {group.world} ranks on {group.world // group.local_world} node(s), {group.backend}; "
+            f"{share}; cold bank shared by each node's ranks; {layout_words(request.plan)}")
+    return on_ready
 
 
 def _ep_verdicts(plan: Path | None, s, fig, report) -> list[dict]:

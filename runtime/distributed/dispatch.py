@@ -235,7 +235,6 @@ class EPMoE(HotColdMoE):
         self.exchange = exchange
         self._step_loads: list[int] = []
         self.live_counts_LE = torch.zeros_like(self.counts_LE, device="cpu")  # since the last rebalance
-        self.held_LE: np.ndarray | None = None  # bool [L, E]: experts with a replica here (set by the rank)
 
     def layer(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor | None = None,
               w_TK: torch.Tensor | None = None) -> torch.Tensor:
@@ -252,14 +251,6 @@ class EPMoE(HotColdMoE):
         if self.shared[li] is not None:
             y = y + swiglu(x_TH, *self.shared[li])
         return y
-
-    def read_counters(self, reset_window: bool = True) -> dict[str, np.ndarray]:
-        """The window's counters; counts only of the experts this rank holds now (`held_LE`), so
-        that a dynamic swap never brings in an expert a rebalance took away."""
-        out = super().read_counters(reset_window)
-        if self.held_LE is not None:
-            out["counts_LE"][~self.held_LE] = 0.0
-        return out
 
     def step(self, x_TH, ids_LTK=None, w_LTK=None):
         self._step_loads = []

@@ -28,7 +28,7 @@ from ..from_recipe import Prepared, prepare_run
 from . import launch
 from .rank import EPRankContext, placement_of_plan, run_rank
 from .rebalance import Rebalancer
-from .summary import EPFigures, RankWindow, gather_rows, job_record, job_summary, rank_totals
+from .summary import EPFigures, RankWindow, gather_rows, gather_to_rank0, job_record, job_summary, rank_totals
 
 
 @dataclass
@@ -40,6 +40,7 @@ class EPResult:
     summary: object  # the job's RunSummary
     figures: EPFigures
     records: list = field(default_factory=list)
+    texts: list[str] | None = None  # a checkpoint's: every rank's texts, in rank order
 
 
 def run_ep_rank(recipe: Recipe, knobs: Knobs, *, plan_path: Path | None = None, trace_path: Path | None = None,
@@ -68,8 +69,7 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
         placement = (placement_of_plan(plan_file, layers, E, group.world) if plan_file is not None
                      else contiguous_placement(layers, E, group.world))
     hooks = EPRankContext(group, placement, E, plan_file, knobs.ep_exchange)
-    prepared = prepare_run(recipe, knobs, plan_path=plan_path, trace_path=trace_path, steps=steps, scale=scale,
-                           platform_path=platform_path, rank=hooks)
+    prepared = _prepare(recipe, knobs, plan_path, trace_path, steps, scale, platform_path, hooks)
     from ..device import tune_cpu_threads
 
     tune_cpu_threads(prepared.info)
@@ -93,7 +93,9 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
     stats = engine.model.exchange.stats
     hot_RLE = gather_rows(engine.model.hot_LE().astype(np.float64), control)  # for the prediction (static runs)
     prediction = _placement_prediction(plan_file)
-    window_steps = prediction.window_steps(prepared.steps) if prediction is not None else None
+    ran = engine.step_count if m.kind == "hf" else prepared.steps  # a generation's length is known at its end
+    window_steps = prediction.window_steps(ran) if prediction is not None else None
+    trace_SLTK, texts = _served(hooks, engine, control, run.summary.interrupted)  # for the predictions, the output
     out = job_summary(rank_totals(run, stats, hooks.expected_rank_hit_rate, book.cold_reads), control, window_steps)
     dist.barrier(group=control)
     if out is None:
@@ -108,11 +110,35 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
     if rebalancer is not None:  # each move's prediction, judged on the window after it
         figures.rebalance_error = prediction_error([(r["predicted_after"], r["achieved_after"])
                                                     for r in figures.rebalances if r["skipped"] is None])
-    if hooks.trace is not None:
-        _trace_predictions(figures, hooks.trace.topk_ids_SLTK[:summary.steps], placement, E,
+    if trace_SLTK is not None:
+        _trace_predictions(figures, trace_SLTK[:summary.steps], placement, E,
                            hot_RLE.reshape(group.world, engine.model.num_layers, E) > 0.5,
                            knobs.eplb_steps if rebalancer is not None else 0)
-    return EPResult(prepared, group, summary, figures, records)
+    return EPResult(prepared, group, summary, figures, records, texts)
+
+
+def _prepare(recipe, knobs, plan_path, trace_path, steps, scale, platform_path, hooks: EPRankContext):
+    """This rank built from the recipe's model source: a checkpoint generating its share of the
+    prompts, or a synthetic model."""
+    if recipe.model.kind == "hf":
+        from ..hf.run import checkpoint_prompts, prepare_checkpoint
+
+        return prepare_checkpoint(recipe, knobs, checkpoint_prompts(recipe), plan_path, None, platform_path, hooks)
+    return prepare_run(recipe, knobs, plan_path=plan_path, trace_path=trace_path, steps=steps, scale=scale,
+                       platform_path=platform_path, rank=hooks)
+
+
+def _served(hooks: EPRankContext, engine, control, interrupted: bool) -> tuple[np.ndarray | None, list[str] | None]:
+    """What the job served, on rank 0 (collective for a checkpoint): the routing, ids [S, L, T, K]
+    (a checkpoint's as each rank sent it, a replayed trace's as read; None for other traffic),
+    and a checkpoint's texts in rank order (None for a synthetic model; none when interrupted)."""
+    sent = getattr(engine.model, "trace_steps", None)
+    if sent is None:
+        return (None if hooks.trace is None else hooks.trace.topk_ids_SLTK), None
+    from ..hf.ep import job_trace
+
+    ranks = gather_to_rank0([] if interrupted else engine.source.texts(), control)
+    return job_trace(sent, control), None if ranks is None else [t for r in ranks for t in r]
 
 
 def _trace_predictions(figures: EPFigures, topk_ids_SLTK, placement: Placement, num_experts: int,
@@ -142,13 +168,13 @@ def _placement_prediction(plan_file):
     return placement_prediction(plan_file.placement["path"])
 
 
-def _predicted_exchange(recipe: Recipe, prepared: Prepared, mode: str, summary, world: int) -> dict:
+def _predicted_exchange(recipe: Recipe, prepared, mode: str, summary, world: int) -> dict:
     """The ledger's bytes leaving one rank per exchange for this run's mode: its formula at the
     allocated hidden size and activation bytes, with this run's tokens per rank (the mean; the
     all-gather pads every rank to the largest shard, which a trace's uneven shards make larger)."""
     m = recipe.model
     tokens_per_rank = summary.tokens / max(summary.steps, 1) / world
-    small = dataclasses.replace(recipe, model=dataclasses.replace(m, hidden_size=prepared.geom.hidden))
+    small = dataclasses.replace(recipe, model=dataclasses.replace(m, hidden_size=prepared.hidden))
     act_bytes = prepared.engine.model.banks[0].compute_dtype.itemsize
     ledger = a2a_ledger(small, CommModel(tokens_per_step=max(1, round(tokens_per_rank)), act_bytes=act_bytes))
     scale = tokens_per_rank / max(1, round(tokens_per_rank))  # the ledger takes whole tokens

@@ -121,25 +121,59 @@ class EPRankContext(RankContext):
         return self.placement.held_LE(self.rank, int(self.replicas.logcnt_LE.shape[1]))
 
     def build_model(self, layers, geom, hot_LE, info, numa, compute):
-        """The rank's model over the node's shared cold bank: local rank 0 creates and fills it,
+        """The rank's model over the node's shared cold bank (`_on_shared_bank`)."""
+        self.exchange = make_exchange(self.exchange_mode, self.replicas, self.rank, self.world,
+                                      control=self.group.control)
+        model = self._on_shared_bank(numa, info, lambda allocator: EPMoE(layers, geom, hot_LE, info, allocator,
+                                                                         compute, exchange=self.exchange))
+        model.held_LE = self.held_LE()
+        return self.allocator, model
+
+    def _on_shared_bank(self, numa, info, build: Callable):
+        """`build(allocator)` over the node's shared cold bank: local rank 0 creates and fills it,
         then the node's other ranks map it; once all have, its files are unlinked."""
         g = self.group
         allocator = SharedAllocator(shm_prefix(g.job, g.node), creator=g.local_rank == 0, numa=numa, pin=info.pinned)
-        self.exchange = make_exchange(self.exchange_mode, self.replicas, g.rank, g.world, control=g.control)
-
-        def build():
-            return EPMoE(layers, geom, hot_LE, info, allocator, compute, exchange=self.exchange)
         if allocator.creator:
-            model = build()
+            built = build(allocator)
             g.barrier()
         else:
             g.barrier()
-            model = build()
+            built = build(allocator)
         g.barrier()
         allocator.unlink()
-        model.held_LE = self.held_LE()
         self.allocator = allocator
-        return allocator, model
+        return built
+
+    # ---- a checkpoint's rank ----
+
+    def pooled(self, counts_LE: np.ndarray) -> np.ndarray:
+        """Collective: every rank's routing counts summed (exact integers in float64)."""
+        import torch
+        import torch.distributed as dist
+
+        total = torch.from_numpy(np.asarray(counts_LE, dtype=np.float64).copy())
+        dist.all_reduce(total, group=self.group.control)
+        return total.numpy()
+
+    def load_checkpoint(self, path, setup):
+        """The checkpoint over the node's shared cold bank: its experts read from the files once
+        per node (by the rank that fills the bank), every other tensor by every rank."""
+        from ..hf.loader import load_model
+
+        hm = self._on_shared_bank(setup.numa, setup.info,
+                                  lambda allocator: load_model(path, setup.info, allocator=allocator))
+        return hm, self.allocator
+
+    def checkpoint_model(self, hm, info, generation):
+        """The checkpoint's experts through the exchange, and the generation in lockstep."""
+        from ..hf.ep import EPCheckpoint, Lockstep
+
+        self.exchange = make_exchange(self.exchange_mode, self.replicas, self.rank, self.world,
+                                      control=self.group.control)
+        model = EPCheckpoint(hm, info, self.exchange, self.group.control)
+        model.held_LE = self.held_LE()
+        return model, Lockstep(generation, model)
 
 
 @dataclass

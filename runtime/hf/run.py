@@ -20,13 +20,14 @@ from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.prompts import read_prompts
 
 from ..cold_split import make_split
+from ..device import DeviceInfo
 from ..log import HitRateRecord
 from ..pinned import NumaPolicy
-from ..rank_context import RankContext
+from ..rank_context import PlanChoice, RankContext
 from ..windows import RunSummary
 from .capture import Generation, capture
-from .loader import load_model, load_tokenizer
-from .steps import CheckpointEngine, CheckpointMoE
+from .loader import load_tokenizer
+from .steps import CheckpointEngine
 
 
 @dataclass
@@ -59,6 +60,57 @@ def checkpoint_prompts(recipe: Recipe) -> list:
     return read_prompts(t.path)
 
 
+@dataclass
+class PreparedCheckpoint:
+    """A checkpoint rank built for the one loop: its engine (model, generation), plan and setup."""
+
+    engine: CheckpointEngine
+    plan: PlanChoice
+    info: DeviceInfo
+    allocator: object  # the cold bank's (a PinnedAllocator, or an EP node's SharedAllocator)
+    expert_bytes: int  # real
+    hidden: int
+    traffic: str  # what the rank generates from
+    steps: float = math.inf  # the generation ends the loop
+
+    def to_doc(self) -> dict:
+        p = self.plan
+        return {"device": self.info.to_doc(), "kernel": self.engine.model.compute.name, "traffic": self.traffic,
+                "numa": self.allocator.numa.to_doc(),
+                "plan": {"source": p.source, "made_from": p.made_from, "expected_hit_rate": p.expected_hit_rate,
+                         "budget_bytes": p.budget_bytes, "hot_bytes": p.hot_bytes, "hot_experts": int(p.hot_LE.sum()),
+                         "expert_bytes": self.expert_bytes}}
+
+
+def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: str | Path | None = None,
+                       advance: Callable[[int], None] | None = None, platform_path: str | Path | None = None,
+                       rank: RankContext | None = None) -> PreparedCheckpoint:
+    """Load the checkpoint onto the hot/cold banks and plan for the rank's share of `prompts`
+    (`rank`: the single-rank default, or an expert-parallel rank)."""
+    m, t = recipe.model, recipe.traffic
+    rank = RankContext() if rank is None else rank
+    # The banks keep a checkpoint's fp8 experts on every device; refused before gigabytes are loaded.
+    setup = rank.setup(recipe, knobs, platform_path, fp8_kept=lambda info: True)
+    hm, allocator = rank.load_checkpoint(m.path, setup)
+    _check_geometry(recipe, hm)
+    tok = load_tokenizer(m.path)
+    expert_bytes = expert_bytes_per_rank(recipe)
+    prompts = rank.share(prompts)
+    if plan_path is None:  # calibrate on the prefill of the prompts (counts only, no generation)
+        capture(hm, tok, prompts, 0, t.batch)
+    plan = rank.plan(recipe, rank.pooled(hm.counter.counts_LE.copy()), expert_bytes, plan_path,
+                     lambda: resolve_hot_budget(recipe, knobs, setup.platform), f"the prefill routing of {t.path}")
+    split = make_split(knobs.cold_path, setup.info, hm.banks[0], setup.platform)
+    for row, bank in enumerate(hm.banks):
+        bank.set_hot(plan.hot_LE[row])
+        bank.cold_split = split
+    model, source = rank.checkpoint_model(hm, setup.info, Generation(hm, tok, prompts, t.max_new_tokens, t.batch,
+                                                                     advance))
+    engine = CheckpointEngine(model, source, knobs, expert_bytes, expected_hit_rate=plan.expected_hit_rate)
+    return PreparedCheckpoint(engine, plan, setup.info, allocator, expert_bytes, hm.banks[0].hidden,
+                              f"prompts {t.path}")
+
+
 def run_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: str | Path | None = None,
                    on_record: Callable[[HitRateRecord], None] | None = None,
                    advance: Callable[[int], None] | None = None, platform_path: str | Path | None = None,
@@ -66,31 +118,12 @@ def run_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: str |
     """Generate greedy text for `prompts` (checkpoint_prompts) on the hot/cold banks through the
     one loop, logging hit rates; `advance(n)` after each batch of n prompts is generated.
     Ctrl-C keeps the windows so far (the summary says `interrupted`), not the texts."""
-    m, t = recipe.model, recipe.traffic
-    rank = RankContext() if rank is None else rank
-    # The banks keep a checkpoint's fp8 experts on every device; refused before gigabytes are loaded.
-    setup = rank.setup(recipe, knobs, platform_path, fp8_kept=lambda info: True)
-    allocator = setup.allocator()
-    hm = load_model(m.path, setup.info, allocator=allocator)
-    _check_geometry(recipe, hm)
-    tok = load_tokenizer(m.path)
-    expert_bytes = expert_bytes_per_rank(recipe)
-    if plan_path is None:  # calibrate on the prefill of the prompts (counts only, no generation)
-        capture(hm, tok, prompts, 0, t.batch)
-    plan = rank.plan(recipe, hm.counter.counts_LE.copy(), expert_bytes, plan_path,
-                     lambda: resolve_hot_budget(recipe, knobs, setup.platform), f"the prefill routing of {t.path}")
-    split = make_split(knobs.cold_path, setup.info, hm.banks[0], setup.platform)
-    for row, bank in enumerate(hm.banks):
-        bank.set_hot(plan.hot_LE[row])
-        bank.cold_split = split
-    model = CheckpointMoE(hm, setup.info)
-    engine = CheckpointEngine(model, Generation(hm, tok, prompts, t.max_new_tokens, t.batch, advance), knobs,
-                              expert_bytes, expected_hit_rate=plan.expected_hit_rate)
-    summary = engine.run(math.inf, on_record)
+    p = prepare_checkpoint(recipe, knobs, prompts, plan_path, advance, platform_path, rank)
+    summary = p.engine.run(p.steps, on_record)
     return CheckpointRun(
-        texts=[] if summary.interrupted else engine.source.texts(), summary=summary, plan_source=plan.source,
-        plan_made_from=plan.made_from, hot_experts=int(plan.hot_LE.sum()), device=setup.info.name,
-        kernel=model.compute.name, numa=allocator.numa)
+        texts=[] if summary.interrupted else p.engine.source.texts(), summary=summary, plan_source=p.plan.source,
+        plan_made_from=p.plan.made_from, hot_experts=int(p.plan.hot_LE.sum()), device=p.info.name,
+        kernel=p.engine.model.compute.name, numa=p.allocator.numa)
 
 
 def _check_geometry(recipe: Recipe, hm) -> None:
