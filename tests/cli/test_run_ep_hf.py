@@ -20,7 +20,7 @@ import yaml
 pytest.importorskip("transformers", minversion="5.0", reason="transformers>=5 (hotsplit[hf])")
 
 from tests.cli.test_run_hf import _geometry  # noqa: E402
-from tests.fakes.hf import SENTENCES, build_checkpoint, reference  # noqa: E402
+from tests.fakes.hf import SENTENCES, build_checkpoint, reference_texts  # noqa: E402
 from tests.runtime.ep.harness import REPO, env_for_ranks, kill_tagged, run_job, tagged_pids  # noqa: E402
 
 HOTSPLIT = [sys.executable, "-m", "hotsplit_cli"]
@@ -49,18 +49,6 @@ def _recipe(tmp_path, ckpt, prompts: list[str], max_new_tokens: int):
     return recipe
 
 
-def _want(ckpt, prompts, max_new_tokens):
-    from transformers import AutoTokenizer
-
-    tok, ref = AutoTokenizer.from_pretrained(ckpt), reference(ckpt)
-    texts = []
-    for p in prompts:
-        ids = tok(p, return_tensors="pt")["input_ids"]
-        out = ref.generate(input_ids=ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
-        texts.append(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
-    return texts
-
-
 def test_ep2_checkpoint_run_equals_generate_and_its_trace_prediction(tmp_path, ckpt):
     """HOTSPLIT_DYNAMIC=0: the texts equal transformers'; the balancedness and each rank's hit
     rate equal what the routing the job served predicts; 3 prompts of uneven lengths on 2 ranks."""
@@ -69,7 +57,7 @@ def test_ep2_checkpoint_run_equals_generate_and_its_trace_prediction(tmp_path, c
     done = run_job([*HOTSPLIT, "run", str(_recipe(tmp_path, ckpt, prompts, 6)), "--json"], env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(done.stdout)
-    assert doc["texts"] == _want(ckpt, prompts, 6)
+    assert doc["texts"] == reference_texts(ckpt, prompts, 6)
     s = doc["summary"]
     assert s["balancedness"] == pytest.approx(s["predicted_balancedness"], abs=1e-12)
     for r in s["ranks"]:

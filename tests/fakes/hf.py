@@ -73,3 +73,17 @@ def reference(folder, impl="eager"):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, experts_implementation=impl).eval()
+
+
+def reference_texts(folder, prompts: list[str], max_new_tokens: int, weights=None) -> list[str]:
+    """transformers' greedy texts of each prompt on its own (`weights`: another folder of the same
+    model's weights, e.g. an fp8 checkpoint's dequantised ones), as hotsplit decodes them."""
+    from transformers import AutoTokenizer
+
+    tok, ref = AutoTokenizer.from_pretrained(folder), reference(weights or folder)
+    texts = []
+    for p in prompts:
+        ids = tok(p, return_tensors="pt")["input_ids"]
+        out = ref.generate(input_ids=ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+        texts.append(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+    return texts

@@ -15,10 +15,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers", minversion="5.0")
 
 from hotsplit_cli.placement.algorithm import Geometry  # noqa: E402
-from hotsplit_cli.placement.dispatch import contiguous_placement  # noqa: E402
 from hotsplit_cli.placement.evaluate import random_layout  # noqa: E402
 from hotsplit_cli.placement.file import placement_doc, save_placement  # noqa: E402
-from tests.fakes.hf import SENTENCES, reference  # noqa: E402
+from tests.fakes.hf import SENTENCES, reference_texts  # noqa: E402
 
 from .ep.harness import REPO, run_job, torchrun  # noqa: E402
 
@@ -28,19 +27,6 @@ PROMPTS = [SENTENCES[0], SENTENCES[3][:15], "Hi"]
 NEW_TOKENS = 8
 
 pytestmark = pytest.mark.slow
-
-
-def _want(folder, prompts, ref_folder=None):
-    from hotsplit_runtime.hf.loader import load_tokenizer
-
-    tok = load_tokenizer(folder)
-    ref = reference(ref_folder or folder)
-    texts = []
-    for p in prompts:
-        ids = tok(p, return_tensors="pt")["input_ids"]
-        out = ref.generate(input_ids=ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=tok.pad_token_id)
-        texts.append(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
-    return texts
 
 
 def _run(tmp_path, ranks, checkpoints, **cfg):
@@ -68,7 +54,8 @@ def test_ep2_greedy_texts_equal_transformers_for_every_family_and_fp8(tmp_path, 
     fp8_dir, deq_dir = fp8_checkpoint
     job = _run(tmp_path, 2, {**checkpoints, "fp8": fp8_dir})
     for name, got in job.items():
-        want = _want(fp8_dir, PROMPTS, deq_dir) if name == "fp8" else _want(checkpoints[name], PROMPTS)
+        folder, weights = (fp8_dir, deq_dir) if name == "fp8" else (checkpoints[name], None)
+        want = reference_texts(folder, PROMPTS, NEW_TOKENS, weights)
         assert got["texts"] == want, name
         assert got["steps"] == max(got["own_steps"]) > min(got["own_steps"]), name  # one rank finished first
         assert got["loads_SLR"] == got["predicted_loads_SLR"], name
@@ -95,13 +82,12 @@ def test_ep4_with_replicas_swaps_and_a_rebalance_mid_run_equals_transformers(tmp
     for n in names:
         cfg = read_config(checkpoints[n])
         layers = [i for i in range(cfg.num_hidden_layers) if n != "qwen3_moe" or i not in cfg.mlp_only_layers]
-        contiguous_placement(layers, 8, 4)  # the experts divide
         after[n] = _placement(tmp_path / f"{n}.json", layers, 4, 4, seed=1)
     prompts = PROMPTS + [SENTENCES[1][:20], SENTENCES[2], SENTENCES[4][:9]]
     job = _run(tmp_path, 4, {n: checkpoints[n] for n in names}, exchange="allgather", batch=2, swap_every=2,
                rebalance_at=3, placement_after=after, prompts=prompts)
     for name, got in job.items():
-        assert got["texts"] == _want(checkpoints[name], prompts), name
+        assert got["texts"] == reference_texts(checkpoints[name], prompts, NEW_TOKENS), name
         assert all(n > 0 for n in got["swaps_R"]), name  # every rank swapped mid-generation
         reps = got["rebalances"]
         assert [r["step"] for r in reps] == [3] and reps[0]["skipped"] is None and reps[0]["experts_moved"] > 0
