@@ -66,6 +66,22 @@ def test_ep2_checkpoint_run_equals_generate_and_its_trace_prediction(tmp_path, c
     assert "each rank generates its share of the prompts" in done.stderr  # the header, said on stderr under --json
 
 
+def test_ep2_checkpoint_run_with_swaps_and_live_rebalancing_equals_generate(tmp_path, ckpt):
+    """Dynamic swaps every 2 steps (margin 1) and a rebalance check every 3 steps, over the
+    all-gather exchange: the texts still equal transformers', the ranks swapped mid-generation
+    and each rebalance check is reported."""
+    prompts = [SENTENCES[1], SENTENCES[4][:9], SENTENCES[2], "Hi"]
+    env = {**env_for_ranks(), "HOTSPLIT_DYN_STEPS": "2", "HOTSPLIT_EPLB_STEPS": "3",
+           "HOTSPLIT_EP_EXCHANGE": "allgather"}
+    done = run_job([*HOTSPLIT, "run", str(_recipe(tmp_path, ckpt, prompts, 8)), "--json"], env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    assert doc["texts"] == reference_texts(ckpt, prompts, 8)
+    s = doc["summary"]
+    assert s["swaps"] > 0 and s["exchange"]["mode"] == "allgather"
+    assert s["rebalances"] and all(r["step"] % 3 == 0 for r in s["rebalances"])
+
+
 def test_a_killed_rank_ends_a_checkpoint_job_within_60_s_with_one_line(tmp_path, ckpt):
     tag = uuid.uuid4().hex
     recipe = _recipe(tmp_path, ckpt, SENTENCES * 40, 200)
