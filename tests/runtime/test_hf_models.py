@@ -388,3 +388,22 @@ def test_load_run_drop_then_load_another_checkpoint(checkpoints, cpu):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: pinned cold banks freed and made again")
 def test_cuda_load_run_drop_then_load_another_checkpoint(checkpoints):
     _load_run_drop_in_turn(checkpoints, choose_device("cuda"), rtol=1e-3, atol=1e-4)
+
+
+def test_a_rank_that_does_not_fill_the_shared_cold_bank_reads_only_the_dense_tensors(checkpoints, cpu):
+    """An expert-parallel rank other than its node's filler maps the bank another rank writes:
+    it reads no expert tensor (the bank stays as mapped, here zeros) and refuses none as missing."""
+    from hotsplit_runtime.pinned import PinnedAllocator, numa_policy_for
+
+    class Mapped(PinnedAllocator):
+        fills = False
+
+    folder = checkpoints["mixtral"]
+    filled = load_model(folder, cpu, torch.float32)
+    mapped = load_model(folder, cpu, torch.float32, allocator=Mapped(pin=False, numa=numa_policy_for("off", None)))
+    assert all(float(b.cold_EB.abs().sum()) == 0.0 for b in mapped.banks)
+    assert all(float(b.cold_EB.abs().sum()) > 0.0 for b in filled.banks)
+    dense = dict(filled.model.named_parameters())
+    for name, p in mapped.model.named_parameters():
+        if p.numel():
+            torch.testing.assert_close(p, dense[name], rtol=0, atol=0)
