@@ -4,7 +4,8 @@ of the prompts expert-parallel (runtime/hf/ep.py), and, on rank 0, write the job
 loads and hits each rank measured and what the recorded routing predicts for them.
 
 argv: job.json out_dir. job.json: {"checkpoints": {name: folder}, "prompts": [...],
-"max_new_tokens": n, "batch": b, "exchange": "a2a" | "allgather", "placement": path | null,
+"max_new_tokens": n, "batch": b, "exchange": "a2a" | "allgather", "placement": {name: path} | null
+(null: contiguous),
 "swap_every": n (0: a static hot set), "rebalance_at": n (0: never; else the map moves to
 `placement_after[name]` at that step)}. Writes out_dir/result.json on rank 0.
 """
@@ -52,12 +53,12 @@ def _force_move(target_path: str) -> None:
     rebalance.decide_rebalance = decide
 
 
-def _build(group, folder, cfg):
+def _build(group, name, folder, cfg):
     info = cpu_without_triton()
     hm, _ = EPRankContext(group, contiguous_placement((0,), 8, group.world), 8).load_checkpoint(
         folder, RunSetup(None, info, numa_policy_for("off", None)))  # a context to load with; the run's below
     E = hm.num_experts
-    placement = (load_placement(cfg["placement"]) if cfg.get("placement")
+    placement = (load_placement(cfg["placement"][name]) if cfg.get("placement")
                  else contiguous_placement(hm.layer_ids, E, group.world))
     ctx = EPRankContext(group, placement, E, exchange_mode=cfg["exchange"])
     tok = load_tokenizer(folder)
@@ -69,7 +70,7 @@ def _build(group, folder, cfg):
 
 
 def _generate(group, name, folder, cfg) -> dict | None:
-    ctx, ep, source, placement = _build(group, folder, cfg)
+    ctx, ep, source, placement = _build(group, name, folder, cfg)
     every, at = cfg.get("swap_every", 0), cfg.get("rebalance_at", 0)
     rebalancer = Rebalancer(ctx, ep, group.control, ep.banks[0].expert_bytes, at) if at else None
     if at:
