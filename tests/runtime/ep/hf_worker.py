@@ -11,6 +11,7 @@ argv: job.json out_dir. job.json: {"checkpoints": {name: folder}, "prompts": [..
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -55,12 +56,14 @@ def _force_move(target_path: str) -> None:
 
 def _build(group, name, folder, cfg):
     info = cpu_without_triton()
-    hm, _ = EPRankContext(group, contiguous_placement((0,), 8, group.world), 8).load_checkpoint(
+    loader = EPRankContext(group, contiguous_placement((0,), 8, group.world), 8)
+    hm, _ = loader.load_checkpoint(
         folder, RunSetup(None, info, numa_policy_for("off", None)))  # a context to load with; the run's below
     E = hm.num_experts
     placement = (load_placement(cfg["placement"][name]) if cfg.get("placement")
                  else contiguous_placement(hm.layer_ids, E, group.world))
     ctx = EPRankContext(group, placement, E, exchange_mode=cfg["exchange"])
+    ctx.allocator = loader.allocator
     tok = load_tokenizer(folder)
     prompts = ctx.share(cfg["prompts"])
     ep, source = ctx.checkpoint_model(hm, info, Generation(hm, tok, prompts, cfg["max_new_tokens"], cfg["batch"]))
@@ -94,6 +97,8 @@ def _generate(group, name, folder, cfg) -> dict | None:
     loads = gather_rows(np.asarray(ep.exchange.stats.loads, dtype=np.float64), group.control)
     hot_RLE = gather_rows(hot_start.astype(np.float64), group.control) > 0.5
     trace = job_trace(ep.trace_steps, group.control)
+    paths = ctx.allocator.paths  # every rank mapped the node's bank files, the filler then unlinked them
+    assert paths and not any(os.path.exists(p) for p in paths), paths
     if trace is None:
         return None
     pred = predict_trace(trace, placement, ep.hm.num_experts, hot_RLE.reshape(group.world, *hot_start.shape))
