@@ -1,4 +1,4 @@
-"""Reading `.pt` files safely: tensors, numbers, strings, lists and dicts only.
+"""Reading `.pt` files safely (tensors, numbers, strings, lists and dicts only), and writing them.
 
 `torch.load(weights_only=True)` refuses any pickled object that is not one of those, so a
 routing dump from a serving engine can be read without running code from it.
@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from hotsplit_cli.core.errors import InputFileError
+from hotsplit_cli.core.jsonio import write_atomic
 
 
 def load_tensors_only(path: str | Path) -> object:
@@ -24,3 +25,9 @@ def load_tensors_only(path: str | Path) -> object:
             f"{path}: refused: not a tensors-only torch file ({first[:160]})",
             "hotsplit reads .pt files with weights_only=True and never unpickles arbitrary objects",
         ) from None
+
+
+def save_tensors(path: str | Path, arrays: dict) -> None:
+    """`arrays` (name -> numpy array) as a `.pt` dict of tensors, written atomically."""
+    doc = {name: torch.from_numpy(a) for name, a in arrays.items()}
+    write_atomic(path, lambda fh: torch.save(doc, fh))

@@ -2,8 +2,8 @@
 ranks of an expert-parallel job (torchrun, or `run`'s own launcher): rank 0 says it, the others
 wait until it has (bounded), then exit without a line.
 
-torch.distributed is imported only here (the store the job's launcher holds), and only where a
-launcher started the process; no hotsplit runtime is needed to refuse a value.
+The store the job's launcher holds is opened by the runtime (hotsplit_runtime/distributed/store.py,
+where torch.distributed is imported), and only where a launcher started the process.
 """
 
 from __future__ import annotations
@@ -55,18 +55,15 @@ def say_refusal_once(line: str, environ=os.environ) -> None:
 
 
 def _agent_store(environ) -> bool:
-    return environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    from hotsplit_runtime.distributed.store import uses_agent_store
+
+    return uses_agent_store(environ)
 
 
 def _job_store(environ, rank: int):
-    """The store at MASTER_ADDR:MASTER_PORT, as `init_process_group(init_method="env://")` opens it."""
-    from torch.distributed import TCPStore
+    from hotsplit_runtime.distributed.store import open_job_store
 
-    timeout = datetime.timedelta(seconds=REFUSAL_WAIT_S)
-    host, port = environ["MASTER_ADDR"], int(environ["MASTER_PORT"])
-    if _agent_store(environ):
-        return TCPStore(host, port, None, False, timeout, wait_for_workers=False)
-    return TCPStore(host, port, None, rank == 0, timeout, wait_for_workers=False, multi_tenant=True)
+    return open_job_store(environ, rank, REFUSAL_WAIT_S)
 
 
 def _wait_for(done, limit_s: float) -> None:

@@ -47,7 +47,7 @@ def export_cmd(
 
 
 def _write(path: Path, payload) -> None:
-    """The engine's file, atomically: JSON, YAML, text, or torch's .pt (torch imported only here)."""
+    """The engine's file, atomically: JSON, YAML, text, or torch's .pt (written by the runtime, where torch is)."""
     from hotsplit_cli.core.jsonio import write_atomic, write_json_atomic
 
     suffix = path.suffix
@@ -59,10 +59,9 @@ def _write(path: Path, payload) -> None:
         text = yaml.safe_dump(payload, sort_keys=False, default_flow_style=None, width=1 << 20)
         write_atomic(path, lambda fh: fh.write(text.encode()))
     elif suffix == ".pt":
-        import torch
+        from hotsplit_runtime.torch_files import save_tensors
 
-        tensor = torch.from_numpy(payload)
-        write_atomic(path, lambda fh: torch.save({"logical_count": tensor}, fh))
+        save_tensors(path, {"logical_count": payload})
     else:
         write_atomic(path, lambda fh: fh.write(payload.encode()))
 

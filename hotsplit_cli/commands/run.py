@@ -145,10 +145,10 @@ def _run_checkpoint(out: Output, request: RunRequest, plan_file) -> None:
     (`plan_file`: the --plan file, read and checked)."""
     rec, knobs, plan, log_jsonl, plot, platform = (request.recipe, request.knobs, request.plan, request.log_jsonl,
                                                    request.plot, request.platform)
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise UsageError("a checkpoint recipe needs transformers", "pip install 'hotsplit[hf]'") from None
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:  # found, not imported: the runtime imports it
+        raise UsageError("a checkpoint recipe needs transformers", "pip install 'hotsplit[hf]'")
     from hotsplit_runtime.hf.run import checkpoint_prompts, run_checkpoint
 
     say = out.note if out.json_mode else out.print

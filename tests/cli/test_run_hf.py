@@ -95,6 +95,21 @@ def test_run_checkpoint_refuses_a_recipe_that_does_not_match(ckpt, tmp_path, cap
     assert code == 1 and "8 experts" in err and "recipe 'tiny-ckpt' says" in err
 
 
+def test_without_transformers_a_checkpoint_run_is_refused_in_one_line(ckpt, tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "transformers" else found(name, *a))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    log = tmp_path / "log.jsonl"
+    code = main(["run", str(_recipe(tmp_path, ckpt, prompts, 2, _geometry(ckpt))), "--log-jsonl", str(log)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "a checkpoint recipe needs transformers" in err
+    assert not log.exists()
+
+
 def test_run_checkpoint_human_summary_and_plot(ckpt, tmp_path, capsys, monkeypatch):
     pytest.importorskip("matplotlib")
     import hotsplit_runtime.hf.run as hf_run
