@@ -93,3 +93,19 @@ def test_each_ranks_cold_path_is_judged_by_its_own_rates_spread(esft):
         assert judged["predicted"] == pytest.approx(p["predicted_ms"] / p["experts"])
         assert judged["high"] == pytest.approx(judged["predicted"] * (1 + p["spread"]))
         assert judged["within"] is (judged["low"] <= judged["achieved"] <= judged["high"])
+
+
+def test_the_figures_docs_simulate_records_are_these_runs(esft):
+    """docs/simulate.md's verdict table is what this module's runs give (rounded as printed there)."""
+    fit, other = _by_name(esft["fitted"]), _by_name(esft["other"])
+    hit_in, hit_out = fit["hit_rate.in_sample"], fit["hit_rate.out_of_sample"]
+    bal_in, bal_out = fit["balancedness.in_sample"], fit["balancedness.out_of_sample"]
+    assert [f"{100 * x:.2f}" for x in (hit_in["achieved"], hit_in["predicted"], hit_out["low"], hit_out["high"])] \
+        == ["30.68", "30.68", "30.47", "30.86"]
+    assert [f"{x:.4f}" for x in (bal_in["achieved"], bal_in["predicted"], bal_in["low"], bal_in["high"],
+                                 bal_out["low"], bal_out["high"])] \
+        == ["0.9788", "0.9788", "0.9639", "0.9936", "0.9600", "0.9897"]
+    assert f"{100 * other['hit_rate.in_sample']['achieved']:.2f}" == "13.74"
+    assert f"{other['balancedness.in_sample']['achieved']:.4f}" == "0.9531"
+    assert {other[k]["verdict"] for k in ("hit_rate.in_sample", "hit_rate.out_of_sample", "balancedness.in_sample",
+                                          "balancedness.out_of_sample")} == {"OUTSIDE"}
