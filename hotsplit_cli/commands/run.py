@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
@@ -28,7 +29,6 @@ from ._run_report import verdicts as _verdicts
 from ._run_report import wrote as _wrote
 from ._run_request import RunRequest
 
-MIB = 1 << 20
 PlanFileOpt = Annotated[Path | None, typer.Option("--plan", help="plan.json from `hotsplit plan` (else planned here).")]
 TraceOpt = Annotated[Path | None, typer.Option("--trace", help="Replay this routing trace (.npz).")]
 StepsOpt = Annotated[int | None, typer.Option("--steps", help="Engine steps (default: the recipe's run.steps).")]
@@ -166,7 +166,7 @@ def _run_checkpoint(out: Output, request: RunRequest, plan_file) -> None:
 
     def render():
         for i, text in enumerate(result.texts[:8]):
-            out.print(f"[{i}] {text!r}")
+            out.print(escape(f"[{i}] {text!r}"))
         plan_row = ("plan", f"{result.hot_experts} hot experts ({result.plan_source})")
         title = f"hotsplit run {rec.name}" + (" (interrupted)" if result.summary.interrupted else "")
         _render_summary(out, title, result.summary,

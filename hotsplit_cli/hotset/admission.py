@@ -30,11 +30,10 @@ import math
 
 import numpy as np
 
+from hotsplit_cli.config.knobs import DYN_RULES  # the seed's window rule (planner.SwapRule), the one here
 from hotsplit_cli.core.errors import PlanError
 
 from .planner import Swap, SwapRule, check_window
-
-DYN_RULES = ("credit", "breakeven")  # the seed's window rule (planner.SwapRule), the one here
 
 
 class BreakEvenRule:
