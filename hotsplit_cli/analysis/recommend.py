@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from hotsplit_cli.config.knobs import Knobs
+from hotsplit_cli.config.knobs import DYN_RULES, Knobs
 
-from .simulate import SimResult, run_dynamic, run_static
+from .simulate import Advance, SimResult, _ignore, _no_progress, run_dynamic, run_static
 
 GRID_STEPS = (4, 8, 16, 32)
 GRID_SWAPS = (2, 16)
@@ -36,8 +36,20 @@ class Candidate:
     copies: int
 
 
-def candidates(counts_SLE: np.ndarray, hot_LE: np.ndarray, expert_bytes: int, knobs: Knobs) -> list[Candidate]:
-    """Every candidate replayed, static first."""
+def _grid(num_steps: int, knobs: Knobs) -> tuple[list[int], list[int]]:
+    """The dyn_steps and dyn_max_swaps tried (a window as long as the trace never swaps)."""
+    return (sorted({s for s in (*GRID_STEPS, knobs.dyn_steps) if s < num_steps}),
+            sorted({*GRID_SWAPS, knobs.dyn_max_swaps}))
+
+
+def count_candidates(num_steps: int, knobs: Knobs) -> int:
+    steps, caps = _grid(num_steps, knobs)
+    return 1 + 2 * len(steps) * len(caps)
+
+
+def candidates(counts_SLE: np.ndarray, hot_LE: np.ndarray, expert_bytes: int, knobs: Knobs,
+               advance: Advance = _ignore) -> list[Candidate]:
+    """Every candidate replayed, static first; `advance(1)` after each."""
     S = counts_SLE.shape[0]
     total = float(counts_SLE.sum())
 
@@ -47,13 +59,15 @@ def candidates(counts_SLE: np.ndarray, hot_LE: np.ndarray, expert_bytes: int, kn
                          copies=int(run.copied_experts_S.sum()), **kw)
 
     out = [judged(run_static(counts_SLE, hot_LE), dynamic=False, dyn_rule=None, dyn_steps=None, dyn_max_swaps=None)]
-    steps = sorted({s for s in (*GRID_STEPS, knobs.dyn_steps) if s < S})  # a window as long as the trace never swaps
-    for rule in ("credit", "breakeven"):
+    advance(1)
+    steps, caps = _grid(S, knobs)
+    for rule in DYN_RULES:
         for dyn in steps:
-            for cap in sorted({*GRID_SWAPS, knobs.dyn_max_swaps}):
+            for cap in caps:
                 run = run_dynamic(counts_SLE, hot_LE, dyn, cap, knobs.dyn_margin, decay=knobs.dyn_decay, rule=rule,
                                   sigmas=knobs.dyn_sigmas)
                 out.append(judged(run, dynamic=True, dyn_rule=rule, dyn_steps=dyn, dyn_max_swaps=cap))
+                advance(1)
     return out
 
 
@@ -88,10 +102,11 @@ class Recommendation:
 
 
 def recommend(counts_SLE, hot_LE, expert_bytes: int, knobs: Knobs, recipe: str, trace: str,
-              static_from: tuple[str, str | None], hot_gib_flag: str | None = None) -> Recommendation:
+              static_from: tuple[str, str | None], hot_gib_flag: str | None = None,
+              advance: Advance = _ignore) -> Recommendation:
     """`static_from`: ("plan", path), ("fit", histogram path) or ("window", None): where the static
     hot set came from, so the command starts the run from the same one where it can."""
-    cands = candidates(counts_SLE, hot_LE, expert_bytes, knobs)
+    cands = candidates(counts_SLE, hot_LE, expert_bytes, knobs, advance)
     pick = best(cands)
     env = run_env(pick, knobs)
     budget = f" --hot-gib {shlex.quote(hot_gib_flag)}" if hot_gib_flag is not None else ""
@@ -111,8 +126,9 @@ def recommend(counts_SLE, hot_LE, expert_bytes: int, knobs: Knobs, recipe: str, 
     return Recommendation(pick, env, run, note, tuple(cands))
 
 
-def recommend_for(result: SimResult, recipe_arg: str) -> Recommendation:
-    """The recommendation for a finished `simulate` (`recipe_arg`: the recipe as the user named it)."""
+def recommend_for(result: SimResult, recipe_arg: str, progress=_no_progress) -> Recommendation:
+    """The recommendation for a finished `simulate` (`recipe_arg`: the recipe as the user named it;
+    `progress(description, total)` as `run_simulation` takes it)."""
     req, k = result.request, result.knobs
     if req.plan_path is not None:
         static_from = ("plan", str(req.plan_path))
@@ -121,8 +137,10 @@ def recommend_for(result: SimResult, recipe_arg: str) -> Recommendation:
     else:
         static_from = ("window", None)
     flag = repr(k.hot_gib) if k.sources.get("hot_gib") == "flag" and req.plan_path is None else None
-    rec = recommend(result.trace.counts_SLE(result.num_experts), result.static_hot_LE, result.config.expert_bytes, k,
-                    recipe_arg, str(req.trace_path), static_from, flag)
+    n = count_candidates(result.trace.num_steps, k)
+    with progress(f"recommending: replaying {n} runnable candidates", n) as advance:
+        rec = recommend(result.trace.counts_SLE(result.num_experts), result.static_hot_LE, result.config.expert_bytes,
+                        k, recipe_arg, str(req.trace_path), static_from, flag, advance)
     if req.batch is not None:
         rec = replace(rec, note=f"judged on steps regrouped by --batch {req.batch}; the run replays the trace's own "
                                 "steps" + (f"; {rec.note}" if rec.note else ""))

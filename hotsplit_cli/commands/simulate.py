@@ -60,7 +60,7 @@ def simulate_cmd(
                                                    "dyn_decay": dyn_decay, "dyn_rule": dyn_rule,
                                                    "dyn_sigmas": dyn_sigmas})
     result = run_simulation(req, rec, knobs, out.warn, out.progress)
-    advice = recommend_for(result, recipe)
+    advice = recommend_for(result, recipe, out.progress)
     doc = {**result.to_doc(), "recommendation": advice.to_doc()}
     if plot is not None:
         _plot(out, plot, result)

@@ -53,6 +53,16 @@ def test_candidates_are_static_then_every_rule_window_and_cap_as_simulate_replay
     assert all(x.dyn_steps < 20 for x in candidates(c[:20], hot, 100, k) if x.dynamic)
 
 
+def test_every_candidate_replayed_is_counted_for_the_progress_bar():
+    from hotsplit_cli.analysis.recommend import count_candidates
+
+    c, hot = _counts()
+    k = resolve_knobs({}, {"HOTSPLIT_DYN_MAX_SWAPS": "3"})
+    ticks = []
+    cands = candidates(c, hot, 100, k, ticks.append)
+    assert len(ticks) == len(cands) == count_candidates(len(c), k) == 1 + 2 * len(GRID_STEPS) * 3
+
+
 def test_the_command_starts_from_the_same_hot_set():
     c, hot = _counts(60)
     k = resolve_knobs({}, {})
