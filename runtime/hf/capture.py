@@ -72,6 +72,11 @@ class Generation:
         self.hm, self.tokenizer, self.prompts = hm, tokenizer, prompts
         self.max_new_tokens, self.tokens_per_step, self.advance = max_new_tokens, batch_size, advance
         self.ids: list[list[int]] = []
+        model = hm.model
+        self.device = next(p for p in model.parameters() if p.numel()).device
+        self.eos = _eos_ids(model, tokenizer).to(self.device)
+        # transformers >= 5.2x names the KV cache argument `cache` (`past_key_values` before).
+        self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def forwards(self) -> Iterator[Forward]:
         tok, batch = self.tokenizer, self.tokens_per_step
@@ -88,11 +93,7 @@ class Generation:
         return [self.tokenizer.decode(x, skip_special_tokens=True) for x in self.ids]
 
     def _batch(self, enc) -> Generator[Forward, None, list[list[int]]]:
-        model = self.hm.model
-        device = next(p for p in model.parameters() if p.numel()).device
-        eos = _eos_ids(model, self.tokenizer).to(device)
-        # transformers >= 5.2x names the KV cache argument `cache` (`past_key_values` before).
-        cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        device, eos, cache_kw = self.device, self.eos, self.cache_kw
         ids_BS, am_BS = enc["input_ids"].to(device), enc["attention_mask"].to(device)
         pos_BS = (am_BS.cumsum(-1) - 1).clamp(min=0)
         step = Forward(self.hm, am_BS.reshape(-1).bool(), input_ids=ids_BS, attention_mask=am_BS, position_ids=pos_BS)
