@@ -25,9 +25,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fullsize import FULL_SIZE_MODELS, filled_layer, per_call_ms, routing, scaled_model  # noqa: E402
 from hotsplit_runtime.cold_split import ColdSplit, SplitExperts, make_split  # noqa: E402
 from hotsplit_runtime.device import choose_device, tune_cpu_threads  # noqa: E402
-from hotsplit_runtime.fullsize import FULL_SIZE_MODELS, filled_layer, per_call_ms, routing, scaled_model  # noqa: E402
 from hotsplit_runtime.kernels import choose_compute  # noqa: E402
 from hotsplit_runtime.model import HotColdMoE  # noqa: E402
 from hotsplit_runtime.pinned import PinnedAllocator, numa_policy_for  # noqa: E402
@@ -42,7 +42,7 @@ MODES = ("gpu", "cpu", "split")
 
 
 def build(scale: float, info):
-    """DeepSeek-V2-Lite's experts (runtime/fullsize.py, config.json cited there), every one cold."""
+    """DeepSeek-V2-Lite's experts (benchmarks/fullsize.py, config.json cited there), every one cold."""
     spec = scaled_model(FULL_SIZE_MODELS[0], scale)
     g = dataclasses.replace(spec.geom, shared_inter=0)
     dtype = torch.bfloat16 if info.is_cuda else torch.float32

@@ -9,7 +9,7 @@ printed (exit 1 when a row failed).
 
 `--full-size`: real expert sizes (DeepSeek-V2-Lite bf16, DeepSeek-V3 fp8), batch 1 / 8 / 32 / 128
 x hot 100% / 25% / 0%, side by side with torch._grouped_mm over the same all-resident layer
-(runtime/fullsize.py). Needs a CUDA GPU; `--scale 0.02` runs the same table CPU-sized.
+(benchmarks/fullsize.py). Needs a CUDA GPU; `--scale 0.02` runs the same table CPU-sized.
 
     python benchmarks/bench_runtime.py --full-size [--platform platform.json] [--json]
 """
@@ -52,7 +52,7 @@ def platform_zero_copy(path: str, info: DeviceInfo) -> tuple[float | None, str]:
 
 
 def full_size(args, info: DeviceInfo) -> int:
-    from hotsplit_runtime import fullsize
+    import fullsize
 
     scale = 1.0 if args.scale is None else args.scale
     if not info.is_cuda and scale >= 1.0:

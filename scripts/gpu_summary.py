@@ -144,7 +144,8 @@ def full_size_lines(work: Path) -> list[str]:
     doc = _json(work, "bench_full")
     if doc is None:
         return no_document(work, "bench_full")
-    from hotsplit_runtime.fullsize import table_lines
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from fullsize import table_lines
 
     return table_lines(doc)
 

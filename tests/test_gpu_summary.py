@@ -153,3 +153,14 @@ def test_an_unreadable_result_is_said_in_its_place_and_the_rest_still_shows(tmp_
     assert "selftest: unreadable (JSONDecodeError" in text
     assert "CUDA tests: 1 failed" in text
     assert "bench_full: not run" in text
+
+
+def test_a_full_size_document_is_rendered_by_the_benchmarks_own_table(tmp_path):
+    from tests.conftest import load_benchmark
+
+    fullsize = load_benchmark("fullsize")
+    doc = {"full_size": True, "scale": 1.0, "device": "cuda:0", "kernel": "torch-grouped", "d2d_copy_gbps": 4000.0,
+           "zero_copy_gbps": 55.0, "zero_copy_source": "measured", "launch_ms": 0.01, "reasons": {},
+           "targets": fullsize.TARGETS, "models": [], "rows": [], "errors": 0}
+    (tmp_path / "bench_full.out").write_text(json.dumps(doc))
+    assert gs.full_size_lines(tmp_path) == fullsize.table_lines(doc)

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 import numpy as np
 import pytest
 import torch
-from hotsplit_runtime import fullsize
 from hotsplit_runtime.device import choose_device
 from hotsplit_runtime.moe import MoEGeometry, dense_reference, grouped_experts
 
 from tests.conftest import load_benchmark
 
+fullsize = load_benchmark("fullsize")
 torch.set_num_threads(1)  # as tune_cpu_threads does for the CPU path: tiny matmuls, a busy machine
 CPU = choose_device("cpu")
 TINY = fullsize.FullSizeModel("tiny", MoEGeometry(hidden=32, inter=16, num_experts=8, top_k=2, shared_inter=0,
@@ -145,7 +146,10 @@ def test_a_model_that_cannot_be_built_errors_every_row_of_it_only(monkeypatch):
     json.dumps(doc)  # plain data
 
 
-def _bench_runtime():
+def _bench_runtime(monkeypatch=None):
+    """bench_runtime.py, importing the `fullsize` these tests patch when `monkeypatch` is given."""
+    if monkeypatch is not None:
+        monkeypatch.setitem(sys.modules, "fullsize", fullsize)
     return load_benchmark("bench_runtime")
 
 
@@ -178,7 +182,7 @@ def test_bench_rows_are_isolated_and_the_json_always_printed(capsys, monkeypatch
 
 
 def test_bench_full_size_scaled_runs_on_a_cpu_and_prints_the_table(capsys, monkeypatch):
-    bench = _bench_runtime()
+    bench = _bench_runtime(monkeypatch)
     monkeypatch.setattr(fullsize, "FULL_SIZE_MODELS", (TINY,))
     monkeypatch.setattr(fullsize, "BATCHES", (1, 2))
     code = bench.main(["--full-size", "--scale", "0.5", "--device", "cpu", "--budget-ms", "5"])
@@ -198,7 +202,7 @@ def _platform(tmp_path, zero_copy_gbps):
 
 
 def test_full_size_compares_cold_reads_with_the_probes_zero_copy_read(capsys, monkeypatch, tmp_path):
-    bench = _bench_runtime()
+    bench = _bench_runtime(monkeypatch)
     monkeypatch.setattr(fullsize, "FULL_SIZE_MODELS", (TINY,))
     monkeypatch.setattr(fullsize, "BATCHES", (1,))
     code = bench.main(["--full-size", "--scale", "0.5", "--device", "cpu", "--budget-ms", "5", "--json",

@@ -20,14 +20,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from hotsplit_probes import timing
-
-from .device import DeviceInfo, clock_of, synchronizer
-from .fp8 import FP8, RELEASE_FP8, Fp8Experts, Fp8Format
-from .kernels import choose_compute
-from .model import HotColdMoE
-from .moe import LayerWeights, MoEGeometry, Router, expert_counts, rms_norm, scaled_dim
-from .pinned import PinnedAllocator, numa_policy_for
-from .selftest import error_line, random_hot, raw_zero_copy_gbps
+from hotsplit_runtime.device import DeviceInfo, clock_of, synchronizer
+from hotsplit_runtime.fp8 import FP8, RELEASE_FP8, Fp8Experts, Fp8Format
+from hotsplit_runtime.kernels import choose_compute
+from hotsplit_runtime.model import HotColdMoE
+from hotsplit_runtime.moe import LayerWeights, MoEGeometry, Router, expert_counts, rms_norm, scaled_dim
+from hotsplit_runtime.pinned import PinnedAllocator, numa_policy_for
+from hotsplit_runtime.selftest import error_line, random_hot, raw_zero_copy_gbps
 
 
 @dataclass(frozen=True)
