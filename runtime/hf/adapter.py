@@ -150,17 +150,12 @@ def hotsplit_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     return type(self).forward.__wrapped__(self, hidden_states, top_k_index, top_k_weights)
 
 
-def register_experts_impl() -> None:
-    """Register `"hotsplit"` with transformers' ExpertsInterface (idempotent)."""
-    from transformers.integrations.moe import ExpertsInterface
-
-    ExpertsInterface.register(IMPL_NAME, hotsplit_experts_forward)
-
-
 def install(model: torch.nn.Module, counter: RoutingCounter | None = None,
             banks: list | None = None) -> list[MoELayerInfo]:
     """Attach counters / banks to every MoE layer and switch the model to the hotsplit experts."""
-    register_experts_impl()
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(IMPL_NAME, hotsplit_experts_forward)  # idempotent
     layers = find_moe_layers(model)
     if not layers:
         raise ValueError(f"{type(model).__name__}: no experts module dispatched through transformers' "
