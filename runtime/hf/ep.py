@@ -90,9 +90,8 @@ class EPCheckpoint(ReceiveCounting, CheckpointMoE):
                                     lambda x, ids, w: self.banks[row].forward(experts, x, ids, w))
 
     def empty_forward(self) -> None:
-        """The forward of a rank whose prompts are done (after `begin_step(False, 0)` said another
-        rank generates): an empty batch through every MoE layer in layer order, computing what
-        the others send here."""
+        """A done rank's forward (another rank generates): an empty batch through every MoE layer,
+        computing what the others send here."""
         H, K = self.banks[0].hidden, self.hm.top_k
         dev, dtype = self.info.device, self.banks[0].compute_dtype
         for layer in self.hm.layers:
@@ -101,9 +100,8 @@ class EPCheckpoint(ReceiveCounting, CheckpointMoE):
                            torch.empty(0, K, dtype=torch.float32, device=dev))
 
     def lockstep(self, forwards: Iterator) -> Iterator:
-        """The job's steps on this rank, the same number on every rank: its own forwards (each
-        starts with the agreement in its first MoE layer), then `empty_forward` while another
-        rank generates. The loop runs each through `step`."""
+        """The job's steps on this rank, the same number on every rank (the module docstring's
+        lockstep); the loop runs each through `step`."""
         yield from forwards
         while self.begin_step(False, 0):
             yield self.empty_forward

@@ -211,8 +211,7 @@ class _CheckpointReader:
         self.scales: _ScaleReader | None = None
         self.fp32 = _fp32_names(model, dtype)
         self.renames = _RENAMES.get(config.model_type, ())
-        self.params = dict(model.named_parameters())
-        self.params.update(dict(model.named_buffers()))
+        self.params = dict(model.named_parameters()) | dict(model.named_buffers())
         self.parts_LE = np.zeros((len(layers), layers[0].num_experts), dtype=np.int64)  # parts seen per expert
 
     def read(self, files: list[Path]) -> None:
