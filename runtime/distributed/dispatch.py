@@ -224,7 +224,31 @@ def make_exchange(mode: str, replicas: ReplicaMap, rank: int, world: int, group=
     return EXCHANGES[mode](replicas, rank, world, group=group, control=control)
 
 
-class EPMoE(HotColdMoE):
+class ReceiveCounting:
+    """The layer exchange of both EP models (`EPMoE`, hf/ep.py `EPCheckpoint`), counting what this rank
+    receives: per step, since the last rebalance (`live_counts_LE`) and per layer (the exchange's loads)."""
+
+    def _init_receiving(self, exchange: AllToAll | AllGather, num_layers: int, num_experts: int) -> None:
+        self.exchange, self._step_loads = exchange, []
+        self.live_counts_LE = torch.zeros(num_layers, num_experts, dtype=torch.int64)
+
+    def _exchange_layer(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor,
+                        counts_E: torch.Tensor, compute) -> torch.Tensor:
+        """`compute(x_AH, ids_A1, w_A1)` computes the received assignments (K = 1, weight 1)."""
+        sent = self.exchange.dispatch(li, x_TH, ids_TK, w_TK)
+        e_A = sent.experts_A
+        counts_E.scatter_add_(0, e_A, torch.ones_like(e_A))
+        self._step_loads.append(len(e_A))
+        y_AH = compute(sent.x_AH, e_A[:, None], torch.ones(len(e_A), 1, dtype=torch.float32, device=x_TH.device))
+        return self.exchange.combine(sent, y_AH, w_TK, x_TH.shape[0])
+
+    def _end_receiving(self, step_LE: torch.Tensor) -> None:
+        self.live_counts_LE += step_LE
+        self.exchange.stats.loads.append(self._step_loads)
+        self._step_loads = []
+
+
+class EPMoE(ReceiveCounting, HotColdMoE):
     """The hot/cold stack of one expert-parallel rank: every layer's bank holds the node's cold
     bank of all E experts (shared, see shared_bank.py) and hot slots for experts placed on this
     rank; the routed experts of each layer go through the exchange. Counters count the
@@ -232,30 +256,21 @@ class EPMoE(HotColdMoE):
 
     def __init__(self, *args, exchange: AllToAll | AllGather, **kwargs):
         super().__init__(*args, **kwargs)
-        self.exchange = exchange
-        self._step_loads: list[int] = []
-        self.live_counts_LE = torch.zeros_like(self.counts_LE, device="cpu")  # since the last rebalance
+        self._init_receiving(exchange, *self.counts_LE.shape)
 
     def layer(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor | None = None,
               w_TK: torch.Tensor | None = None) -> torch.Tensor:
         if ids_TK is None:
             ids_TK, w_TK = self.routers[li](x_TH)
-        sent = self.exchange.dispatch(li, x_TH, ids_TK, w_TK)
-        e_A = sent.experts_A
         counts_E = self.step_counts_LE[li]
-        counts_E.scatter_add_(0, e_A, torch.ones_like(e_A))
-        ones_A1 = torch.ones(len(e_A), 1, dtype=torch.float32, device=x_TH.device)
-        y_AH = self.compute(sent.x_AH, e_A[:, None], ones_A1, self.banks[li], counts_E)
-        self._step_loads.append(len(e_A))
-        y = self.exchange.combine(sent, y_AH, w_TK, x_TH.shape[0])
+        y = self._exchange_layer(li, x_TH, ids_TK, w_TK, counts_E,
+                                 lambda x, ids, w: self.compute(x, ids, w, self.banks[li], counts_E))
         if self.shared[li] is not None:
             y = y + swiglu(x_TH, *self.shared[li])
         return y
 
     def step(self, x_TH, ids_LTK=None, w_LTK=None):
-        self._step_loads = []
         self.exchange.begin_step(x_TH.shape[0])
         h = super().step(x_TH, ids_LTK, w_LTK)
-        self.live_counts_LE += self.step_counts_LE.cpu()
-        self.exchange.stats.loads.append(self._step_loads)
+        self._end_receiving(self.step_counts_LE.cpu())
         return h

@@ -30,7 +30,6 @@ _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 class MoELayerInfo:
     row: int  # index into the counters / hist rows
     layer_id: int  # model layer index
-    name: str  # module path of the experts module
     experts: torch.nn.Module
     router: torch.nn.Module | None
     num_experts: int
@@ -57,10 +56,9 @@ def find_moe_layers(model: torch.nn.Module) -> list[MoELayerInfo]:
                 router = cand
                 break
         top_k = int(getattr(router, "top_k", 0) or getattr(model.config, "num_experts_per_tok", 0))
-        found.append((int(m.group(1)), name, mod, router, top_k))
+        found.append((int(m.group(1)), mod, router, top_k))
     found.sort(key=lambda t: t[0])
-    return [MoELayerInfo(i, lid, name, mod, router, int(mod.num_experts), k)
-            for i, (lid, name, mod, router, k) in enumerate(found)]
+    return [MoELayerInfo(i, lid, mod, router, int(mod.num_experts), k) for i, (lid, mod, router, k) in enumerate(found)]
 
 
 @dataclass
@@ -150,17 +148,12 @@ def hotsplit_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     return type(self).forward.__wrapped__(self, hidden_states, top_k_index, top_k_weights)
 
 
-def register_experts_impl() -> None:
-    """Register `"hotsplit"` with transformers' ExpertsInterface (idempotent)."""
-    from transformers.integrations.moe import ExpertsInterface
-
-    ExpertsInterface.register(IMPL_NAME, hotsplit_experts_forward)
-
-
 def install(model: torch.nn.Module, counter: RoutingCounter | None = None,
             banks: list | None = None) -> list[MoELayerInfo]:
     """Attach counters / banks to every MoE layer and switch the model to the hotsplit experts."""
-    register_experts_impl()
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(IMPL_NAME, hotsplit_experts_forward)  # idempotent
     layers = find_moe_layers(model)
     if not layers:
         raise ValueError(f"{type(model).__name__}: no experts module dispatched through transformers' "

@@ -34,7 +34,6 @@ from ..fp8 import FP8, Fp8Format, dequantize_swiglu
 from ..moe import expert_groups
 from ..pinned import PinnedAllocator, numa_policy_for
 
-PARTS = ("w1", "w2", "b1", "b2")
 _SUPPORTED = "hotsplit runs experts with a fused gate_up_proj and a down_proj (docs/real-models.md lists the families)"
 
 
@@ -125,15 +124,12 @@ class HFExpertBank(BlobBank):
         if layout.fp8 is not None:
             self.fp8_meta = self.blob_layout.fp8_meta(layout.fp8)
 
-    def _part(self, blob_B: torch.Tensor, name: str) -> torch.Tensor:
-        return self.blob_layout.view(blob_B, name)
-
     # ---- filling the cold bank ----
 
     def load_part(self, e: int, part: str, tensor: torch.Tensor, rows: slice | int | None = None) -> None:
         """Copy one checkpoint tensor into expert e's blob (`rows`: a slice or index of the part's
         first dim: gate or up rows of w1, or the gate / up scales of s1)."""
-        view = self._part(self.cold_EB[e], part)
+        view = self.blob_layout.view(self.cold_EB[e], part)
         want = view.dtype
         if tensor.dtype != want and (want == FP8 or tensor.dtype == FP8):
             raise ValueError(f"{part} holds {want}, the checkpoint gives {tensor.dtype}")
@@ -157,7 +153,7 @@ class HFExpertBank(BlobBank):
             blob = self.hot_SB[slot] if slot >= 0 else self.cold_read_EB[e]
             if blob.device != self.info.device:  # CUDA without zero-copy: an explicit copy
                 blob = blob.to(self.info.device, non_blocking=True)
-        return {name: self._part(blob, name) for name in self.blob_layout.offsets}
+        return {name: self.blob_layout.view(blob, name) for name in self.blob_layout.offsets}
 
     def weights_of(self, e: int, host: bool = False) -> dict[str, torch.Tensor]:
         """Expert e's tensors ready to compute with: fp8 weights dequantised (in the model dtype,
@@ -190,10 +186,7 @@ class HFExpertBank(BlobBank):
         for e, tok, idx in expert_groups(ids_TK, self.num_experts):
             p = self.weights_of(e, host)
             x = x_TH[tok]
-            if lay.transposed:
-                gu = x @ p["w1"]
-            else:
-                gu = torch.nn.functional.linear(x, p["w1"])
+            gu = x @ p["w1"] if lay.transposed else torch.nn.functional.linear(x, p["w1"])
             if lay.has_bias:
                 gu = gu + p["b1"]
             h = experts._apply_gate(gu)

@@ -118,13 +118,12 @@ class Generation:
 
 
 def capture(hm: HFModel, tokenizer, prompts: list, max_new_tokens: int, batch_size: int,
-            advance: Callable[[int], None] | None = None,
-            on_step: Callable[[np.ndarray], None] | None = None) -> list[list[int]]:
+            advance: Callable[[int], None] | None = None) -> list[list[int]]:
     """Run every prompt's `Generation` with no serving (`hotsplit balance`, a run's calibration): counts
-    land in `hm.counter` (and a trace when it keeps one), `on_step(step_LE)` runs between steps."""
+    land in `hm.counter` (and a trace when it keeps one)."""
     generation = Generation(hm, tokenizer, prompts, max_new_tokens, batch_size, advance)
     for forward in generation.forwards():
-        (on_step or (lambda _: None))(forward())
+        forward()
     return generation.ids
 
 

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..distributed.dispatch import ReceiveCounting
 from ..distributed.summary import gather_to_rank0
 from .loader import HFModel
 from .steps import CheckpointMoE
@@ -47,20 +48,19 @@ class EPExperts:
         return self.ep.layer(self.row, experts, x_TH, ids_TK, w_TK)
 
 
-class EPCheckpoint(CheckpointMoE):
+class EPCheckpoint(ReceiveCounting, CheckpointMoE):
     """A loaded checkpoint as the model of one rank of an expert-parallel job (the loop's model,
     as `CheckpointMoE` is one rank's): the layers' exchange, the lockstep of steps, and counters
-    of what this rank receives (`live_counts_LE` and the exchange's loads for live rebalancing)."""
+    of what this rank receives (`ReceiveCounting`)."""
 
     def __init__(self, hm: HFModel, info, exchange, control=None):
         super().__init__(hm, info)
-        self.exchange, self.control = exchange, control
+        self.control = control
         L, E = len(hm.banks), hm.num_experts
+        self._init_receiving(exchange, L, E)
         self.step_LE = torch.zeros(L, E, dtype=torch.int64, device=info.device)  # received this step
-        self.live_counts_LE = torch.zeros(L, E, dtype=torch.int64)  # since the last rebalance (rebalance.py)
         self.trace_steps: list[np.ndarray] = []  # per step: the routing this rank sent, int32 [L, T, K]
         self._sent: list[np.ndarray | None] = [None] * L
-        self._loads: list[int] = []
         for layer in hm.layers:
             layer.experts._hotsplit.bank = EPExperts(layer.row, self)
 
@@ -85,19 +85,13 @@ class EPCheckpoint(CheckpointMoE):
         return True
 
     def _exchange(self, row: int, experts, x_TH, ids_TK, w_TK) -> torch.Tensor:
-        sent = self.exchange.dispatch(row, x_TH, ids_TK, w_TK)
-        e_A = sent.experts_A
-        self.step_LE[row].scatter_add_(0, e_A, torch.ones_like(e_A))
-        ones_A1 = torch.ones(len(e_A), 1, dtype=torch.float32, device=x_TH.device)
-        y_AH = self.banks[row].forward(experts, sent.x_AH, e_A[:, None], ones_A1)
-        self._loads.append(len(e_A))
         self._sent[row] = ids_TK.detach().to("cpu", torch.int32).numpy()
-        return self.exchange.combine(sent, y_AH, w_TK, x_TH.shape[0])
+        return self._exchange_layer(row, x_TH, ids_TK, w_TK, self.step_LE[row],
+                                    lambda x, ids, w: self.banks[row].forward(experts, x, ids, w))
 
     def empty_forward(self) -> None:
-        """The forward of a rank whose prompts are done (after `begin_step(False, 0)` said another
-        rank generates): an empty batch through every MoE layer in layer order, computing what
-        the others send here."""
+        """A done rank's forward (another rank generates): an empty batch through every MoE layer,
+        computing what the others send here."""
         H, K = self.banks[0].hidden, self.hm.top_k
         dev, dtype = self.info.device, self.banks[0].compute_dtype
         for layer in self.hm.layers:
@@ -106,27 +100,24 @@ class EPCheckpoint(CheckpointMoE):
                            torch.empty(0, K, dtype=torch.float32, device=dev))
 
     def lockstep(self, forwards: Iterator) -> Iterator:
-        """The job's steps on this rank, the same number on every rank: its own forwards (each
-        starts with the agreement in its first MoE layer), then `empty_forward` while another
-        rank generates. The loop runs each through `step`."""
+        """The job's steps on this rank, the same number on every rank (the module docstring's
+        lockstep); the loop runs each through `step`."""
         yield from forwards
         while self.begin_step(False, 0):
             yield self.empty_forward
 
     # ---- one step of the loop ----
 
-    def step(self, forward) -> None:
-        """Run one of `lockstep`'s forwards; count what this rank received against the map it read."""
-        hot_LE = torch.from_numpy(np.stack([b.served_hot_E for b in self.banks]))  # it changes only between steps
+    def _run(self, forward) -> torch.Tensor:
+        """Run one of `lockstep`'s forwards; what this rank received (counted by `step` against the
+        map it read)."""
         forward()
         step_LE = self.step_LE.cpu().clone()  # a CPU tensor's .cpu() is itself, zeroed below
         self.step_LE.zero_()
-        self._count(step_LE, hot_LE)
-        self.live_counts_LE += step_LE
-        self.exchange.stats.loads.append(self._loads)
-        self._loads = []
+        self._end_receiving(step_LE)
         self.trace_steps.append(np.stack(self._sent))  # every layer exchanged this step
         self._sent = [None] * self.num_layers
+        return step_LE
 
 
 class Lockstep:

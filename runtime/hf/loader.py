@@ -58,7 +58,6 @@ class HFModel:
     banks: list[HFExpertBank]
     counter: RoutingCounter
     family: str
-    dtype: torch.dtype
 
     @property
     def layer_ids(self) -> tuple[int, ...]:
@@ -212,8 +211,7 @@ class _CheckpointReader:
         self.scales: _ScaleReader | None = None
         self.fp32 = _fp32_names(model, dtype)
         self.renames = _RENAMES.get(config.model_type, ())
-        self.params = dict(model.named_parameters())
-        self.params.update(dict(model.named_buffers()))
+        self.params = dict(model.named_parameters()) | dict(model.named_buffers())
         self.parts_LE = np.zeros((len(layers), layers[0].num_experts), dtype=np.int64)  # parts seen per expert
 
     def read(self, files: list[Path]) -> None:
@@ -221,14 +219,12 @@ class _CheckpointReader:
         from safetensors import safe_open
 
         self.scales = _ScaleReader(files, self.path) if self.fp8 is not None else None
-        handlers = {"scale": self._skip, "filled": self._skip, "expert": self._expert, "fused": self._fused,
-                    "dense": self._dense}
         try:
             for file in files:
                 with safe_open(str(file), framework="pt") as f:
                     for key in f.keys():
-                        kind, m = self._kind_of(key)
-                        handlers[kind](f, key, m)
+                        handler, m = self._handler_of(key)
+                        handler(f, key, m)
         finally:
             if self.scales is not None:
                 self.scales.close()
@@ -238,14 +234,14 @@ class _CheckpointReader:
             raise InputFileError(f"{self.path}: expert {e} of layer {self.layers[li].layer_id} is missing from the "
                                  "checkpoint")
 
-    def _kind_of(self, key: str) -> tuple[str, re.Match | None]:
+    def _handler_of(self, key: str):
         if self.scales is not None and key.endswith(SCALE_SUFFIX):
-            return "scale", None
-        for kind, pattern in (("expert", _PER_EXPERT), ("fused", _FUSED)):
+            return self._skip, None
+        for handler, pattern in ((self._expert, _PER_EXPERT), (self._fused, _FUSED)):
             m = pattern.match(key)
             if m and int(m["layer"]) in self.layer_of:
-                return (kind if self.fills else "filled"), m
-        return "dense", None
+                return (handler if self.fills else self._skip), m
+        return self._dense, None
 
     @contextlib.contextmanager
     def _naming(self, key: str, errors=(ValueError, RuntimeError), hint: str | None = None):
@@ -371,7 +367,7 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
     _finish(path, model, config, layers, dtype, info.device)
     counter = RoutingCounter(len(layers), layers[0].num_experts, keep_trace=keep_trace)
     install(model, counter, banks)
-    return HFModel(model, layers, banks, counter, config.model_type, dtype)
+    return HFModel(model, layers, banks, counter, config.model_type)
 
 
 def load_tokenizer(path: str | Path):

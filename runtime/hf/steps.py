@@ -36,7 +36,11 @@ class CheckpointMoE(BankedModel):
 
     def step(self, forward: Forward) -> None:
         hot_LE = torch.from_numpy(np.stack([b.served_hot_E for b in self.banks]))  # what this forward reads
-        self._count(torch.from_numpy(forward()), hot_LE)
+        self._count(self._run(forward), hot_LE)
+
+    def _run(self, forward: Forward) -> torch.Tensor:
+        """Run the forward; its routing counts [L, E]."""
+        return torch.from_numpy(forward())
 
 
 class CheckpointEngine(Engine):
