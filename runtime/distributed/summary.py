@@ -1,8 +1,7 @@
 """The job's figures, gathered to rank 0: one record per window and one summary for the run.
 
-Each rank's window record (runtime/windows.py) and its loads go to rank 0 with
-all_gather_single on the control group (fixed-size float64 vectors: uneven list gathers do
-not work on gloo). Rank 0 makes:
+Each rank's window (`RankWindow`) and its totals (`RankTotals`) go to rank 0 as objects over the
+control group; one rank's reduce to its own figures. Rank 0 makes:
 - per window a `JobRecord`: the job's hit rate (all hits / all assignments), swaps and copies
   summed, the window's balancedness (sum over its (step, layer) exchanges of the mean rank load
   / sum of the max, vLLM's form), and each rank's load, hit rate and cold reads;
@@ -26,13 +25,14 @@ from hotsplit_cli.placement.dispatch import balancedness, window_balancedness
 
 from ..log import HitRateRecord
 from ..windows import RunSummary
+from .dispatch import all_gather_single
 
 
 def gather_rows(values, group) -> np.ndarray:
     """float64 [R, n]: every rank's `values` (the same length on every rank)."""
     mine = torch.as_tensor(np.asarray(values, dtype=np.float64).ravel())
     out = torch.empty(dist.get_world_size() * mine.numel(), dtype=torch.float64)
-    dist.all_gather_single(out, mine, group=group)
+    all_gather_single(out, mine, group=group)
     return out.view(dist.get_world_size(), -1).numpy()
 
 

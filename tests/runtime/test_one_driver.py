@@ -159,3 +159,15 @@ def test_a_checkpoint_run_is_engine_run_with_swaps_published_before_the_next_for
         assert "publish_ready" in events[s:nxt]
     # One calibration forward (the prefill of the one batch) plans the hot set; every other is a step.
     assert out.summary.steps == records[-1].step == len(forwards) - 1
+
+
+def test_renamed_collectives_are_called_only_through_the_dispatch_shims():
+    """torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor; older torch (a GPU
+    machine's 2.11) has only the old names. dispatch.py binds whichever exists, so no other module
+    may name either spelling on `dist`."""
+    renamed = {"all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor"}
+    direct = [f"{p.relative_to(RUNTIME)}:{n.lineno}" for p in RUNTIME.rglob("*.py")
+              for n in ast.walk(ast.parse(p.read_text()))
+              if isinstance(n, ast.Attribute) and n.attr in renamed and isinstance(n.value, ast.Name)
+              and n.value.id == "dist" and p.name != "dispatch.py"]
+    assert direct == []
