@@ -110,7 +110,7 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     plan = rank.plan(recipe, traffic.counts_LE, expert_bytes, plan_path,
                      lambda: resolve_hot_budget(recipe, knobs, platform), traffic.name)
     _check_memory(geom, len(layers), torch.float8_e4m3fn if experts.fp8 else dtype, info, int(plan.hot_LE.sum()))
-    allocator, model = rank.build_model(layers, geom, plan.hot_LE, info, setup.numa, choose_compute(info))
+    allocator, model = rank.build_model(layers, geom, plan.hot_LE, setup, choose_compute(info))
     notes = experts.notes + traffic.notes
     split = cold_split.attach(model, knobs.cold_path, info, platform)
     if split is not None and info.graphs:
@@ -157,12 +157,12 @@ def _make_layers(recipe: Recipe, geom: MoEGeometry, dtype: torch.dtype, banks_fp
     release = RELEASE_FP8 if recipe.model.expert_dtype == "fp8" else None
     layers = []
     for li in range(recipe.model.num_moe_layers):
-        layers.append(make_layer_weights(geom, recipe.run.seed * 1000 + li, dtype, release))
+        lw = make_layer_weights(geom, recipe.run.seed * 1000 + li, dtype, release)
+        if banks_fp8 is None:
+            lw.fp8 = None  # the banks hold the dequantised values
+        layers.append(lw)
         if advance:
             advance(1)
-    if banks_fp8 is None:
-        for lw in layers:
-            lw.fp8 = None
     return layers
 
 

@@ -120,10 +120,10 @@ class RankContext:
         self.expected_rank_hit_rate = p.hit_rate
         return PlanChoice(p.hot_RLE[0], p.hit_rate, f"planned from {traffic}", b, int(p.hot_bytes_R[0]), traffic)
 
-    def build_model(self, layers, geom, hot_LE, info, numa, compute):
+    def build_model(self, layers, geom, hot_LE, setup: RunSetup, compute):
         """(cold bank allocator, model) of this rank."""
-        allocator = PinnedAllocator(pin=info.pinned, numa=numa)
-        return allocator, HotColdMoE(layers, geom, hot_LE, info, allocator, compute)
+        allocator = setup.allocator()
+        return allocator, HotColdMoE(layers, geom, hot_LE, setup.info, allocator, compute)
 
     # ---- a checkpoint's rank (runtime/hf/run.py) ----
 

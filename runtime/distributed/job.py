@@ -21,14 +21,14 @@ from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.hotset.planfile import load_plan
 from hotsplit_cli.hotset.verdict import prediction_error
 from hotsplit_cli.placement.algorithm import Placement
-from hotsplit_cli.placement.dispatch import contiguous_placement, predict_trace
+from hotsplit_cli.placement.dispatch import predict_trace
 from hotsplit_cli.placement.rebalance_rule import replay_rebalancing
 
 from ..from_recipe import Prepared, prepare_run
 from . import launch
 from .rank import EPRankContext, placement_of_plan, run_rank
 from .rebalance import Rebalancer
-from .summary import EPFigures, RankWindow, gather_rows, gather_to_rank0, job_record, job_summary, rank_totals
+from .summary import EPFigures, RankWindow, gather_rows, gather_to_rank0, job_record, job_summary
 
 
 @dataclass
@@ -65,9 +65,7 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
     m = recipe.model
     E, layers = m.num_experts, m.moe_layer_ids
     plan_file = load_plan(plan_path) if plan_path is not None else None
-    if placement is None:
-        placement = (placement_of_plan(plan_file, layers, E, group.world) if plan_file is not None
-                     else contiguous_placement(layers, E, group.world))
+    placement = placement_of_plan(plan_file, layers, E, group.world) if placement is None else placement
     hooks = EPRankContext(group, placement, E, plan_file, knobs.ep_exchange)
     prepared = _prepare(recipe, knobs, plan_path, trace_path, steps, scale, platform_path, hooks)
     from ..device import tune_cpu_threads
@@ -89,14 +87,13 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
 
     rebalancer = (Rebalancer(hooks, engine.model, control, prepared.expert_bytes, knobs.eplb_steps)
                   if knobs.eplb_steps else None)
-    run = run_rank(engine, prepared.steps, on_window, rebalancer)
-    stats = engine.model.exchange.stats
+    totals = run_rank(engine, prepared.steps, on_window, rebalancer, hooks.expected_rank_hit_rate)
     hot_RLE = gather_rows(engine.model.hot_LE().astype(np.float64), control)  # for the prediction (static runs)
     prediction = _placement_prediction(plan_file)
     ran = engine.step_count if m.kind == "hf" else prepared.steps  # a generation's length is known at its end
     window_steps = prediction.window_steps(ran) if prediction is not None else None
-    trace_SLTK, texts = _served(hooks, engine, control, run.summary.interrupted)  # for the predictions, the output
-    out = job_summary(rank_totals(run, stats, hooks.expected_rank_hit_rate, book.cold_reads), control, window_steps)
+    trace_SLTK, texts = _served(hooks, engine, control, totals.summary.interrupted)  # for the predictions, the output
+    out = job_summary(totals, control, window_steps)
     dist.barrier(group=control)
     if out is None:
         return None

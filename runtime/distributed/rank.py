@@ -16,7 +16,6 @@ which prints for the job.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,15 +30,17 @@ from .dispatch import AllGather, AllToAll, EPMoE, make_exchange
 from .interrupt import job_stops
 from .launch import Group
 from .shared_bank import SharedAllocator, shm_prefix
+from .summary import RankTotals
 
 
-def placement_of_plan(plan: PlanFile, layers, num_experts: int, ep: int) -> Placement:
-    """The placement an EP plan was made on (its recorded file, unchanged), else the contiguous
-    layout. One-line errors when the file is gone, changed, or does not fit the recipe."""
+def placement_of_plan(plan: PlanFile | None, layers, num_experts: int, ep: int) -> Placement:
+    """The placement an EP plan was made on (its recorded file, unchanged), else (or without a
+    plan) the contiguous layout. One-line errors when the file is gone, changed, or does not fit
+    the recipe."""
     from hotsplit_cli.placement.file import load_placement
     from hotsplit_cli.traffic.hist import file_sha256
 
-    if plan.placement is None:
+    if plan is None or plan.placement is None:
         return contiguous_placement(layers, num_experts, ep)
     where = plan.placement["path"]
     try:
@@ -66,19 +67,11 @@ class EPRankContext(RankContext):
     def __init__(self, group: Group, placement: Placement, num_experts: int, plan_file: PlanFile | None = None,
                  exchange_mode: str = "a2a"):
         super().__init__(plan_file)
-        self.group, self.placement = group, placement
+        self.group, self.placement, self.rank, self.world = group, placement, group.rank, group.world
         self.exchange_mode = exchange_mode  # the ep_exchange knob
         self.replicas = ReplicaMap.of(placement, num_experts)
         self.exchange: AllToAll | AllGather | None = None
         self.allocator: SharedAllocator | None = None
-
-    @property
-    def rank(self) -> int:
-        return self.group.rank
-
-    @property
-    def world(self) -> int:
-        return self.group.world
 
     def check_recipe(self, recipe) -> None:
         """The job checked the recipe before its ranks started."""
@@ -94,8 +87,8 @@ class EPRankContext(RankContext):
         """This rank's hot set among the experts placed on it, and what it is expected to serve."""
         if plan_path is not None:
             pf = self.plan_file or load_plan(plan_path)
-            if len(pf.hot_by_rank) != self.group.world:
-                raise PlanError(f"{plan_path}: a plan for {len(pf.hot_by_rank)} ranks; this run has {self.group.world}",
+            if len(pf.hot_by_rank) != self.world:
+                raise PlanError(f"{plan_path}: a plan for {len(pf.hot_by_rank)} ranks; this run has {self.world}",
                                 "plan with a recipe of the same ep")
             choice = plan_from_file(pf, plan_path, recipe, expert_bytes, rank=self.rank, with_budget=True)
             self._check_placed(choice.hot_LE, plan_path)
@@ -120,12 +113,16 @@ class EPRankContext(RankContext):
         """bool [L, E]: the logical experts with a replica on this rank."""
         return self.placement.held_LE(self.rank, int(self.replicas.logcnt_LE.shape[1]))
 
-    def build_model(self, layers, geom, hot_LE, info, numa, compute):
-        """The rank's model over the node's shared cold bank (`_on_shared_bank`)."""
+    def _make_exchange(self) -> AllToAll | AllGather:
         self.exchange = make_exchange(self.exchange_mode, self.replicas, self.rank, self.world,
                                       control=self.group.control)
-        model = self._on_shared_bank(numa, info, lambda allocator: EPMoE(layers, geom, hot_LE, info, allocator,
-                                                                         compute, exchange=self.exchange))
+        return self.exchange
+
+    def build_model(self, layers, geom, hot_LE, setup, compute):
+        """The rank's model over the node's shared cold bank (`_on_shared_bank`)."""
+        exchange, info = self._make_exchange(), setup.info
+        model = self._on_shared_bank(setup.numa, info, lambda allocator: EPMoE(layers, geom, hot_LE, info, allocator,
+                                                                               compute, exchange=exchange))
         model.held_LE = self.held_LE()
         return self.allocator, model
 
@@ -169,19 +166,9 @@ class EPRankContext(RankContext):
         """The checkpoint's experts through the exchange, and the generation in lockstep."""
         from ..hf.ep import EPCheckpoint, Lockstep
 
-        self.exchange = make_exchange(self.exchange_mode, self.replicas, self.rank, self.world,
-                                      control=self.group.control)
-        model = EPCheckpoint(hm, info, self.exchange, self.group.control)
+        model = EPCheckpoint(hm, info, self._make_exchange(), self.group.control)
         model.held_LE = self.held_LE()
         return model, Lockstep(generation, model)
-
-
-@dataclass
-class RankRun:
-    """What a rank's loop leaves: its summary, its window records, its exchange totals."""
-
-    summary: object  # runtime.windows.RunSummary
-    loads_SL: np.ndarray  # int64 [steps, L] assignments received
 
 
 class RankLoop(LoopHooks):
@@ -209,9 +196,11 @@ class RankLoop(LoopHooks):
             self.rebalancer.finish()
 
 
-def run_rank(engine, steps: int, on_window: Callable, rebalancer=None) -> RankRun:
+def run_rank(engine, steps: int, on_window: Callable, rebalancer=None,
+             expected_hit_rate: float | None = None) -> RankTotals:
     """Step in lockstep with the other ranks through the one loop; at every window's close call
-    `on_window(record, loads_WL)` on every rank (it gathers to rank 0), with the window's loads."""
+    `on_window(record, loads_WL)` on every rank (it gathers to rank 0), with the window's loads.
+    `expected_hit_rate`: of this rank's hot set on its placed experts."""
     stats = engine.model.exchange.stats
     start = 0
 
@@ -221,4 +210,6 @@ def run_rank(engine, steps: int, on_window: Callable, rebalancer=None) -> RankRu
         start = len(stats.loads)
     hooks = RankLoop(engine.model.exchange.control, engine.knobs.eplb_steps, rebalancer)
     summary = engine.run(steps, on_record, hooks=hooks)
-    return RankRun(summary, np.asarray(stats.loads, dtype=np.int64).reshape(-1, engine.model.num_layers))
+    loads_SL = np.asarray(stats.loads, dtype=np.int64).reshape(-1, engine.model.num_layers)
+    return RankTotals(summary, loads_SL, engine.book.cold_reads, expected_hit_rate, stats.act_bytes,
+                      stats.meta_bytes, stats.ms, stats.exchanges)

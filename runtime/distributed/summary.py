@@ -143,7 +143,7 @@ def _cold_doc(paths: dict | None) -> dict | None:
 class RankTotals:
     """One rank's finished run: the figures the job's summary is reduced from."""
 
-    summary: RunSummary  # the rank's own, without its records
+    summary: RunSummary  # the rank's own (its records stay on the rank: the job's are JobRecords)
     loads_SL: np.ndarray  # int64 [steps, L] assignments received
     cold_reads: int
     expected_hit_rate: float | None  # of this rank's hot set on its placed experts
@@ -151,13 +151,6 @@ class RankTotals:
     meta_bytes: int
     exchange_ms: float
     exchanges: int
-
-
-def rank_totals(run, stats, expected_rank: float | None, cold_reads: int) -> RankTotals:
-    """`run`: this rank's RankRun; `stats`: its ExchangeStats."""
-    expected = None if expected_rank is None else float(expected_rank)
-    return RankTotals(dataclasses.replace(run.summary, records=[]), run.loads_SL, int(cold_reads), expected,
-                      int(stats.act_bytes), int(stats.meta_bytes), float(stats.ms), int(stats.exchanges))
 
 
 def reduce_summaries(ranks: list[RankTotals]) -> RunSummary:
@@ -205,5 +198,6 @@ def ep_figures(ranks: list[RankTotals], window_steps: int | None = None) -> EPFi
 
 def job_summary(totals: RankTotals, group, window_steps: int | None = None) -> tuple[RunSummary, EPFigures] | None:
     """Collective: the job's summary and EP figures on rank 0 (None elsewhere)."""
-    ranks = gather_to_rank0(totals, group)
+    ranks = gather_to_rank0(dataclasses.replace(totals, summary=dataclasses.replace(totals.summary, records=[])),
+                            group)
     return None if ranks is None else (reduce_summaries(ranks), ep_figures(ranks, window_steps))

@@ -6,6 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from hotsplit_runtime.distributed.dispatch import ExchangeStats
 from hotsplit_runtime.distributed.rank import RankLoop, run_rank
 from hotsplit_runtime.engine import Engine
 from hotsplit_runtime.from_recipe import prepare_run
@@ -21,14 +22,9 @@ def _prepared(steps=12, **env):
     return prepare_run(r, knobs, steps=steps)
 
 
-class _Stats:
-    def __init__(self):
-        self.loads = []
-
-
 class _ExchangeFake:
     def __init__(self):
-        self.stats, self.control = _Stats(), None
+        self.stats, self.control = ExchangeStats(), None
 
 
 @pytest.fixture(autouse=True)
