@@ -1,15 +1,10 @@
-"""Hit-rate records: one per window (a dynamic update, or every dyn_steps in static mode),
-rendered as one human line and as one JSON line. No printing here: callers render.
+"""Hit-rate records: one per window (a dynamic update, or every dyn_steps in static mode). The
+shell renders them as one human line and one JSON line each (hotsplit_cli/commands/_run_report.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import IO
-
-from hotsplit_cli.core.jsonio import dumps
-
-MIB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -28,23 +23,3 @@ class HitRateRecord:
 
     def to_doc(self) -> dict:
         return asdict(self)
-
-
-def format_line(r: HitRateRecord) -> str:
-    """`step   600  hit rate: window  71.2%, cumulative  68.9%  swaps  3  copied  0.56 MiB in  0.21 ms`
-    (the plot's words: the last window, and everything so far)."""
-    line = (f"step {r.step:>7}  hit rate: window {100 * r.hit_rate_window:5.1f}%, cumulative "
-            f"{100 * r.hit_rate_total:5.1f}%"
-            f"  swaps {r.swaps:>3}  copied {r.bytes_copied / MIB:8.2f} MiB in {r.copy_ms:7.2f} ms"
-            f"  cold {r.cold_bytes_per_step / MIB:8.2f} MiB/step")
-    if r.cold_cpu_bytes_per_step is not None:
-        line += f" ({r.cold_cpu_bytes_per_step / MIB:.2f} on the CPU)"
-    if r.planner_error:
-        line += f"  planner failed: {r.planner_error}"
-    return line
-
-
-def write_jsonl(fh: IO[bytes], r: HitRateRecord) -> None:
-    """Append one record as a JSON line and flush (so a tail sees it as it happens)."""
-    fh.write(dumps(r.to_doc(), indent=False) + b"\n")
-    fh.flush()

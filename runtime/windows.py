@@ -25,7 +25,6 @@ from hotsplit_cli.hotset.planner import Swap
 from .log import HitRateRecord
 
 MAX_PLANNER_FAILURES = 3
-EXPECTED_GAP_LIMIT = 0.10  # an achieved hit rate further than this from the plan's expectation is flagged
 
 Propose = Callable[[np.ndarray, np.ndarray, int, float], list[Swap]]
 
@@ -57,33 +56,6 @@ class RunSummary:
         doc = asdict(self)
         doc.pop("records")
         return {**doc, "expected_gap": self.expected_gap}
-
-
-def gap_flagged(summary: RunSummary) -> bool:
-    """The achieved hit rate is more than EXPECTED_GAP_LIMIT from the plan's expectation."""
-    gap = summary.expected_gap
-    return gap is not None and round(abs(gap), 9) > EXPECTED_GAP_LIMIT  # 0.7 - 0.8 is not over 0.1
-
-
-def expectation_warning(summary: RunSummary, made_from: str, traffic: str, drift_every: int | None = None,
-                        dynamic: bool = True) -> str | None:
-    """Why a hit rate more than EXPECTED_GAP_LIMIT from the plan's expectation may differ: the
-    routing the plan was made from next to the routing this run saw; for synthetic traffic whose
-    hotspot moves every `drift_every` steps, that drift, which dynamic mode is there to follow.
-    None when within the limit."""
-    if not gap_flagged(summary):
-        return None
-    gap = summary.expected_gap
-    side = "below" if gap < 0 else "above"
-    why = (f"the plan was made before the run from its own traffic ({traffic})" if made_from == traffic
-           else f"the plan was made from {made_from}; this run's traffic: {traffic}")
-    if drift_every and summary.steps > drift_every and gap < 0:
-        follow = (f"it made {summary.swaps} swaps (more per update: HOTSPLIT_DYN_MAX_SWAPS; sooner: "
-                  "HOTSPLIT_DYN_STEPS)" if dynamic else "it is off here (HOTSPLIT_DYNAMIC=1 turns it on)")
-        why = (f"the traffic drifted after the plan was made (its hotspot moves every {drift_every} steps, the plan "
-               f"knows where it started); following it is what dynamic mode is for: {follow}")
-    return (f"hit rate {100 * summary.hit_rate:.1f}% is {100 * abs(gap):.1f} points {side} the "
-            f"{100 * summary.expected_hit_rate:.1f}% the plan expected: {why}")
 
 
 def moves_by_layer(swaps: list[Swap]) -> dict[int, list[tuple[int, int]]]:

@@ -91,7 +91,6 @@ def _start_rank(out: Output) -> None:
 
 def _rank(out: Output, request: RunRequest) -> None:
     from hotsplit_runtime.distributed.job import run_ep_rank
-    from hotsplit_runtime.distributed.summary import format_job_line
 
     from . import _run_report as report  # the single-rank run's lines and tables
 
@@ -108,7 +107,7 @@ def _rank(out: Output, request: RunRequest) -> None:
     if int(os.environ["RANK"]) != 0:
         runner(None)
         return
-    result = report.logged(say, log_jsonl, runner, line=format_job_line)
+    result = report.logged(say, log_jsonl, runner, line=report.format_job_line)
     s, fig = result.summary, result.figures
     doc = {"schema": schema_tag("run"), "recipe": rec.name, "knobs": knobs.to_doc(), **header["doc"],
            "parallel": {"ep": result.group.world, "backend": result.group.backend,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from hotsplit_cli.core.jsonio import write_atomic
+from hotsplit_cli.core.jsonio import dumps, write_atomic
+from hotsplit_cli.hotset.verdict import expectation_warning, gap_flagged
 from hotsplit_cli.output import Output, gib, pct
 from hotsplit_cli.plotting import integer_step_ticks
 
@@ -37,19 +38,37 @@ def wrote(log_jsonl: Path | None, records: int, plot: Path | None) -> str:
     return f"wrote {' and '.join(files)}" if files else "nothing was written"
 
 
-def logged(say, log_jsonl: Path | None, runner, line=None):
-    """Run `runner(on_record)`: each hit-rate record as a human line (`line(record)`, by default
-    runtime.log's), and as a JSON line in `log_jsonl` (streamed into a temp file that is renamed
-    when the run ends, even by Ctrl-C)."""
-    from hotsplit_runtime.log import format_line, write_jsonl
+def format_line(r) -> str:
+    """A hit-rate record (runtime/log.py) as `step   600  hit rate: window  71.2%, cumulative  68.9%
+    swaps  3  copied  0.56 MiB in  0.21 ms  cold ...` (the plot's words: the last window, and
+    everything so far)."""
+    line = (f"step {r.step:>7}  hit rate: window {100 * r.hit_rate_window:5.1f}%, cumulative "
+            f"{100 * r.hit_rate_total:5.1f}%"
+            f"  swaps {r.swaps:>3}  copied {r.bytes_copied / MIB:8.2f} MiB in {r.copy_ms:7.2f} ms"
+            f"  cold {r.cold_bytes_per_step / MIB:8.2f} MiB/step")
+    if r.cold_cpu_bytes_per_step is not None:
+        line += f" ({r.cold_cpu_bytes_per_step / MIB:.2f} on the CPU)"
+    if r.planner_error:
+        line += f"  planner failed: {r.planner_error}"
+    return line
 
-    line = line or format_line
+
+def format_job_line(r) -> str:
+    """An expert-parallel job's window (runtime/distributed/summary.py `JobRecord`)."""
+    return f"{format_line(r)}  balance {r.balancedness:.3f}"
+
+
+def logged(say, log_jsonl: Path | None, runner, line=format_line):
+    """Run `runner(on_record)`: each hit-rate record as a human line (`line(record)`), and as a
+    JSON line in `log_jsonl` (streamed into a temp file that is renamed when the run ends, even
+    by Ctrl-C; each line flushed, so a tail sees it as it happens)."""
 
     def go(fh=None):
         def on_record(r):
             say(line(r))
             if fh is not None:
-                write_jsonl(fh, r)
+                fh.write(dumps(r.to_doc(), indent=False) + b"\n")
+                fh.flush()
         return runner(on_record)
 
     if log_jsonl is None:
@@ -109,8 +128,6 @@ def origin(out: Output, summary, made_from: str, traffic: str, drift_every: int 
             dynamic: bool = True) -> list[tuple[str, str]]:
     """Summary rows naming the routing the plan was made from next to this run's traffic; a
     warning when the achieved hit rate is far from the plan's expectation."""
-    from hotsplit_runtime.windows import expectation_warning
-
     warning = expectation_warning(summary, made_from, traffic, drift_every, dynamic)
     if warning:
         out.warn(warning)
@@ -120,8 +137,6 @@ def origin(out: Output, summary, made_from: str, traffic: str, drift_every: int 
 def render_summary(out: Output, title: str, s, first: list, extra: list, origin: list) -> None:
     """The summary table shared by synthetic and checkpoint runs (`s`: a RunSummary), then the
     `origin` lines (what the plan was made from, this run's traffic)."""
-    from hotsplit_runtime.windows import gap_flagged
-
     expected = pct(s.expected_hit_rate)
     if gap_flagged(s):
         side = "lower" if s.expected_gap < 0 else "higher"

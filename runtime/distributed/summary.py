@@ -93,12 +93,6 @@ def job_record(window: RankWindow, group) -> JobRecord | None:
     return None if windows is None else reduce_windows(windows)
 
 
-def format_job_line(r: JobRecord) -> str:
-    from ..log import format_line
-
-    return f"{format_line(r)}  balance {r.balancedness:.3f}"
-
-
 @dataclass
 class EPFigures:
     """The EP part of the job's summary (rank 0)."""
