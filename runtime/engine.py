@@ -56,6 +56,21 @@ def synthetic_source(traffic: SyntheticTraffic) -> ArraySource:
     return ArraySource("synthetic", traffic.batch, gen())
 
 
+def capture_graph(step: Callable[[], torch.Tensor], device) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """`step` recorded as a CUDA graph, and its output buffer. Two warm-up runs on a side stream
+    come first, so that lazy allocations and kernel compilation happen outside the graph."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out
+
+
 class StagedUpload:
     """Each step's routing into the CUDA graph's static device buffers without stalling the host.
 
@@ -76,10 +91,7 @@ class StagedUpload:
         if copied is not None:
             copied.synchronize()  # the copy that last read this buffer is done
         ids_h.numpy()[...] = ids
-        if w is None:
-            w_h.fill_(1.0 / ids_h.shape[-1])
-        else:
-            w_h.numpy()[...] = w
+        w_h.numpy()[...] = 1.0 / ids_h.shape[-1] if w is None else w
         self.ids_t.copy_(ids_h, non_blocking=True)
         self.w_t.copy_(w_h, non_blocking=True)
         buf[2] = torch.cuda.Event()
@@ -115,24 +127,14 @@ class Engine:
         ids, w = routed
         dev = self.model.info.device
         ids_t = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=dev)
-        if w is None:
-            w_t = torch.full(ids_t.shape, 1.0 / ids_t.shape[-1], dtype=torch.float32, device=dev)
-        else:
-            w_t = torch.as_tensor(np.asarray(w, dtype=np.float32), device=dev)
+        w_t = (torch.full(ids_t.shape, 1.0 / ids_t.shape[-1], dtype=torch.float32, device=dev) if w is None
+               else torch.as_tensor(np.asarray(w, dtype=np.float32), device=dev))
         return ids_t, w_t
 
     def _capture(self, routed) -> None:
-        """Record one step as a CUDA graph over static buffers (warm-up on a side stream first)."""
+        """Record one step as a CUDA graph over static buffers."""
         ids_t, w_t = self._upload(routed)
-        side = torch.cuda.Stream(self.model.info.device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.model.step(self.x_TH, ids_t, w_t)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out_TH = self.model.step(self.x_TH, ids_t, w_t)
+        self.graph, self.out_TH = capture_graph(lambda: self.model.step(self.x_TH, ids_t, w_t), self.model.info.device)
         release_deferred()  # host memory dropped during the capture is unregistered and freed now
         self.model.read_counters(reset_window=True)  # warm-up and capture steps do not count
         self._stage = None if ids_t is None else StagedUpload(ids_t, w_t, pinned=self.model.info.pinned)
@@ -172,8 +174,8 @@ class Engine:
         # The window's own counts, kept for a job's reduction (runtime/distributed/summary.py).
         self.window_counts = (c["hits_L"].astype(np.float64), c["assigned_L"].astype(np.float64),
                               int(c["cold_reads_L"].sum()))
-        return self.book.close(self.step_count, c["hits_L"], c["assigned_L"], int(c["cold_reads_L"].sum()),
-                               len(swaps), copy_ms, error, split.counters.cpu_experts if split else None)
+        return self.book.close(self.step_count, *self.window_counts, len(swaps), copy_ms, error,
+                               split.counters.cpu_experts if split else None)
 
     # -- the run --------------------------------------------------------------------------
     def run(self, steps: int, on_record: Callable[[HitRateRecord], None] | None = None,

@@ -19,6 +19,7 @@ import torch
 from hotsplit_probes.timing import median_ms
 
 from .device import DeviceInfo, synchronizer
+from .engine import capture_graph
 from .fp8 import FP8, RELEASE_FP8, Fp8Experts, Fp8Format
 from .kernels import choose_compute
 from .model import HotColdMoE
@@ -210,15 +211,7 @@ def check_graph(info: DeviceInfo, dtype: torch.dtype, seed: int = 0) -> Check:
     g = _geom(info, "softmax", shared=True)
     model, ref = build_pair(g, 2, random_hot(2, g.num_experts, 0.5, rng), info, dtype, seed)
     x = torch.randn(8, g.hidden, device=info.device, dtype=dtype)
-    side = torch.cuda.Stream(info.device)
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            model.step(x)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = model.step(x)
+    graph, out = capture_graph(lambda: model.step(x), info.device)
     worst = 0.0
     try:
         for s in range(6):
