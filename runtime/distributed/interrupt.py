@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .leftovers import stat_fields
+
 _asked = {"stop": False}
 
 
@@ -42,7 +44,7 @@ def _children(pid: int) -> list[int]:
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_bytes().rsplit(b")", 1)[1].split()
+            fields = stat_fields(stat)
         except OSError:
             continue
         if int(fields[1]) == pid and fields[0] != b"Z":

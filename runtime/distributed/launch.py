@@ -156,8 +156,7 @@ def report_rank_error(rank: int, exc: BaseException, environ=os.environ) -> None
     folder = environ.get(ERROR_DIR_ENV)
     if isinstance(exc, StdoutClosed):  # rank 0's reader went away (`| head`): a quiet 141, as on one rank
         if folder:  # said before this rank leaves the group: its peers may fail (and be seen) first
-            _write_report(folder, {"rank": rank, "line": "", "kind": "stdout-closed",
-                                   "exit_code": STDOUT_CLOSED_EXIT, "time": time.time()})
+            _write_report(folder, rank, "", "stdout-closed", STDOUT_CLOSED_EXIT)
             raise ReportedElsewhere(STDOUT_CLOSED_EXIT) from None
         _claim_report("error")  # the ranks that lose their peer over it say nothing
         raise exc
@@ -182,15 +181,15 @@ def report_rank_error(rank: int, exc: BaseException, environ=os.environ) -> None
             err = RuntimeFailure(f"{who}: {line[len('error: '):]}", "every rank was stopped")
         _tell_torchelastic(err.render(), environ)
         raise err from None
-    _write_report(folder, {"rank": rank, "line": line, "kind": kind, "exit_code": code, "time": time.time()})
+    _write_report(folder, rank, line, kind, code)
     raise ReportedElsewhere(code) from None
 
 
-def _write_report(folder: str, doc: dict) -> None:
+def _write_report(folder: str, rank: int, line: str, kind: str, exit_code: int) -> None:
     """A rank's report for the launcher, whole or not at all (written, then renamed)."""
-    tmp = Path(folder) / f".rank{doc['rank']}.json"
-    tmp.write_text(json.dumps(doc))
-    tmp.rename(Path(folder) / f"rank{doc['rank']}.json")
+    tmp = Path(folder) / f".rank{rank}.json"
+    tmp.write_text(json.dumps({"rank": rank, "line": line, "kind": kind, "exit_code": exit_code, "time": time.time()}))
+    tmp.rename(Path(folder) / f"rank{rank}.json")
 
 
 def _tell_torchelastic(line: str, environ) -> None:
@@ -260,7 +259,7 @@ def launch_local(nproc: int, argv: list[str], started: float | None = None) -> N
     except ChildFailedError as exc:
         if _stdout_closed(exc.failures, folder):
             raise StdoutClosed from None
-        if sigint["interrupted"] and _said_interrupted(exc.failures):
+        if sigint["interrupted"] and _rank0_exit(exc.failures) == INTERRUPTED_EXIT:  # it said the line itself
             raise ReportedElsewhere(INTERRUPTED_EXIT) from None
         raise job_failure(exc.failures, folder, nproc) from None
     except (SignalException, KeyboardInterrupt):
@@ -275,18 +274,16 @@ def launch_local(nproc: int, argv: list[str], started: float | None = None) -> N
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _said_interrupted(failures: dict) -> bool:
-    """Rank 0 stopped on Ctrl-C at a window, printed the summary so far and the interrupted
-    line, and exited as a single-rank run does."""
+def _rank0_exit(failures: dict) -> int | None:
+    """Rank 0's exit code (130: it stopped on Ctrl-C at a window and said so, as a single rank does)."""
     first = failures.get(0)
-    return first is not None and first.exitcode == INTERRUPTED_EXIT
+    return None if first is None else first.exitcode
 
 
 def _stdout_closed(failures: dict, folder: str) -> bool:
     """Rank 0, the one rank writing to the launcher's stdout, stopped because its reader went
     away (its exit code, or its report when a peer that lost it was seen first)."""
-    first = failures.get(0)
-    if first is not None and first.exitcode == STDOUT_CLOSED_EXIT:
+    if _rank0_exit(failures) == STDOUT_CLOSED_EXIT:
         return True
     try:
         return json.loads((Path(folder) / "rank0.json").read_text()).get("kind") == "stdout-closed"

@@ -24,19 +24,22 @@ _SEGMENT = re.compile(r"^hotsplit-.+-o(\d+)\.(\d+)-\d+$")  # shared_bank.shm_pre
 _FOLDER = re.compile(rf"^{LOG_PREFIX}o(\d+)\.(\d+)-")  # log_folder
 
 
+def stat_fields(stat: Path) -> list[bytes]:
+    """A /proc/PID/stat's fields after the command name (which may hold spaces and parentheses):
+    [0] the state (b"Z": a zombie, ended but not reaped yet), [1] the parent pid, [19] the start time."""
+    return stat.read_bytes().rsplit(b")", 1)[1].split()
+
+
 def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22); None when
-    no such process runs. 0 where /proc is not there (then the pid alone is compared)."""
+    """The process's start time in clock ticks since boot; None when no such process runs (or
+    only its zombie). 0 where /proc is not there (then the pid alone is compared)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        fields = stat_fields(Path(f"/proc/{pid}/stat"))
     except FileNotFoundError:
         return None
     except OSError:
         return _pid_runs(pid)
-    fields = stat.rsplit(b")", 1)[1].split()
-    if fields[0] == b"Z":  # a zombie has ended; only its parent has not reaped it yet
-        return None
-    return int(fields[19])
+    return None if fields[0] == b"Z" else int(fields[19])
 
 
 def _pid_runs(pid: int) -> int | None:

@@ -70,11 +70,9 @@ class Rebalancer:
 
     def maybe(self, step: int) -> RebalanceReport | None:
         t0 = time.perf_counter()
-        stats = self.model.exchange.stats
-        loads = gather_rows(np.asarray(stats.loads[self._loads_from:], dtype=np.float64).ravel(), self.control)
-        live = balancedness(loads.T)
+        live = balancedness(self._loads_since().T)
         self._settle(live)
-        self._loads_from = len(stats.loads)
+        self._loads_from = len(self.model.exchange.stats.loads)
         chunks = torch.stack(self._local_chunks)
         self._local_chunks = []
         dist.all_reduce(chunks, group=self.control)
@@ -102,6 +100,11 @@ class Rebalancer:
         self._copying = rep if any(b.in_flight for b in self.model.banks) else None
         return rep
 
+    def _loads_since(self) -> np.ndarray:
+        """Collective: every rank's loads [R, exchanges] since the last rebalance."""
+        loads = self.model.exchange.stats.loads[self._loads_from:]
+        return gather_rows(np.asarray(loads, dtype=np.float64).ravel(), self.control)
+
     def _settle(self, achieved: float) -> None:
         """The last move's achieved balancedness: the exchanges since it."""
         if self._pending is not None:
@@ -126,8 +129,7 @@ class Rebalancer:
 
     def finish(self) -> None:
         """At the end of the run (a collective): the last rebalance's achieved balancedness."""
-        loads = gather_rows(np.asarray(self.model.exchange.stats.loads[self._loads_from:], dtype=np.float64).ravel(),
-                            self.control)
+        loads = self._loads_since()
         if loads.size:
             self._settle(balancedness(loads.T))
 
