@@ -68,10 +68,7 @@ class Prepared:
                           "cold_bank_reserved_bytes": self.allocator.reserved_bytes,
                           "cold_bank_method": self.allocator.method, "cold_bank_fallback": self.allocator.fallback},
             "numa": self.allocator.numa.to_doc(),
-            "plan": {"source": self.plan.source, "made_from": self.plan.made_from,
-                     "expected_hit_rate": self.plan.expected_hit_rate,
-                     "budget_bytes": self.plan.budget_bytes, "hot_bytes": self.plan.hot_bytes,
-                     "hot_experts": int(self.plan.hot_LE.sum()), "expert_bytes": self.expert_bytes},
+            "plan": self.plan.to_doc(self.expert_bytes),
         }
 
 

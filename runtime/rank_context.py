@@ -45,6 +45,11 @@ class PlanChoice:
     hot_bytes: int  # real bytes
     made_from: str  # the routing the hot set was chosen on: this run's traffic, or a plan's histogram
 
+    def to_doc(self, expert_bytes: int) -> dict:
+        return {"source": self.source, "made_from": self.made_from, "expected_hit_rate": self.expected_hit_rate,
+                "budget_bytes": self.budget_bytes, "hot_bytes": self.hot_bytes, "hot_experts": int(self.hot_LE.sum()),
+                "expert_bytes": expert_bytes}
+
 
 def plan_from_file(plan: PlanFile, path, recipe: Recipe, expert_bytes: int, rank: int = 0,
                    with_budget: bool = False) -> PlanChoice:
