@@ -58,6 +58,16 @@ class RunSummary:
         return {**doc, "expected_gap": self.expected_gap}
 
 
+def ratio(num: float, den: float) -> float:
+    """num / den; 0.0 when there is nothing to divide by (no assignments, no time)."""
+    return float(num / den) if den else 0.0
+
+
+def layer_rates(hits_L: np.ndarray, assigned_L: np.ndarray) -> list[float]:
+    """Hits / assignments of each layer (0.0 for a layer that had none)."""
+    return [ratio(h, a) for h, a in zip(hits_L, assigned_L, strict=True)]
+
+
 def moves_by_layer(swaps: list[Swap]) -> dict[int, list[tuple[int, int]]]:
     """Swaps as {layer: [(out_expert, in_expert), ...]}, what a bank's begin_swaps takes."""
     out: dict[int, list[tuple[int, int]]] = {}
@@ -148,13 +158,11 @@ class WindowBook:
         self.swaps += swaps
         self.bytes_copied += swaps * self.expert_bytes
         self.copy_ms += copy_ms
-        layer = np.divide(hits_L, assigned_L, out=np.zeros_like(hits_L), where=assigned_L > 0)
         rec = HitRateRecord(
-            step=step, hit_rate_window=hits / assigned if assigned else 0.0,
-            hit_rate_total=self.hits / self.assigned if self.assigned else 0.0,
+            step=step, hit_rate_window=ratio(hits, assigned), hit_rate_total=ratio(self.hits, self.assigned),
             swaps=swaps, swaps_total=self.swaps, bytes_copied=swaps * self.expert_bytes, copy_ms=copy_ms,
             cold_bytes_per_step=int(cold_reads) * self.expert_bytes / n_steps,
-            layer_hit_rate=[float(x) for x in layer], planner_error=error, cold_cpu_bytes_per_step=cpu_bytes)
+            layer_hit_rate=layer_rates(hits_L, assigned_L), planner_error=error, cold_cpu_bytes_per_step=cpu_bytes)
         self.records.append(rec)
         return rec
 
@@ -163,12 +171,11 @@ class WindowBook:
         """The run so far. Copy time that landed after the last record is counted here."""
         self.copy_ms += self._pending_ms
         self._pending_ms = 0.0
-        layer = np.divide(self.layer_hits_L, self.layer_assigned_L, out=np.zeros_like(self.layer_hits_L),
-                          where=self.layer_assigned_L > 0)
         return RunSummary(
-            steps=steps, tokens=tokens, elapsed_s=elapsed_s, tokens_per_s=tokens / elapsed_s if elapsed_s > 0 else 0.0,
-            hit_rate=self.hits / self.assigned if self.assigned else 0.0,
+            steps=steps, tokens=tokens, elapsed_s=elapsed_s, tokens_per_s=ratio(tokens, elapsed_s),
+            hit_rate=ratio(self.hits, self.assigned),
             hit_rate_last_window=self.records[-1].hit_rate_window if self.records else None,
             expected_hit_rate=expected_hit_rate, swaps=self.swaps, bytes_copied=self.bytes_copied,
-            copy_ms=self.copy_ms, cold_bytes_per_step=self.cold_reads * self.expert_bytes / steps if steps else 0.0,
-            layer_hit_rate=[float(x) for x in layer], interrupted=interrupted, records=list(self.records))
+            copy_ms=self.copy_ms, cold_bytes_per_step=ratio(self.cold_reads * self.expert_bytes, steps),
+            layer_hit_rate=layer_rates(self.layer_hits_L, self.layer_assigned_L), interrupted=interrupted,
+            records=list(self.records))

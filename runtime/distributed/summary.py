@@ -24,7 +24,7 @@ import torch.distributed as dist
 from hotsplit_cli.placement.dispatch import balancedness, window_balancedness
 
 from ..log import HitRateRecord
-from ..windows import RunSummary
+from ..windows import RunSummary, layer_rates, ratio
 from .dispatch import all_gather_single
 
 
@@ -64,25 +64,20 @@ class RankWindow:
     loads_WL: np.ndarray  # int64 [W, L] assignments received, per (step, layer) exchange of the window
 
 
-def _rate(num: float, den: float) -> float:
-    return float(num / den) if den else 0.0
-
-
 def reduce_windows(windows: list[RankWindow]) -> JobRecord:
     """The job's window from its ranks' (one rank: that rank's own figures): hit rates over all
     assignments, swaps and copies summed, the slowest copy, balancedness over the exchanges."""
     recs = [w.record for w in windows]
     hits_L, assigned_L = sum(w.hits_L for w in windows), sum(w.assigned_L for w in windows)
-    layer = np.divide(hits_L, assigned_L, out=np.zeros(len(hits_L)), where=assigned_L > 0)
-    ranks = [{"rank": r, "tokens": int(w.assigned_L.sum()), "hit_rate": _rate(w.hits_L.sum(), w.assigned_L.sum()),
+    ranks = [{"rank": r, "tokens": int(w.assigned_L.sum()), "hit_rate": ratio(w.hits_L.sum(), w.assigned_L.sum()),
               "cold_reads": int(w.cold_reads)} for r, w in enumerate(windows)]
     return JobRecord(
-        step=recs[0].step, hit_rate_window=_rate(hits_L.sum(), assigned_L.sum()),
-        hit_rate_total=_rate(sum(w.hits_total for w in windows), sum(w.assigned_total for w in windows)),
+        step=recs[0].step, hit_rate_window=ratio(hits_L.sum(), assigned_L.sum()),
+        hit_rate_total=ratio(sum(w.hits_total for w in windows), sum(w.assigned_total for w in windows)),
         swaps=sum(r.swaps for r in recs), swaps_total=sum(r.swaps_total for r in recs),
         bytes_copied=sum(r.bytes_copied for r in recs), copy_ms=float(max(r.copy_ms for r in recs)),
         cold_bytes_per_step=float(sum(r.cold_bytes_per_step for r in recs)),
-        layer_hit_rate=[float(x) for x in layer], planner_error=recs[0].planner_error,
+        layer_hit_rate=layer_rates(hits_L, assigned_L), planner_error=recs[0].planner_error,
         balancedness=balancedness(np.concatenate([w.loads_WL.reshape(-1, 1) for w in windows], axis=1)),
         ranks=ranks)
 
@@ -156,8 +151,8 @@ def reduce_summaries(ranks: list[RankTotals]) -> RunSummary:
     hits = np.array([t.summary.hit_rate for t in ranks]) * received
     tokens, elapsed = sum(t.summary.tokens for t in ranks), float(max(t.summary.elapsed_s for t in ranks))
     return RunSummary(
-        steps=s0.steps, tokens=tokens, elapsed_s=elapsed, tokens_per_s=_rate(tokens, elapsed),
-        hit_rate=_rate(hits.sum(), received.sum()), hit_rate_last_window=None,
+        steps=s0.steps, tokens=tokens, elapsed_s=elapsed, tokens_per_s=ratio(tokens, elapsed),
+        hit_rate=ratio(hits.sum(), received.sum()), hit_rate_last_window=None,
         expected_hit_rate=s0.expected_hit_rate, swaps=sum(t.summary.swaps for t in ranks),
         bytes_copied=sum(t.summary.bytes_copied for t in ranks), copy_ms=float(max(t.summary.copy_ms for t in ranks)),
         cold_bytes_per_step=float(sum(t.summary.cold_bytes_per_step for t in ranks)),
