@@ -71,12 +71,19 @@ def _check_before_launch(rec, plan: Path | None, trace: Path | None, steps: int 
 
 
 def _remove_ended_jobs(out: Output) -> None:
-    """Before a job starts: remove what killed jobs left on this node, and say so."""
-    from hotsplit_runtime.distributed.leftovers import remove_ended
+    """Before a job starts: remove what killed jobs left on this node, and say so in one line."""
+    from hotsplit_runtime.distributed.leftovers import SHM_DIR, remove_ended
 
-    line = remove_ended().line()
-    if line:
-        out.note(escape(line))
+    removed, parts = remove_ended(), []
+    if removed.segments:
+        n = len(removed.segments)
+        parts.append(f"{n} shared-memory segment{'s' * (n != 1)} ({removed.segment_bytes / 2**20:,.1f} MiB) "
+                     f"from {SHM_DIR}")
+    if removed.folders:
+        n = len(removed.folders)
+        parts.append(f"{n} log folder{'s' * (n != 1)} ({', '.join(removed.folders)})")
+    if parts:
+        out.note(escape(f"removed what ended expert-parallel jobs left: {' and '.join(parts)}"))
 
 
 def _start_rank(out: Output) -> None:

@@ -79,18 +79,6 @@ class Removed:
     segment_bytes: int = 0
     folders: list[str] = field(default_factory=list)
 
-    def line(self) -> str | None:
-        """The one stderr line that says what was removed, or None when nothing was."""
-        parts = []
-        if self.segments:
-            n = len(self.segments)
-            parts.append(f"{n} shared-memory segment{'s' * (n != 1)} ({self.segment_bytes / 2**20:,.1f} MiB) "
-                         f"from {SHM_DIR}")
-        if self.folders:
-            n = len(self.folders)
-            parts.append(f"{n} log folder{'s' * (n != 1)} ({', '.join(self.folders)})")
-        return f"removed what ended expert-parallel jobs left: {' and '.join(parts)}" if parts else None
-
 
 def remove_ended(shm_dir: str = SHM_DIR, log_dir: str | None = None) -> Removed:
     """Remove the cold bank segments and log folders whose owning job no longer runs. Files this
