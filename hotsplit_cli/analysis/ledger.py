@@ -277,6 +277,25 @@ def ag_rs_bytes_per_layer(tokens_per_step: float, hidden: int, act_bytes: int, e
     return 2.0 * tokens_per_step * hidden * act_bytes * (ep - 1)  # [B]
 
 
+def exchange_prediction(recipe: Recipe, mode: str, tokens_per_rank: float, hidden: int, act_bytes: int) -> dict:
+    """What the ledger predicts for a run's exchange (`ep_exchange` mode): bytes leaving one rank
+    and ms per MoE layer at the `hidden` size and `act_bytes` the run allocated, with its mean
+    `tokens_per_rank` (the all-gather pads every rank to the largest shard, which a trace's
+    uneven shards make larger)."""
+    small = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, hidden_size=hidden))
+    whole = max(1, round(tokens_per_rank))  # the ledger takes whole tokens
+    ledger = a2a_ledger(small, CommModel(tokens_per_step=whole, act_bytes=act_bytes))
+    scale = tokens_per_rank / whole
+    if mode == "allgather":
+        nbytes, ms, by = (ledger.ag_rs_bytes_per_layer, ledger.ag_rs_ms_per_layer,
+                          "ledger: 2 x tokens x hidden x act_bytes x (ep - 1)")
+    else:
+        nbytes, ms, by = (ledger.a2a_bytes_per_layer, ledger.a2a_ms_per_layer,
+                          "ledger: 2 x tokens x top_k x hidden x act_bytes x (ep - 1) / ep")
+    return {"mode": mode, "predicted_bytes_per_layer": nbytes * scale, "predicted_by": by,
+            "predicted_ms_per_layer": ms * scale, "predicted_at_gbps": ledger.link_gbps}
+
+
 def _check_comm(comm: CommModel, ep: int) -> None:
     if comm.tokens_per_step < 1:
         raise UsageError(f"--tokens: must be >= 1, got {comm.tokens_per_step}")

@@ -7,7 +7,6 @@ ranks get None. An error on any rank goes to the launcher (launch.report_rank_er
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
-from hotsplit_cli.analysis.ledger import CommModel, a2a_ledger
+from hotsplit_cli.analysis.ledger import exchange_prediction
 from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.hotset.planfile import load_plan
@@ -100,7 +99,9 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
     summary, figures = out
     summary.hit_rate_last_window = records[-1].hit_rate_window if records else None
     summary.records = records
-    figures.exchange.update(_predicted_exchange(recipe, prepared, knobs.ep_exchange, summary, group.world))
+    tokens_per_rank = summary.tokens / max(summary.steps, 1) / group.world  # this run's mean
+    figures.exchange.update(exchange_prediction(recipe, knobs.ep_exchange, tokens_per_rank, prepared.hidden,
+                                                prepared.engine.model.banks[0].compute_dtype.itemsize))
     figures.placement = {"method": placement.method, "physical_experts": placement.num_physical,
                          "slots_per_rank": placement.slots_per_rank}
     figures.rebalances = [r.to_doc() for r in rebalancer.reports] if rebalancer else []
@@ -163,23 +164,3 @@ def _placement_prediction(plan_file):
     from hotsplit_cli.placement.file import placement_prediction
 
     return placement_prediction(plan_file.placement["path"])
-
-
-def _predicted_exchange(recipe: Recipe, prepared, mode: str, summary, world: int) -> dict:
-    """The ledger's bytes leaving one rank per exchange for this run's mode: its formula at the
-    allocated hidden size and activation bytes, with this run's tokens per rank (the mean; the
-    all-gather pads every rank to the largest shard, which a trace's uneven shards make larger)."""
-    m = recipe.model
-    tokens_per_rank = summary.tokens / max(summary.steps, 1) / world
-    small = dataclasses.replace(recipe, model=dataclasses.replace(m, hidden_size=prepared.hidden))
-    act_bytes = prepared.engine.model.banks[0].compute_dtype.itemsize
-    ledger = a2a_ledger(small, CommModel(tokens_per_step=max(1, round(tokens_per_rank)), act_bytes=act_bytes))
-    scale = tokens_per_rank / max(1, round(tokens_per_rank))  # the ledger takes whole tokens
-    if mode == "allgather":
-        nbytes, ms, by = (ledger.ag_rs_bytes_per_layer, ledger.ag_rs_ms_per_layer,
-                          "ledger: 2 x tokens x hidden x act_bytes x (ep - 1)")
-    else:
-        nbytes, ms, by = (ledger.a2a_bytes_per_layer, ledger.a2a_ms_per_layer,
-                          "ledger: 2 x tokens x top_k x hidden x act_bytes x (ep - 1) / ep")
-    return {"mode": mode, "predicted_bytes_per_layer": nbytes * scale, "predicted_by": by,
-            "predicted_ms_per_layer": ms * scale, "predicted_at_gbps": ledger.link_gbps}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -381,3 +382,20 @@ def test_hot_budget_row_shows_a_small_budget_in_its_unit(small_path, capsys):
     rc, out, _ = _run(capsys, small_path, "--hot-gib", "0.001")
     assert rc == 0
     assert next(x for x in out.splitlines() if x.startswith("hot budget (flag)")).split()[-2:] == ["1.02", "MiB"]
+
+
+def test_a_runs_exchange_is_predicted_at_its_allocated_size_and_mean_shard():
+    """The ledger's bytes for a run's exchange: the recipe's formula at the hidden size and
+    activation bytes the run allocated, scaled to its mean (fractional) tokens per rank."""
+    from hotsplit_cli.analysis.ledger import exchange_prediction
+
+    r = with_ep(load_recipe("tiny"), 4)
+    a2a = exchange_prediction(r, "a2a", 3.5, 32, 4)
+    m = r.model
+    assert a2a["predicted_bytes_per_layer"] == pytest.approx(2 * 3.5 * m.top_k * 32 * 4 * 3 / 4)
+    ag = exchange_prediction(r, "allgather", 3.5, 32, 4)
+    assert ag["predicted_bytes_per_layer"] == pytest.approx(ag_rs_bytes_per_layer(3.5, 32, 4, 4))
+    assert ag["predicted_by"].startswith("ledger: 2 x tokens x hidden") and a2a["mode"] == "a2a"
+    whole = a2a_ledger(dataclasses.replace(r, model=dataclasses.replace(m, hidden_size=32)),
+                       CommModel(tokens_per_step=4, act_bytes=4))
+    assert a2a["predicted_ms_per_layer"] == pytest.approx(whole.a2a_ms_per_layer * 3.5 / 4)
