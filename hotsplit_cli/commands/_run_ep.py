@@ -57,15 +57,13 @@ def _check_before_launch(rec, plan: Path | None, trace: Path | None, steps: int 
     """What every rank would refuse, refused once by the launcher before any rank starts, with
     the checks a single-rank run makes before it builds: the trace against the recipe and
     --steps, the plan's placement. A refusal names the input, not a rank."""
-    from hotsplit_cli.hotset.planfile import load_plan
+    from hotsplit_cli.hotset.planfile import load_plan, placement_of_plan
     from hotsplit_cli.traffic.trace import load_replay
 
     trace_file = trace or (rec.traffic.path if rec.traffic.kind == "trace" else None)
     if trace_file is not None:
         load_replay(trace_file, rec, steps)
     if plan is not None:  # its number of ranks is checked with the single-rank checks (check_run_inputs)
-        from hotsplit_runtime.distributed.rank import placement_of_plan
-
         m = rec.model
         placement_of_plan(load_plan(plan), m.moe_layer_ids, m.num_experts, rec.parallel.ep)
 

@@ -506,3 +506,29 @@ def _made_from(hist: object) -> str | None:
         return None
     source = hist.get("source")
     return f"histogram {hist['path']}" + (f" ({source})" if isinstance(source, str) and source else "")
+
+
+def placement_of_plan(plan: PlanFile | None, layers, num_experts: int, ep: int) -> Placement:
+    """The placement an EP plan was made on (its recorded file, unchanged), else (or without a
+    plan) the contiguous layout. One-line errors when the file is gone, changed, or does not fit
+    the recipe."""
+    from hotsplit_cli.placement.dispatch import contiguous_placement
+    from hotsplit_cli.placement.file import load_placement
+
+    if plan is None or plan.placement is None:
+        return contiguous_placement(layers, num_experts, ep)
+    where = plan.placement["path"]
+    try:
+        sha = file_sha256(where)
+    except OSError:
+        raise PlanError(f"{plan.path}: its placement {where} cannot be read",
+                        "keep the placement beside the plan (or where it was), or re-plan with --placement") from None
+    if plan.placement.get("sha256") not in (None, sha):
+        raise PlanError(f"{plan.path}: its placement {where} changed since the plan was made",
+                        "re-plan with `hotsplit plan --placement`")
+    placement = load_placement(where)
+    if placement.num_ranks != ep or tuple(placement.layers) != tuple(layers):
+        raise PlanError(f"{plan.path}: its placement {where} spreads layers {list(placement.layers)[:3]}... over "
+                        f"{placement.num_ranks} ranks; the recipe has ep={ep} and MoE layers {list(layers)[:3]}...",
+                        "place and plan for this recipe")
+    return placement

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from hotsplit_cli.analysis.ledger import exchange_prediction
 from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
-from hotsplit_cli.hotset.planfile import load_plan
+from hotsplit_cli.hotset.planfile import load_plan, placement_of_plan
 from hotsplit_cli.hotset.verdict import prediction_error
 from hotsplit_cli.placement.algorithm import Placement
 from hotsplit_cli.placement.dispatch import predict_trace
@@ -25,7 +25,7 @@ from hotsplit_cli.placement.rebalance_rule import replay_rebalancing
 
 from ..from_recipe import Prepared, prepare_run
 from . import launch
-from .rank import EPRankContext, placement_of_plan, run_rank
+from .rank import EPRankContext, run_rank
 from .rebalance import Rebalancer
 from .summary import EPFigures, RankWindow, gather_rows, gather_to_rank0, job_record, job_summary
 

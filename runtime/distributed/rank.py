@@ -22,7 +22,7 @@ import numpy as np
 from hotsplit_cli.core.errors import PlanError
 from hotsplit_cli.hotset.planfile import PlanFile, load_plan, plan_on_placement
 from hotsplit_cli.placement.algorithm import Placement
-from hotsplit_cli.placement.dispatch import ReplicaMap, contiguous_placement, placed_hit_rates
+from hotsplit_cli.placement.dispatch import ReplicaMap, placed_hit_rates
 
 from ..engine import LoopHooks
 from ..rank_context import PlanChoice, RankContext, plan_from_file
@@ -31,32 +31,6 @@ from .interrupt import job_stops
 from .launch import Group
 from .shared_bank import SharedAllocator, shm_prefix
 from .summary import RankTotals
-
-
-def placement_of_plan(plan: PlanFile | None, layers, num_experts: int, ep: int) -> Placement:
-    """The placement an EP plan was made on (its recorded file, unchanged), else (or without a
-    plan) the contiguous layout. One-line errors when the file is gone, changed, or does not fit
-    the recipe."""
-    from hotsplit_cli.placement.file import load_placement
-    from hotsplit_cli.traffic.hist import file_sha256
-
-    if plan is None or plan.placement is None:
-        return contiguous_placement(layers, num_experts, ep)
-    where = plan.placement["path"]
-    try:
-        sha = file_sha256(where)
-    except OSError:
-        raise PlanError(f"{plan.path}: its placement {where} cannot be read",
-                        "keep the placement beside the plan (or where it was), or re-plan with --placement") from None
-    if plan.placement.get("sha256") not in (None, sha):
-        raise PlanError(f"{plan.path}: its placement {where} changed since the plan was made",
-                        "re-plan with `hotsplit plan --placement`")
-    placement = load_placement(where)
-    if placement.num_ranks != ep or tuple(placement.layers) != tuple(layers):
-        raise PlanError(f"{plan.path}: its placement {where} spreads layers {list(placement.layers)[:3]}... over "
-                        f"{placement.num_ranks} ranks; the recipe has ep={ep} and MoE layers {list(layers)[:3]}...",
-                        "place and plan for this recipe")
-    return placement
 
 
 class EPRankContext(RankContext):

@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 
-from hotsplit_cli.hotset.planfile import load_plan
+from hotsplit_cli.hotset.planfile import load_plan, placement_of_plan
 from hotsplit_cli.traffic.hist import file_sha256, save_hist
 from tests.conftest import make_hist
 
@@ -37,8 +37,6 @@ def test_a_plan_moved_with_its_placement_still_finds_it(cli, tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)  # neither the folder it was made in nor the one it is in
     plan = load_plan(moved / "plan.json")
     assert plan.placement["path"] == str(moved / "place.json")
-
-    from hotsplit_runtime.distributed.rank import placement_of_plan
 
     placement = placement_of_plan(plan, (1, 2, 3, 4), 32, 4)  # loads, sha checked
     assert placement.num_ranks == 4
