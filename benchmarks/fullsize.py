@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from hotsplit_probes import timing
 from hotsplit_runtime.device import DeviceInfo, clock_of, synchronizer
+from hotsplit_runtime.engine import capture_graph
 from hotsplit_runtime.fp8 import FP8, RELEASE_FP8, Fp8Experts, Fp8Format
 from hotsplit_runtime.kernels import choose_compute
 from hotsplit_runtime.model import HotColdMoE
@@ -108,15 +109,7 @@ def graphed(fn: Callable[[], torch.Tensor], info: DeviceInfo) -> tuple[Callable[
     if not info.graphs:
         return fn, "eager"
     try:
-        side = torch.cuda.Stream(info.device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: compile the kernels, settle the allocator
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn()
+        graph, out = capture_graph(fn, info.device)
     except Exception as exc:  # e.g. an op that synchronises: measured eagerly instead
         torch.cuda.synchronize(info.device)
         return fn, f"eager ({error_line(exc)})"
