@@ -84,7 +84,7 @@ def remove_ended(shm_dir: str = SHM_DIR, log_dir: str | None = None) -> Removed:
     """Remove the cold bank segments and log folders whose owning job no longer runs. Files this
     user may not remove (another user's) are left alone."""
     out = Removed()
-    for name in _names(shm_dir):
+    for name in names_in(shm_dir):
         if owner_runs(name, _SEGMENT) is False:
             path = os.path.join(shm_dir, name)
             try:
@@ -95,7 +95,7 @@ def remove_ended(shm_dir: str = SHM_DIR, log_dir: str | None = None) -> Removed:
             out.segments.append(name)
             out.segment_bytes += size
     log_dir = log_dir or tempfile.gettempdir()
-    for name in _names(log_dir):
+    for name in names_in(log_dir):
         path = os.path.join(log_dir, name)
         if owner_runs(name, _FOLDER) is False and os.path.isdir(path):
             try:
@@ -106,7 +106,8 @@ def remove_ended(shm_dir: str = SHM_DIR, log_dir: str | None = None) -> Removed:
     return out
 
 
-def _names(folder: str) -> list[str]:
+def names_in(folder: str) -> list[str]:
+    """The names in `folder`, sorted ([] when it cannot be listed)."""
     try:
         return sorted(os.listdir(folder))
     except OSError:

@@ -23,7 +23,7 @@ import torch
 from hotsplit_probes.hostmem import HostPages
 
 from ..pinned import NumaPolicy, _Slab, slab_device_address
-from .leftovers import SHM_DIR, owner_tag
+from .leftovers import SHM_DIR, names_in, owner_tag
 
 
 def _job_name(job: str) -> str:
@@ -97,15 +97,11 @@ def remove_leftovers(prefix_dir: str, job: str) -> list[str]:
     killed before they were unlinked); returns what was removed. Called by the launcher after
     its ranks are gone."""
     removed = []
-    try:
-        names = os.listdir(prefix_dir)
-    except OSError:
-        return removed
-    for name in names:
+    for name in names_in(prefix_dir):
         if name.startswith(f"{_job_name(job)}-"):
             try:
                 os.unlink(os.path.join(prefix_dir, name))
-                removed.append(name)
             except OSError:
-                pass
+                continue
+            removed.append(name)
     return removed
