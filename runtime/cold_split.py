@@ -65,7 +65,6 @@ class PathCounters:
             self.gpu_ms += start.elapsed_time(end)
 
 
-
 def node_cpus(node: int | None) -> tuple[int, ...] | None:
     """The CPUs of NUMA node `node` this process may use (None: unknown node, or none usable)."""
     if node is None:
@@ -218,8 +217,8 @@ def measure_rates(bank, info: DeviceInfo, zero_copy_gbps: float | None = None) -
     measurement (probes.cpu_expert, the runtime's threads): the CPU expert rate on the GPU's node
     and its layer call for this bank's experts per layer, the zero-copy read of the bank's cold
     blobs (on a GPU, unless `zero_copy_gbps` is given) and the per-layer sync (hand-off, and the
-    activations' round trip on a GPU). On a CPU the device path
-    is this same CPU (`shared_cpu`)."""
+    activations' round trip on a GPU). On a CPU the device path is this same CPU (`shared_cpu`),
+    at the CPU's rate and spread."""
     from hotsplit_probes.bandwidth import measure_roundtrip_ms
     from hotsplit_probes.cpu_expert import CPU_RUNTIME_THREADS, ExpertShape, measure_cpu_expert
 
@@ -229,14 +228,12 @@ def measure_rates(bank, info: DeviceInfo, zero_copy_gbps: float | None = None) -
                              layer_experts=bank.num_experts)
     points = tuple((float(t), m.median_gbps) for t, m in cpu.by_tokens)
     spread = max((m.spread_gbps / m.median_gbps for _, m in cpu.by_tokens if m.median_gbps), default=0.0)
-    sync_ms = cpu.handoff_ms
+    sync_ms, zero_copy = cpu.handoff_ms, None
     if info.is_cuda:
         sync_ms += measure_roundtrip_ms(torch, info.device)
         zero_copy = zero_copy_gbps or _zero_copy_gbps(bank, info)
-        rates = ColdRates(zero_copy, points, sync_ms, spread=spread, layer_ms=cpu.layer_ms or 0.0, cpu_spread=spread)
-    else:
-        rates = ColdRates(None, points, sync_ms, shared_cpu=True, spread=spread, layer_ms=cpu.layer_ms or 0.0,
-                          gpu_spread=spread, cpu_spread=spread)
+    rates = ColdRates(zero_copy, points, sync_ms, shared_cpu=not info.is_cuda, spread=spread,
+                      layer_ms=cpu.layer_ms or 0.0, gpu_spread=None if info.is_cuda else spread, cpu_spread=spread)
     shape_text = f"{shape.hidden}x{shape.inter} {shape.dtype}, {cpu.threads} thread{'s' * (cpu.threads != 1)}"
     return rates, "measured now for the experts this run allocates: " + describe_rates(rates, shape_text)
 
