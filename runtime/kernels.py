@@ -178,14 +178,13 @@ class TritonExperts:
         fp8 = bank.fp8_meta or _NO_FP8  # where a block-scaled fp8 blob keeps its scales
         f8 = dict(FP8=bank.fp8_meta is not None, BM=fp8.bm, BN=fp8.bn)
         N = blocks.num_blocks
-        i_tiles = -(-INTER // self.block_i)
+        i_tiles, h_tiles = -(-INTER // self.block_i), -(-H // self.block_h)
         split = self._split(N * i_tiles, H, x.device)
         if split == 1:
             gu = act = torch.empty(A, INTER, dtype=torch.float32, device=x.device)
         else:  # partial sums of gate and up land here; the activation follows in torch
             gu = torch.zeros(A, 2 * INTER, dtype=torch.float32, device=x.device)
         meta = (blocks.order_A, blocks.expert_N, blocks.start_N, blocks.count_N)
-        h_tiles = -(-H // self.block_h)
         tiles_per_split = -(-h_tiles // split)
         k.gate_up_kernel[(N, i_tiles, split)](
             x, *meta, bank.expert2slot_E, bank.hot_SB, bank.cold_read_EB, gu, H, INTER, blob_stride, tiles_per_split,

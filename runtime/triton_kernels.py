@@ -151,10 +151,7 @@ def down_kernel(act_ptr, order_ptr, w_ptr, blk_expert_ptr, blk_start_ptr, blk_co
             sd = _block_scale(s_ptr, offs_h[None, :], offs_i[:, None], s_cols, m2, BM, BN)
             wd = wd.to(tl.float32) * sd
             if NATIVE:  # 16-bit weights for the tensor cores, as the activations' dtype
-                if BF16:
-                    wd = wd.to(tl.bfloat16)
-                else:
-                    wd = wd.to(tl.float16)
+                wd = wd.to(tl.bfloat16 if BF16 else tl.float16)
         acc += _matmul(av, wd, USE_DOT, NATIVE)
     wt = tl.load(w_ptr + a, mask=mask_t, other=0.0)
     tl.store(out_ptr + a[:, None] * H + offs_h[None, :], acc * wt[:, None], mask=mask_t[:, None] & mask_h[None, :])
