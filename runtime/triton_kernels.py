@@ -20,14 +20,6 @@ INTERPRET = bool(triton.knobs.runtime.interpret)  # the kernels run in the inter
 
 
 @triton.jit
-def _expert_base(e, e2s_ptr, hot_ptr, cold_ptr, blob_stride):
-    slot = tl.load(e2s_ptr + e).to(tl.int64)
-    # The one decision of the hot/cold runtime: read the slot, or the cold bank in place.
-    return tl.where(slot >= 0, hot_ptr + tl.where(slot >= 0, slot, 0) * blob_stride,
-                    cold_ptr + e * blob_stride)
-
-
-@triton.jit
 def _block(pid_n, count, order_ptr, blk_expert_ptr, blk_start_ptr, e2s_ptr, hot_ptr, cold_ptr, blob_stride,
            BLOCK_T: tl.constexpr):
     """Block pid_n of the grouped launch: its expert's blob (hot slot or cold bank), which of its
@@ -37,7 +29,10 @@ def _block(pid_n, count, order_ptr, blk_expert_ptr, blk_start_ptr, e2s_ptr, hot_
     offs_t = tl.arange(0, BLOCK_T)
     mask_t = offs_t < count
     a = tl.load(order_ptr + start + offs_t, mask=mask_t, other=0).to(tl.int64)
-    return _expert_base(e, e2s_ptr, hot_ptr, cold_ptr, blob_stride), mask_t, a
+    slot = tl.load(e2s_ptr + e).to(tl.int64)
+    # The one decision of the hot/cold runtime: read the slot, or the cold bank in place.
+    base = tl.where(slot >= 0, hot_ptr + tl.where(slot >= 0, slot, 0) * blob_stride, cold_ptr + e * blob_stride)
+    return base, mask_t, a
 
 
 @triton.jit
