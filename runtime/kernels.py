@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from .bank import ExpertBank
 from .device import DeviceInfo
 from .fp8 import FP8Meta
-from .moe import grouped_experts
+from .moe import expert_counts, grouped_experts
 
 
 class TorchExperts:
@@ -76,8 +76,7 @@ def align_blocks(ids_A: torch.Tensor, num_experts: int, block_t: int) -> ExpertB
     valid = ids >= 0
     key = torch.where(valid, ids, E).to(torch.int32)  # padding sorts after every expert, in no block
     order_A = torch.sort(key, stable=True).indices  # a device sort: no data-dependent size
-    counts_E = torch.zeros(E, dtype=torch.int64, device=ids.device)
-    counts_E.scatter_add_(0, ids.clamp(min=0), valid.long())  # not bincount: it reads its max on the host
+    counts_E = expert_counts(ids, E)  # not bincount: it reads its max on the host
     blocks_E = (counts_E + block_t - 1) // block_t
     block_end_E = torch.cumsum(blocks_E, 0)
     block_begin_E = block_end_E - blocks_E
