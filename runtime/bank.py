@@ -142,7 +142,7 @@ class BlobBank:
         self.info, self.dtype, self.num_experts = info, dtype, E
         self.compute_dtype = dtype  # what experts compute in (a bank of fp8 bytes says otherwise)
         self.fp8_meta: FP8Meta | None = None
-        n_bytes = E * B * torch.empty((), dtype=dtype).element_size()
+        n_bytes = E * B * dtype.itemsize
         self.cold_EB = allocator.alloc(n_bytes)[:n_bytes].view(dtype).view(E, B)  # in host memory
         # What kernels read for a cold expert: the zero-copy device view on CUDA, else the host rows.
         self.cold_read_EB = (zero_copy_view(self.cold_EB, info.device, allocator.device_address(self.cold_EB))
@@ -203,8 +203,7 @@ class BlobBank:
             return (time.perf_counter() - t0) * 1e3
         compute = torch.cuda.current_stream(self.info.device)
         self.swap_stream.wait_stream(compute)  # no earlier step still reads these slots
-        start = torch.cuda.Event(enable_timing=True)
-        done = torch.cuda.Event(enable_timing=True)
+        start, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(self.swap_stream):
             start.record()
             for in_e, slot in planned:
