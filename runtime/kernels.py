@@ -23,7 +23,6 @@ E, B (blob elements), N (blocks of the grouped launch).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -92,15 +91,6 @@ def align_blocks(ids_A: torch.Tensor, num_experts: int, block_t: int) -> ExpertB
     return ExpertBlocks(order_A, expert_N.to(torch.int32), start_N, count_N.to(torch.int32))
 
 
-@functools.cache
-def _load_triton_kernels():
-    """The module of Triton kernels (runtime/triton_kernels.py), imported on first use: triton is
-    optional, and a machine without it runs `TorchExperts`."""
-    from . import triton_kernels as tk
-
-    return tk
-
-
 # Programs the gate/up launch aims for per multiprocessor: a cold expert is read over PCIe, and
 # only many reads in flight at once come near the link's rate.
 PROGRAMS_PER_SM = 4
@@ -139,7 +129,10 @@ class TritonExperts:
         self._sms: int | None = None  # multiprocessors of the GPU, read once
         self.use_dot = min(block_t, block_i, block_h) >= 16  # tl.dot's smallest shape
         self.use_dot_down = min(block_t, block_i_down, block_h) >= 16
-        _load_triton_kernels()  # triton is imported here, not at the first step
+        # Triton is optional (a machine without it runs TorchExperts): imported here, not at the first step.
+        from . import triton_kernels
+
+        self.kernels = triton_kernels
 
     def _split(self, programs: int, H: int, device: torch.device) -> int:
         h_tiles = -(-H // self.block_h)
@@ -158,10 +151,10 @@ class TritonExperts:
         as raw 16-bit integers."""
         if dtype == torch.float16:
             return True
-        return dtype == torch.bfloat16 and not _load_triton_kernels().INTERPRET
+        return dtype == torch.bfloat16 and not self.kernels.INTERPRET
 
     def __call__(self, x_TH, ids_TK, w_TK, bank: ExpertBank, counts_E=None) -> torch.Tensor:
-        k = _load_triton_kernels()
+        k = self.kernels
         T, K = ids_TK.shape
         H, INTER = bank.hidden, bank.inter
         A = T * K
