@@ -87,10 +87,11 @@ def _pin(cpus: tuple[int, ...] | None) -> None:
 class ColdSplit:
     """Divides each layer's cold experts between the device compute and a CPU worker."""
 
-    def __init__(self, mode: str, rates: ColdRates, info: DeviceInfo):
+    def __init__(self, mode: str, rates: ColdRates, info: DeviceInfo, rates_source: str = "",
+                 rates_not_used: str | None = None):
         self.mode, self.rates, self.info = mode, rates, info
-        self.rates_source = ""  # where the rates came from, for the run's header
-        self.rates_not_used = None  # platform.json's rates when they were for other experts (full size)
+        self.rates_source = rates_source  # where the rates came from, for the run's header
+        self.rates_not_used = rates_not_used  # platform.json's rates when they were for other experts (full size)
         self.counters = PathCounters()
         self.cpus = node_cpus(info.numa_node)  # the worker runs next to the cold bank's memory
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="hotsplit-cold-cpu", initializer=_pin,
@@ -259,8 +260,7 @@ def make_split(mode: str, info: DeviceInfo, bank, platform=None) -> ColdSplit | 
         raise UsageError(FP8_REFUSAL.format(mode=mode))
     not_used = None
     if platform is not None:
-        cuda_index = info.device.index or 0
-        gpu = platform.gpu_of_cuda(cuda_index) if info.is_cuda else None
+        gpu = platform.gpu_of_cuda(info.device.index or 0) if info.is_cuda else None
         fitted = fit_rates(platform, bank.hidden, bank.inter, str(bank.compute_dtype).replace("torch.", ""),
                            gpu.index if gpu else None, device_is_cpu=not info.is_cuda)
         if fitted.mismatch is None and fitted.compute_bytes is None:
@@ -270,9 +270,7 @@ def make_split(mode: str, info: DeviceInfo, bank, platform=None) -> ColdSplit | 
             not_used = f"{fitted.where} ({fitted.mismatch or 'other experts'}: full-size figures, not used)"
     else:
         rates, where = measure_rates(bank, info)
-    split = ColdSplit(mode, rates, info)
-    split.rates_source, split.rates_not_used = where, not_used
-    return split
+    return ColdSplit(mode, rates, info, where, not_used)
 
 
 def attach(model, mode: str, info: DeviceInfo, platform=None) -> ColdSplit | None:
