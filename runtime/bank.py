@@ -118,8 +118,8 @@ def swiglu_fp8_parts(two_inter: int, hidden: int, fmt: Fp8Format) -> list[tuple]
     scales of gate and up [2, ...] (kept apart: I need not be a whole block) and of w2."""
     inter = two_inter // 2
     return [("w1", (two_inter, hidden), FP8), ("w2", (hidden, inter), FP8),
-            ("s1", (2, *fmt.scale_shape(inter, hidden)), torch.float32), ("s2", fmt.scale_shape(hidden, inter),
-                                                                          torch.float32)]
+            ("s1", (2, *fmt.scale_shape(inter, hidden)), torch.float32),
+            ("s2", fmt.scale_shape(hidden, inter), torch.float32)]
 
 
 @dataclass
@@ -142,7 +142,7 @@ class BlobBank:
         self.info, self.dtype, self.num_experts = info, dtype, E
         self.compute_dtype = dtype  # what experts compute in (a bank of fp8 bytes says otherwise)
         self.fp8_meta: FP8Meta | None = None
-        n_bytes = E * B * torch.empty((), dtype=dtype).element_size()
+        n_bytes = E * B * dtype.itemsize
         self.cold_EB = allocator.alloc(n_bytes)[:n_bytes].view(dtype).view(E, B)  # in host memory
         # What kernels read for a cold expert: the zero-copy device view on CUDA, else the host rows.
         self.cold_read_EB = (zero_copy_view(self.cold_EB, info.device, allocator.device_address(self.cold_EB))
@@ -186,10 +186,6 @@ class BlobBank:
             torch.cuda.current_stream(self.info.device).synchronize()
         self.served_E = self.table.expert2slot_E.copy()
         self.expert2slot_E.copy_(torch.from_numpy(self.served_E.astype(np.int32)))
-        self._slots_changed()
-
-    def _slots_changed(self) -> None:
-        """Hook for layouts that cache views of the hot slots."""
 
     def begin_swaps(self, moves: list[tuple[int, int]]) -> float:
         """Start swaps [(out_expert, in_expert)]; returns copy ms when done synchronously (CPU),
@@ -203,13 +199,11 @@ class BlobBank:
             t0 = time.perf_counter()
             for in_e, slot in planned:
                 self.hot_SB[slot].copy_(self.cold_EB[in_e])
-            for in_e, slot in planned:
                 self._set_map(in_e, slot)
             return (time.perf_counter() - t0) * 1e3
         compute = torch.cuda.current_stream(self.info.device)
         self.swap_stream.wait_stream(compute)  # no earlier step still reads these slots
-        start = torch.cuda.Event(enable_timing=True)
-        done = torch.cuda.Event(enable_timing=True)
+        start, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(self.swap_stream):
             start.record()
             for in_e, slot in planned:
@@ -272,16 +266,14 @@ class ExpertBank(BlobBank):
         self.compute_dtype, self.fp8 = dt, fp8
         self.hidden, self.inter = H, inter
         self.w2_offset = self.blob_layout.offsets["w2"][0]  # elements into a blob where w2 starts
-        # A cold bank shared by a node's ranks is written once, by the rank that created it.
-        fills = getattr(allocator, "fills", True)
-        if fp8 is None and fills:
-            self.blob_layout.view(self.cold_EB, "w1").copy_(w13_EIH)
-            self.blob_layout.view(self.cold_EB, "w2").copy_(w2_EHI)
-        elif fp8 is not None:
-            for name, t in (("w1", fp8.q13_EIH), ("w2", fp8.q2_EHI), ("s1", fp8.s13_E2RC), ("s2", fp8.s2_ERC)):
-                if fills:
-                    self.blob_layout.view(self.cold_EB, name).copy_(t)
+        if fp8 is not None:
             self.fp8_meta = self.blob_layout.fp8_meta(fp8.fmt)
+        # A cold bank shared by a node's ranks is written once, by the rank that created it.
+        if getattr(allocator, "fills", True):
+            sources = ({"w1": w13_EIH, "w2": w2_EHI} if fp8 is None
+                       else {"w1": fp8.q13_EIH, "w2": fp8.q2_EHI, "s1": fp8.s13_E2RC, "s2": fp8.s2_ERC})
+            for name, t in sources.items():
+                self.blob_layout.view(self.cold_EB, name).copy_(t)
         self.cold_views = [self._views(self.cold_read_EB[e]) for e in range(E)]
         # Made once, as the device's are: the CPU cold path fetches them per expert and call, and
         # making them there (an index and a view per weight) was a cost no rate measured, the
@@ -293,7 +285,8 @@ class ExpertBank(BlobBank):
     def _views(self, blob_B: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(self.blob_layout.view(blob_B, name) for name in self.blob_layout.offsets)
 
-    def _slots_changed(self) -> None:
+    def set_hot(self, hot_E: np.ndarray) -> None:
+        super().set_hot(hot_E)  # reallocates the slots: their views are made again
         self.hot_views = [self._views(self.hot_SB[s]) for s in range(self.table.num_slots)]
 
     def weights_of(self, e: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:

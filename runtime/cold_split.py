@@ -65,7 +65,6 @@ class PathCounters:
             self.gpu_ms += start.elapsed_time(end)
 
 
-
 def node_cpus(node: int | None) -> tuple[int, ...] | None:
     """The CPUs of NUMA node `node` this process may use (None: unknown node, or none usable)."""
     if node is None:
@@ -88,10 +87,11 @@ def _pin(cpus: tuple[int, ...] | None) -> None:
 class ColdSplit:
     """Divides each layer's cold experts between the device compute and a CPU worker."""
 
-    def __init__(self, mode: str, rates: ColdRates, info: DeviceInfo):
+    def __init__(self, mode: str, rates: ColdRates, info: DeviceInfo, rates_source: str = "",
+                 rates_not_used: str | None = None):
         self.mode, self.rates, self.info = mode, rates, info
-        self.rates_source = ""  # where the rates came from, for the run's header
-        self.rates_not_used = None  # platform.json's rates when they were for other experts (full size)
+        self.rates_source = rates_source  # where the rates came from, for the run's header
+        self.rates_not_used = rates_not_used  # platform.json's rates when they were for other experts (full size)
         self.counters = PathCounters()
         self.cpus = node_cpus(info.numa_node)  # the worker runs next to the cold bank's memory
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="hotsplit-cold-cpu", initializer=_pin,
@@ -218,8 +218,8 @@ def measure_rates(bank, info: DeviceInfo, zero_copy_gbps: float | None = None) -
     measurement (probes.cpu_expert, the runtime's threads): the CPU expert rate on the GPU's node
     and its layer call for this bank's experts per layer, the zero-copy read of the bank's cold
     blobs (on a GPU, unless `zero_copy_gbps` is given) and the per-layer sync (hand-off, and the
-    activations' round trip on a GPU). On a CPU the device path
-    is this same CPU (`shared_cpu`)."""
+    activations' round trip on a GPU). On a CPU the device path is this same CPU (`shared_cpu`),
+    at the CPU's rate and spread."""
     from hotsplit_probes.bandwidth import measure_roundtrip_ms
     from hotsplit_probes.cpu_expert import CPU_RUNTIME_THREADS, ExpertShape, measure_cpu_expert
 
@@ -229,14 +229,12 @@ def measure_rates(bank, info: DeviceInfo, zero_copy_gbps: float | None = None) -
                              layer_experts=bank.num_experts)
     points = tuple((float(t), m.median_gbps) for t, m in cpu.by_tokens)
     spread = max((m.spread_gbps / m.median_gbps for _, m in cpu.by_tokens if m.median_gbps), default=0.0)
-    sync_ms = cpu.handoff_ms
+    sync_ms, zero_copy = cpu.handoff_ms, None
     if info.is_cuda:
         sync_ms += measure_roundtrip_ms(torch, info.device)
         zero_copy = zero_copy_gbps or _zero_copy_gbps(bank, info)
-        rates = ColdRates(zero_copy, points, sync_ms, spread=spread, layer_ms=cpu.layer_ms or 0.0, cpu_spread=spread)
-    else:
-        rates = ColdRates(None, points, sync_ms, shared_cpu=True, spread=spread, layer_ms=cpu.layer_ms or 0.0,
-                          gpu_spread=spread, cpu_spread=spread)
+    rates = ColdRates(zero_copy, points, sync_ms, shared_cpu=not info.is_cuda, spread=spread,
+                      layer_ms=cpu.layer_ms or 0.0, gpu_spread=None if info.is_cuda else spread, cpu_spread=spread)
     shape_text = f"{shape.hidden}x{shape.inter} {shape.dtype}, {cpu.threads} thread{'s' * (cpu.threads != 1)}"
     return rates, "measured now for the experts this run allocates: " + describe_rates(rates, shape_text)
 
@@ -262,8 +260,7 @@ def make_split(mode: str, info: DeviceInfo, bank, platform=None) -> ColdSplit | 
         raise UsageError(FP8_REFUSAL.format(mode=mode))
     not_used = None
     if platform is not None:
-        cuda_index = info.device.index or 0
-        gpu = platform.gpu_of_cuda(cuda_index) if info.is_cuda else None
+        gpu = platform.gpu_of_cuda(info.device.index or 0) if info.is_cuda else None
         fitted = fit_rates(platform, bank.hidden, bank.inter, str(bank.compute_dtype).replace("torch.", ""),
                            gpu.index if gpu else None, device_is_cpu=not info.is_cuda)
         if fitted.mismatch is None and fitted.compute_bytes is None:
@@ -273,9 +270,7 @@ def make_split(mode: str, info: DeviceInfo, bank, platform=None) -> ColdSplit | 
             not_used = f"{fitted.where} ({fitted.mismatch or 'other experts'}: full-size figures, not used)"
     else:
         rates, where = measure_rates(bank, info)
-    split = ColdSplit(mode, rates, info)
-    split.rates_source, split.rates_not_used = where, not_used
-    return split
+    return ColdSplit(mode, rates, info, where, not_used)
 
 
 def attach(model, mode: str, info: DeviceInfo, platform=None) -> ColdSplit | None:

@@ -75,12 +75,11 @@ def choose_device(request: str = "auto", source: str = "run.device") -> DeviceIn
         interp = os.environ.get("TRITON_INTERPRET", "") == "1"
         # Without the interpreter Triton cannot run on a CPU: do not even import it.
         triton_ok, why = _triton_importable() if interp else (False, None)
-        for key in ("pinned", "zero_copy", "graphs"):
-            reasons[key] = reason
-        if not (triton_ok and interp):
+        reasons.update(dict.fromkeys(("pinned", "zero_copy", "graphs"), reason))
+        if not triton_ok:
             reasons["triton"] = why or f"{reason} (set TRITON_INTERPRET=1 to run the kernels in the interpreter)"
         reasons["numa_node"] = f"{reason}: no GPU to place the cold bank next to"
-        return DeviceInfo(torch.device("cpu"), "cpu", False, False, False, triton_ok and interp, False, None, reasons)
+        return DeviceInfo(torch.device("cpu"), "cpu", False, False, False, triton_ok, False, None, reasons)
     index = int(request.split(":")[1]) if ":" in request else 0
     if index >= torch.cuda.device_count():
         raise UsageError(f"{source} is cuda:{index} but only {torch.cuda.device_count()} GPU(s) are visible")

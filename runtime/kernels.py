@@ -23,7 +23,6 @@ E, B (blob elements), N (blocks of the grouped launch).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 from .bank import ExpertBank
 from .device import DeviceInfo
 from .fp8 import FP8Meta
-from .moe import grouped_experts
+from .moe import expert_counts, grouped_experts
 
 
 class TorchExperts:
@@ -76,8 +75,7 @@ def align_blocks(ids_A: torch.Tensor, num_experts: int, block_t: int) -> ExpertB
     valid = ids >= 0
     key = torch.where(valid, ids, E).to(torch.int32)  # padding sorts after every expert, in no block
     order_A = torch.sort(key, stable=True).indices  # a device sort: no data-dependent size
-    counts_E = torch.zeros(E, dtype=torch.int64, device=ids.device)
-    counts_E.scatter_add_(0, ids.clamp(min=0), valid.long())  # not bincount: it reads its max on the host
+    counts_E = expert_counts(ids, E)  # not bincount: it reads its max on the host
     blocks_E = (counts_E + block_t - 1) // block_t
     block_end_E = torch.cumsum(blocks_E, 0)
     block_begin_E = block_end_E - blocks_E
@@ -91,15 +89,6 @@ def align_blocks(ids_A: torch.Tensor, num_experts: int, block_t: int) -> ExpertB
     start_N = torch.where(live, row_begin_E[e_N] + local * block_t, 0)
     expert_N = torch.where(live, e_N, -1)
     return ExpertBlocks(order_A, expert_N.to(torch.int32), start_N, count_N.to(torch.int32))
-
-
-@functools.cache
-def _load_triton_kernels():
-    """The module of Triton kernels (runtime/triton_kernels.py), imported on first use: triton is
-    optional, and a machine without it runs `TorchExperts`."""
-    from . import triton_kernels as tk
-
-    return tk
 
 
 # Programs the gate/up launch aims for per multiprocessor: a cold expert is read over PCIe, and
@@ -140,7 +129,10 @@ class TritonExperts:
         self._sms: int | None = None  # multiprocessors of the GPU, read once
         self.use_dot = min(block_t, block_i, block_h) >= 16  # tl.dot's smallest shape
         self.use_dot_down = min(block_t, block_i_down, block_h) >= 16
-        _load_triton_kernels()  # triton is imported here, not at the first step
+        # Triton is optional (a machine without it runs TorchExperts): imported here, not at the first step.
+        from . import triton_kernels
+
+        self.kernels = triton_kernels
 
     def _split(self, programs: int, H: int, device: torch.device) -> int:
         h_tiles = -(-H // self.block_h)
@@ -159,10 +151,10 @@ class TritonExperts:
         as raw 16-bit integers."""
         if dtype == torch.float16:
             return True
-        return dtype == torch.bfloat16 and not _load_triton_kernels().INTERPRET
+        return dtype == torch.bfloat16 and not self.kernels.INTERPRET
 
     def __call__(self, x_TH, ids_TK, w_TK, bank: ExpertBank, counts_E=None) -> torch.Tensor:
-        k = _load_triton_kernels()
+        k = self.kernels
         T, K = ids_TK.shape
         H, INTER = bank.hidden, bank.inter
         A = T * K
@@ -178,14 +170,13 @@ class TritonExperts:
         fp8 = bank.fp8_meta or _NO_FP8  # where a block-scaled fp8 blob keeps its scales
         f8 = dict(FP8=bank.fp8_meta is not None, BM=fp8.bm, BN=fp8.bn)
         N = blocks.num_blocks
-        i_tiles = -(-INTER // self.block_i)
+        i_tiles, h_tiles = -(-INTER // self.block_i), -(-H // self.block_h)
         split = self._split(N * i_tiles, H, x.device)
         if split == 1:
             gu = act = torch.empty(A, INTER, dtype=torch.float32, device=x.device)
         else:  # partial sums of gate and up land here; the activation follows in torch
             gu = torch.zeros(A, 2 * INTER, dtype=torch.float32, device=x.device)
         meta = (blocks.order_A, blocks.expert_N, blocks.start_N, blocks.count_N)
-        h_tiles = -(-H // self.block_h)
         tiles_per_split = -(-h_tiles // split)
         k.gate_up_kernel[(N, i_tiles, split)](
             x, *meta, bank.expert2slot_E, bank.hot_SB, bank.cold_read_EB, gu, H, INTER, blob_stride, tiles_per_split,

@@ -62,11 +62,8 @@ class BankedModel:
         return sum(self.banks[li].begin_swaps(moves) for li, moves in moves_by_layer.items())
 
     def publish_ready(self, wait: bool = False) -> tuple[int, float]:
-        n, ms = 0, 0.0
-        for b in self.banks:
-            dn, dms = b.publish_ready(wait)
-            n, ms = n + dn, ms + dms
-        return n, ms
+        done = [b.publish_ready(wait) for b in self.banks]
+        return sum(n for n, _ in done), sum((ms for _, ms in done), 0.0)
 
 
 class HotColdMoE(BankedModel):

@@ -82,6 +82,11 @@ class NumaPolicy:
             return None, MPOL_PREFERRED
         return self.node, MPOL_BIND if self.policy == "bind" else MPOL_PREFERRED
 
+    def note_bind_error(self, error: str | None) -> None:
+        """A slab's pages could not be placed: the policy is no longer applied, and this is why."""
+        if error:
+            self.applied, self.reason = False, error
+
     def count_located(self, location: PageLocation) -> None:
         """Count where a new slab's sampled pages are (located once, when the slab was made)."""
         for node, n in location.pages_by_node.items():
@@ -122,6 +127,10 @@ class _Slab:
     owner: weakref.ref | None  # the slab's HostPages (None: torch's pinned allocator owns the memory)
     location: PageLocation  # where its pages landed, located once (by HostPages, or here for torch's)
 
+    @classmethod
+    def of(cls, pages: HostPages) -> _Slab:
+        return cls(pages.address, pages.device_address, pages.size_bytes, weakref.ref(pages), pages.location)
+
     @property
     def alive(self) -> bool:
         return self.owner is None or self.owner() is not None
@@ -146,14 +155,9 @@ class PinnedAllocator:
 
     def alloc(self, n_bytes: int) -> torch.Tensor:
         """A uint8 host tensor of at least n_bytes, zeroed, its pages placed and located."""
-        made = self._registered(n_bytes) if self.pin and self.fallback is None else None
-        if made is None and self.pin:
-            made = self._torch_pinned(n_bytes)
-        elif made is None:
-            pages = HostPages(n_bytes, *self._node_mode())
-            self._note_bind(pages.bind_error)
-            made = pages.tensor(), _Slab(pages.address, None, pages.size_bytes, weakref.ref(pages), pages.location)
-            self.method = "pageable"
+        made = self._host_pages(n_bytes, torch.cuda.cudart()) if self.pin and self.fallback is None else None
+        if made is None:
+            made = self._torch_pinned(n_bytes) if self.pin else self._host_pages(n_bytes, None)
         tensor, slab = made
         self.numa.count_located(slab.location)
         self.requested_bytes += n_bytes
@@ -161,31 +165,23 @@ class PinnedAllocator:
         self.slabs = [s for s in self.slabs if s.alive] + [slab]
         return tensor
 
-    def _node_mode(self) -> tuple[int | None, int]:
-        return self.numa.node_mode()
-
-    def _note_bind(self, error: str | None) -> None:
-        if error:
-            self.numa.applied, self.numa.reason = False, error
-
-    def _registered(self, n_bytes: int) -> tuple[torch.Tensor, _Slab] | None:
-        """Exact-size pages registered with CUDA; None (and `fallback` set) if registration fails
-        here (the first failure stops further attempts)."""
-        pages = HostPages(n_bytes, *self._node_mode(), cudart=torch.cuda.cudart())
-        self._note_bind(pages.bind_error)
-        if not pages.registered:
+    def _host_pages(self, n_bytes: int, cudart) -> tuple[torch.Tensor, _Slab] | None:
+        """Exact-size pages, registered with CUDA when `cudart` is given; None (and `fallback`
+        set) if registration fails here (the first failure stops further attempts)."""
+        pages = HostPages(n_bytes, *self.numa.node_mode(), cudart=cudart)
+        self.numa.note_bind_error(pages.bind_error)
+        if cudart is not None and not pages.registered:
             self.fallback = f"{pages.register_error}: torch's pinned allocator (power of two)"
             return None  # the mapping goes with `pages`
-        self.method = "cudaHostRegister"
-        return pages.tensor(), _Slab(pages.address, pages.device_address, pages.size_bytes, weakref.ref(pages),
-                                     pages.location)
+        self.method = "pageable" if cudart is None else "cudaHostRegister"
+        return pages.tensor(), _Slab.of(pages)
 
     def _torch_pinned(self, n_bytes: int) -> tuple[torch.Tensor, _Slab]:
         """torch's pinned allocator (cudaHostAlloc, rounded up to a power of two, mapped under UVA),
         its pages placed by the thread's memory policy while they are first touched."""
-        node, mode = self._node_mode()
+        node, mode = self.numa.node_mode()
         err = set_mempolicy(mode, node) if node is not None else None
-        self._note_bind(err)
+        self.numa.note_bind_error(err)
         try:
             t = _torch_pinned(round_up_pow2(n_bytes))
         finally:
@@ -208,7 +204,6 @@ def slab_device_address(slabs: list[_Slab], host_tensor: torch.Tensor) -> int:
                 raise ValueError("the slab is not mapped for a device (pageable memory)")
             return s.device_address + (ptr - s.host_address)
     raise ValueError("the tensor is not in a slab of this allocator")
-
 
 
 def _torch_pinned(size: int) -> torch.Tensor:

@@ -20,24 +20,24 @@ INTERPRET = bool(triton.knobs.runtime.interpret)  # the kernels run in the inter
 
 
 @triton.jit
-def _expert_base(e, e2s_ptr, hot_ptr, cold_ptr, blob_stride):
-    slot = tl.load(e2s_ptr + e).to(tl.int64)
-    # The one decision of the hot/cold runtime: read the slot, or the cold bank in place.
-    return tl.where(slot >= 0, hot_ptr + tl.where(slot >= 0, slot, 0) * blob_stride,
-                    cold_ptr + e * blob_stride)
-
-
-@triton.jit
-def _block(pid_n, count, order_ptr, blk_expert_ptr, blk_start_ptr, e2s_ptr, hot_ptr, cold_ptr, blob_stride,
-           BLOCK_T: tl.constexpr):
-    """Block pid_n of the grouped launch: its expert's blob (hot slot or cold bank), which of its
-    BLOCK_T rows are used, and their assignment indices (t * K + k)."""
+def _block(pid_n, count, order_ptr, blk_expert_ptr, blk_start_ptr, e2s_ptr, hot_ptr, cold_ptr, blob_stride, w_off,
+           s_off, BLOCK_T: tl.constexpr, FP8: tl.constexpr):
+    """Block pid_n of the grouped launch: in its expert's blob (hot slot or cold bank) the weights
+    at `w_off` and the scales (FP8 only), which of its BLOCK_T rows are used, and their assignment
+    indices (t * K + k)."""
     e = tl.load(blk_expert_ptr + pid_n).to(tl.int64)
     start = tl.load(blk_start_ptr + pid_n).to(tl.int64)
     offs_t = tl.arange(0, BLOCK_T)
     mask_t = offs_t < count
     a = tl.load(order_ptr + start + offs_t, mask=mask_t, other=0).to(tl.int64)
-    return _expert_base(e, e2s_ptr, hot_ptr, cold_ptr, blob_stride), mask_t, a
+    slot = tl.load(e2s_ptr + e).to(tl.int64)
+    # The one decision of the hot/cold runtime: read the slot, or the cold bank in place.
+    blob = tl.where(slot >= 0, hot_ptr + tl.where(slot >= 0, slot, 0) * blob_stride, cold_ptr + e * blob_stride)
+    w_ptr, s_ptr = blob + w_off, blob
+    if FP8:  # the blob is bytes: e4m3 weights, and float32 scales from byte s_off
+        w_ptr = w_ptr.to(tl.pointer_type(tl.float8e4nv))
+        s_ptr = (blob + s_off).to(tl.pointer_type(tl.float32))
+    return w_ptr, s_ptr, mask_t, a
 
 
 @triton.jit
@@ -77,11 +77,8 @@ def gate_up_kernel(x_ptr, order_ptr, blk_expert_ptr, blk_start_ptr, blk_count_pt
     count = tl.load(blk_count_ptr + pid_n)
     if count == 0:  # a block past the last used one (the grid is sized for the worst case)
         return
-    base, mask_t, a = _block(pid_n, count, order_ptr, blk_expert_ptr, blk_start_ptr, e2s_ptr, hot_ptr, cold_ptr,
-                             blob_stride, BLOCK_T)
-    if FP8:
-        s_ptr = (base + s_off).to(tl.pointer_type(tl.float32))
-        base = base.to(tl.pointer_type(tl.float8e4nv))
+    base, s_ptr, mask_t, a = _block(pid_n, count, order_ptr, blk_expert_ptr, blk_start_ptr, e2s_ptr, hot_ptr,
+                                    cold_ptr, blob_stride, 0, s_off, BLOCK_T, FP8)
     tok = a // K
     offs_i = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
     mask_i = offs_i < INTER
@@ -130,12 +127,8 @@ def down_kernel(act_ptr, order_ptr, w_ptr, blk_expert_ptr, blk_start_ptr, blk_co
     count = tl.load(blk_count_ptr + pid_n)
     if count == 0:
         return
-    blob, mask_t, a = _block(pid_n, count, order_ptr, blk_expert_ptr, blk_start_ptr, e2s_ptr, hot_ptr, cold_ptr,
-                             blob_stride, BLOCK_T)
-    base = blob + w2_offset
-    if FP8:
-        s_ptr = (blob + s_off).to(tl.pointer_type(tl.float32))
-        base = base.to(tl.pointer_type(tl.float8e4nv))
+    base, s_ptr, mask_t, a = _block(pid_n, count, order_ptr, blk_expert_ptr, blk_start_ptr, e2s_ptr, hot_ptr,
+                                    cold_ptr, blob_stride, w2_offset, s_off, BLOCK_T, FP8)
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < H
     acc = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
@@ -151,10 +144,7 @@ def down_kernel(act_ptr, order_ptr, w_ptr, blk_expert_ptr, blk_start_ptr, blk_co
             sd = _block_scale(s_ptr, offs_h[None, :], offs_i[:, None], s_cols, m2, BM, BN)
             wd = wd.to(tl.float32) * sd
             if NATIVE:  # 16-bit weights for the tensor cores, as the activations' dtype
-                if BF16:
-                    wd = wd.to(tl.bfloat16)
-                else:
-                    wd = wd.to(tl.float16)
+                wd = wd.to(tl.bfloat16 if BF16 else tl.float16)
         acc += _matmul(av, wd, USE_DOT, NATIVE)
     wt = tl.load(w_ptr + a, mask=mask_t, other=0.0)
     tl.store(out_ptr + a[:, None] * H + offs_h[None, :], acc * wt[:, None], mask=mask_t[:, None] & mask_h[None, :])
