@@ -153,17 +153,23 @@ class PinnedAllocator:
     fallback: str | None = None
     slabs: list[_Slab] = field(default_factory=list)
 
+    fills = True  # this process writes what it allocates (a node-shared bank: only the rank that creates it)
+
     def alloc(self, n_bytes: int) -> torch.Tensor:
         """A uint8 host tensor of at least n_bytes, zeroed, its pages placed and located."""
-        made = self._host_pages(n_bytes, torch.cuda.cudart()) if self.pin and self.fallback is None else None
-        if made is None:
-            made = self._torch_pinned(n_bytes) if self.pin else self._host_pages(n_bytes, None)
-        tensor, slab = made
-        self.numa.count_located(slab.location)
+        tensor, slab = self._slab(n_bytes)
+        if self.fills:  # pages are counted where they were placed, once
+            self.numa.count_located(slab.location)
         self.requested_bytes += n_bytes
         self.reserved_bytes += slab.n_bytes
         self.slabs = [s for s in self.slabs if s.alive] + [slab]
         return tensor
+
+    def _slab(self, n_bytes: int) -> tuple[torch.Tensor, _Slab]:
+        made = self._host_pages(n_bytes, torch.cuda.cudart()) if self.pin and self.fallback is None else None
+        if made is None:
+            made = self._torch_pinned(n_bytes) if self.pin else self._host_pages(n_bytes, None)
+        return made
 
     def _host_pages(self, n_bytes: int, cudart) -> tuple[torch.Tensor, _Slab] | None:
         """Exact-size pages, registered with CUDA when `cudart` is given; None (and `fallback`

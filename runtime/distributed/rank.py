@@ -104,7 +104,8 @@ class EPRankContext(RankContext):
         """`build(allocator)` over the node's shared cold bank: local rank 0 creates and fills it,
         then the node's other ranks map it; once all have, its files are unlinked."""
         g = self.group
-        allocator = SharedAllocator(shm_prefix(g.job, g.node), creator=g.local_rank == 0, numa=numa, pin=info.pinned)
+        allocator = SharedAllocator(pin=info.pinned, numa=numa, prefix=shm_prefix(g.job, g.node),
+                                    creator=g.local_rank == 0)
         if allocator.creator:
             built = build(allocator)
             g.barrier()

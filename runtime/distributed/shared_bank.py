@@ -8,21 +8,20 @@ has mapped the files, local rank 0 unlinks them: the pages live while a rank map
 nothing stays behind in /dev/shm when a rank dies. A rank's private memory holds only its hot
 slots (on the device) and what a single-rank run holds besides the banks.
 
-`SharedAllocator` has the interface of `runtime.pinned.PinnedAllocator` (`alloc`, `device_address`
-and the byte counters), so `ExpertBank` builds on it unchanged; `fills` tells a bank whether this
-rank writes the weights (local rank 0) or finds them written.
+`SharedAllocator` is a `runtime.pinned.PinnedAllocator` whose slabs are the node's files (the byte
+counters, `device_address` and slab lifetimes are the base's), so the banks build on it unchanged;
+`fills` tells a bank whether this rank writes the weights (local rank 0) or finds them written.
 """
 
 from __future__ import annotations
 
 import os
-import weakref
 from dataclasses import dataclass, field
 
 import torch
 from hotsplit_probes.hostmem import HostPages
 
-from ..pinned import NumaPolicy, _Slab, slab_device_address
+from ..pinned import PinnedAllocator, _Slab
 from .leftovers import SHM_DIR, names_in, owner_tag
 
 
@@ -39,47 +38,29 @@ def shm_prefix(job: str, node: int) -> str:
 
 
 @dataclass
-class SharedAllocator:
+class SharedAllocator(PinnedAllocator):
     """Allocates cold bank slabs shared by the ranks of one node (see the module docstring).
-    `creator`: this rank creates and fills the files (the node's local rank 0)."""
+    `creator`: this rank creates and fills the files (the node's local rank 0); `pin`: each
+    mapping is registered with CUDA (a GPU run)."""
 
-    prefix: str
-    creator: bool
-    numa: NumaPolicy
-    pin: bool = False  # register each mapping with CUDA (a GPU run)
-    requested_bytes: int = 0
-    reserved_bytes: int = 0
-    method: str = ""
-    fallback: str | None = None
-    slabs: list[_Slab] = field(default_factory=list)
+    prefix: str = ""
+    creator: bool = False
     paths: list[str] = field(default_factory=list)
 
     @property
     def fills(self) -> bool:
         return self.creator
 
-    def alloc(self, n_bytes: int) -> torch.Tensor:
+    def _slab(self, n_bytes: int) -> tuple[torch.Tensor, _Slab]:
         path = f"{self.prefix}{len(self.paths)}"
-        node, mode = self.numa.node_mode()
-        pages = HostPages.shared(path, n_bytes, self.creator, node, mode,
+        pages = HostPages.shared(path, n_bytes, self.creator, *self.numa.node_mode(),
                                  torch.cuda.cudart() if self.pin else None)
         self.paths.append(path)
-        if pages.bind_error:
-            self.numa.applied, self.numa.reason = False, pages.bind_error
-        registered = pages.registered
-        if self.pin and not registered:
+        self.numa.note_bind_error(pages.bind_error)
+        if self.pin and not pages.registered:
             self.fallback = f"{pages.register_error}: the cold bank is read through pageable memory"
-        self.method = "shared, cudaHostRegister" if registered else "shared"
-        if self.creator:
-            self.numa.count_located(pages.location)
-        self.requested_bytes += n_bytes
-        self.reserved_bytes += pages.size_bytes
-        self.slabs.append(_Slab(pages.address, pages.device_address, pages.size_bytes, weakref.ref(pages),
-                                pages.location))
-        return pages.tensor()
-
-    def device_address(self, host_tensor: torch.Tensor) -> int:
-        return slab_device_address(self.slabs, host_tensor)
+        self.method = "shared, cudaHostRegister" if pages.registered else "shared"
+        return pages.tensor(), _Slab.of(pages)
 
     def unlink(self) -> None:
         """Remove the files (the creator, once every rank has mapped them); mappings stay valid."""
