@@ -89,12 +89,16 @@ class HotColdMoE(BankedModel):
         """One MoE layer's output [T, H]; counts this step's assignments into step_counts_LE."""
         if ids_TK is None:
             ids_TK, w_TK = self.routers[li](x_TH)
-        counts_E = self.step_counts_LE[li]
-        counts_E.scatter_add_(0, ids_TK.reshape(-1).clamp(min=0), (ids_TK.reshape(-1) >= 0).long())
-        y = self.compute(x_TH, ids_TK, w_TK, self.banks[li], counts_E)
+        y = self._routed(li, x_TH, ids_TK, w_TK, self.step_counts_LE[li])
         if self.shared[li] is not None:
             y = y + swiglu(x_TH, *self.shared[li])
         return y
+
+    def _routed(self, li: int, x_TH, ids_TK, w_TK, counts_E: torch.Tensor) -> torch.Tensor:
+        """The routed experts' output [T, H], counting into `counts_E` the assignments computed
+        here (an expert-parallel rank's: those it receives)."""
+        counts_E.scatter_add_(0, ids_TK.reshape(-1).clamp(min=0), (ids_TK.reshape(-1) >= 0).long())
+        return self.compute(x_TH, ids_TK, w_TK, self.banks[li], counts_E)
 
     def step(self, x_TH: torch.Tensor, ids_LTK: torch.Tensor | None = None,
              w_LTK: torch.Tensor | None = None) -> torch.Tensor:

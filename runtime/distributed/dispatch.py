@@ -46,7 +46,6 @@ import torch.distributed as dist
 from hotsplit_cli.placement.dispatch import ReplicaMap, choose_replicas
 
 from ..model import HotColdMoE
-from ..moe import swiglu
 
 # torch 2.13 renamed the single-tensor collectives (the old names warn FutureWarning on every
 # call); the same ops, gloo and NCCL both. Older torch has only the old names.
@@ -258,16 +257,9 @@ class EPMoE(ReceiveCounting, HotColdMoE):
         super().__init__(*args, **kwargs)
         self._init_receiving(exchange, *self.counts_LE.shape)
 
-    def layer(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor | None = None,
-              w_TK: torch.Tensor | None = None) -> torch.Tensor:
-        if ids_TK is None:
-            ids_TK, w_TK = self.routers[li](x_TH)
-        counts_E = self.step_counts_LE[li]
-        y = self._exchange_layer(li, x_TH, ids_TK, w_TK, counts_E,
-                                 lambda x, ids, w: self.compute(x, ids, w, self.banks[li], counts_E))
-        if self.shared[li] is not None:
-            y = y + swiglu(x_TH, *self.shared[li])
-        return y
+    def _routed(self, li: int, x_TH, ids_TK, w_TK, counts_E: torch.Tensor) -> torch.Tensor:
+        return self._exchange_layer(li, x_TH, ids_TK, w_TK, counts_E,
+                                    lambda x, ids, w: self.compute(x, ids, w, self.banks[li], counts_E))
 
     def step(self, x_TH, ids_LTK=None, w_LTK=None):
         self.exchange.begin_step(x_TH.shape[0])
