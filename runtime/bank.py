@@ -269,7 +269,7 @@ class ExpertBank(BlobBank):
         if fp8 is not None:
             self.fp8_meta = self.blob_layout.fp8_meta(fp8.fmt)
         # A cold bank shared by a node's ranks is written once, by the rank that created it.
-        if getattr(allocator, "fills", True):
+        if allocator.fills:
             sources = ({"w1": w13_EIH, "w2": w2_EHI} if fp8 is None
                        else {"w1": fp8.q13_EIH, "w2": fp8.q2_EHI, "s1": fp8.s13_E2RC, "s2": fp8.s2_ERC})
             for name, t in sources.items():

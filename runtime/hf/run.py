@@ -74,12 +74,8 @@ class PreparedCheckpoint:
     steps: float = math.inf  # the generation ends the loop
 
     def to_doc(self) -> dict:
-        p = self.plan
         return {"device": self.info.to_doc(), "kernel": self.engine.model.compute.name, "traffic": self.traffic,
-                "numa": self.allocator.numa.to_doc(),
-                "plan": {"source": p.source, "made_from": p.made_from, "expected_hit_rate": p.expected_hit_rate,
-                         "budget_bytes": p.budget_bytes, "hot_bytes": p.hot_bytes, "hot_experts": int(p.hot_LE.sum()),
-                         "expert_bytes": self.expert_bytes}}
+                "numa": self.allocator.numa.to_doc(), "plan": self.plan.to_doc(self.expert_bytes)}
 
 
 def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: str | Path | None = None,
