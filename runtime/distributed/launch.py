@@ -35,6 +35,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+# Before any group exists: torch.distributed.nn binds `group.WORLD` as a default argument when
+# imported (transformers does, building a checkpoint's model); that keeps the group and its gloo
+# threads past destroy_process_group, and a rank that exits with them running can abort.
+import torch.distributed.nn  # noqa: F401
+
 from hotsplit_cli.core.errors import HotsplitError, Interrupted, RuntimeFailure, StdoutClosed
 
 from .interrupt import forward_interrupts, stop_at_next_window

@@ -93,6 +93,15 @@ def run_job(args: list[str], timeout: float = JOB_TIMEOUT_S, env: dict | None = 
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
+def assert_group_gone() -> None:
+    """In a rank, after it left its group: no gloo thread of the group is left. A group kept
+    alive past `destroy_process_group` keeps its threads, and one that drops a collective's last
+    tensor while the interpreter shuts down aborts the rank (launch.join)."""
+    names = [Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task")]
+    left = [n for n in names if "gloo" in n]
+    assert not left, f"the process group outlived destroy_process_group: its threads {left} are still running"
+
+
 def torchrun(nproc: int, script_args: list[str], extra: list[str] | None = None) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
             *(extra or []), *script_args]

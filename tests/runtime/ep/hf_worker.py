@@ -30,6 +30,7 @@ from hotsplit_cli.placement.dispatch import contiguous_placement, predict_trace
 from hotsplit_cli.placement.file import load_placement
 from hotsplit_cli.placement.rebalance_rule import RebalanceDecision
 from tests.conftest import cpu_without_triton
+from tests.runtime.ep.harness import assert_group_gone
 
 
 def _rotate(ep: EPCheckpoint) -> int:
@@ -117,6 +118,7 @@ def main() -> None:
         results = {name: _generate(group, name, folder, cfg) for name, folder in cfg["checkpoints"].items()}
     finally:
         launch.leave()
+    assert_group_gone()
     if group.rank == 0:
         (out / "result.json").write_text(json.dumps(results))
 

@@ -21,6 +21,7 @@ from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.hotset.coldpath import ColdRates
 from hotsplit_cli.hotset.planner import Swap
 from hotsplit_cli.placement.file import load_placement
+from tests.runtime.ep.harness import assert_group_gone
 
 captured = []
 _step = Engine.step
@@ -91,6 +92,7 @@ def main() -> None:
     rec = load_recipe(recipe_path)
     Engine.step = _capture
     result = run_ep_rank(rec, resolve_knobs(rec.knobs), placement=placement)
+    assert_group_gone()
     rank = int(os.environ["RANK"])
     np.savez(out / f"rank{rank}.npz", x=np.stack([c[0] for c in captured]), ids=np.stack([c[1] for c in captured]),
              out=np.stack([c[3] for c in captured]), hot=np.stack([c[4] for c in captured]))
