@@ -23,7 +23,6 @@ import torch
 
 from hotsplit_cli.core.errors import InputFileError, UsageError
 
-from ..bank import BlobLayout
 from ..device import DeviceInfo
 from ..fp8 import FP8, dequantize, fp8_format_of
 from ..kernels import TritonExperts
@@ -187,7 +186,7 @@ def _check_memory(path: Path, model: torch.nn.Module, layers: list[MoELayerInfo]
                   dtype: torch.dtype, info: DeviceInfo) -> None:
     """Refuse before loading a byte when the cold banks do not fit in host memory or the rest of
     the model (on the device) does not fit in the GPU's free memory."""
-    blobs = [BlobLayout.of(lay.blob_parts(dtype)) for lay in layouts]
+    blobs = [lay.blob_layout(dtype) for lay in layouts]
     bank = sum(i.num_experts * b.elems * b.storage.itemsize for i, b in zip(layers, blobs, strict=True))
     check_host_memory(bank, f"{path}: the cold banks need", "use a machine with more RAM, or a smaller model")
     experts = {id(p) for i in layers for p in i.experts.parameters()}
