@@ -173,19 +173,15 @@ class HFExpertBank(BlobBank):
                  host: bool = False) -> torch.Tensor:
         if self.kernel is not None and not host:
             return self.kernel(x_TH, ids_TK, w_TK, self)
-        lay = self.layout
+        def project(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            y = a @ w if self.layout.transposed else torch.nn.functional.linear(a, w)
+            return y if bias is None else y + bias
+
         out_TH = torch.zeros_like(x_TH)
         w_flat = w_TK.reshape(-1)
         for e, tok, idx in expert_groups(ids_TK, self.num_experts):
             p = self.weights_of(e, host)
-            x = x_TH[tok]
-            gu = x @ p["w1"] if lay.transposed else torch.nn.functional.linear(x, p["w1"])
-            if lay.has_bias:
-                gu = gu + p["b1"]
-            h = experts._apply_gate(gu)
-            y = h @ p["w2"] if lay.transposed else torch.nn.functional.linear(h, p["w2"])
-            if lay.has_bias:
-                y = y + p["b2"]
-            y = y * w_flat[idx, None]
+            h = experts._apply_gate(project(x_TH[tok], p["w1"], p.get("b1")))
+            y = project(h, p["w2"], p.get("b2")) * w_flat[idx, None]
             out_TH.index_add_(0, tok, y.to(out_TH.dtype))
         return out_TH
