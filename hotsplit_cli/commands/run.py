@@ -162,16 +162,17 @@ def _run_checkpoint(out: Output, request: RunRequest, plan_file) -> None:
     if plot is not None:
         _plot(plot, result.summary, rec.name)
         doc["plot"] = str(plot)
-    origin = _origin(out, result.summary, result.plan_made_from, f"prompts {rec.traffic.path}")
+    prepared = result.prepared
+    origin = _origin(out, result.summary, prepared.plan.made_from, f"prompts {rec.traffic.path}")
 
     def render():
         for i, text in enumerate(result.texts[:8]):
             out.print(escape(f"[{i}] {text!r}"))
-        plan_row = ("plan", f"{result.hot_experts} hot experts ({result.plan_source})")
+        plan_row = ("plan", f"{int(prepared.plan.hot_LE.sum())} hot experts ({prepared.plan.source})")
         title = f"hotsplit run {rec.name}" + (" (interrupted)" if result.summary.interrupted else "")
         _render_summary(out, title, result.summary,
-                        [("device", f"{result.device} ({result.kernel})"), plan_row,
-                         ("cold bank", result.numa.describe())],
+                        [("device", f"{prepared.info.name} ({prepared.kernel})"), plan_row,
+                         ("cold bank", prepared.allocator.numa.describe())],
                         [("copy time", f"{result.summary.copy_ms:,.2f} ms"),
                          *_cold_path_rows(result.summary.cold_paths)], origin)
         _print_verdicts(out, doc["verdicts"])

@@ -49,12 +49,8 @@ def find_moe_layers(model: torch.nn.Module) -> list[MoELayerInfo]:
         if m is None:
             continue
         parent = modules.get(name.rsplit(".", 1)[0])
-        router = None
-        for attr in ("gate", "router"):
-            cand = getattr(parent, attr, None)
-            if isinstance(cand, torch.nn.Module) and hasattr(cand, "top_k"):
-                router = cand
-                break
+        router = next((r for r in (getattr(parent, a, None) for a in ("gate", "router"))
+                       if isinstance(r, torch.nn.Module) and hasattr(r, "top_k")), None)
         top_k = int(getattr(router, "top_k", 0) or getattr(model.config, "num_experts_per_tok", 0))
         found.append((int(m.group(1)), mod, router, top_k))
     found.sort(key=lambda t: t[0])
@@ -82,7 +78,7 @@ class RoutingCounter:
 
     def __post_init__(self):
         self.counts_LE = np.zeros((self.num_layers, self.num_experts), dtype=np.int64)
-        self._ids = [None] * self.num_layers
+        self.begin_step(self.token_mask_T)
 
     def begin_step(self, token_mask_T: torch.Tensor | None) -> None:
         self.token_mask_T = token_mask_T
@@ -148,8 +144,7 @@ def hotsplit_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     return type(self).forward.__wrapped__(self, hidden_states, top_k_index, top_k_weights)
 
 
-def install(model: torch.nn.Module, counter: RoutingCounter | None = None,
-            banks: list | None = None) -> list[MoELayerInfo]:
+def install(model: torch.nn.Module, counter: RoutingCounter | None = None, banks: list | None = None) -> None:
     """Attach counters / banks to every MoE layer and switch the model to the hotsplit experts."""
     from transformers.integrations.moe import ExpertsInterface
 
@@ -162,4 +157,3 @@ def install(model: torch.nn.Module, counter: RoutingCounter | None = None,
         bank = banks[info.row] if banks is not None else None
         info.experts._hotsplit = LayerState(info.row, counter, bank)
     model.set_experts_implementation(IMPL_NAME)
-    return layers

@@ -49,19 +49,14 @@ class ExpertLayout:
     plain_swiglu: bool = False  # w1 [2I, H] = [gate; up], w2 [H, I], no bias, silu(gate) * up
     fp8: Fp8Format | None = None  # block-scaled fp8 weights (and their scales) instead of the model dtype
 
-    @property
-    def part_shapes(self) -> dict[str, tuple[int, ...]]:
-        shapes: dict[str, tuple[int, ...]] = {"w1": self.w1_shape, "w2": self.w2_shape}
-        if self.has_bias:
-            two_i = self.w1_shape[1] if self.transposed else self.w1_shape[0]
-            shapes.update(b1=(two_i,), b2=(self.hidden,))
-        return shapes
-
-    def blob_parts(self, dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-        """The parts of one expert's blob: as stored in `dtype`, or fp8 weights and their scales."""
+    def blob_layout(self, dtype: torch.dtype) -> BlobLayout:
+        """One expert's blob: its tensors as stored, in `dtype`, or fp8 weights and their scales."""
         if self.fp8 is not None:
-            return swiglu_fp8_parts(self.w1_shape[0], self.hidden, self.fp8)
-        return [(name, shape, dtype) for name, shape in self.part_shapes.items()]
+            return BlobLayout.of(swiglu_fp8_parts(self.w1_shape[0], self.hidden, self.fp8))
+        parts = [("w1", self.w1_shape, dtype), ("w2", self.w2_shape, dtype)]
+        if self.has_bias:
+            parts += [("b1", (2 * self.inter,), dtype), ("b2", (self.hidden,), dtype)]
+        return BlobLayout.of(parts)
 
     @property
     def inter(self) -> int:
@@ -112,7 +107,7 @@ class HFExpertBank(BlobBank):
         allocator = allocator or PinnedAllocator(pin=info.pinned, numa=numa_policy_for("off", None))
         if kernel is not None and not layout.plain_swiglu:
             raise ValueError("the Triton experts compute the plain SwiGLU layout only")
-        self.blob_layout = BlobLayout.of(layout.blob_parts(dtype))
+        self.blob_layout = layout.blob_layout(dtype)
         super().__init__(num_experts, self.blob_layout.elems, self.blob_layout.storage, info, allocator,
                          swap_stream=swap_stream)
         self.layout, self.kernel, self.compute_dtype = layout, kernel, dtype
@@ -158,12 +153,10 @@ class HFExpertBank(BlobBank):
     def weights_of(self, e: int, host: bool = False) -> dict[str, torch.Tensor]:
         """Expert e's tensors ready to compute with: fp8 weights dequantised (in the model dtype,
         as transformers does), the rest as stored."""
-        p = self.parts_of(e, host)
-        fmt = self.layout.fp8
-        if fmt is None:
-            return p
-        w1, w2 = dequantize_swiglu(p["w1"], p["s1"], p["w2"], p["s2"], fmt, self.compute_dtype)
-        return {"w1": w1, "w2": w2}
+        p, fmt = self.parts_of(e, host), self.layout.fp8
+        if fmt is not None:
+            p["w1"], p["w2"] = dequantize_swiglu(p["w1"], p["s1"], p["w2"], p["s2"], fmt, self.compute_dtype)
+        return p
 
     def forward(self, experts: torch.nn.Module, x_TH: torch.Tensor, ids_TK: torch.Tensor,
                 w_TK: torch.Tensor) -> torch.Tensor:
@@ -180,19 +173,15 @@ class HFExpertBank(BlobBank):
                  host: bool = False) -> torch.Tensor:
         if self.kernel is not None and not host:
             return self.kernel(x_TH, ids_TK, w_TK, self)
-        lay = self.layout
+        def project(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            y = a @ w if self.layout.transposed else torch.nn.functional.linear(a, w)
+            return y if bias is None else y + bias
+
         out_TH = torch.zeros_like(x_TH)
         w_flat = w_TK.reshape(-1)
         for e, tok, idx in expert_groups(ids_TK, self.num_experts):
             p = self.weights_of(e, host)
-            x = x_TH[tok]
-            gu = x @ p["w1"] if lay.transposed else torch.nn.functional.linear(x, p["w1"])
-            if lay.has_bias:
-                gu = gu + p["b1"]
-            h = experts._apply_gate(gu)
-            y = h @ p["w2"] if lay.transposed else torch.nn.functional.linear(h, p["w2"])
-            if lay.has_bias:
-                y = y + p["b2"]
-            y = y * w_flat[idx, None]
+            h = experts._apply_gate(project(x_TH[tok], p["w1"], p.get("b1")))
+            y = project(h, p["w2"], p.get("b2")) * w_flat[idx, None]
             out_TH.index_add_(0, tok, y.to(out_TH.dtype))
         return out_TH

@@ -23,7 +23,6 @@ import torch
 
 from hotsplit_cli.core.errors import InputFileError, UsageError
 
-from ..bank import BlobLayout
 from ..device import DeviceInfo
 from ..fp8 import FP8, dequantize, fp8_format_of
 from ..kernels import TritonExperts
@@ -127,12 +126,14 @@ def read_config(path: str | Path):
 SCALE_SUFFIX = "_scale_inv"
 
 
-class _ScaleReader:
-    """The `<weight>_scale_inv` tensor of a fp8 weight, wherever it is in the checkpoint's files."""
+class _ScaleReader(contextlib.ExitStack):
+    """The `<weight>_scale_inv` tensor of a fp8 weight, wherever it is in the checkpoint's files
+    (each file opened when first needed, all closed with the reader)."""
 
     def __init__(self, files: list[Path], where: Path):
         from safetensors import safe_open
 
+        super().__init__()
         self.where = where
         self._file_of: dict[str, Path] = {}
         for file in files:
@@ -148,13 +149,8 @@ class _ScaleReader:
         if file is None:
             raise InputFileError(f"{self.where}: {weight_key} is fp8 but {key} is missing")
         if file not in self._open:
-            self._open[file] = safe_open(str(file), framework="pt").__enter__()
+            self._open[file] = self.enter_context(safe_open(str(file), framework="pt"))
         return self._open[file].get_tensor(key)
-
-    def close(self) -> None:
-        for handle in self._open.values():
-            handle.__exit__(None, None, None)
-        self._open.clear()
 
 
 def _fp32_names(model: torch.nn.Module, dtype: torch.dtype) -> list[str]:
@@ -187,7 +183,7 @@ def _check_memory(path: Path, model: torch.nn.Module, layers: list[MoELayerInfo]
                   dtype: torch.dtype, info: DeviceInfo) -> None:
     """Refuse before loading a byte when the cold banks do not fit in host memory or the rest of
     the model (on the device) does not fit in the GPU's free memory."""
-    blobs = [BlobLayout.of(lay.blob_parts(dtype)) for lay in layouts]
+    blobs = [lay.blob_layout(dtype) for lay in layouts]
     bank = sum(i.num_experts * b.elems * b.storage.itemsize for i, b in zip(layers, blobs, strict=True))
     check_host_memory(bank, f"{path}: the cold banks need", "use a machine with more RAM, or a smaller model")
     experts = {id(p) for i in layers for p in i.experts.parameters()}
@@ -202,7 +198,7 @@ class _CheckpointReader:
     weight, every other tensor replaces the skeleton's parameter or buffer (dense)."""
 
     def __init__(self, path: Path, model: torch.nn.Module, config, layers: list[MoELayerInfo],
-                 banks: list[HFExpertBank], dtype: torch.dtype, device: torch.device, fills: bool = True):
+                 banks: list[HFExpertBank], dtype: torch.dtype, device: torch.device, fills: bool):
         self.path, self.model, self.layers, self.dtype, self.device = path, model, layers, dtype, device
         self.fills = fills  # this process writes the cold banks (a node-shared bank is written by one rank)
         self.layer_of = {i.layer_id: i for i in layers}
@@ -218,16 +214,12 @@ class _CheckpointReader:
         """Every tensor of `files`, one at a time; then check that every expert is complete."""
         from safetensors import safe_open
 
-        self.scales = _ScaleReader(files, self.path) if self.fp8 is not None else None
-        try:
+        with _ScaleReader(files, self.path) if self.fp8 is not None else contextlib.nullcontext() as self.scales:
             for file in files:
                 with safe_open(str(file), framework="pt") as f:
                     for key in f.keys():
                         handler, m = self._handler_of(key)
                         handler(f, key, m)
-        finally:
-            if self.scales is not None:
-                self.scales.close()
         short = np.argwhere(self.parts_LE < 3)
         if len(short) and self.fills:
             li, e = short[0]
@@ -301,32 +293,6 @@ class _CheckpointReader:
             _set_tensor(self.model, name, t, self.device, want)
 
 
-def _skeleton(path: Path, config, dtype: torch.dtype) -> tuple[torch.nn.Module, list[MoELayerInfo]]:
-    """The model with its parameters on the meta device, and its MoE layers."""
-    from transformers import AutoModelForCausalLM
-
-    with _params_on_meta():
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.eval()
-    layers = find_moe_layers(model)
-    if not layers:
-        raise UsageError(f"{path}: no MoE layer found in {type(model).__name__}")
-    return model, layers
-
-
-def _cold_banks(layers: list[MoELayerInfo], layouts: list[ExpertLayout], dtype: torch.dtype, info: DeviceInfo,
-                allocator: PinnedAllocator | None) -> list[HFExpertBank]:
-    """One bank per MoE layer, every expert cold (in `allocator`'s pinned memory)."""
-    allocator = allocator or PinnedAllocator(pin=info.pinned, numa=numa_policy_for("off", None))
-    swap_stream = torch.cuda.Stream(info.device) if info.is_cuda else None
-    banks = []
-    for i, layout in zip(layers, layouts, strict=True):
-        # The plain SwiGLU layout runs the expert-grouped kernels wherever Triton does.
-        kernel = TritonExperts() if info.triton and layout.plain_swiglu else None
-        banks.append(HFExpertBank(layout, i.num_experts, dtype, info, allocator, swap_stream, kernel))
-    return banks
-
-
 def _finish(path: Path, model: torch.nn.Module, config, layers: list[MoELayerInfo], dtype: torch.dtype,
             device: torch.device) -> None:
     """After the checkpoint is read: drop the experts' own parameters, tie embeddings, refuse a
@@ -335,8 +301,7 @@ def _finish(path: Path, model: torch.nn.Module, config, layers: list[MoELayerInf
         for pname in list(i.experts._parameters):
             i.experts._parameters[pname] = torch.nn.Parameter(torch.empty(0, device=device, dtype=dtype),
                                                                requires_grad=False)
-    if getattr(config, "tie_word_embeddings", False) or getattr(config.get_text_config(), "tie_word_embeddings",
-                                                                 False):
+    if any(getattr(c, "tie_word_embeddings", False) for c in (config, config.get_text_config())):
         model.tie_weights()
     missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if missing:
@@ -353,17 +318,28 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
     set hot sets with `bank.set_hot`). `dtype` defaults to the checkpoint's; `allocator` places
     the cold bank (default: pinned where CUDA is, no NUMA policy); an allocator that does not
     fill (`fills`: a node-shared bank another rank writes) maps the bank and skips the experts."""
+    from transformers import AutoModelForCausalLM
+
     path = Path(path)
     config = read_config(path)
     dtype = dtype or getattr(config, "dtype", None) or torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
-    model, layers = _skeleton(path, config, dtype)
+    with _params_on_meta():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    layers = find_moe_layers(model)
+    if not layers:
+        raise UsageError(f"{path}: no MoE layer found in {type(model).__name__}")
     layouts = [ExpertLayout.of_module(i.experts, config.hotsplit_fp8) for i in layers]
     _check_memory(path, model, layers, layouts, dtype, info)
-    banks = _cold_banks(layers, layouts, dtype, info, allocator)
-    _CheckpointReader(path, model, config, layers, banks, dtype, info.device,
-                      fills=getattr(allocator, "fills", True)).read(_checkpoint_files(path))
+    fills = getattr(allocator, "fills", True)
+    allocator = allocator or PinnedAllocator(pin=info.pinned, numa=numa_policy_for("off", None))
+    swap_stream = torch.cuda.Stream(info.device) if info.is_cuda else None
+    # One bank per MoE layer, all cold; the plain SwiGLU layout runs the expert-grouped kernels wherever Triton does.
+    banks = [HFExpertBank(lay, i.num_experts, dtype, info, allocator, swap_stream,
+                          TritonExperts() if info.triton and lay.plain_swiglu else None)
+             for i, lay in zip(layers, layouts, strict=True)]
+    _CheckpointReader(path, model, config, layers, banks, dtype, info.device, fills).read(_checkpoint_files(path))
     _finish(path, model, config, layers, dtype, info.device)
     counter = RoutingCounter(len(layers), layers[0].num_experts, keep_trace=keep_trace)
     install(model, counter, banks)

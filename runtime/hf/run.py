@@ -22,32 +22,11 @@ from hotsplit_cli.traffic.prompts import read_prompts
 from ..cold_split import make_split
 from ..device import DeviceInfo
 from ..log import HitRateRecord
-from ..pinned import NumaPolicy
 from ..rank_context import PlanChoice, RankContext
 from ..windows import RunSummary
 from .capture import Generation, capture
 from .loader import load_tokenizer
 from .steps import CheckpointEngine
-
-
-@dataclass
-class CheckpointRun:
-    """What a checkpoint run produced: the texts, the same summary a synthetic run gives, and
-    how the run was set up."""
-
-    texts: list[str]
-    summary: RunSummary
-    plan_source: str
-    plan_made_from: str  # the routing the hot set was chosen on
-    hot_experts: int
-    device: str
-    kernel: str  # how the routed experts were computed
-    numa: NumaPolicy  # where the cold bank was placed, and where its pages are
-
-    def to_doc(self) -> dict:
-        return {**self.summary.to_doc(), "plan_source": self.plan_source, "plan_made_from": self.plan_made_from,
-                "hot_experts": self.hot_experts,
-                "device": self.device, "kernel": self.kernel, "numa": self.numa.to_doc(), "texts": self.texts}
 
 
 def checkpoint_prompts(recipe: Recipe) -> list:
@@ -73,9 +52,29 @@ class PreparedCheckpoint:
     traffic: str  # what the rank generates from
     steps: float = math.inf  # the generation ends the loop
 
+    @property
+    def kernel(self) -> str:  # how the routed experts are computed
+        return self.engine.model.compute.name
+
     def to_doc(self) -> dict:
-        return {"device": self.info.to_doc(), "kernel": self.engine.model.compute.name, "traffic": self.traffic,
+        return {"device": self.info.to_doc(), "kernel": self.kernel, "traffic": self.traffic,
                 "numa": self.allocator.numa.to_doc(), "plan": self.plan.to_doc(self.expert_bytes)}
+
+
+@dataclass
+class CheckpointRun:
+    """What a checkpoint run produced: the texts, the same summary a synthetic run gives, and
+    how the run was set up."""
+
+    texts: list[str]
+    summary: RunSummary
+    prepared: PreparedCheckpoint
+
+    def to_doc(self) -> dict:
+        p = self.prepared
+        return {**self.summary.to_doc(), "plan_source": p.plan.source, "plan_made_from": p.plan.made_from,
+                "hot_experts": int(p.plan.hot_LE.sum()), "device": p.info.name, "kernel": p.kernel,
+                "numa": p.allocator.numa.to_doc(), "texts": self.texts}
 
 
 def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: str | Path | None = None,
@@ -116,10 +115,7 @@ def run_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: str |
     Ctrl-C keeps the windows so far (the summary says `interrupted`), not the texts."""
     p = prepare_checkpoint(recipe, knobs, prompts, plan_path, advance, platform_path, rank)
     summary = p.engine.run(p.steps, on_record)
-    return CheckpointRun(
-        texts=[] if summary.interrupted else p.engine.source.texts(), summary=summary, plan_source=p.plan.source,
-        plan_made_from=p.plan.made_from, hot_experts=int(p.plan.hot_LE.sum()), device=p.info.name,
-        kernel=p.engine.model.compute.name, numa=p.allocator.numa)
+    return CheckpointRun([] if summary.interrupted else p.engine.source.texts(), summary, p)
 
 
 def _check_geometry(recipe: Recipe, hm) -> None:
