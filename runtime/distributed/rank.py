@@ -85,7 +85,7 @@ class EPRankContext(RankContext):
 
     def held_LE(self) -> np.ndarray:
         """bool [L, E]: the logical experts with a replica on this rank."""
-        return self.placement.held_LE(self.rank, int(self.replicas.logcnt_LE.shape[1]))
+        return self.replicas.held_LE(self.rank)
 
     def _make_exchange(self) -> AllToAll | AllGather:
         self.exchange = make_exchange(self.exchange_mode, self.replicas, self.rank, self.world,
@@ -97,7 +97,6 @@ class EPRankContext(RankContext):
         exchange, info = self._make_exchange(), setup.info
         model = self._on_shared_bank(setup.numa, info, lambda allocator: EPMoE(layers, geom, hot_LE, info, allocator,
                                                                                compute, exchange=exchange))
-        model.held_LE = self.held_LE()
         return self.allocator, model
 
     def _on_shared_bank(self, numa, info, build: Callable):
@@ -142,7 +141,6 @@ class EPRankContext(RankContext):
         from ..hf.ep import EPCheckpoint, Lockstep
 
         model = EPCheckpoint(hm, info, self._make_exchange(), self.group.control)
-        model.held_LE = self.held_LE()
         return model, Lockstep(generation, model)
 
 
