@@ -50,6 +50,7 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
     expert_format: str = ""  # how the routed experts are stored, e.g. "fp8 e4m3, 128x128 block scales"
     trace_steps: int | None = None  # steps in the replayed trace (None: no trace)
+    trace: Trace | None = None  # the replayed trace, whole (every rank's tokens), for a job's predictions
 
     @property
     def hidden(self) -> int:  # allocated (scaled)
@@ -107,7 +108,7 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     engine = Engine(model, traffic.source, knobs, expert_bytes, seed=rank.seed(recipe.run.seed),
                     expected_hit_rate=plan.expected_hit_rate, use_graph=rank.use_graph)
     return Prepared(engine, traffic.steps or steps or recipe.run.steps, info, geom, plan, allocator, expert_bytes,
-                    traffic.name, scale, notes, experts.describe, traffic.trace_steps)
+                    traffic.name, scale, notes, experts.describe, traffic.trace_steps, traffic.trace)
 
 
 @dataclass
@@ -156,6 +157,7 @@ class _Traffic:
     steps: int | None = None  # a trace's steps to replay (None: the run's --steps or the recipe's)
     trace_steps: int | None = None
     notes: list[str] = field(default_factory=list)
+    trace: Trace | None = None  # the replayed trace
 
 
 def _traffic(recipe: Recipe, rank: RankContext, layers, geom: MoEGeometry, trace_path, steps) -> _Traffic:
@@ -181,7 +183,7 @@ def _trace_traffic(recipe: Recipe, rank: RankContext, trace_file, steps) -> _Tra
     trace, n_steps = load_replay(trace_file, recipe, steps)
     counts_LE = Trace(trace.topk_ids_SLTK[:n_steps], trace.layers).counts_LE(recipe.model.num_experts)  # the replayed
     name = f"trace {trace_file} ({n_steps} of {trace.num_steps} trace steps)"
-    return _Traffic(rank.shard_trace(trace), counts_LE, name, n_steps, trace.num_steps)
+    return _Traffic(rank.shard_trace(trace), counts_LE, name, n_steps, trace.num_steps, trace=trace)
 
 
 def _shares(recipe: Recipe) -> tuple[np.ndarray, str]:

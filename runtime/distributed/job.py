@@ -87,12 +87,12 @@ def _run(group, request: RunRequest, watch: Watch, placement: Placement | None) 
 
     rebalancer = (Rebalancer(hooks, engine.model, control, prepared.expert_bytes, knobs.eplb_steps)
                   if knobs.eplb_steps else None)
-    totals = run_rank(engine, prepared.steps, on_window, rebalancer, hooks.expected_rank_hit_rate)
+    totals = run_rank(engine, prepared.steps, on_window, rebalancer, prepared.plan.rank_hit_rate)
     hot_RLE = gather_rows(engine.model.hot_LE().astype(np.float64), control)  # for the prediction (static runs)
     prediction = _placement_prediction(plan_file)
     ran = engine.step_count if m.kind == "hf" else prepared.steps  # a generation's length is known at its end
     window_steps = prediction.window_steps(ran) if prediction is not None else None
-    trace_SLTK, texts = _served(hooks, prepared, control, totals.summary.interrupted)  # for the predictions
+    trace_SLTK, texts = _served(prepared, control, totals.summary.interrupted)  # for the predictions
     out = job_summary(totals, control, window_steps)
     dist.barrier(group=control)
     if out is None:
@@ -116,13 +116,13 @@ def _run(group, request: RunRequest, watch: Watch, placement: Placement | None) 
     return RunResult(recipe.name, knobs, header, summary, figures, texts)
 
 
-def _served(hooks: EPRankContext, prepared, control, interrupted: bool) -> tuple[np.ndarray | None, list[str] | None]:
+def _served(prepared, control, interrupted: bool) -> tuple[np.ndarray | None, list[str] | None]:
     """What the job served, on rank 0 (collective for a checkpoint): the routing, ids [S, L, T, K]
     (a checkpoint's as each rank sent it, a replayed trace's as read; None for other traffic),
     and a checkpoint's texts in rank order (None for a synthetic model; none when interrupted)."""
     sent = getattr(prepared.engine.model, "trace_steps", None)
     if sent is None:
-        return (None if hooks.trace is None else hooks.trace.topk_ids_SLTK), None
+        return (None if prepared.trace is None else prepared.trace.topk_ids_SLTK), None
     from ..hf.ep import job_trace
 
     ranks = gather_to_rank0(prepared.texts(interrupted), control)

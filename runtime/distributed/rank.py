@@ -15,6 +15,7 @@ which prints for the job.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -66,13 +67,13 @@ class EPRankContext(RankContext):
                                 "plan with a recipe of the same ep")
             choice = plan_from_file(pf, plan_path, recipe, expert_bytes, rank=self.rank, with_budget=True)
             self._check_placed(choice.hot_LE, plan_path)
-            self.expected_rank_hit_rate = pf.rank_hit_rates[self.rank] if pf.rank_hit_rates else None
-            return choice
+            rank_rate = pf.rank_hit_rates[self.rank] if pf.rank_hit_rates else None
+            return dataclasses.replace(choice, rank_hit_rate=rank_rate)
         b = budget().budget_bytes
         p = plan_on_placement(counts_LE, self.placement, expert_bytes, b)
-        self.expected_rank_hit_rate = float(placed_hit_rates(counts_LE, self.placement, p.hot_RLE)[self.rank])
         return PlanChoice(p.hot_RLE[self.rank], p.hit_rate, f"planned from {traffic}", b,
-                          int(p.hot_bytes_R[self.rank]), traffic)
+                          int(p.hot_bytes_R[self.rank]), traffic,
+                          float(placed_hit_rates(counts_LE, self.placement, p.hot_RLE)[self.rank]))
 
     def _check_placed(self, hot_LE: np.ndarray, plan_path) -> None:
         held = self.held_LE()

@@ -30,7 +30,7 @@ from .steps import CheckpointEngine
 
 def checkpoint_prompts(recipe: Recipe) -> list:
     """The prompts a checkpoint run of `recipe` generates from, read once (the caller sizes its
-    progress bar from them and passes them to run_checkpoint)."""
+    progress bar from them and passes them to prepare_checkpoint)."""
     t = recipe.traffic
     if t.kind != "prompts" or t.path is None:
         raise UsageError(f"recipe {recipe.name!r}: a checkpoint run needs traffic.kind: prompts with a path",
