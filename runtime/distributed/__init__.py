@@ -14,7 +14,8 @@ Words (besides the runtime's glossary in runtime/__init__.py):
 Layout, one job per file: launch.py joins the group (torchrun) or launches the local ranks
 (torch's elastic agent, each rank runtime/rank.py) and turns a failed rank into one error line;
 channel.py brings rank 0's events back to the launcher; refusal.py says a refusal once for a
-job's ranks; dispatch.py the exchange (`ep_exchange`) and the rank's MoE stack; shared_bank.py
+job's ranks; dispatch.py the exchange (`ep_exchange`) and the rank's MoE stack (checkpoint.py: a
+checkpoint's, in lockstep); shared_bank.py
 the cold bank shared by a node's ranks; rank.py a rank's context for the builders and its hooks
 of the one loop; summary.py the job's figures reduced on rank 0; job.py each rank's run.
 """

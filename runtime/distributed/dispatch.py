@@ -224,7 +224,7 @@ def make_exchange(mode: str, replicas: ReplicaMap, rank: int, world: int, group=
 
 
 class ReceiveCounting:
-    """The layer exchange of both EP models (`EPMoE`, hf/ep.py `EPCheckpoint`), counting what this rank
+    """The layer exchange of both EP models (`EPMoE`, checkpoint.py `EPCheckpoint`), counting what this rank
     receives: per step, since the last rebalance (`live_counts_LE`) and per layer (the exchange's loads)."""
 
     @property

@@ -24,6 +24,7 @@ from hotsplit_cli.placement.rebalance_rule import replay_rebalancing
 from .. import driver
 from ..request import RunHeader, RunRequest, RunResult, Watch
 from . import launch
+from .checkpoint import job_trace
 from .leftovers import removed_words
 from .rank import EPRankContext, run_rank
 from .rebalance import Rebalancer
@@ -123,8 +124,6 @@ def _served(prepared, control, interrupted: bool) -> tuple[np.ndarray | None, li
     sent = getattr(prepared.engine.model, "trace_steps", None)
     if sent is None:
         return (None if prepared.trace is None else prepared.trace.topk_ids_SLTK), None
-    from ..hf.ep import job_trace
-
     ranks = gather_to_rank0(prepared.texts(interrupted), control)
     return job_trace(sent, control), None if ranks is None else [t for r in ranks for t in r]
 

@@ -27,6 +27,7 @@ from hotsplit_cli.placement.dispatch import ReplicaMap, placed_hit_rates
 
 from ..engine import LoopHooks
 from ..rank_context import PlanChoice, RankContext, plan_from_file
+from .checkpoint import EPCheckpoint, Lockstep
 from .dispatch import AllGather, AllToAll, EPMoE, make_exchange
 from .interrupt import job_stops
 from .launch import Group
@@ -139,8 +140,6 @@ class EPRankContext(RankContext):
 
     def checkpoint_model(self, hm, info, generation):
         """The checkpoint's experts through the exchange, and the generation in lockstep."""
-        from ..hf.ep import EPCheckpoint, Lockstep
-
         model = EPCheckpoint(hm, info, self._make_exchange(), self.group.control)
         return model, Lockstep(generation, model)
 
