@@ -82,16 +82,11 @@ _register()
 
 
 def _say_error(line: str, exit_code: int) -> None:
-    """Print the one error line. Under a launcher (torchrun, or `run`'s own on N ranks) every
-    rank is this same command line, so a refused flag, knob or recipe value (exit 2) is refused
-    by every rank alike: rank 0 says it for the job, the others wait until it has, then exit 2
-    without a line."""
-    from hotsplit_cli.commands._refusal import say_refusal_once, under_launcher
+    """Print the one error line (under torchrun, a refusal every rank makes alike is said once
+    for the job: the runtime knows the launcher)."""
+    from hotsplit_cli.commands.run import say_error
 
-    if exit_code == 2 and under_launcher():
-        say_refusal_once(line)
-        return
-    print(line, file=sys.stderr)
+    say_error(line, exit_code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = [argv[0]] + [a for a in argv[1:] if a != "--debug"]
     forget_written()
     try:
-        # obj: the arguments of this run, for a command that relaunches itself on N ranks
-        rc = app(args=argv, prog_name="hotsplit", standalone_mode=False, obj={"argv": list(argv)})
+        rc = app(args=argv, prog_name="hotsplit", standalone_mode=False)
     except HotsplitError as exc:
         if debug_on() and exc.message:
             raise

@@ -25,6 +25,8 @@ and the all-resident reference; kernels.py the expert compute (Triton on a GPU, 
 in triton_kernels.py, imported only where Triton runs; a torch path of the same computation on a
 CPU); model.py stacks layers; engine.py drives steps and the CUDA graph; windows.py the hit-rate
 accounting, dynamic swaps and run summary shared with checkpoint serving (hf/); from_recipe.py
-turns a recipe into a ready engine; log.py the hit-rate records; selftest.py checks the runtime
+turns a recipe into a ready engine; api.py is the shell's one door in (request.py: what a run is
+asked and gives back; driver.py: one rank built and stepped; rank.py: a launched rank's entry
+point); log.py the hit-rate records; selftest.py checks the runtime
 on this machine's device; torch_files.py reads tensors-only .pt files.
 """

@@ -15,7 +15,7 @@ import torch
 
 from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
-from hotsplit_cli.core.errors import InputFileError, UsageError
+from hotsplit_cli.core.errors import InputFileError
 from hotsplit_cli.hotset.budget import resolve_hot_budget
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.hist import load_hist
@@ -31,6 +31,7 @@ from .memory import check_device_memory, check_host_memory
 from .moe import MoEGeometry, make_layer_weights, rms_norm
 from .pinned import PinnedAllocator
 from .rank_context import PlanChoice, RankContext
+from .request import RunHeader, check_steps_and_scale, cold_bank_fields, make_header, setup_doc
 
 CALIBRATION_STEPS = 32
 
@@ -49,32 +50,24 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
     expert_format: str = ""  # how the routed experts are stored, e.g. "fp8 e4m3, 128x128 block scales"
     trace_steps: int | None = None  # steps in the replayed trace (None: no trace)
+    trace: Trace | None = None  # the replayed trace, whole (every rank's tokens), for a job's predictions
 
     @property
     def hidden(self) -> int:  # allocated (scaled)
         return self.geom.hidden
 
-    def to_doc(self) -> dict:
-        g = self.geom
-        return {
-            "device": self.info.to_doc(), "kernel": self.engine.model.compute.name,
-            "cuda_graph": bool(self.engine.use_graph), "cold_path": _cold_path_doc(self.engine),
-            "traffic": self.traffic, "trace_steps": self.trace_steps,
-            "scale": self.scale,
-            "allocated": {"hidden": g.hidden, "inter": g.inter, "experts": g.num_experts, "top_k": g.top_k,
-                          "dtype": str(self.engine.model.banks[0].compute_dtype).replace("torch.", ""),
-                          "expert_format": self.expert_format,
-                          "cold_bank_bytes": self.allocator.requested_bytes,
-                          "cold_bank_reserved_bytes": self.allocator.reserved_bytes,
-                          "cold_bank_method": self.allocator.method, "cold_bank_fallback": self.allocator.fallback},
-            "numa": self.allocator.numa.to_doc(),
-            "plan": self.plan.to_doc(self.expert_bytes),
-        }
+    def header(self, parallel: dict | None = None) -> RunHeader:
+        """This rank's set-up as the run document and its header lines say it."""
+        g, engine = self.geom, self.engine
+        allocated = {"hidden": g.hidden, "inter": g.inter, "experts": g.num_experts, "top_k": g.top_k,
+                     "dtype": str(engine.model.banks[0].compute_dtype).replace("torch.", ""),
+                     "expert_format": self.expert_format, **cold_bank_fields(self.allocator)}
+        doc = setup_doc(self.info, engine, self.traffic, self.trace_steps, self.scale, allocated,
+                        self.allocator, self.plan.to_doc(self.expert_bytes))
+        return make_header(doc, self.steps, self, engine.source, parallel)
 
-
-def _cold_path_doc(engine: Engine) -> dict:
-    split = getattr(engine.model.compute, "split", None)
-    return {"mode": split.mode if split else "gpu", "rates": split.rates_source if split else None}
+    def texts(self, interrupted: bool) -> None:  # a synthetic model generates no text
+        return None
 
 
 def _check_memory(geom: MoEGeometry, layers: int, dtype: torch.dtype, info: DeviceInfo, hot_slots: int) -> None:
@@ -95,7 +88,7 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     rank = RankContext() if rank is None else rank
     rank.check_recipe(recipe)
     scale = recipe.run.scale if scale is None else scale
-    _check_args(scale, steps)
+    check_steps_and_scale(steps, scale)
     geom = MoEGeometry.from_recipe(recipe, scale)
     setup = rank.setup(recipe, knobs, platform_path, fp8_kept=lambda info: info.triton)
     info, platform = setup.info, setup.platform
@@ -115,14 +108,7 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     engine = Engine(model, traffic.source, knobs, expert_bytes, seed=rank.seed(recipe.run.seed),
                     expected_hit_rate=plan.expected_hit_rate, use_graph=rank.use_graph)
     return Prepared(engine, traffic.steps or steps or recipe.run.steps, info, geom, plan, allocator, expert_bytes,
-                    traffic.name, scale, notes, experts.describe, traffic.trace_steps)
-
-
-def _check_args(scale: float, steps: int | None) -> None:
-    if not 0 < scale <= 1:
-        raise UsageError(f"--scale: must be in (0, 1], got {scale}")
-    if steps is not None and steps < 1:
-        raise UsageError(f"--steps: must be >= 1, got {steps}")
+                    traffic.name, scale, notes, experts.describe, traffic.trace_steps, traffic.trace)
 
 
 @dataclass
@@ -171,6 +157,7 @@ class _Traffic:
     steps: int | None = None  # a trace's steps to replay (None: the run's --steps or the recipe's)
     trace_steps: int | None = None
     notes: list[str] = field(default_factory=list)
+    trace: Trace | None = None  # the replayed trace
 
 
 def _traffic(recipe: Recipe, rank: RankContext, layers, geom: MoEGeometry, trace_path, steps) -> _Traffic:
@@ -196,7 +183,7 @@ def _trace_traffic(recipe: Recipe, rank: RankContext, trace_file, steps) -> _Tra
     trace, n_steps = load_replay(trace_file, recipe, steps)
     counts_LE = Trace(trace.topk_ids_SLTK[:n_steps], trace.layers).counts_LE(recipe.model.num_experts)  # the replayed
     name = f"trace {trace_file} ({n_steps} of {trace.num_steps} trace steps)"
-    return _Traffic(rank.shard_trace(trace), counts_LE, name, n_steps, trace.num_steps)
+    return _Traffic(rank.shard_trace(trace), counts_LE, name, n_steps, trace.num_steps, trace=trace)
 
 
 def _shares(recipe: Recipe) -> tuple[np.ndarray, str]:

@@ -21,7 +21,7 @@ class BankedModel:
     """Banks, swaps and window counters; subclasses set `banks`, `_init_counters`, `_count` each step."""
 
     banks: list
-    held_LE: np.ndarray | None = None  # bool [L, E]: an EP rank's experts with a replica there (set by the rank)
+    held_LE: np.ndarray | None = None  # bool [L, E]: an EP rank's experts with a replica there (its exchange's)
 
     @property
     def num_layers(self) -> int:

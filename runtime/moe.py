@@ -16,17 +16,11 @@ import torch.nn.functional as F
 from hotsplit_probes.cpu_expert import expert_groups, grouped_experts  # noqa: F401 - re-exported: what the probe times
 
 from hotsplit_cli.config.recipe import Recipe
+from hotsplit_cli.hotset.sizes import scaled_dim  # noqa: F401 - re-exported (benchmarks)
 
 from .fp8 import Fp8Experts, Fp8Format
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def scaled_dim(n: int, scale: float, multiple: int = 8) -> int:
-    """A dimension shrunk by `scale`, kept a multiple of `multiple` (>= `multiple`)."""
-    if scale >= 1.0:
-        return n
-    return max(multiple, int(round(n * scale / multiple)) * multiple)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ class PlanChoice:
     budget_bytes: int | None
     hot_bytes: int  # real bytes
     made_from: str  # the routing the hot set was chosen on: this run's traffic, or a plan's histogram
+    rank_hit_rate: float | None = None  # an EP rank's: of its hot set on the experts placed on it
 
     def to_doc(self, expert_bytes: int) -> dict:
         return {"source": self.source, "made_from": self.made_from, "expected_hit_rate": self.expected_hit_rate,
@@ -80,8 +81,6 @@ class RankContext:
 
     def __init__(self, plan_file: PlanFile | None = None):
         self.plan_file = plan_file  # the --plan file, when the caller has read (and checked) it already
-        self.trace: Trace | None = None  # the replayed trace, for the job's prediction
-        self.expected_rank_hit_rate: float | None = None
 
     def check_recipe(self, recipe: Recipe) -> None:
         if recipe.parallel.ep > 1:
@@ -106,7 +105,6 @@ class RankContext:
 
     def shard_trace(self, trace: Trace) -> ArraySource:
         """This rank's tokens of every trace step (one rank: all of them)."""
-        self.trace = trace
         shard = token_shard(int(trace.topk_ids_SLTK.shape[2]), self.world, self.rank)
 
         def gen():
@@ -122,7 +120,6 @@ class RankContext:
             return plan_from_file(self.plan_file or load_plan(plan_path), plan_path, recipe, expert_bytes)
         b = budget().budget_bytes
         p = plan_hot_set(counts_LE, expert_bytes, b)
-        self.expected_rank_hit_rate = p.hit_rate
         return PlanChoice(p.hot_RLE[0], p.hit_rate, f"planned from {traffic}", b, int(p.hot_bytes_R[0]), traffic)
 
     def build_model(self, layers, geom, hot_LE, setup: RunSetup, compute):

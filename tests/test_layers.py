@@ -107,6 +107,8 @@ def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
     ("hotsplit_cli/core/units.py", "from hotsplit_cli.config import recipe", "the basics (core) import nothing else"),
     ("runtime/engine.py", "from hotsplit_cli.commands import run", "the runtime imports the library and probes"),
     ("hotsplit_cli/output.py", "import hotsplit_runtime.device", "only commands import the runtime"),
+    ("hotsplit_cli/commands/plan.py", "import hotsplit_runtime.engine", "commands enter the runtime through its one"),
+    ("hotsplit_cli/commands/run.py", "from hotsplit_runtime.distributed import launch", "commands enter the runtime"),
 ])
 def test_a_deliberate_violation_breaks_its_contract(tmp_path, module, line, contract):
     for folder, name in IMPORT_NAMES.items():  # copied under their import names, found first on PYTHONPATH
@@ -119,3 +121,31 @@ def test_a_deliberate_violation_breaks_its_contract(tmp_path, module, line, cont
     assert r.returncode == 1, r.stdout
     broken = r.stdout.split("Broken contracts")[-1]
     assert contract in broken
+
+
+def test_the_front_door_contract_names_every_other_runtime_module():
+    """Commands import `hotsplit_runtime.api` only: the contract forbids every other top-level
+    module and folder of the runtime, so a new one is forbidden as soon as it is added."""
+    door = next(c for c in contracts() if c["name"].startswith("commands enter the runtime"))
+    assert door["source_modules"] == ["hotsplit_cli.commands"]
+    runtime = {p.stem for p in (ROOT / "runtime").glob("*.py")} | {
+        p.name for p in (ROOT / "runtime").iterdir() if (p / "__init__.py").exists()}
+    want = {f"hotsplit_runtime.{m}" for m in runtime - {"__init__", "api"}}
+    assert set(door["forbidden_modules"]) == want
+
+
+def test_no_folder_imports_another_that_imports_it_back(monkeypatch):
+    """Folders import each other one way, lazy imports included: no folder circle hides behind an
+    import inside a function (traffic/ <-> hotset/, runtime/hf/ <-> runtime/distributed/ were)."""
+    import grimp
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    graph = grimp.build_graph("hotsplit_cli", "hotsplit_runtime", "hotsplit_probes", include_external_packages=False)
+
+    def folder(module: str) -> str | None:  # a package's top-level modules are no folder
+        parts = module.split(".")
+        return ".".join(parts[:2]) if len(parts) > 2 else None
+
+    edges = {(folder(m), folder(n)) for m in graph.modules for n in graph.find_modules_directly_imported_by(m)}
+    edges = {(a, b) for a, b in edges if a and b and a != b}
+    assert sorted((a, b) for a, b in edges if (b, a) in edges and a < b) == []

@@ -59,8 +59,8 @@ def draw_window_balance(ax, records) -> None:
 
 
 def _load_over_mean(ranks: list[dict], rank: int) -> float:
-    mean = sum(r["tokens"] for r in ranks) / len(ranks)
-    return ranks[rank]["tokens"] / mean if mean else 1.0
+    mean = sum(r["assignments"] for r in ranks) / len(ranks)
+    return ranks[rank]["assignments"] / mean if mean else 1.0
 
 
 def mark_rebalances(ax, applied: list[dict]) -> None:
@@ -78,13 +78,13 @@ def mark_rebalances(ax, applied: list[dict]) -> None:
 
 def draw_run_loads(ax, fig) -> None:
     """Each rank's assignments over the run, the mean, the bottleneck rank in red."""
-    tokens = [r["tokens"] for r in fig.ranks]
+    assigned = [r["assignments"] for r in fig.ranks]
     top = fig.bottleneck["rank"]
-    bars = ax.bar([str(r["rank"]) for r in fig.ranks], tokens,
+    bars = ax.bar([str(r["rank"]) for r in fig.ranks], assigned,
                   color=["tab:red" if r["rank"] == top else "tab:blue" for r in fig.ranks])
     ax.bar_label(bars, fmt="%d", fontsize=8)
-    ax.set_ylim(0, HEADROOM * max(tokens, default=1))
-    ax.axhline(sum(tokens) / len(tokens), linestyle=":", color="gray", label="mean")
+    ax.set_ylim(0, HEADROOM * max(assigned, default=1))
+    ax.axhline(sum(assigned) / len(assigned), linestyle=":", color="gray", label="mean")
     ax.set_xlabel("rank")
     ax.set_ylabel("routed assignments received")
     # The totals over the run: balancedness is per exchange (step and layer), so it is lower.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from hotsplit_cli.core.jsonio import dumps, write_atomic
+from hotsplit_cli.core.jsonio import write_atomic
 from hotsplit_cli.hotset.verdict import expectation_warning, gap_flagged
 from hotsplit_cli.output import Output, gib, pct
 from hotsplit_cli.plotting import integer_step_ticks
@@ -16,20 +16,26 @@ from hotsplit_cli.plotting import integer_step_ticks
 MIB = 1 << 20
 
 
-def describe(say, name: str, prepared, pdoc: dict, ranks: int = 1) -> None:
+def describe(say, name: str, header, ranks: int = 1) -> None:
     """What a synthetic run is about to do: device and kernel, traffic, cold bank, plan, cold path.
     With `ranks` > 1 (rank 0 describes an EP job) the plan's figures are rank 0's, and say so."""
-    say(f"{name}: {prepared.steps} steps on {prepared.info.name} ({pdoc['kernel']}"
-        f"{', CUDA graph' if pdoc['cuda_graph'] else ''}; experts {prepared.expert_format}),"
-        f" traffic: {prepared.traffic}")
-    alloc = prepared.allocator
-    how = alloc.method + (f"; {alloc.fallback}" if alloc.fallback else "")
-    say(f"cold bank: {gib(alloc.requested_bytes)} of host memory ({how}), {alloc.numa.describe()}")
+    doc, plan, bank = header.doc, header.doc["plan"], header.cold_bank
+    say(f"{name}: {header.steps} steps on {header.device_name} ({doc['kernel']}"
+        f"{', CUDA graph' if doc['cuda_graph'] else ''}; experts {header.expert_format}),"
+        f" traffic: {doc['traffic']}")
+    how = bank["method"] + (f"; {bank['fallback']}" if bank["fallback"] else "")
+    say(f"cold bank: {gib(bank['requested_bytes'])} of host memory ({how}), {bank['numa']}")
     whose = "plan" if ranks == 1 else f"plan, rank 0 of {ranks} (each rank its own hot set)"
-    say(f"{whose}: {pdoc['plan']['hot_experts']} hot experts, {gib(prepared.plan.hot_bytes)} real"
-        f" ({prepared.plan.source}); expected hit rate {pct(prepared.plan.expected_hit_rate)}")
-    if pdoc["cold_path"]["rates"]:
-        say(escape(f"cold path: {pdoc['cold_path']['mode']} ({pdoc['cold_path']['rates']})"))
+    say(f"{whose}: {plan['hot_experts']} hot experts, {gib(plan['hot_bytes'])} real"
+        f" ({plan['source']}); expected hit rate {pct(plan['expected_hit_rate'])}")
+    if doc["cold_path"]["rates"]:
+        say(escape(f"cold path: {doc['cold_path']['mode']} ({doc['cold_path']['rates']})"))
+
+
+def checkpoint_words(rec, header) -> str:
+    """A checkpoint run's first words: the recipe, the checkpoint's model type and folder, and
+    the prompts it generates from."""
+    return f"{rec.name}: {header.family} checkpoint {rec.model.path}, {header.doc['traffic']}"
 
 
 def wrote(log_jsonl: Path | None, records: int, plot: Path | None) -> str:
@@ -58,24 +64,28 @@ def format_job_line(r) -> str:
     return f"{format_line(r)}  balance {r.balancedness:.3f}"
 
 
-def logged(say, log_jsonl: Path | None, runner, line=format_line):
-    """Run `runner(on_record)`: each hit-rate record as a human line (`line(record)`), and as a
-    JSON line in `log_jsonl` (streamed into a temp file that is renamed when the run ends, even
-    by Ctrl-C; each line flushed, so a tail sees it as it happens)."""
-
-    def go(fh=None):
-        def on_record(r):
-            say(line(r))
-            if fh is not None:
-                fh.write(dumps(r.to_doc(), indent=False) + b"\n")
-                fh.flush()
-        return runner(on_record)
-
+def logged(log_jsonl: Path | None, watch, runner):
+    """`runner()` with `watch` writing each hit-rate record as a JSON line in `log_jsonl` too
+    (streamed into a temp file that is renamed when the run ends, even by Ctrl-C; each line
+    flushed, so a tail sees it as it happens)."""
     if log_jsonl is None:
-        return go()
+        return runner()
     box = {}
-    write_atomic(log_jsonl, lambda fh: box.setdefault("result", go(fh)))
+
+    def write(fh):
+        watch.log = fh
+        box["result"] = runner()
+        if box["result"] is None:  # another rank of the job reports: it writes the file
+            raise _OtherRankReports
+    try:
+        write_atomic(log_jsonl, write)
+    except _OtherRankReports:
+        return None
     return box["result"]
+
+
+class _OtherRankReports(Exception):
+    """Leaves this rank's temp file unwritten (write_atomic removes it)."""
 
 
 def cold_path_rows(paths: dict | None) -> list[tuple[str, str]]:

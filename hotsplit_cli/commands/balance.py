@@ -11,8 +11,9 @@ from typing import Annotated
 
 import numpy as np
 import typer
+from hotsplit_runtime import api
 
-from hotsplit_cli.core.errors import InputFileError, RuntimeFailure, UsageError
+from hotsplit_cli.core.errors import InputFileError, UsageError
 from hotsplit_cli.options import DeviceOpt, JsonOpt, OutOpt, RecipeOpt, output_option
 from hotsplit_cli.output import Output
 from hotsplit_cli.traffic.hist import Histogram, save_hist
@@ -114,46 +115,27 @@ def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, w
     if batch_size is None:
         batch_size = rec.traffic.batch if rec is not None else 8
 
-    from hotsplit_runtime.device import choose_device
-    from hotsplit_runtime.hf.capture import capture, trace_of
-    from hotsplit_runtime.hf.loader import load_model, load_tokenizer
-    from hotsplit_runtime.moe import DTYPES as TORCH_DTYPES
-
-    info = choose_device(device, "--device")
-    hm = load_model(model_dir, info, None if dtype == "auto" else TORCH_DTYPES[dtype], keep_trace=keep_trace)
-    tok = load_tokenizer(model_dir)
-    with out.progress("balance", len(prompt_list)) as advance:
-        capture(hm, tok, prompt_list, max_new_tokens, batch_size, advance)
-    c = hm.counter
-    counts = c.counts_LE.astype(np.float64)
-    expect = c.tokens * hm.top_k
-    if np.any(counts.sum(axis=1) != expect):
-        bad = int(np.flatnonzero(counts.sum(axis=1) != expect)[0])
-        raise RuntimeFailure(f"layer {hm.layer_ids[bad]} counted {counts[bad].sum():.0f} routed assignments, "
-                             f"expected {c.tokens} tokens x top_k {hm.top_k}")
+    c = api.count_checkpoint_routing(model_dir, device, dtype, prompt_list, max_new_tokens, batch_size, keep_trace,
+                                     out.progress)
     if c.tokens == 0:
         raise InputFileError(f"{prompts}: the prompts produced no tokens")
     name = rec.model.name if rec is not None else Path(model_dir).resolve().name
-    steps_SLE = np.stack(c.steps_SLE)
     hist = Histogram(
-        model=name, source=f"balance: {hm.family} checkpoint {model_dir} on {prompts} "
+        model=name, source=f"balance: {c.family} checkpoint {model_dir} on {prompts} "
         f"({len(prompt_list)} prompts, max_new_tokens {max_new_tokens}, greedy)",
-        top_k=hm.top_k, tokens=c.tokens, layers=hm.layer_ids, counts_LE=counts,
-        windows_WLE=windows_of(steps_SLE, windows_steps) if windows_steps else None,
+        top_k=c.top_k, tokens=c.tokens, layers=c.layer_ids, counts_LE=c.counts_LE,
+        windows_WLE=windows_of(c.steps_SLE, windows_steps) if windows_steps else None,
         steps_per_window=windows_steps)
-    notes = [f"{len(prompt_list)} prompts, {len(c.steps_SLE)} steps, {c.tokens} tokens counted on {info.name}"]
-    return hist, (trace_of(hm) if keep_trace else None), notes
+    notes = [f"{len(prompt_list)} prompts, {len(c.steps_SLE)} steps, {c.tokens} tokens counted on {c.device_name}"]
+    return hist, c.trace, notes
 
 
 def _from_synthetic(out, rec, steps, batch_size, windows_steps, keep_trace):
-    from hotsplit_runtime.hf.synthetic import synthetic_routing
-
     from hotsplit_cli.traffic.trace import Trace
 
     steps = steps or rec.run.steps
     batch, step_words = _job_step_tokens(rec, batch_size)
-    with out.progress("balance (synthetic)", steps) as advance:
-        counts_SLE, ids = synthetic_routing(rec, steps, batch, rec.run.seed, advance, keep_trace)
+    counts_SLE, ids = api.count_synthetic_routing(rec, steps, batch, keep_trace, out.progress)
     m = rec.model
     hist = Histogram(
         model=m.name, source=f"balance: synthetic model of recipe {rec.name} (random {m.router} routers, "

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from hotsplit_runtime import api
 
 from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.options import JsonOpt, RecipeOpt, output_option
@@ -59,9 +60,7 @@ def _write(path: Path, payload) -> None:
         text = yaml.safe_dump(payload, sort_keys=False, default_flow_style=None, width=1 << 20)
         write_atomic(path, lambda fh: fh.write(text.encode()))
     elif suffix == ".pt":
-        from hotsplit_runtime.torch_files import save_tensors
-
-        save_tensors(path, {"logical_count": payload})
+        api.save_tensors(path, {"logical_count": payload})
     else:
         write_atomic(path, lambda fh: fh.write(payload.encode()))
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from hotsplit_runtime import api
 
 from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.options import JsonOpt, OutOpt, RecipeOpt
@@ -68,9 +69,7 @@ def import_cmd(
 
 def _read_pt(path: Path) -> object:
     """A tensors-only .pt dump. torch is imported only when such a file is read (JSON dumps need none)."""
-    from hotsplit_runtime.torch_files import load_tensors_only
-
-    return load_tensors_only(path)
+    return api.load_tensors(path)
 
 
 def register(app: typer.Typer, hist_app: typer.Typer) -> None:

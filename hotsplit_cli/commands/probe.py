@@ -24,6 +24,7 @@ from hotsplit_cli.hotset.sizes import (
     derive_hot_budget,
     expert_bytes_per_rank,
     expert_compute_shape,
+    scaled_dim,
 )
 from hotsplit_cli.options import JsonOpt, OutOpt, RecipeOpt
 from hotsplit_cli.output import Output, gib
@@ -205,11 +206,9 @@ def _render_budget(out: Output, doc: dict[str, Any]) -> None:
 
 
 def scaled_shape(shape: tuple[int, int, str], scale: float | None) -> tuple[int, int, str]:
-    """(hidden, inter, dtype) as `run --scale` allocates them (runtime/moe.py scaled_dim)."""
+    """(hidden, inter, dtype) as `run --scale` allocates them (hotset/sizes.py scaled_dim)."""
     if scale is None or scale >= 1:
         return shape
-    from hotsplit_runtime.moe import scaled_dim
-
     return scaled_dim(shape[0], scale), scaled_dim(shape[1], scale), shape[2]
 
 

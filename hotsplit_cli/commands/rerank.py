@@ -14,7 +14,7 @@ from hotsplit_cli.output import Output, pct
 from hotsplit_cli.traffic.hist import save_hist
 
 if TYPE_CHECKING:
-    from hotsplit_cli.traffic.rerank import RerankReport
+    from hotsplit_cli.hotset.rerank import RerankReport
 
 StrengthOpt = Annotated[
     str,
@@ -39,7 +39,7 @@ def rerank_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Re-rank REF for my traffic: a Dirichlet prior from REF, updated with MINE's counts."""
-    from hotsplit_cli.traffic.rerank import RerankRequest, rerank_files
+    from hotsplit_cli.hotset.rerank import RerankRequest, rerank_files
 
     out = Output(json)
     req = RerankRequest(ref_file, mine_file, strength, hot_frac)

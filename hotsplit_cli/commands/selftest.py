@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import typer
+from hotsplit_runtime import api
 from rich.text import Text
 
 from hotsplit_cli.core.errors import HotsplitError
@@ -22,16 +23,11 @@ def selftest(
     Zero-copy GB/s and step time vs the reference. Every check runs, each isolated; the report is
     always printed. Exits 1 when any check failed."""
     out = Output(json_out)
-    from hotsplit_runtime.device import choose_device, tune_cpu_threads  # torch is imported only from here on
-    from hotsplit_runtime.selftest import run_selftest
-
-    info = choose_device(device, "--device")
-    tune_cpu_threads(info)
-    result = run_selftest(info)
+    device_name, result = api.selftest(device)
     doc = {"schema": schema_tag("selftest"), **result}
 
     def render():
-        t = out.table("check", "result", "value", "detail", title=f"hotsplit selftest on {info.name} "
+        t = out.table("check", "result", "value", "detail", title=f"hotsplit selftest on {device_name} "
                       f"({result['kernel']})")
         for c in result["checks"]:
             t.add_row(c["name"], {True: "pass", False: "FAIL", None: "-"}[c["ok"]], c["value"], c["detail"])

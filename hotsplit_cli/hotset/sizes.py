@@ -129,3 +129,10 @@ def derive_hot_budget(recipe: Recipe, reserve_gib: float, gpu_mem_gib: float | N
         )
     return BudgetDerivation(mem, gpu_mem_source, dense, recipe.hardware.kv_cache_gib, reserve_gib,
                             bank, min(hot, bank))
+
+
+def scaled_dim(n: int, scale: float, multiple: int = 8) -> int:
+    """A dimension shrunk by `scale` (`run --scale`), kept a multiple of `multiple` (>= `multiple`)."""
+    if scale >= 1.0:
+        return n
+    return max(multiple, int(round(n * scale / multiple)) * multiple)

@@ -67,6 +67,10 @@ class ReplicaMap:
     def slot_rank(self, slot: np.ndarray) -> np.ndarray:
         return slot // self.slots_per_rank
 
+    def held_LE(self, rank: int) -> np.ndarray:
+        """bool [L, E]: the logical experts with a replica on `rank`."""
+        return ((self.log2phy_LEX >= 0) & (self.slot_rank(self.log2phy_LEX) == rank)).any(axis=-1)
+
 
 def choose_replicas(ids_TK: np.ndarray, replicas: ReplicaMap, layer: int, src_rank: int) -> np.ndarray:
     """Physical slot (int64 [T, K]) serving each assignment of `src_rank`'s tokens in one layer,

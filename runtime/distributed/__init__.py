@@ -12,9 +12,10 @@ Words (besides the runtime's glossary in runtime/__init__.py):
   **balancedness**: sum of mean rank loads / sum of max rank loads over the exchanges.
 
 Layout, one job per file: launch.py joins the group (torchrun) or launches the local ranks
-(torch's elastic agent) and turns a failed rank into one error line; dispatch.py the exchange
-(`ep_exchange`: uneven all_to_all_single, or all-gather then reduce-scatter) and the rank's MoE
-stack; shared_bank.py the cold bank shared by a node's ranks; rank.py a rank's context for
-`prepare_run` (runtime/rank_context.py) and its hooks of the one loop (`Engine.run`);
-summary.py the job's figures reduced on rank 0; job.py what `hotsplit run` calls in each rank.
+(torch's elastic agent, each rank runtime/rank.py) and turns a failed rank into one error line;
+channel.py brings rank 0's events back to the launcher; refusal.py says a refusal once for a
+job's ranks; dispatch.py the exchange (`ep_exchange`) and the rank's MoE stack (checkpoint.py: a
+checkpoint's, in lockstep); shared_bank.py
+the cold bank shared by a node's ranks; rank.py a rank's context for the builders and its hooks
+of the one loop; summary.py the job's figures reduced on rank 0; job.py each rank's run.
 """

@@ -224,8 +224,13 @@ def make_exchange(mode: str, replicas: ReplicaMap, rank: int, world: int, group=
 
 
 class ReceiveCounting:
-    """The layer exchange of both EP models (`EPMoE`, hf/ep.py `EPCheckpoint`), counting what this rank
+    """The layer exchange of both EP models (`EPMoE`, checkpoint.py `EPCheckpoint`), counting what this rank
     receives: per step, since the last rebalance (`live_counts_LE`) and per layer (the exchange's loads)."""
+
+    @property
+    def held_LE(self) -> np.ndarray:
+        """bool [L, E]: the experts with a replica on this rank, by the map the exchange routes with."""
+        return self.exchange.replicas.held_LE(self.exchange.rank)
 
     def _init_receiving(self, exchange: AllToAll | AllGather, num_layers: int, num_experts: int) -> None:
         self.exchange, self._step_loads = exchange, []

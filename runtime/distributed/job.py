@@ -1,58 +1,54 @@
-"""What `hotsplit run` does in each rank of an expert-parallel job: join the group, build the
-rank (prepare_run with its EPRankContext), step in lockstep, gather the job's figures to rank 0, leave.
+"""Each rank of an expert-parallel job: join the group, build the rank (driver.build with its
+EPRankContext), step in lockstep, gather the job's figures to rank 0, leave.
 
-Rank 0 gets every window's `JobRecord` (through `on_record`) and the job's `EPResult`; the other
-ranks get None. An error on any rank goes to the launcher (launch.report_rank_error).
+Rank 0 gets every window's `JobRecord` (through `watch.record`) and the job's `RunResult`; the
+other ranks get None. An error on any rank goes to the launcher (launch.report_rank_error).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+import os
+from contextlib import ExitStack
 
 import numpy as np
 import torch.distributed as dist
 
 from hotsplit_cli.analysis.ledger import exchange_prediction
-from hotsplit_cli.config.knobs import Knobs
-from hotsplit_cli.config.recipe import Recipe
+from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.planfile import load_plan, placement_of_plan
 from hotsplit_cli.hotset.verdict import prediction_error
 from hotsplit_cli.placement.algorithm import Placement
 from hotsplit_cli.placement.dispatch import predict_trace
 from hotsplit_cli.placement.rebalance_rule import replay_rebalancing
 
-from ..from_recipe import Prepared, prepare_run
+from .. import driver
+from ..request import RunHeader, RunRequest, RunResult, Watch
 from . import launch
+from .checkpoint import job_trace
+from .leftovers import removed_words
 from .rank import EPRankContext, run_rank
 from .rebalance import Rebalancer
 from .summary import EPFigures, RankWindow, gather_rows, gather_to_rank0, job_record, job_summary
 
 
-@dataclass
-class EPResult:
-    """Rank 0's view of the finished job."""
-
-    prepared: Prepared  # rank 0's
-    group: launch.Group
-    summary: object  # the job's RunSummary
-    figures: EPFigures
-    records: list = field(default_factory=list)
-    texts: list[str] | None = None  # a checkpoint's: every rank's texts, in rank order
-
-
-def run_ep_rank(recipe: Recipe, knobs: Knobs, *, plan_path: Path | None = None, trace_path: Path | None = None,
-                steps: int | None = None, scale: float | None = None, platform_path: Path | None = None,
-                on_record: Callable | None = None, on_ready: Callable[[Prepared, launch.Group], None] | None = None,
-                placement: Placement | None = None) -> EPResult | None:
-    """Run this rank (RANK etc. set by the launcher). `on_ready(prepared, group)` is called on
-    rank 0 once the rank is built; `placement` overrides the plan's (tests use random ones)."""
+def run_in_group(request: RunRequest, watch: Watch, placement: Placement | None = None,
+                 environ=os.environ) -> RunResult | None:
+    """This process as one rank of the job its launcher set up (ours, or torchrun): rank 0's
+    `watch` sees the job's windows, and rank 0 gets the job's result. `placement` overrides the
+    plan's (tests use random ones)."""
+    ep, world = request.recipe.parallel.ep, int(environ["WORLD_SIZE"])
+    if world != ep:  # every rank finds the same mismatch: rank 0 says it for the job
+        raise UsageError(f"parallel.ep is {ep} but the launcher started {world} ranks",
+                         f"launch {ep} ranks (torchrun --nproc-per-node, --nnodes), or change parallel.ep")
+    launch.die_with_launcher()
+    if environ.get("LOCAL_RANK") == "0" and launch.ERROR_DIR_ENV not in environ:  # torchrun: no launcher of ours
+        words = removed_words()  # removed what killed jobs left on this node
+        if words:
+            watch.note(words)
     launch.stop_on_signal()
     group = launch.join()
     try:
-        return _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_path, on_record, on_ready,
-                    placement)
+        return _run(group, request, watch, placement)
     except BaseException as exc:  # noqa: BLE001 - every failure of a rank is reported for the job
         launch.report_rank_error(group.rank, exc)
         raise
@@ -60,18 +56,25 @@ def run_ep_rank(recipe: Recipe, knobs: Knobs, *, plan_path: Path | None = None, 
         launch.leave()
 
 
-def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_path, on_record, on_ready, placement):
+def _build(group, request: RunRequest, ranker: EPRankContext, watch: Watch):
+    """The rank built (no progress bars on N ranks); rank 0 says so for the job, with its header."""
+    with ExitStack() as stack:
+        prepared = driver.build(request, ranker, Watch(), stack)
+    header = prepared.header(RunHeader.parallel_of(group.world, group.backend, group.local_world))
+    if group.rank == 0:
+        watch.note(f"expert parallel: every rank's banks built after {launch.seconds_since_start():.1f} s")
+        watch.ready(header)
+    return prepared, header
+
+
+def _run(group, request: RunRequest, watch: Watch, placement: Placement | None) -> RunResult | None:
+    recipe, knobs = request.recipe, request.knobs
     m = recipe.model
     E, layers = m.num_experts, m.moe_layer_ids
-    plan_file = load_plan(plan_path) if plan_path is not None else None
+    plan_file = request.plan_file or (load_plan(request.plan) if request.plan is not None else None)
     placement = placement_of_plan(plan_file, layers, E, group.world) if placement is None else placement
     hooks = EPRankContext(group, placement, E, plan_file, knobs.ep_exchange)
-    prepared = _prepare(recipe, knobs, plan_path, trace_path, steps, scale, platform_path, hooks)
-    from ..device import tune_cpu_threads
-
-    tune_cpu_threads(prepared.info)
-    if group.rank == 0 and on_ready is not None:
-        on_ready(prepared, group)
+    prepared, header = _build(group, request, hooks, watch)
     engine, control = prepared.engine, group.control
     book = engine.book
     records = []
@@ -81,17 +84,16 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
         job = job_record(RankWindow(rec, hits_L, assigned_L, cold_reads, book.hits, book.assigned, loads_WL), control)
         if job is not None:
             records.append(job)
-            if on_record is not None:
-                on_record(job)
+            watch.record(job)
 
     rebalancer = (Rebalancer(hooks, engine.model, control, prepared.expert_bytes, knobs.eplb_steps)
                   if knobs.eplb_steps else None)
-    totals = run_rank(engine, prepared.steps, on_window, rebalancer, hooks.expected_rank_hit_rate)
+    totals = run_rank(engine, prepared.steps, on_window, rebalancer, prepared.plan.rank_hit_rate)
     hot_RLE = gather_rows(engine.model.hot_LE().astype(np.float64), control)  # for the prediction (static runs)
     prediction = _placement_prediction(plan_file)
     ran = engine.step_count if m.kind == "hf" else prepared.steps  # a generation's length is known at its end
     window_steps = prediction.window_steps(ran) if prediction is not None else None
-    trace_SLTK, texts = _served(hooks, engine, control, totals.summary.interrupted)  # for the predictions, the output
+    trace_SLTK, texts = _served(prepared, control, totals.summary.interrupted)  # for the predictions
     out = job_summary(totals, control, window_steps)
     dist.barrier(group=control)
     if out is None:
@@ -112,30 +114,17 @@ def _run(group, recipe, knobs, plan_path, trace_path, steps, scale, platform_pat
         _trace_predictions(figures, trace_SLTK[:summary.steps], placement, E,
                            hot_RLE.reshape(group.world, engine.model.num_layers, E) > 0.5,
                            knobs.eplb_steps if rebalancer is not None else 0)
-    return EPResult(prepared, group, summary, figures, records, texts)
+    return RunResult(recipe.name, knobs, header, summary, figures, texts)
 
 
-def _prepare(recipe, knobs, plan_path, trace_path, steps, scale, platform_path, hooks: EPRankContext):
-    """This rank built from the recipe's model source: a checkpoint generating its share of the
-    prompts, or a synthetic model."""
-    if recipe.model.kind == "hf":
-        from ..hf.run import checkpoint_prompts, prepare_checkpoint
-
-        return prepare_checkpoint(recipe, knobs, checkpoint_prompts(recipe), plan_path, None, platform_path, hooks)
-    return prepare_run(recipe, knobs, plan_path=plan_path, trace_path=trace_path, steps=steps, scale=scale,
-                       platform_path=platform_path, rank=hooks)
-
-
-def _served(hooks: EPRankContext, engine, control, interrupted: bool) -> tuple[np.ndarray | None, list[str] | None]:
+def _served(prepared, control, interrupted: bool) -> tuple[np.ndarray | None, list[str] | None]:
     """What the job served, on rank 0 (collective for a checkpoint): the routing, ids [S, L, T, K]
     (a checkpoint's as each rank sent it, a replayed trace's as read; None for other traffic),
     and a checkpoint's texts in rank order (None for a synthetic model; none when interrupted)."""
-    sent = getattr(engine.model, "trace_steps", None)
+    sent = getattr(prepared.engine.model, "trace_steps", None)
     if sent is None:
-        return (None if hooks.trace is None else hooks.trace.topk_ids_SLTK), None
-    from ..hf.ep import job_trace
-
-    ranks = gather_to_rank0([] if interrupted else engine.source.texts(), control)
+        return (None if prepared.trace is None else prepared.trace.topk_ids_SLTK), None
+    ranks = gather_to_rank0(prepared.texts(interrupted), control)
     return job_trace(sent, control), None if ranks is None else [t for r in ranks for t in r]
 
 

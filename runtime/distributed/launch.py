@@ -5,12 +5,13 @@
   `--node-rank`, rendezvous).
 - Started plainly, `hotsplit run` becomes the launcher of its N local ranks through torch's own
   elastic agent (`torch.distributed.launcher.api.elastic_launch`, what torchrun runs): each rank
-  is `python -m hotsplit_cli run ...` with the same arguments. The agent watches the ranks; when
-  one exits or dies, it stops the others (SIGTERM, then SIGKILL), so no rank is left behind and
-  no rank waits on a dead peer. Ranks other than 0 write their output to a log folder; each
-  rank that fails writes its error into that folder instead of printing it, and the launcher
-  prints one line naming the rank and the cause: a rank killed by a signal first, then a rank's
-  own error, then ranks that only lost their peers.
+  is the runtime's own entry point, `python -m hotsplit_runtime.rank REQUEST_FILE` (the run's
+  RunRequest), and rank 0 sends what the job shows back to the launcher (channel.py). The
+  agent watches the ranks; when one exits or dies, it stops the others (SIGTERM, then
+  SIGKILL), so no rank is left behind and no rank waits on a dead peer. Ranks other than 0
+  write their output to a log folder; each rank that fails writes its error into that folder
+  instead of printing it, and the launcher prints one line naming the rank and the cause: a
+  rank killed by a signal first, then a rank's own error, then ranks that only lost their peers.
 - Backend: NCCL when every rank of the node has its own GPU, gloo otherwise (a CPU, or ranks
   sharing one GPU). The counts of each exchange go over a gloo control group beside it. Every
   collective is bounded by COLLECTIVE_TIMEOUT_S, so a rank that hangs fails the job instead of
@@ -24,11 +25,13 @@ import datetime
 import json
 import logging
 import os
+import pickle
 import shutil
 import signal
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +45,8 @@ import torch.distributed.nn  # noqa: F401
 
 from hotsplit_cli.core.errors import HotsplitError, Interrupted, RuntimeFailure, StdoutClosed
 
+from ..request import RunRequest, RunResult, Watch
+from .channel import LauncherTail
 from .interrupt import forward_interrupts, stop_at_next_window
 from .leftovers import SHM_DIR, log_folder
 from .shared_bank import remove_leftovers
@@ -52,14 +57,7 @@ LAUNCHER_PID_ENV = "HOTSPLIT_EP_LAUNCHER_PID"  # set by the launcher: the parent
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 STARTED_ENV = "HOTSPLIT_EP_STARTED"  # set by the launcher: when the job started (time.time()), for progress
 _PROCESS_STARTED = time.time()  # a rank under another launcher counts from its own start
-STDOUT_CLOSED_EXIT = 141  # 128 + SIGPIPE: rank 0's stdout was closed, what the CLI exits with then
-INTERRUPTED_EXIT = Interrupted.exit_code  # 130: rank 0 stopped on Ctrl-C and said so
-GROUP_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-def in_group(environ=os.environ) -> bool:
-    """This process was started by a launcher as one rank of a group."""
-    return all(k in environ for k in GROUP_ENV)
+REQUEST_FILE = "request.pkl"  # in the job's folder: the RunRequest every rank runs
 
 
 @dataclass
@@ -159,10 +157,7 @@ def report_rank_error(rank: int, exc: BaseException, environ=os.environ) -> None
     (torchrun) the job's first error is said once, by the rank that claims it (`_claim_report`);
     the other ranks exit quietly with their code."""
     folder = environ.get(ERROR_DIR_ENV)
-    if isinstance(exc, StdoutClosed):  # rank 0's reader went away (`| head`): a quiet 141, as on one rank
-        if folder:  # said before this rank leaves the group: its peers may fail (and be seen) first
-            _write_report(folder, rank, "", "stdout-closed", STDOUT_CLOSED_EXIT)
-            raise ReportedElsewhere(STDOUT_CLOSED_EXIT) from None
+    if isinstance(exc, StdoutClosed):  # under torchrun, rank 0's reader went away (`| head`): a quiet 141
         _claim_report("error")  # the ranks that lose their peer over it say nothing
         raise exc
     if isinstance(exc, KeyboardInterrupt):
@@ -238,11 +233,11 @@ def _claim_report(kind: str) -> bool:
 # ---- the local launcher ---------------------------------------------------------------------------
 
 
-def launch_local(nproc: int, argv: list[str], started: float | None = None) -> None:
-    """Run `python -m hotsplit_cli *argv` as `nproc` local ranks under torch's elastic agent;
-    returns when all finished, raises one HotsplitError naming the rank that failed first.
-    `started`: when the job started (time.time()), for the ranks' progress lines."""
-    started = time.time() if started is None else started
+def launch_local(nproc: int, request: RunRequest, watch: Watch, started: float | None = None) -> RunResult:
+    """Run `request` as `nproc` local ranks (`python -m hotsplit_runtime.rank REQUEST_FILE`) under
+    torch's elastic agent; `watch` sees rank 0's events (channel.py) and rank 0's result is
+    returned once all finished. A failed job raises one HotsplitError naming the rank that
+    failed first. `started`: when the job started (time.time()), for the ranks' progress lines."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -250,50 +245,46 @@ def launch_local(nproc: int, argv: list[str], started: float | None = None) -> N
 
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.CRITICAL)  # the agent's own chatter; failures are ours to say
-    job = f"hotsplit-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    folder = log_folder(os.getpid())
+    job, folder = f"hotsplit-{os.getpid()}-{uuid.uuid4().hex[:8]}", log_folder(os.getpid())
+    (Path(folder) / REQUEST_FILE).write_bytes(pickle.dumps(request))
     logs = DefaultLogsSpecs(log_dir=folder, redirects={r: Std.ALL for r in range(1, nproc)})
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=job, rdzv_backend="c10d",
                           rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1, logs_specs=logs,
                           signals_to_handle="SIGTERM,SIGHUP,SIGQUIT")  # SIGINT is forward_interrupts
-    saved = {k: os.environ.get(k) for k in (ERROR_DIR_ENV, LAUNCHER_PID_ENV, STARTED_ENV)}
-    os.environ.update({ERROR_DIR_ENV: folder, LAUNCHER_PID_ENV: str(os.getpid()), STARTED_ENV: repr(started)})
+    env = {ERROR_DIR_ENV: folder, LAUNCHER_PID_ENV: str(os.getpid()),
+           STARTED_ENV: repr(time.time() if started is None else started)}
     try:
-        with forward_interrupts() as sigint:
-            elastic_launch(config, sys.executable)("-m", "hotsplit_cli", *argv)
+        with _environ(env), LauncherTail(folder, watch) as tail, forward_interrupts():
+            elastic_launch(config, sys.executable)("-m", "hotsplit_runtime.rank", str(Path(folder) / REQUEST_FILE))
     except ChildFailedError as exc:
-        if _stdout_closed(exc.failures, folder):
-            raise StdoutClosed from None
-        if sigint["interrupted"] and _rank0_exit(exc.failures) == INTERRUPTED_EXIT:  # it said the line itself
-            raise ReportedElsewhere(INTERRUPTED_EXIT) from None
+        if tail.error is not None:  # the launcher's own output failed (`| head`): it stopped the ranks
+            raise tail.error from None
         raise job_failure(exc.failures, folder, nproc) from None
     except (SignalException, KeyboardInterrupt):
+        if tail.error is not None:  # the launcher's own output failed: it stopped the ranks
+            raise tail.error from None
         raise Interrupted(f"interrupted: all {nproc} ranks were stopped", "nothing was written") from None
+    finally:
+        remove_leftovers(SHM_DIR, job)
+        shutil.rmtree(folder, ignore_errors=True)
+    if tail.error is not None:
+        raise tail.error
+    return tail.result
+
+
+@contextmanager
+def _environ(values: dict):
+    """`values` set in this process's environment (its ranks inherit them), restored after."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        remove_leftovers(SHM_DIR, job)
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _rank0_exit(failures: dict) -> int | None:
-    """Rank 0's exit code (130: it stopped on Ctrl-C at a window and said so, as a single rank does)."""
-    first = failures.get(0)
-    return None if first is None else first.exitcode
-
-
-def _stdout_closed(failures: dict, folder: str) -> bool:
-    """Rank 0, the one rank writing to the launcher's stdout, stopped because its reader went
-    away (its exit code, or its report when a peer that lost it was seen first)."""
-    if _rank0_exit(failures) == STDOUT_CLOSED_EXIT:
-        return True
-    try:
-        return json.loads((Path(folder) / "rank0.json").read_text()).get("kind") == "stdout-closed"
-    except (OSError, ValueError):
-        return False
 
 
 def job_failure(failures: dict, folder: str, nproc: int) -> HotsplitError:

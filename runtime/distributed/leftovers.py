@@ -112,3 +112,17 @@ def names_in(folder: str) -> list[str]:
         return sorted(os.listdir(folder))
     except OSError:
         return []
+
+
+def removed_words() -> str | None:
+    """Before a job starts: remove what killed jobs left on this node; what was removed, in one
+    line (None: nothing)."""
+    removed, parts = remove_ended(), []
+    if removed.segments:
+        n = len(removed.segments)
+        parts.append(f"{n} shared-memory segment{'s' * (n != 1)} ({removed.segment_bytes / 2**20:,.1f} MiB) "
+                     f"from {SHM_DIR}")
+    if removed.folders:
+        n = len(removed.folders)
+        parts.append(f"{n} log folder{'s' * (n != 1)} ({', '.join(removed.folders)})")
+    return f"removed what ended expert-parallel jobs left: {' and '.join(parts)}" if parts else None

@@ -15,6 +15,7 @@ which prints for the job.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -26,6 +27,7 @@ from hotsplit_cli.placement.dispatch import ReplicaMap, placed_hit_rates
 
 from ..engine import LoopHooks
 from ..rank_context import PlanChoice, RankContext, plan_from_file
+from .checkpoint import EPCheckpoint, Lockstep
 from .dispatch import AllGather, AllToAll, EPMoE, make_exchange
 from .interrupt import job_stops
 from .launch import Group
@@ -66,13 +68,13 @@ class EPRankContext(RankContext):
                                 "plan with a recipe of the same ep")
             choice = plan_from_file(pf, plan_path, recipe, expert_bytes, rank=self.rank, with_budget=True)
             self._check_placed(choice.hot_LE, plan_path)
-            self.expected_rank_hit_rate = pf.rank_hit_rates[self.rank] if pf.rank_hit_rates else None
-            return choice
+            rank_rate = pf.rank_hit_rates[self.rank] if pf.rank_hit_rates else None
+            return dataclasses.replace(choice, rank_hit_rate=rank_rate)
         b = budget().budget_bytes
         p = plan_on_placement(counts_LE, self.placement, expert_bytes, b)
-        self.expected_rank_hit_rate = float(placed_hit_rates(counts_LE, self.placement, p.hot_RLE)[self.rank])
         return PlanChoice(p.hot_RLE[self.rank], p.hit_rate, f"planned from {traffic}", b,
-                          int(p.hot_bytes_R[self.rank]), traffic)
+                          int(p.hot_bytes_R[self.rank]), traffic,
+                          float(placed_hit_rates(counts_LE, self.placement, p.hot_RLE)[self.rank]))
 
     def _check_placed(self, hot_LE: np.ndarray, plan_path) -> None:
         held = self.held_LE()
@@ -85,7 +87,7 @@ class EPRankContext(RankContext):
 
     def held_LE(self) -> np.ndarray:
         """bool [L, E]: the logical experts with a replica on this rank."""
-        return self.placement.held_LE(self.rank, int(self.replicas.logcnt_LE.shape[1]))
+        return self.replicas.held_LE(self.rank)
 
     def _make_exchange(self) -> AllToAll | AllGather:
         self.exchange = make_exchange(self.exchange_mode, self.replicas, self.rank, self.world,
@@ -97,7 +99,6 @@ class EPRankContext(RankContext):
         exchange, info = self._make_exchange(), setup.info
         model = self._on_shared_bank(setup.numa, info, lambda allocator: EPMoE(layers, geom, hot_LE, info, allocator,
                                                                                compute, exchange=exchange))
-        model.held_LE = self.held_LE()
         return self.allocator, model
 
     def _on_shared_bank(self, numa, info, build: Callable):
@@ -139,10 +140,7 @@ class EPRankContext(RankContext):
 
     def checkpoint_model(self, hm, info, generation):
         """The checkpoint's experts through the exchange, and the generation in lockstep."""
-        from ..hf.ep import EPCheckpoint, Lockstep
-
         model = EPCheckpoint(hm, info, self._make_exchange(), self.group.control)
-        model.held_LE = self.held_LE()
         return model, Lockstep(generation, model)
 
 

@@ -88,7 +88,7 @@ class Rebalancer:
         self._chunks = []
         self.hooks.placement, self.hooks.replicas = new, ReplicaMap.of(new, E)
         self.model.exchange.set_replicas(self.hooks.replicas)
-        self.model.held_LE = held = self.hooks.held_LE()
+        held = self.model.held_LE  # by the new map
         moves = self._refill(recent_LE / np.maximum(new.logcnt_LE(E), 1), held)
         self.model.begin_swaps(moves)  # on a CPU the copies are done here; on a GPU they land later
         moved = gather_rows([sum(len(m) for m in moves.values())], self.control)[:, 0]

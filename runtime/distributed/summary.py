@@ -69,7 +69,7 @@ def reduce_windows(windows: list[RankWindow]) -> JobRecord:
     assignments, swaps and copies summed, the slowest copy, balancedness over the exchanges."""
     recs = [w.record for w in windows]
     hits_L, assigned_L = sum(w.hits_L for w in windows), sum(w.assigned_L for w in windows)
-    ranks = [{"rank": r, "tokens": int(w.assigned_L.sum()), "hit_rate": ratio(w.hits_L.sum(), w.assigned_L.sum()),
+    ranks = [{"rank": r, "assignments": int(w.assigned_L.sum()), "hit_rate": ratio(w.hits_L.sum(), w.assigned_L.sum()),
               "cold_reads": int(w.cold_reads)} for r, w in enumerate(windows)]
     return JobRecord(
         step=recs[0].step, hit_rate_window=ratio(hits_L.sum(), assigned_L.sum()),
@@ -164,7 +164,7 @@ def ep_figures(ranks: list[RankTotals], window_steps: int | None = None) -> EPFi
     """Each rank's load, hit rate and cold paths, balancedness (and over windows of `window_steps`
     steps, when given), the bottleneck, the exchange."""
     received = np.array([float(t.loads_SL.sum()) for t in ranks])
-    docs = [{"rank": r, "tokens": int(received[r]), "hit_rate": float(t.summary.hit_rate),
+    docs = [{"rank": r, "assignments": int(received[r]), "hit_rate": float(t.summary.hit_rate),
              "expected_hit_rate": t.expected_hit_rate, "cold_reads": t.cold_reads, "swaps": int(t.summary.swaps),
              "cold_paths": _cold_doc(t.summary.cold_paths)} for r, t in enumerate(ranks)]
     loads_SLR = np.stack([t.loads_SL for t in ranks], axis=2)

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from hotsplit_cli.core.errors import RuntimeFailure
 from hotsplit_cli.traffic.trace import Trace
 
-from .loader import HFModel
+from .loader import HFModel, load_model, load_tokenizer
 
 
 def prompt_text(tokenizer, prompt: str | list[dict]) -> str:
@@ -138,3 +140,35 @@ def trace_of(hm: HFModel) -> Trace:
     for i, s in enumerate(steps):
         ids[i, :, :s.shape[1]] = s
     return Trace(ids, hm.layer_ids)
+
+
+@dataclass(frozen=True)
+class CountedRouting:
+    """What `hotsplit balance` counted on a checkpoint: counts [L, E], per step [S, L, E]."""
+
+    counts_LE: np.ndarray
+    steps_SLE: np.ndarray
+    tokens: int
+    top_k: int
+    layer_ids: list[int]  # the model's layer index of each MoE layer
+    family: str  # the checkpoint's model_type
+    device_name: str
+    trace: Trace | None  # the routing itself, when asked for
+
+
+def count_routing(model_dir, info, dtype: torch.dtype | None, prompts: list, max_new_tokens: int,
+                  batch_size: int, keep_trace: bool, advance: Callable[[int], None] | None = None) -> CountedRouting:
+    """Load the checkpoint on `info`'s device and count the routing of greedy generation over
+    `prompts`; every layer is checked to have counted tokens x top_k routed assignments."""
+    hm = load_model(model_dir, info, dtype, keep_trace=keep_trace)
+    capture(hm, load_tokenizer(model_dir), prompts, max_new_tokens, batch_size, advance)
+    c = hm.counter
+    counts = c.counts_LE.astype(np.float64)
+    expect = c.tokens * hm.top_k
+    if np.any(counts.sum(axis=1) != expect):
+        bad = int(np.flatnonzero(counts.sum(axis=1) != expect)[0])
+        raise RuntimeFailure(f"layer {hm.layer_ids[bad]} counted {counts[bad].sum():.0f} routed assignments, "
+                             f"expected {c.tokens} tokens x top_k {hm.top_k}")
+    steps_SLE = np.stack(c.steps_SLE) if c.steps_SLE else np.zeros((0, *counts.shape))
+    return CountedRouting(counts, steps_SLE, c.tokens, hm.top_k, hm.layer_ids, hm.family, info.name,
+                          trace_of(hm) if keep_trace else None)

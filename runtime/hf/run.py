@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hotsplit_cli.config.knobs import Knobs
@@ -21,9 +21,8 @@ from hotsplit_cli.traffic.prompts import read_prompts
 
 from ..cold_split import make_split
 from ..device import DeviceInfo
-from ..log import HitRateRecord
 from ..rank_context import PlanChoice, RankContext
-from ..windows import RunSummary
+from ..request import RunHeader, cold_bank_fields, make_header, setup_doc
 from .capture import Generation, capture
 from .loader import load_tokenizer
 from .steps import CheckpointEngine
@@ -31,7 +30,7 @@ from .steps import CheckpointEngine
 
 def checkpoint_prompts(recipe: Recipe) -> list:
     """The prompts a checkpoint run of `recipe` generates from, read once (the caller sizes its
-    progress bar from them and passes them to run_checkpoint)."""
+    progress bar from them and passes them to prepare_checkpoint)."""
     t = recipe.traffic
     if t.kind != "prompts" or t.path is None:
         raise UsageError(f"recipe {recipe.name!r}: a checkpoint run needs traffic.kind: prompts with a path",
@@ -48,33 +47,29 @@ class PreparedCheckpoint:
     info: DeviceInfo
     allocator: object  # the cold bank's (a PinnedAllocator, or an EP node's SharedAllocator)
     expert_bytes: int  # real
-    hidden: int
     traffic: str  # what the rank generates from
     steps: float = math.inf  # the generation ends the loop
+    notes: list[str] = field(default_factory=list)
 
     @property
-    def kernel(self) -> str:  # how the routed experts are computed
-        return self.engine.model.compute.name
+    def hidden(self) -> int:
+        return self.engine.model.banks[0].hidden
 
-    def to_doc(self) -> dict:
-        return {"device": self.info.to_doc(), "kernel": self.kernel, "traffic": self.traffic,
-                "numa": self.allocator.numa.to_doc(), "plan": self.plan.to_doc(self.expert_bytes)}
+    def header(self, parallel: dict | None = None) -> RunHeader:
+        """This rank's set-up as the run document and its header lines say it."""
+        bank, hm = self.engine.model.banks[0], self.engine.model.hm
+        fp8 = bank.layout.fp8
+        dtype = str(bank.compute_dtype).replace("torch.", "")
+        allocated = {"hidden": bank.hidden, "inter": bank.inter, "experts": hm.num_experts, "top_k": hm.top_k,
+                     "dtype": dtype, "expert_format": fp8.describe() if fp8 is not None else dtype,
+                     **cold_bank_fields(self.allocator)}
+        doc = setup_doc(self.info, self.engine, self.traffic, None, 1.0, allocated, self.allocator,
+                        self.plan.to_doc(self.expert_bytes))
+        return make_header(doc, None, self, self.engine.source, parallel, hm.family)
 
-
-@dataclass
-class CheckpointRun:
-    """What a checkpoint run produced: the texts, the same summary a synthetic run gives, and
-    how the run was set up."""
-
-    texts: list[str]
-    summary: RunSummary
-    prepared: PreparedCheckpoint
-
-    def to_doc(self) -> dict:
-        p = self.prepared
-        return {**self.summary.to_doc(), "plan_source": p.plan.source, "plan_made_from": p.plan.made_from,
-                "hot_experts": int(p.plan.hot_LE.sum()), "device": p.info.name, "kernel": p.kernel,
-                "numa": p.allocator.numa.to_doc(), "texts": self.texts}
+    def texts(self, interrupted: bool) -> list[str]:
+        """The greedy texts of this rank's prompts (none when interrupted)."""
+        return [] if interrupted else self.engine.source.texts()
 
 
 def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: str | Path | None = None,
@@ -102,20 +97,7 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
     model, source = rank.checkpoint_model(hm, setup.info, Generation(hm, tok, prompts, t.max_new_tokens, t.batch,
                                                                      advance))
     engine = CheckpointEngine(model, source, knobs, expert_bytes, expected_hit_rate=plan.expected_hit_rate)
-    return PreparedCheckpoint(engine, plan, setup.info, allocator, expert_bytes, hm.banks[0].hidden,
-                              f"prompts {t.path}")
-
-
-def run_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: str | Path | None = None,
-                   on_record: Callable[[HitRateRecord], None] | None = None,
-                   advance: Callable[[int], None] | None = None, platform_path: str | Path | None = None,
-                   rank: RankContext | None = None) -> CheckpointRun:
-    """Generate greedy text for `prompts` (checkpoint_prompts) on the hot/cold banks through the
-    one loop, logging hit rates; `advance(n)` after each batch of n prompts is generated.
-    Ctrl-C keeps the windows so far (the summary says `interrupted`), not the texts."""
-    p = prepare_checkpoint(recipe, knobs, prompts, plan_path, advance, platform_path, rank)
-    summary = p.engine.run(p.steps, on_record)
-    return CheckpointRun([] if summary.interrupted else p.engine.source.texts(), summary, p)
+    return PreparedCheckpoint(engine, plan, setup.info, allocator, expert_bytes, f"prompts {t.path}")
 
 
 def _check_geometry(recipe: Recipe, hm) -> None:

@@ -35,7 +35,8 @@ def test_plain_start_and_torchrun_agree(tmp_path):
         s = doc["summary"]
         assert doc["parallel"] == {"ep": 4, "backend": "gloo", "nodes": 1}
         assert [r["rank"] for r in s["ranks"]] == [0, 1, 2, 3]
-        assert sum(r["tokens"] for r in s["ranks"]) == 20 * 4 * 16 * 4 * 4  # steps x ranks x tokens x top_k x layers
+        # steps x ranks x tokens x top_k x layers
+        assert sum(r["assignments"] for r in s["ranks"]) == 20 * 4 * 16 * 4 * 4
         assert 0 < s["balancedness"] <= 1
         assert s["exchange"]["measured_bytes_per_layer"] > 0 and s["exchange"]["predicted_bytes_per_layer"] > 0
         assert s["exchange"]["mode"] == "a2a"  # the default exchange
@@ -46,7 +47,7 @@ def test_plain_start_and_torchrun_agree(tmp_path):
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     assert [x["step"] for x in lines] == [20]
     assert [r["rank"] for r in lines[0]["ranks"]] == [0, 1, 2, 3] and "balancedness" in lines[0]
-    assert sum(r["tokens"] for r in lines[0]["ranks"]) == sum(r["tokens"] for r in plain["summary"]["ranks"])
+    assert sum(r["assignments"] for r in lines[0]["ranks"]) == sum(r["assignments"] for r in plain["summary"]["ranks"])
 
 
 def test_rank_zero_prints_for_the_job(tmp_path):

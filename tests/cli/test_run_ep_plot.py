@@ -18,7 +18,8 @@ LOADS = [[100, 120, 80, 100], [90, 110, 100, 100]]  # per window, each rank's as
 def _record(step: int, loads: list[int], balance: float) -> JobRecord:
     return JobRecord(step=step, hit_rate_window=0.8, hit_rate_total=0.8, swaps=0, swaps_total=0, bytes_copied=0,
                      copy_ms=0.0, cold_bytes_per_step=0.0, layer_hit_rate=[0.8], balancedness=balance,
-                     ranks=[{"rank": r, "tokens": t, "hit_rate": 0.8, "cold_reads": 0} for r, t in enumerate(loads)])
+                     ranks=[{"rank": r, "assignments": t, "hit_rate": 0.8, "cold_reads": 0}
+                            for r, t in enumerate(loads)])
 
 
 def _run():
@@ -27,7 +28,7 @@ def _run():
                    expected_hit_rate=0.82, swaps=0, bytes_copied=0, copy_ms=0.0, cold_bytes_per_step=0.0,
                    layer_hit_rate=[0.8], interrupted=False, records=records)
     totals = [sum(w[r] for w in LOADS) for r in range(4)]
-    fig = EPFigures(ranks=[{"rank": r, "tokens": t} for r, t in enumerate(totals)], balancedness=0.84,
+    fig = EPFigures(ranks=[{"rank": r, "assignments": t} for r, t in enumerate(totals)], balancedness=0.84,
                     predicted_balancedness=None, bottleneck={"rank": 1, "load": 230, "lead": 230 / 200},
                     exchange={}, placement={},
                     rebalances=[{"step": 20, "skipped": None, "worse": False},

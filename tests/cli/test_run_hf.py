@@ -61,7 +61,8 @@ def test_run_checkpoint_generates_the_same_greedy_text_and_logs_hit_rates(checkp
     code = main(["run", str(recipe), "--json", "--log-jsonl", str(log)])
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    doc = json.loads(captured.out)["summary"]
+    run_doc = json.loads(captured.out)
+    doc = run_doc["summary"]
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(ckpt)
@@ -72,8 +73,8 @@ def test_run_checkpoint_generates_the_same_greedy_text_and_logs_hit_rates(checkp
         with torch.no_grad():
             out = ref.generate(input_ids=ids, max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
         want.append(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
-    assert doc["texts"] == want
-    assert doc["hot_experts"] == 5 and "prefill" in doc["plan_source"]
+    assert run_doc["texts"] == want  # where a checkpoint's texts are on N ranks too
+    assert run_doc["plan"]["hot_experts"] == 5 and "prefill" in run_doc["plan"]["source"]
     records = [json.loads(line) for line in log.read_text().splitlines()]
     # Human lines go to stderr in --json mode (stdout may name the hit rate only in `warnings`).
     assert records and "hit rate (overall)" not in captured.out
@@ -81,7 +82,7 @@ def test_run_checkpoint_generates_the_same_greedy_text_and_logs_hit_rates(checkp
     assert {"step", "hit_rate_window", "hit_rate_total", "swaps", "bytes_copied", "copy_ms"} <= set(records[0])
     assert doc["hit_rate"] == records[-1]["hit_rate_total"] and 0 <= doc["hit_rate"] <= 1
     assert doc["tokens"] > 0 and doc["steps"] == records[-1]["step"]
-    assert doc["kernel"] == "torch per expert" and doc["numa"]["policy"] == "preferred"
+    assert run_doc["kernel"] == "torch per expert" and run_doc["numa"]["policy"] == "preferred"
     assert doc["copy_ms"] == pytest.approx(sum(r["copy_ms"] for r in records))
     assert doc["bytes_copied"] == sum(r["bytes_copied"] for r in records)
 
@@ -162,7 +163,7 @@ def test_checkpoint_runs_with_a_cpu_cold_path_generate_the_same_text(checkpoints
     ids = tok(SENTENCES[0], return_tensors="pt")["input_ids"]
     with torch.no_grad():
         out = reference(ckpt).generate(input_ids=ids, max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
-    assert doc["summary"]["texts"] == [tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)]
+    assert doc["texts"] == [tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)]
     paths = doc["summary"]["cold_paths"]
     assert doc["knobs"]["cold_path"] == cold_path and paths["mode"] == cold_path
     # Without a GPU the device path is this CPU too: the split then gives the CPU worker nothing.
@@ -170,7 +171,7 @@ def test_checkpoint_runs_with_a_cpu_cold_path_generate_the_same_text(checkpoints
     assert paths["cpu"]["experts"] > 0 if cold_path == "cpu" or not one_cpu else paths["cpu"]["experts"] == 0
     if cold_path == "cpu":
         assert paths["gpu"]["experts"] == 0
-    assert f"CPU cold path ({cold_path}" in doc["summary"]["kernel"]
+    assert f"CPU cold path ({cold_path}" in doc["kernel"]
     # a checkpoint run judges its cold paths' times like a synthetic one (hotset/verdict.py)
     judged = {v["name"] for v in doc["verdicts"]}
     assert judged == {f"cold_path.{k}" for k in ("gpu", "cpu") if paths[k]["experts"]}

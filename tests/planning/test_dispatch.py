@@ -154,3 +154,13 @@ def test_placed_hit_rates_of_a_rank_without_hot_experts_or_traffic():
     assert rates.tolist() == [0.25 / 0.75, 0.0, 0.0]  # rank 1 saw no traffic, rank 2 no hot expert
     hot[:, 0, :] = True
     assert placed_hit_rates(np.array([[0.5, 0.25, 0.0, 0.0, 3.0, 1.0]]), lay, hot).tolist() == [1.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_replica_map_holds_what_the_placement_puts_on_each_rank(seed):
+    """An EP rank's model reads what it holds from the map its exchange routes with (a rebalance
+    swaps the map): the same experts the placement puts on the rank."""
+    lay = random_layout(6, (0, 1), Geometry(4, 10), seed=seed)
+    replicas = ReplicaMap.of(lay, 6)
+    for rank in range(4):
+        assert np.array_equal(replicas.held_LE(rank), lay.held_LE(rank, 6))

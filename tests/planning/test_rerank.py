@@ -1,4 +1,4 @@
-"""Re-ranking a reference histogram with a sample of my traffic (hotsplit_cli.traffic.rerank, `hotsplit rerank`)."""
+"""Re-ranking a reference histogram with a sample of my traffic (hotsplit_cli.hotset.rerank, `hotsplit rerank`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import pytest
 from hotsplit_cli.cli import main
 from hotsplit_cli.core.errors import HistogramError, UsageError
 from hotsplit_cli.hotset.planner import plan_hot_set
-from hotsplit_cli.traffic.hist import Histogram, load_hist, save_hist
-from hotsplit_cli.traffic.rerank import (
+from hotsplit_cli.hotset.rerank import (
     dm_log_likelihood,
     fit_strength,
     lgamma,
@@ -20,6 +19,7 @@ from hotsplit_cli.traffic.rerank import (
     rerank,
     spearman,
 )
+from hotsplit_cli.traffic.hist import Histogram, load_hist, save_hist
 from hotsplit_cli.traffic.synthetic import inclusion_probs, sample_topk, zipf_shares
 
 L, E, K = 6, 48, 4
@@ -235,7 +235,7 @@ def test_cli_bad_input_nothing_written(pair, tmp_path, capsys):
 def test_rerank_files_compares_hot_sets_at_the_recipe_budget_or_a_fraction(pair, tmp_path):
     from hotsplit_cli.config.knobs import resolve_knobs
     from hotsplit_cli.config.recipe import load_recipe
-    from hotsplit_cli.traffic.rerank import RerankRequest, rerank_files
+    from hotsplit_cli.hotset.rerank import RerankRequest, rerank_files
 
     ref, mine = pair
     with pytest.raises(UsageError, match="--hot-frac: must be in"):

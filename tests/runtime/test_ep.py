@@ -97,7 +97,8 @@ def test_every_token_equals_the_reference(tmp_path, ranks, kind, redundant, cold
     # Swaps happened (the worker swaps at every window), on the ranks. own experts only.
     assert job["summary"]["swaps"] > 0
     assert len(job["figures"]["ranks"]) == ranks
-    assert sum(r["tokens"] for r in job["figures"]["ranks"]) == ranks * 5 * 2 * 6 * 2  # batch x top_k x steps x layers
+    # batch x top_k x steps x layers
+    assert sum(r["assignments"] for r in job["figures"]["ranks"]) == ranks * 5 * 2 * 6 * 2
     assert job["figures"]["exchange"]["mode"] == exchange
     for r in job["figures"]["ranks"]:  # where each rank's cold work went, as a single rank reports it
         paths = r["cold_paths"]
@@ -132,7 +133,7 @@ def test_allgather_equals_the_reference_and_a2a_on_uneven_shards(tmp_path):
         jobs[mode] = _check_against_reference(recipe, out, 2)
     a2a, ag = jobs["a2a"]["figures"], jobs["allgather"]["figures"]
     assert [np.load(tmp_path / "allgather" / f"rank{r}.npz")["x"].shape[1] for r in range(2)] == [4, 3]
-    for key in ("tokens", "hit_rate", "swaps", "cold_reads"):
+    for key in ("assignments", "hit_rate", "swaps", "cold_reads"):
         assert [r[key] for r in ag["ranks"]] == [r[key] for r in a2a["ranks"]], key
     assert ag["balancedness"] == a2a["balancedness"] == ag["predicted_balancedness"]
     assert [r["ranks"] for r in jobs["allgather"]["records"]] == [r["ranks"] for r in jobs["a2a"]["records"]]

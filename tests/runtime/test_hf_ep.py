@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints expert-parallel (runtime/hf/ep.py) on CPU ranks, gloo on loopback:
+"""Hugging Face checkpoints expert-parallel (runtime/distributed/checkpoint.py) on CPU ranks, gloo on loopback:
 each rank generates its share of the prompts, the routed experts go through the synthetic runs'
 exchange, and the greedy texts equal transformers' `generate` on the same prompts. One spawn of
 a rank group checks many checkpoints; each job is bounded in time and leaves nothing behind."""

@@ -132,8 +132,8 @@ def test_a_checkpoint_run_is_engine_run_with_swaps_published_before_the_next_for
                                                                                       monkeypatch):
     """Each forward is one step of the one loop: a window's swaps start after a forward and are
     published before the next one runs, as for a synthetic model."""
+    from hotsplit_runtime import api
     from hotsplit_runtime.hf import capture, steps
-    from hotsplit_runtime.hf.run import checkpoint_prompts, run_checkpoint
 
     events, runs = [], []
     for cls, name in ((capture.Forward, "__call__"), (steps.CheckpointMoE, "begin_swaps"),
@@ -149,7 +149,11 @@ def test_a_checkpoint_run_is_engine_run_with_swaps_published_before_the_next_for
     recipe = _checkpoint_recipe(tmp_path, checkpoints["qwen3_moe"])
     knobs = resolve_knobs(recipe.knobs, {})
     records = []
-    out = run_checkpoint(recipe, knobs, checkpoint_prompts(recipe), on_record=records.append)
+
+    class Records(api.Watch):
+        def record(self, rec):
+            records.append(rec)
+    out = api.run(api.RunRequest(recipe, knobs), Records())
     assert runs == [steps.CheckpointEngine] and len(out.texts) == 2
     forwards = [i for i, e in enumerate(events) if e == "__call__"]
     swaps = [i for i, e in enumerate(events) if e == "begin_swaps"]

@@ -1,6 +1,6 @@
 """One rank of the checkpoint EP tests (run under torchrun by tests/runtime/test_hf_ep.py): for
 each checkpoint of the job, load it over the node's shared cold bank, generate this rank's share
-of the prompts expert-parallel (runtime/hf/ep.py), and, on rank 0, write the job's texts, the
+of the prompts expert-parallel (runtime/distributed/checkpoint.py), and, on rank 0, write the job's texts, the
 loads and hits each rank measured and what the recorded routing predicts for them.
 
 argv: job.json out_dir. job.json: {"checkpoints": {name: folder}, "prompts": [...],
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 from hotsplit_runtime.distributed import launch, rebalance
+from hotsplit_runtime.distributed.checkpoint import EPCheckpoint, job_trace
 from hotsplit_runtime.distributed.rank import EPRankContext
 from hotsplit_runtime.distributed.rebalance import Rebalancer
 from hotsplit_runtime.distributed.summary import gather_rows, gather_to_rank0
 from hotsplit_runtime.hf.capture import Generation
-from hotsplit_runtime.hf.ep import EPCheckpoint, job_trace
 from hotsplit_runtime.hf.loader import load_tokenizer
 from hotsplit_runtime.pinned import numa_policy_for
 from hotsplit_runtime.rank_context import RunSetup

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 from hotsplit_runtime import cold_split
-from hotsplit_runtime.distributed.job import run_ep_rank
+from hotsplit_runtime.api import RunRequest, Watch
+from hotsplit_runtime.distributed.job import run_in_group
 from hotsplit_runtime.engine import Engine
 from hotsplit_runtime.windows import WindowBook
 
@@ -91,14 +92,14 @@ def main() -> None:
     placement = load_placement(sys.argv[3]) if len(sys.argv) > 3 else None
     rec = load_recipe(recipe_path)
     Engine.step = _capture
-    result = run_ep_rank(rec, resolve_knobs(rec.knobs), placement=placement)
+    result = run_in_group(RunRequest(rec, resolve_knobs(rec.knobs)), Watch(), placement=placement)
     assert_group_gone()
     rank = int(os.environ["RANK"])
     np.savez(out / f"rank{rank}.npz", x=np.stack([c[0] for c in captured]), ids=np.stack([c[1] for c in captured]),
              out=np.stack([c[3] for c in captured]), hot=np.stack([c[4] for c in captured]))
     if result is not None:
         doc = {"summary": result.summary.to_doc(), "figures": result.figures.to_doc(),
-               "records": [r.to_doc() for r in result.records]}
+               "records": [r.to_doc() for r in result.summary.records]}
         (out / "job.json").write_text(json.dumps(doc))
 
 

@@ -31,10 +31,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..distributed.dispatch import ReceiveCounting
-from ..distributed.summary import gather_to_rank0
-from .loader import HFModel
-from .steps import CheckpointMoE
+from ..hf.loader import HFModel
+from ..hf.steps import CheckpointMoE
+from .dispatch import ReceiveCounting
+from .summary import gather_to_rank0
 
 
 class EPExperts:

@@ -1,9 +1,12 @@
-"""The one error line of a refused flag, knob or recipe value when the command line runs as the N
-ranks of an expert-parallel job (torchrun, or `run`'s own launcher): rank 0 says it, the others
-wait until it has (bounded), then exit without a line.
+"""Whether a launcher started this process as a rank (read from its environment, no torch), and
+the one error line of a refused flag, knob or recipe value when the command line runs as the N
+ranks of an expert-parallel job under torchrun: rank 0 says it, the others wait until it has
+(bounded), then exit without a line.
 
-The store the job's launcher holds is opened by the runtime (hotsplit_runtime/distributed/store.py,
-where torch.distributed is imported), and only where a launcher started the process.
+This runs before the ranks join a group, so it opens the job's key-value store itself: torch's
+agent store where torchrun's agent holds one, else the store rank 0 hosts at
+MASTER_ADDR:MASTER_PORT, as `init_process_group(init_method="env://")` opens it. torch is
+imported only where a launcher started the process (a refusal elsewhere is printed at once).
 """
 
 from __future__ import annotations
@@ -18,9 +21,26 @@ REFUSAL_ACKS = "hotsplit/refusal-read"  # how many other ranks have seen it (ran
 REFUSAL_WAIT_S = 60.0  # a rank waits at most this long for rank 0's line, then says its own
 
 
+GROUP_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def in_group(environ=os.environ) -> bool:
+    """This process was started by a launcher as one rank of a group."""
+    return all(k in environ for k in GROUP_ENV)
+
+
 def under_launcher(environ=os.environ) -> bool:
     """This process is one of several ranks a launcher started."""
     return int(environ.get("WORLD_SIZE", "1") or 1) > 1 and "MASTER_PORT" in environ and "RANK" in environ
+
+
+def say_error(line: str, exit_code: int, environ=os.environ) -> None:
+    """Print the one error line. Under a launcher every rank is the same command line, so a
+    refused flag, knob or recipe value (exit 2) is refused by every rank alike: said once."""
+    if exit_code == 2 and under_launcher(environ):
+        say_refusal_once(line, environ)
+        return
+    print(line, file=sys.stderr)
 
 
 def say_refusal_once(line: str, environ=os.environ) -> None:
@@ -55,15 +75,17 @@ def say_refusal_once(line: str, environ=os.environ) -> None:
 
 
 def _agent_store(environ) -> bool:
-    from hotsplit_runtime.distributed.store import uses_agent_store
-
-    return uses_agent_store(environ)
+    return environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
 
 def _job_store(environ, rank: int):
-    from hotsplit_runtime.distributed.store import open_job_store
+    from torch.distributed import TCPStore  # torch only under a launcher
 
-    return open_job_store(environ, rank, REFUSAL_WAIT_S)
+    timeout = datetime.timedelta(seconds=REFUSAL_WAIT_S)
+    host, port = environ["MASTER_ADDR"], int(environ["MASTER_PORT"])
+    if _agent_store(environ):
+        return TCPStore(host, port, None, False, timeout, wait_for_workers=False)
+    return TCPStore(host, port, None, rank == 0, timeout, wait_for_workers=False, multi_tenant=True)
 
 
 def _wait_for(done, limit_s: float) -> None:

@@ -34,8 +34,10 @@ from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import HistogramError, UsageError
 from hotsplit_cli.core.units import gib
 from hotsplit_cli.hotset.budget import resolve_hot_budget
+from hotsplit_cli.hotset.planner import plan_hot_set
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.hist import Histogram, load_hist
+from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
 
 # Share floor for experts the reference never saw: a zero prior share would make a single
 # observation in my traffic infinitely surprising (and lgamma(0) undefined).
@@ -262,8 +264,6 @@ class HotChange:
 
 def hot_change(ref_LE: np.ndarray, new_LE: np.ndarray, expert_bytes, budget_bytes: int) -> HotChange:
     """Plan both rankings under the same budget and count the experts that enter the hot set."""
-    from hotsplit_cli.hotset.planner import plan_hot_set
-
     a = plan_hot_set(ref_LE, expert_bytes, budget_bytes).hot_RLE[0]
     b = plan_hot_set(new_LE, expert_bytes, budget_bytes).hot_RLE[0]
     entered_L = (b & ~a).sum(axis=1).astype(np.int64)
@@ -353,8 +353,6 @@ def rerank_files(req: RerankRequest, recipe: Recipe | None = None, knobs: Knobs 
     (equal sizes)."""
     ref, mine = load_hist(req.ref_path), load_hist(req.mine_path)
     if recipe is not None:
-        from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
-
         for path, hist in ((req.ref_path, ref), (req.mine_path, mine)):
             for warning in check_hist_matches_recipe(hist, recipe, path):
                 warn(warning)

@@ -1,0 +1,53 @@
+"""One rank of a run, whichever model source: build it, step it through the one loop
+(`Engine.run`), give back what it ran. A single rank's result is the run's; an expert-parallel
+rank's goes into the job's reduction (runtime/distributed/job.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from contextlib import ExitStack
+
+from hotsplit_cli.core.errors import UsageError
+
+from . import from_recipe
+from .device import tune_cpu_threads
+from .hf import run as hf_run
+from .rank_context import RankContext
+from .request import RunRequest, RunResult, Watch
+
+
+def build(request: RunRequest, rank: RankContext, watch: Watch, stack: ExitStack):
+    """The rank built from the recipe's model source (a checkpoint's progress runs on in `stack`,
+    over its generation), with the CPU's threads set for the device chosen."""
+    rec = request.recipe
+    if rec.model.kind == "hf":
+        if importlib.util.find_spec("transformers") is None:  # found, not imported: the loader imports it
+            raise UsageError("a checkpoint recipe needs transformers", "pip install 'hotsplit[hf]'")
+        prompts = hf_run.checkpoint_prompts(rec)
+        advance = stack.enter_context(watch.progress(f"{rec.name}: prompts", len(prompts)))
+        prepared = hf_run.prepare_checkpoint(rec, request.knobs, prompts, request.plan, advance, request.platform,
+                                             rank)
+    else:
+        layers = rec.model.num_moe_layers
+        with watch.progress(f"building {layers} MoE layers", layers) as advance:
+            prepared = from_recipe.prepare_run(rec, request.knobs, plan_path=request.plan, trace_path=request.trace,
+                                               steps=request.steps, scale=request.scale, advance=advance,
+                                               platform_path=request.platform, rank=rank)
+    tune_cpu_threads(prepared.info)
+    return prepared
+
+
+def run_single(request: RunRequest, watch: Watch) -> RunResult:
+    """A run on one rank: built, described (`watch.ready`), stepped, its windows to `watch.record`."""
+    rec = request.recipe
+    with ExitStack() as stack:
+        prepared = build(request, RankContext(request.plan_file), watch, stack)
+        for note in prepared.notes:
+            watch.note(f"note: {note}")
+        header = prepared.header()
+        watch.ready(header)
+        advance = (None if header.steps is None else
+                   stack.enter_context(watch.progress(f"{rec.name}: steps", header.steps)))
+        summary = prepared.engine.run(prepared.steps, watch.record, advance)
+    return RunResult(rec.name, request.knobs, header, summary, None, prepared.texts(summary.interrupted))

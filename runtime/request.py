@@ -1,0 +1,129 @@
+"""What a run is asked (`RunRequest`) and what it gives back (`RunResult`), the same on one rank
+and N, for a synthetic model and a checkpoint. Plain values, no torch: a request travels to the
+ranks a launcher starts as a file, and rank 0's result comes back to the launcher the same way.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hotsplit_cli.config.knobs import Knobs
+from hotsplit_cli.config.recipe import Recipe
+from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.core.jsonio import schema_tag
+from hotsplit_cli.hotset.planfile import PlanFile
+
+from .log import HitRateRecord
+from .windows import RunSummary
+
+
+def check_steps_and_scale(steps: int | None, scale: float | None) -> None:
+    """--steps and --scale, refused before anything is built."""
+    if steps is not None and steps < 1:
+        raise UsageError(f"--steps: must be >= 1, got {steps}")
+    if scale is not None and not 0 < scale <= 1:
+        raise UsageError(f"--scale: must be in (0, 1], got {scale}")
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    recipe: Recipe
+    knobs: Knobs
+    plan: Path | None = None  # --plan
+    trace: Path | None = None  # --trace
+    steps: int | None = None  # --steps
+    scale: float | None = None  # --scale
+    platform: Path | None = None  # --platform
+    plan_file: PlanFile | None = None  # the --plan file, when the caller has read (and checked) it already
+
+    def __post_init__(self):
+        check_steps_and_scale(self.steps, self.scale)
+
+
+@dataclass(frozen=True)
+class RunHeader:
+    """Rank 0's set-up, once every rank is built: `doc` is the run document's part that describes
+    it (device, kernel, traffic, numa, plan, ...), the rest is what its header lines say."""
+
+    doc: dict
+    steps: int | None  # steps the run is asked for (None: a generation ends when its prompts do)
+    device_name: str
+    expert_format: str  # how the routed experts are stored
+    cold_bank: dict  # requested_bytes, method, fallback, numa (words)
+    source: str  # the routing source: "synthetic", "trace", "router", a generation's name
+    tokens_per_step: int
+    family: str | None = None  # a checkpoint's model_type
+    parallel: dict = field(default_factory=lambda: RunHeader.parallel_of(1))
+
+    @staticmethod
+    def parallel_of(world: int, backend: str | None = None, local_world: int = 1) -> dict:
+        return {"ep": world, "backend": backend, "nodes": world // local_world}
+
+
+@dataclass
+class RunResult:
+    """A finished run (rank 0's view of a job): its set-up, summary, expert-parallel figures
+    (None on one rank) and a checkpoint's greedy texts in prompt order (None for a synthetic
+    model; none when interrupted)."""
+
+    recipe: str
+    knobs: Knobs
+    header: RunHeader
+    summary: RunSummary
+    figures: object | None = None  # distributed/summary.py EPFigures
+    texts: list[str] | None = None
+
+    def to_doc(self) -> dict:
+        """The one `hotsplit.run/1` shape of every run (the shell adds its verdicts and plot)."""
+        summary = self.summary.to_doc()
+        if self.figures is not None:
+            summary.update(self.figures.to_doc())
+        return {"schema": schema_tag("run"), "recipe": self.recipe, "knobs": self.knobs.to_doc(),
+                **self.header.doc, "parallel": self.header.parallel, "summary": summary, "texts": self.texts}
+
+
+def cold_bank_fields(allocator) -> dict:
+    """How the cold bank was allocated (a PinnedAllocator or an EP node's SharedAllocator)."""
+    return {"cold_bank_bytes": allocator.requested_bytes, "cold_bank_reserved_bytes": allocator.reserved_bytes,
+            "cold_bank_method": allocator.method, "cold_bank_fallback": allocator.fallback}
+
+
+def setup_doc(info, engine, traffic: str, trace_steps: int | None, scale: float, allocated: dict, allocator,
+              plan_doc: dict) -> dict:
+    """The run document's description of a rank's set-up, one shape for both model sources."""
+    split = getattr(engine.model.compute, "split", None)
+    return {"device": info.to_doc(), "kernel": engine.model.compute.name, "cuda_graph": bool(engine.use_graph),
+            "cold_path": {"mode": split.mode if split else "gpu", "rates": split.rates_source if split else None},
+            "traffic": traffic, "trace_steps": trace_steps, "scale": scale, "allocated": allocated,
+            "numa": allocator.numa.to_doc(), "plan": plan_doc}
+
+
+def make_header(doc: dict, steps: int | None, prepared, source, parallel: dict | None,
+                family: str | None = None) -> RunHeader:
+    """`prepared`: a synthetic model's `Prepared` or a checkpoint's `PreparedCheckpoint`."""
+    a = prepared.allocator
+    cold_bank = {"requested_bytes": a.requested_bytes, "method": a.method, "fallback": a.fallback,
+                 "numa": a.numa.describe()}
+    return RunHeader(doc, steps, prepared.info.name, doc["allocated"]["expert_format"], cold_bank, source.name,
+                     source.tokens_per_step, family, parallel or RunHeader.parallel_of(1))
+
+
+class Watch:
+    """What a caller sees of a run while it goes: progress of its long phases, rank 0's set-up
+    once built, notes, and each window's record. This default shows nothing."""
+
+    @contextmanager
+    def progress(self, label: str, total: float):
+        """Yields `advance(n)` for `label`'s `total` units."""
+        yield lambda n: None
+
+    def ready(self, header: RunHeader) -> None:
+        """Rank 0 (or the one rank) is built and about to step."""
+
+    def note(self, line: str) -> None:
+        """A note for stderr (what the set-up decided, what a launcher removed)."""
+
+    def record(self, record: HitRateRecord) -> None:
+        """A window closed (on N ranks: the job's window, on rank 0)."""
