@@ -7,6 +7,7 @@ hints always go to stderr; under `--json` the warnings also go in the document's
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -177,9 +178,17 @@ class Output:
                 self._above_bar = None
 
 
+PIPED_WIDTH = 1 << 12  # columns of piped output: wide enough that no table wraps; a reader's tool cuts lines
+
+
 def _console(target) -> Console:
+    """A console on `target`; piped (not a terminal) and without COLUMNS, as wide as PIPED_WIDTH:
+    rich's 80-column default would wrap every wide table mid-cell for `grep` or a file."""
     if isinstance(target, Console):
         return target
-    return _Console(file=target, highlight=False, soft_wrap=True)
+    console = _Console(file=target, highlight=False, soft_wrap=True)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = PIPED_WIDTH
+    return console
 
 

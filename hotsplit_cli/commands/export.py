@@ -9,37 +9,39 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from hotsplit_runtime import api
 
-from hotsplit_cli.core.errors import UsageError
-from hotsplit_cli.options import JsonOpt, RecipeOpt, output_option
+from hotsplit_cli.export.targets import engines_text, recipe_engines
+from hotsplit_cli.options import JsonOpt, output_option
 from hotsplit_cli.output import Output, pct
 
 if TYPE_CHECKING:
     from hotsplit_cli.export.result import EngineExport
 
-ENGINES = "sglang, ktransformers, trtllm, vllm-ascend or llama.cpp"
-
 
 def export_cmd(
     file: Annotated[Path, typer.Argument(metavar="FILE", help="plan.json (hotsplit.plan/1) or placement.json "
                                                               "(hotsplit.placement/1), whichever the engine takes.")],
-    engine: Annotated[str | None, typer.Option("--to", help=f"The engine: {ENGINES}.")] = None,
-    output: Annotated[Path | None, output_option(
-        "--output", "-o", help="The engine's file (.json, .pt, .yaml or .txt, as the engine reads).")] = None,
-    recipe: RecipeOpt = None,
+    engine: Annotated[str, typer.Option("--to", metavar="ENGINE", help=f"The engine: {engines_text()}.")],
+    output: Annotated[Path, output_option(
+        "--output", "-o", help="The engine's file (.json, .pt, .yaml or .txt, as the engine reads).")],
+    recipe: Annotated[str | None, typer.Option("--recipe", "-r", metavar="RECIPE", help=(
+        f"Recipe YAML file or shipped recipe name. Needed by {', '.join(recipe_engines())} for a placement that "
+        "records none (made without `place --recipe`); a plan names its own."))] = None,
     hist: Annotated[Path | None, typer.Option(
-        "--hist", help="The histogram the plan was made from, when it is no longer where the plan says.")] = None,
+        "--hist", help="The histogram the plan was made from, when it is no longer where the plan says "
+                       "(its sha256 must be the one the plan records).")] = None,
     online: Annotated[int, typer.Option(
-        "--online", help="trtllm: layers re-balanced per iteration (layer_updates_per_iter; 0 = static).")] = 0,
+        "--online", min=0, help="trtllm: layers re-balanced per iteration (layer_updates_per_iter; 0 = static; at "
+                                "most the MoE layers).")] = 0,
     json: JsonOpt = False,
 ) -> None:
     """Write a plan or placement for another engine, with the flags to start it and what it keeps on the GPU."""
     from hotsplit_cli.export.targets import ExportRequest, export
 
     out = Output(json)
-    if engine is None or output is None:
-        raise UsageError("export needs --to ENGINE and -o OUT", f"pass --to ({ENGINES}) and the file to write")
     result = export(ExportRequest(file, engine, output, recipe, hist, online))
     _write(output, result.payload)
+    if result.gpu is not None and result.gpu.warning():
+        out.warn(result.gpu.warning())
     if result.plan_hit_rate - result.predicted_hit_rate > 1e-9:
         out.warn(f"{engine} cannot express the plan exactly: predicted hit rate {pct(result.predicted_hit_rate, 2)} "
                  f"vs the plan's {pct(result.plan_hit_rate, 2)}")
@@ -70,8 +72,12 @@ def _render(out: Output, result: EngineExport) -> None:
     out.print(f"start {result.engine} with:")
     if not out.json_mode:  # one line however wide, to copy as it is
         out.out.print(shlex.join(result.flags), soft_wrap=True, markup=False, highlight=False)
+    for placeholder, what in result.fill_in.items():
+        out.print(f"  {placeholder}: {what}")
+    for note in result.notes:  # before the snippet: the first note says where it goes
+        out.print(f"note: {note}")
     if result.snippet:
-        out.print(f"extra_llm_api_options.yaml:\n{result.snippet.rstrip()}")
+        out.print(result.snippet.rstrip())
     ranks = len(next(iter(result.gpu_experts.values()), []))
     t = out.table("layer", *(f"rank {r} GPU experts" for r in range(min(ranks, 4))))
     for layer, per_rank in result.gpu_experts.items():
@@ -81,8 +87,6 @@ def _render(out: Output, result: EngineExport) -> None:
         out.print(f"(ranks 4..{ranks - 1} in --json's gpu_experts)")
     out.print(f"GPU expert bytes per rank: {result.gpu_bytes / 2**30:.2f} GiB; predicted hit rate of the engine's "
               f"set {pct(result.predicted_hit_rate, 2)}, the plan's {pct(result.plan_hit_rate, 2)}")
-    for note in result.notes:
-        out.print(f"note: {note}")
 
 
 def _ids(ids: list[int]) -> str:

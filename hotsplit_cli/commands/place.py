@@ -66,9 +66,10 @@ def place_cmd(
         raise UsageError("--hot-gib and --balance time the ranks and need --platform",
                          "pass --platform platform.json from `hotsplit probe`")
     report = place_from_hist(req, rec, out.warn) if platform is None else _place_by_time(req, rec, hot_gib, out)
+    fit = _gpu_fit(report, rec, out)
     if output is not None:
         save_placement(output, report.file_doc(fmt, rec))
-    out.emit(report.to_doc(output, fmt), lambda: _render(out, report))
+    out.emit({**report.to_doc(output, fmt), "gpu_memory": fit}, lambda: _render(out, report))
     if output is not None:
         out.note(f"wrote {output} ({fmt})")
 
@@ -82,6 +83,18 @@ def _place_by_time(req, rec, hot_gib: str | None, out: Output) -> PlaceReport:
 
     check_time_request(req, rec)
     return place_by_time(req, rec, resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib}), out.warn)
+
+
+def _gpu_fit(report: PlaceReport, rec, out: Output) -> dict | None:
+    """With a recipe: each rank's expert slots against its GPU's memory, warned when they cannot fit."""
+    if rec is None:
+        return None
+    from hotsplit_cli.hotset.gpu_fit import gpu_fit, placement_expert_bytes
+
+    fit = gpu_fit(placement_expert_bytes(report.placement, rec), rec)
+    if fit.warning():
+        out.warn(fit.warning())
+    return fit.to_doc()
 
 
 def _render(out: Output, report: PlaceReport) -> None:

@@ -9,7 +9,9 @@ With `--kt-expert-placement-strategy frequency` and `--init-expert-location FILE
 included, after which dense rows are set all-GPU. So the file written holds 1.0 for each planned
 hot expert and 0.0 everywhere else: the top N values are then exactly the plan's N experts (no
 tie at the cut, nothing float32 cannot hold), and the ratio is chosen so that the engine's
-integer budget is exactly N.
+integer budget is exactly N. The engine is SGLang-kt's server: `--kt-weight-path` turns the
+KTransformers path on (without it `create_kt_config_from_server_args` returns None and no expert
+runs on the CPU) and `--kt-cpuinfer` gives its CPU threads (sglang/srt/server_args.py).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from __future__ import annotations
 import numpy as np
 
 from hotsplit_cli.core.errors import PlanError, UnsupportedModelError
-from hotsplit_cli.export.result import EngineExport, hit_rate
-from hotsplit_cli.export.source import PlanSource
+from hotsplit_cli.export.result import MODEL, EngineExport, hit_rate
+from hotsplit_cli.export.sglang import SERVER
+from hotsplit_cli.export.source import ExportRequest, PlanSource
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 
 
@@ -34,7 +37,11 @@ def exact_ratio(num_gpu: int, total: int) -> str:
     raise AssertionError(f"no decimal ratio gives {num_gpu} of {total}")  # unreachable: 17 digits round-trip
 
 
-def export_ktransformers(src: PlanSource, out: str) -> EngineExport:
+FILL_IN = {**MODEL, "CPU_WEIGHTS": "the folder of the experts' CPU weights, converted for kt-kernel (--kt-method "
+           "names their format, AMXINT4 by default)", "CPU_THREADS": "CPU threads for the cold experts"}
+
+
+def export_ktransformers(src: PlanSource, req: ExportRequest) -> EngineExport:
     recipe, m = src.recipe, src.recipe.model
     if recipe.parallel.ep > 1:
         raise PlanError(f"ktransformers keeps one GPU expert mask for every rank and has no expert parallelism "
@@ -49,7 +56,9 @@ def export_ktransformers(src: PlanSource, out: str) -> EngineExport:
     counts[0, list(m.moe_layer_ids)] = hot_LE.astype(np.float32)
     n, total = int(hot_LE.sum()), hot_LE.size
     ratio = exact_ratio(n, total)
-    flags = ["--init-expert-location", out, "--kt-expert-placement-strategy", "frequency",
+    tp = ["--tp-size", str(recipe.parallel.tp)] if recipe.parallel.tp > 1 else []
+    flags = [*SERVER, *tp, "--kt-weight-path", "CPU_WEIGHTS", "--kt-cpuinfer", "CPU_THREADS",
+             "--init-expert-location", req.out, "--kt-expert-placement-strategy", "frequency",
              "--kt-gpu-experts-ratio", ratio]
     experts = {layer: [np.flatnonzero(hot_LE[i]).tolist()] * recipe.parallel.tp
                for i, layer in enumerate(m.moe_layer_ids)}
@@ -58,4 +67,4 @@ def export_ktransformers(src: PlanSource, out: str) -> EngineExport:
              f"--kt-num-gpu-experts, and the default strategy (uniform) would ignore the file",
              "one mask serves every tensor-parallel rank; expert parallelism is not supported (KTransformers #2002)"]
     return EngineExport("ktransformers", counts, flags, experts, n * expert_bytes_per_rank(recipe), rate,
-                        src.plan.hit_rate if src.plan.hit_rate is not None else rate, notes)
+                        src.plan.hit_rate if src.plan.hit_rate is not None else rate, notes, fill_in=FILL_IN)

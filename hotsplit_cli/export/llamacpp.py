@@ -20,7 +20,7 @@ import numpy as np
 
 from hotsplit_cli.core.errors import PlanError
 from hotsplit_cli.export.result import EngineExport, hit_rate
-from hotsplit_cli.export.source import PlanSource
+from hotsplit_cli.export.source import ExportRequest, PlanSource
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 
 EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"  # LLM_FFN_EXPS_REGEX, common/common.h
@@ -49,7 +49,11 @@ def override_args(layer_ids: tuple[int, ...], on_gpu_L: np.ndarray) -> list[str]
     return ["-ot", rf"blk\.({group}){EXPS_REGEX}=CUDA0,{EXPS_REGEX}=CPU"]
 
 
-def export_llamacpp(src: PlanSource, out: str) -> EngineExport:
+SERVER = ["llama-server", "-m", "MODEL.gguf"]  # tools/server: llama.cpp's OpenAI-compatible server
+FILL_IN = {"MODEL.gguf": "the model's GGUF file (its first part, when split)"}
+
+
+def export_llamacpp(src: PlanSource, req: ExportRequest) -> EngineExport:
     recipe, m = src.recipe, src.recipe.model
     if recipe.parallel.tp > 1 or recipe.parallel.ep > 1:
         raise PlanError(f"llama.cpp places whole layers' expert tensors on one GPU and cannot express a "
@@ -69,6 +73,7 @@ def export_llamacpp(src: PlanSource, out: str) -> EngineExport:
     notes = [f"{num_gpu} of {m.num_moe_layers} MoE layers' expert tensors fit the plan's "
              f"{budget / 2**30:.2f} GiB ({layer_bytes / 2**30:.3f} GiB per layer): per-layer hit rate "
              f"{100 * rate:.2f}% vs {100 * plan_rate:.2f}% for the per-expert plan at the same budget",
-             "the attention and dense weights stay on the GPU too (-ngl 999); add -m MODEL.gguf and your own flags"]
-    return EngineExport("llama.cpp", " ".join(args) + "\n", args, experts, num_gpu * layer_bytes, rate,
-                        plan_rate, notes)
+             f"the attention and dense weights stay on the GPU too (-ngl 999); {req.out} holds the arguments "
+             f"alone, for `llama-server -m MODEL.gguf $(cat {req.out})`"]
+    return EngineExport("llama.cpp", " ".join(args) + "\n", [*SERVER, *args], experts, num_gpu * layer_bytes, rate,
+                        plan_rate, notes, fill_in=FILL_IN)

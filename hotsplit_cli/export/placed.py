@@ -3,11 +3,9 @@ the placement, each rank its own contiguous range, so every routed assignment is
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from hotsplit_cli.export.result import slots_by_rank
 from hotsplit_cli.export.source import PlacementSource
-from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
+from hotsplit_cli.hotset.gpu_fit import placement_expert_bytes
 
 
 def rank_slots(src: PlacementSource) -> dict[int, list[list[int]]]:
@@ -18,6 +16,4 @@ def rank_slots(src: PlacementSource) -> dict[int, list[list[int]]]:
 
 def slot_bytes(src: PlacementSource) -> int:
     """Bytes of one rank's expert slots over every MoE layer (whole experts under EP)."""
-    p = src.placement
-    whole = replace(src.recipe, parallel=replace(src.recipe.parallel, tp=1))
-    return p.slots_per_rank * len(p.layers) * expert_bytes_per_rank(whole)
+    return placement_expert_bytes(src.placement, src.recipe)

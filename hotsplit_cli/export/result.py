@@ -7,6 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from hotsplit_cli.hotset.gpu_fit import GpuFit
+
+MODEL = {"MODEL": "the model's Hugging Face id or checkpoint folder"}  # what each engine's model argument names
+
 
 @dataclass(frozen=True)
 class EngineExport:
@@ -18,18 +22,21 @@ class EngineExport:
 
     engine: str
     payload: Any
-    flags: list[str]
+    flags: list[str]  # the command line that starts the engine: its program, then its arguments
     gpu_experts: dict[int, list[list[int]]]
     gpu_bytes: int  # bytes of the GPU experts on the busiest rank
     predicted_hit_rate: float  # share of routed assignments the engine's GPU set serves
     plan_hit_rate: float  # the same for the plan or placement exported
     notes: list[str] = field(default_factory=list)  # what the engine can and cannot do with it
     snippet: str | None = None  # a config fragment to paste (TensorRT-LLM's extra options)
+    fill_in: dict[str, str] = field(default_factory=dict)  # placeholder in `flags` -> what to put there
+    gpu: GpuFit | None = None  # gpu_bytes against the recipe's GPU memory (targets.export sets it)
 
     def to_doc(self, file: str) -> dict:
-        return {"engine": self.engine, "file": file, "flags": self.flags,
+        return {"engine": self.engine, "file": file, "flags": self.flags, "fill_in": self.fill_in,
                 "gpu_experts": {str(layer): ranks for layer, ranks in self.gpu_experts.items()},
-                "gpu_bytes": self.gpu_bytes, "predicted_hit_rate": self.predicted_hit_rate,
+                "gpu_bytes": self.gpu_bytes, "gpu_memory": self.gpu.to_doc() if self.gpu else None,
+                "predicted_hit_rate": self.predicted_hit_rate,
                 "plan_hit_rate": self.plan_hit_rate, "notes": self.notes, "snippet": self.snippet}
 
 

@@ -104,7 +104,8 @@ def place_from_hist(req: PlaceRequest, recipe: Recipe | None = None,
     choice = choose_fit(all_W, hist.layers, geo, req.fit)
     placement = place_experts(all_W if choice.mode == "windows" else hist.counts_LE[None], hist.layers, geo)
     compare = compare_layouts(hist, later, geo, placement, req.seed)
-    source = {"histogram": str(req.hist_path), "windows": int(all_W.shape[0]), "fit": choice.to_doc(),
+    source = {"histogram": str(req.hist_path), "model": hist.model, "recipe": recipe.name if recipe else None,
+              "windows": int(all_W.shape[0]), "fit": choice.to_doc(),
               "num_redundant": req.redundant, "num_groups": groups, "steps_per_window": hist.steps_per_window}
     held = held_out_balance(all_W, lambda w_WLE: place_experts(
         w_WLE if choice.mode == "windows" else w_WLE.sum(axis=0, keepdims=True), hist.layers, geo))

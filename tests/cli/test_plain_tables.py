@@ -8,7 +8,7 @@ import random
 import pytest
 from rich.console import Console
 
-from hotsplit_cli.output import Output, PlainTable
+from hotsplit_cli.output import PIPED_WIDTH, Output, PlainTable
 
 WORDS = ["", "a", "12.5%", "0.00 GiB", "greedy", "certified optimal", "1..3", "-", "émoji", "日本", "x" * 27]
 
@@ -41,14 +41,15 @@ def test_plain_tables_print_exactly_what_rich_prints():
     (("y" * 50, "z" * 40), None),  # wider than the console
     (("a", "b"), "t" * 90),  # a title wider than the console
 ])
-def test_what_rich_would_render_differently_goes_to_rich(cells, title):
+def test_what_rich_would_render_differently_goes_to_rich(cells, title, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
     t = PlainTable(("k", "v"), title)
     t.add_row(*cells)
     assert t.render(80) is None
     out = io.StringIO()
     o = Output(out=out)
     o.print(t)
-    assert out.getvalue() == _rich_text(t)
+    assert out.getvalue() == _rich_text(t, PIPED_WIDTH)  # piped: rich lays it out, never wrapped at 80
 
 
 def test_output_uses_plain_tables_when_piped_and_prints_them():

@@ -192,3 +192,22 @@ def gguf_tensor_names(arch_name: str, num_blocks: int, first_moe: int) -> list[s
             if b >= first_moe or not moe_only:
                 names.append(name + ".weight")
     return names
+
+
+def sglang_server_flags() -> set[str]:
+    """Every option string SGLang's server declares (`ServerArgs.add_cli_args` in
+    sglang/srt/server_args.py), read from the source: importing it needs SGLang's whole stack."""
+    tree = ast.parse(package_file("sglang", "srt/server_args.py").read_text())
+    return {arg.value for call in ast.walk(tree) if isinstance(call, ast.Call)
+            and getattr(call.func, "attr", None) == "add_argument"
+            for arg in call.args if isinstance(arg, ast.Constant) and str(arg.value).startswith("--")}
+
+
+def ascend_eplb_command() -> str:
+    """The `vllm serve` line of vllm-ascend's own static EPLB guide (the sdist's docs)."""
+    doc = ASCEND.parent / "docs" / "source" / "user_guide" / "feature_guide" / "expert_parallelism_load_balancer.md"
+    if not doc.is_file():
+        pytest.skip(f"vllm-ascend docs not found at {doc} ({MISSING})")
+    text = doc.read_text()
+    start = text.rfind("vllm serve", 0, text.index('"expert_map_path"'))
+    return text[start:text.index("```", start)]

@@ -100,8 +100,9 @@ def check_llamacpp(tmp: Path, capsys, plan: Path, recipe: str, arch: str) -> dic
     """The args through llama.cpp's override rules on the GGUF names move exactly the planned layers."""
     out = tmp / "args.txt"
     doc = export_json(capsys, str(plan), "--to", "llama.cpp", "-o", str(out))
-    assert out.read_text().split() == doc["flags"] and out.read_text().count("\n") == 1
-    args = doc["flags"]
+    assert doc["flags"][:3] == ["llama-server", "-m", "MODEL.gguf"] and "MODEL.gguf" in doc["fill_in"]
+    args = doc["flags"][3:]  # the file holds the arguments alone, for `llama-server -m M.gguf $(cat OUT)`
+    assert out.read_text().split() == args and out.read_text().count("\n") == 1
     assert args[:2] == ["-ngl", "999"]
     overrides = llamacpp_overrides(args)
     assert all("," not in p and "=" not in p for p, _ in overrides)
@@ -197,4 +198,5 @@ def test_printed_line_is_the_flags(tmp_path, capsys):
     capsys.readouterr()
     assert main(["export", str(plan), "--to", "llama.cpp", "-o", str(tmp_path / "a.txt")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert shlex.split(lines[lines.index("start llama.cpp with:") + 1]) == (tmp_path / "a.txt").read_text().split()
+    line = shlex.split(lines[lines.index("start llama.cpp with:") + 1])
+    assert line == ["llama-server", "-m", "MODEL.gguf", *(tmp_path / "a.txt").read_text().split()]
