@@ -49,7 +49,8 @@ def test_balance_from_recipe_naming_checkpoint(ckpt, prompts, tmp_path, capsys):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(
         f"name: tiny-olmoe\nmodel:\n  kind: hf\n  path: {ckpt}\n  family: olmoe\n  hidden_size: 32\n"
-        "  moe_intermediate_size: 64\n  num_hidden_layers: 3\n  num_experts: 8\n  top_k: 2\n  total_params: 1.0e6\n"
+        "  moe_intermediate_size: 64\n  num_hidden_layers: 3\n  num_experts: 8\n  top_k: 2\n  expert_dtype: fp32\n"
+        "  total_params: 1.0e6\n"
         f"traffic:\n  kind: prompts\n  path: {prompts}\n  max_new_tokens: 2\n  batch: 4\n")
     out = tmp_path / "h.json"
     assert main(["balance", str(recipe), "-o", str(out)]) == 0
