@@ -13,6 +13,7 @@ from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.core.errors import Interrupted, UsageError
 from hotsplit_cli.core.jsonio import schema_tag
+from hotsplit_cli.hotset.host_memory import check_host_fits
 from hotsplit_cli.hotset.planfile import check_run_inputs
 from hotsplit_cli.options import ColdPathOpt, HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeArg, output_option
 from hotsplit_cli.output import Output
@@ -62,6 +63,7 @@ def run(
                                                   "ep_exchange": ep_exchange})
     _check_options(rec, platform, (trace, steps, scale), plot)
     plan_file = check_run_inputs(rec, plan, trace, knobs)  # before anything is built
+    check_host_fits(rec, platform, scale)  # the cold banks against the host memory given, before allocating
     request = RunRequest(rec, knobs, plan, trace, steps, scale, log_jsonl, plot, platform,
                          tuple((ctx.obj or {}).get("argv", ())))
     if rec.parallel.ep > 1:  # the ranks of an expert-parallel run
