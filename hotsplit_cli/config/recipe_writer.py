@@ -32,7 +32,7 @@ class HardwareChoice:
     """The GPU (and host) a recipe is written for, and where each figure came from."""
 
     gpu: str
-    gpu_mem_gib: float
+    gpu_mem_gib: float | None  # None: unknown (plan then needs --hot-gib)
     gpu_source: str
     host_mem_gib: float | None = None
     host_source: str = ""
@@ -71,6 +71,9 @@ def hardware_of(gpu_mem_gib: float | None, platform_path: Path | None) -> Hardwa
     return HardwareChoice(gpu, gpu_mem_gib, "--gpu-mem-gib", host, host_source)
 
 
+UNKNOWN_GPU = HardwareChoice("unknown", None, "unknown: set it, or give plan and run --hot-gib")
+
+
 def _relative(path: Path, out_dir: Path) -> str:
     """`path` as a recipe names it: relative to the recipe's folder (recipes resolve it so)."""
     return os.path.relpath(path.resolve(), out_dir.resolve())
@@ -81,13 +84,14 @@ def _line(key: str, value, source: str, indent: int = 2) -> str:
     return f"{text:<40} # {source}" if source else text
 
 
-def _model_lines(config: dict, geom: CheckpointGeometry, params: ParamCount, folder_text: str) -> list[str]:
+def _model_lines(config: dict, geom: CheckpointGeometry, params: ParamCount, folder: Path, out_dir: Path) -> list[str]:
     c = "config.json "
     family = geom.family
     q = quant_method(config)
     dtype_source = f"{c}quantization_config.quant_method" if q else f"{c}{key_used(config, ('dtype', 'torch_dtype'))}"
     rows = [("kind", "hf", "a Hugging Face checkpoint"),
-            ("path", folder_text, "the checkpoint (relative to this file)"),
+            ("path", _relative(folder, out_dir), "the checkpoint (relative to this file)"),
+            ("name", folder.resolve().name, "the checkpoint folder's name (balance names histograms so)"),
             ("family", family, f"{c}model_type"), ("hidden_size", geom.hidden_size, f"{c}hidden_size"),
             ("moe_intermediate_size", geom.moe_intermediate_size, c + expert_size_key(family)),
             ("num_hidden_layers", geom.num_hidden_layers, f"{c}num_hidden_layers"),
@@ -121,7 +125,7 @@ def write_checkpoint_recipe(model: str | Path, out_path: Path, hardware: Hardwar
     out_dir = out_path.parent
     lines = [f"# Written by `hotsplit recipe` from {config_file}; each value says where it came from.",
              f"name: {json.dumps(out_path.stem)}",
-             *_model_lines(config, geom, params, _relative(folder, out_dir)),
+             *_model_lines(config, geom, params, folder, out_dir),
              "parallel:", _line("tp", tp, "--tp"), _line("ep", ep, "--ep"),
              "hardware:", _line("gpu", hardware.gpu, hardware.gpu_source),
              _line("gpu_mem_gib", hardware.gpu_mem_gib, hardware.gpu_source),
