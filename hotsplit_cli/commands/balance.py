@@ -122,7 +122,7 @@ def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, w
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         raise UsageError(f"balance --model needs torch and transformers ({missing[0]} is missing)",
-                         "pip install 'hotsplit[hf]'")
+                         ".venv/bin/pip install -e '.[hf]'")
     if prompts is None and rec is not None and rec.traffic.kind == "prompts":
         prompts = rec.traffic.path
     if prompts is None:

@@ -150,7 +150,7 @@ def _run_checkpoint(out: Output, request: RunRequest, plan_file) -> None:
     import importlib.util
 
     if importlib.util.find_spec("transformers") is None:  # found, not imported: the runtime imports it
-        raise UsageError("a checkpoint recipe needs transformers", "pip install 'hotsplit[hf]'")
+        raise UsageError("a checkpoint recipe needs transformers", ".venv/bin/pip install -e '.[hf]'")
     from hotsplit_runtime.hf.run import checkpoint_prompts, run_checkpoint
 
     say = out.note if out.json_mode else out.print
