@@ -73,7 +73,7 @@ def _register() -> None:
     # Command modules import only numpy/typer at module level; heavy imports (the runtime among
     # them) live in their functions. Each exposes register(app, hist_app); a module that cannot be
     # imported is an error, never a command silently left out.
-    for name in ("plan", "hist_show", "ledger", "probe", "run", "selftest", "balance", "rerank",
+    for name in ("recipe", "plan", "hist_show", "ledger", "probe", "run", "selftest", "balance", "rerank",
                  "simulate", "place", "hist_import", "export"):
         importlib.import_module(f"hotsplit_cli.commands.{name}").register(app, hist_app)
 

@@ -23,7 +23,7 @@ def build(request: RunRequest, rank: RankContext, watch: Watch, stack: ExitStack
     rec = request.recipe
     if rec.model.kind == "hf":
         if importlib.util.find_spec("transformers") is None:  # found, not imported: the loader imports it
-            raise UsageError("a checkpoint recipe needs transformers", "pip install 'hotsplit[hf]'")
+            raise UsageError("a checkpoint recipe needs transformers", ".venv/bin/pip install -e '.[hf]'")
         prompts = hf_run.checkpoint_prompts(rec)
         advance = stack.enter_context(watch.progress(f"{rec.name}: prompts", len(prompts)))
         prepared = hf_run.prepare_checkpoint(rec, request.knobs, prompts, request.plan, advance, request.platform,

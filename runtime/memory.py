@@ -9,12 +9,11 @@ import torch
 
 from hotsplit_cli.core.errors import RuntimeFailure
 from hotsplit_cli.core.units import gib
+from hotsplit_cli.hotset.host_memory import HOST_MEMORY_SHARE
 
 from .device import DeviceInfo
 
-# Of the available host memory the cold banks may pin. Page-locked memory cannot be swapped or
-# reclaimed, and the rest of the process (torch, a checkpoint's page cache) needs room too.
-HOST_MEMORY_SHARE = 0.8
+__all__ = ["HOST_MEMORY_SHARE", "check_device_memory", "check_host_memory"]  # the share: hotset/host_memory.py
 
 
 def check_host_memory(n_bytes: int, what: str, hint: str) -> None:

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ("./setup.sh",)  # run by CI, not here
 CLI = ".venv/bin/hotsplit "
 TORCHRUN = ".venv/bin/torchrun "  # torch's launcher, for the expert-parallel runs
+PYTHON = ".venv/bin/python examples/"  # the examples' scripts (a checkpoint of your own)
 NOT_COPIED = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", ".pytest_cache", ".ruff_cache",
                                     "build", "dist", ".whl", "gpu_checks_out")
 
@@ -69,6 +70,9 @@ def make_clone(dest: Path) -> Path:
     torchrun = dest / ".venv" / "bin" / "torchrun"
     torchrun.write_text(f'#!/bin/sh\nPYTHONPATH="{dest}" exec "{sys.executable}" -m torch.distributed.run "$@"\n')
     torchrun.chmod(torchrun.stat().st_mode | stat.S_IXUSR)
+    python = dest / ".venv" / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{dest}" exec "{sys.executable}" "$@"\n')
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
     return dest
 
 
@@ -94,7 +98,7 @@ def commands() -> list[str]:
 
 
 def test_every_readme_command_is_one_this_test_runs(commands):
-    unknown = [c for c in commands if not c.startswith((CLI, TORCHRUN))]
+    unknown = [c for c in commands if not c.startswith((CLI, TORCHRUN, PYTHON))]
     assert not unknown, f"teach tests/test_readme.py to run these README commands: {unknown}"
     # The DeepSeek-V3 walk-through from nothing: capture, look, plan, run; then place and plan EP.
     verbs = [c.split()[1:3] for c in commands]

@@ -42,6 +42,7 @@ import numpy as np
 
 from hotsplit_cli.config.recipe import GIB, ParallelSpec, Recipe
 from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.hotset.host_memory import HostFit
 from hotsplit_cli.hotset.sizes import bank_bytes_per_rank, dense_bytes_per_rank, expert_bytes_per_rank, over_gpu
 from hotsplit_cli.traffic.hist import Histogram
 from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
@@ -143,7 +144,7 @@ class HotExpert:
 
 @dataclass(frozen=True)
 class Flag:
-    kind: str  # hot_expert | comm_share | no_room | over_gpu
+    kind: str  # hot_expert | comm_share | no_room | over_gpu | host_mem
     message: str
 
 
@@ -343,6 +344,7 @@ def build_ledger(
     hist: Histogram | None = None,
     hist_path: str | os.PathLike | None = None,
     warn: Callable[[str], None] = lambda message: None,
+    host: HostFit | None = None,
 ) -> Ledger:
     """Both ledgers and their flags; a routing histogram (checked against the recipe, `warn` told
     each warning; `hist_path` names it) adds the hot-expert check."""
@@ -357,6 +359,8 @@ def build_ledger(
                 f"weights, KV cache and reserve; add ranks or shrink the KV cache",
             )
         )
+    if host is not None and not host.fits:  # host: hotset/host_memory.host_fit
+        flags.append(Flag("host_mem", host.explain()))
     too_big = over_gpu(recipe, mem.hot_gib, reserve_gib) if mem.hot_source != "auto" else None
     if too_big:
         flags.append(Flag("over_gpu", too_big))

@@ -89,12 +89,31 @@ def balance_cmd(
             raise UsageError(f"recipe {rec.name!r} has a synthetic model: --prompts needs --model DIR")
         hist, trace_obj, notes = _from_synthetic(out, rec, steps, batch_size, windows_steps, trace is not None)
     if output is not None:
-        save_hist(output, hist)
+        save_hist(output, _with_recipe(hist, output, rec, recipe_name, model, prompts))
     if trace_obj is not None:
         from hotsplit_cli.traffic.trace import save_trace
 
         save_trace(trace, trace_obj)
     _report(out, hist, output, trace, notes, rec)
+
+
+def _with_recipe(hist: Histogram, output: Path, rec, recipe_name, model, prompts) -> Histogram:
+    """The histogram naming the recipe it came from: the one given, else a recipe written from
+    the checkpoint beside the histogram (`<name>.recipe.yaml`), so that `plan HIST` needs none."""
+    import dataclasses
+
+    if rec is not None:
+        given = Path(recipe_name)
+        return dataclasses.replace(hist, recipe=str(given.resolve()) if given.is_file() else recipe_name)
+    if model is None:
+        return hist
+    from hotsplit_cli.config.recipe_writer import UNKNOWN_GPU, write_checkpoint_recipe
+    from hotsplit_cli.core.jsonio import write_atomic
+
+    beside = output.with_name(f"{output.stem}.recipe.yaml")
+    written = write_checkpoint_recipe(model, beside, UNKNOWN_GPU, prompts=Path(prompts) if prompts else None)
+    write_atomic(beside, lambda fh: fh.write(written.text), mode="w")
+    return dataclasses.replace(hist, recipe=beside.name)
 
 
 def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, windows_steps, keep_trace,
@@ -104,7 +123,7 @@ def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, w
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         raise UsageError(f"balance --model needs torch and transformers ({missing[0]} is missing)",
-                         "pip install 'hotsplit[hf]'")
+                         ".venv/bin/pip install -e '.[hf]'")
     if prompts is None and rec is not None and rec.traffic.kind == "prompts":
         prompts = rec.traffic.path
     if prompts is None:

@@ -22,7 +22,7 @@ from hotsplit_cli.analysis.ledger import (
 from hotsplit_cli.config.recipe import GIB
 from hotsplit_cli.core.jsonio import schema_tag
 from hotsplit_cli.core.units import decimal_bytes, duration
-from hotsplit_cli.options import HotGibOpt, JsonOpt, RecipeArg
+from hotsplit_cli.options import HotGibOpt, JsonOpt, PlatformOpt, RecipeArg
 from hotsplit_cli.output import Output, gib, pct
 
 EpOpt = Annotated[
@@ -87,6 +87,7 @@ def ledger(
     cross_ratio: CrossOpt = DEFAULT_CROSS_RATIO,
     step_ms: StepOpt = None,
     hist: HistOpt = None,
+    platform: PlatformOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Memory and expert-parallel All-to-All ledgers of a recipe.
@@ -94,6 +95,7 @@ def ledger(
     Parameters, expert bytes, what stays on the GPU and what the hot budget holds."""
     from hotsplit_cli.config.knobs import resolve_knobs
     from hotsplit_cli.config.recipe import load_recipe
+    from hotsplit_cli.hotset.host_memory import host_fit
     from hotsplit_cli.traffic.hist import load_hist
 
     out = Output(json_out)
@@ -118,6 +120,7 @@ def ledger(
         hist=histogram,
         hist_path=hist,
         warn=out.warn,
+        host=host_fit(rec, platform),
     )
     doc = {"schema": schema_tag("ledger"), **result.to_doc(), "histogram": str(hist) if hist else None}
     out.emit(doc, lambda: _render(out, result))

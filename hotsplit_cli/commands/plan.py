@@ -10,11 +10,12 @@ import typer
 
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
-from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.coldpath import fastest_spans
+from hotsplit_cli.hotset.host_memory import host_fit
 from hotsplit_cli.hotset.planfile import PlanResult, make_plan, plan_doc
 from hotsplit_cli.options import HotGibOpt, JsonOpt, OutOpt, PlatformOpt, RecipeOpt
 from hotsplit_cli.output import Output, gib, pct
+from hotsplit_cli.traffic.hist import recorded_recipe
 
 
 def plan_cmd(
@@ -31,11 +32,14 @@ def plan_cmd(
     """Plan which experts stay hot on each rank under a per-rank GiB budget."""
     out = Output(json)
     if recipe is None:
-        raise UsageError("plan needs --recipe to know the expert sizes and parallelism",
-                         "pass --recipe NAME (shipped: recipes/*.yaml) or a YAML path")
+        recipe = recorded_recipe(hist_file)
+        out.note(f"recipe: {recipe} (recorded in {hist_file})")
     rec = load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib})
     result = make_plan(hist_file, rec, knobs, platform, placement, out.warn)
+    host = host_fit(rec, platform)
+    if host is not None and not host.fits:
+        out.warn(host.explain())
     doc = plan_doc(result)
     if output is not None:
         from hotsplit_cli.core.jsonio import write_json_atomic

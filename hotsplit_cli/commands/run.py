@@ -14,6 +14,7 @@ from rich.markup import escape
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.core.errors import Interrupted, UsageError
+from hotsplit_cli.hotset.host_memory import check_host_fits
 from hotsplit_cli.hotset.planfile import check_run_inputs
 from hotsplit_cli.options import ColdPathOpt, HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeArg, output_option
 from hotsplit_cli.output import Output
@@ -57,6 +58,7 @@ def run(
     _check_options(rec, platform, (trace, steps, scale), plot)
     request = api.RunRequest(rec, knobs, plan, trace, steps, scale, platform)
     plan_file = check_run_inputs(rec, plan, trace, knobs)  # before anything is built
+    check_host_fits(rec, platform, scale)  # the cold banks against the host memory given, before allocating
     request = dataclasses.replace(request, plan_file=plan_file)
     watch = RunWatch(out, request)
     result = report.logged(log_jsonl, watch, lambda: api.run(request, watch))

@@ -19,7 +19,7 @@ import yaml
 from hotsplit_cli.core.errors import RecipeError
 
 GIB = 1 << 30
-EXPERT_DTYPES = ("bf16", "fp16", "fp8", "mxfp4")
+EXPERT_DTYPES = ("bf16", "fp16", "fp32", "fp8", "mxfp4")
 ROUTERS = ("softmax", "sigmoid")
 TRAFFIC_KINDS = ("synthetic", "histogram", "trace", "prompts")
 MODEL_KINDS = ("synthetic", "hf")
@@ -49,7 +49,7 @@ class ModelSpec:
     n_group: int  # group-limited routing (1 = off)
     topk_group: int
     routed_scaling_factor: float
-    expert_dtype: str  # bf16 | fp16 | fp8 (128x128 block scales) | mxfp4 (e8m0 scale per 32)
+    expert_dtype: str  # bf16 | fp16 | fp32 | fp8 (128x128 block scales) | mxfp4 (e8m0 scale per 32)
     expert_bias: bool  # gpt-oss experts carry biases
     dense_dtype_bytes: int
     total_params: float  # whole model, from the model card / config (parameters)
@@ -94,6 +94,7 @@ class HardwareSpec:
     gpu_mem_gib: float | None = None  # per GPU; None = unknown (probe it)
     kv_cache_gib: float = 0.0  # per rank, reserved for the KV cache
     pcie_gbps: float | None = None  # zero-copy read rate if known (GB/s, 1e9 B/s)
+    host_mem_gib: float | None = None  # per node, what the cold banks may pin from; None = unknown
 
 
 @dataclass(frozen=True)
@@ -249,6 +250,7 @@ def parse_recipe(data: Any, path: Path | None = None) -> Recipe:
         gpu_mem_gib=hw.take("gpu_mem_gib", float, None, minimum=0.0),
         kv_cache_gib=hw.take("kv_cache_gib", float, 0.0, minimum=0.0),
         pcie_gbps=hw.take("pcie_gbps", float, None, minimum=0.0),
+        host_mem_gib=hw.take("host_mem_gib", float, None, minimum=0.0),
     )
     hw.done()
     traffic = _parse_traffic(root.section("traffic"), base)
@@ -365,6 +367,10 @@ def _parse_model(m: _Section, base: Path, recipe_name: str) -> ModelSpec:
         dense_bytes=m.take("dense_bytes", float, None, minimum=0.0),
     )
     m.done()
+    if kind == "hf":  # before anything else reads the recipe: the checkpoint's config.json is the truth
+        from hotsplit_cli.config.checkpoint import check_against_checkpoint
+
+        check_against_checkpoint(spec)
     if spec.total_params and spec.total_params < spec.routed_expert_params:
         raise RecipeError(
             f"model.total_params: {spec.total_params:.4g} is below the routed experts alone "

@@ -28,7 +28,7 @@ def _mxfp4_bytes(rows: int, cols: int) -> int:
 
 
 # What one expert computes in on a CPU: fp8 and mxfp4 experts are dequantised to bf16 first.
-COMPUTE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16", "mxfp4": "bfloat16"}
+COMPUTE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16", "mxfp4": "bfloat16"}
 
 
 def expert_compute_shape(recipe: Recipe) -> tuple[int, int, str]:
@@ -46,8 +46,8 @@ def expert_bytes_per_rank(recipe: Recipe) -> int:
     hidden = m.hidden_size
     inter = m.moe_intermediate_size // recipe.parallel.tp
     dtype = m.expert_dtype
-    if dtype in ("bf16", "fp16"):
-        total = 3 * hidden * inter * 2
+    if dtype in ("bf16", "fp16", "fp32"):
+        total = 3 * hidden * inter * (4 if dtype == "fp32" else 2)
     elif dtype == "fp8":
         total = 3 * hidden * inter + 2 * _fp8_block_scale_bytes(inter, hidden) + _fp8_block_scale_bytes(hidden, inter)
     elif dtype == "mxfp4":
@@ -55,7 +55,7 @@ def expert_bytes_per_rank(recipe: Recipe) -> int:
     else:  # recipe.py refuses anything else
         raise PlanError(f"unknown expert dtype {dtype!r}")
     if m.expert_bias:
-        total += (2 * inter + hidden) * 2  # bf16 biases of gate_up and down
+        total += (2 * inter + hidden) * (4 if dtype == "fp32" else 2)  # biases of gate_up and down (bf16, or fp32)
     return int(total)
 
 

@@ -37,6 +37,7 @@ class Histogram:
     created: str = field(default_factory=utc_now)
     windows_WLE: np.ndarray | None = None  # float64 [W, L, E]
     steps_per_window: int | None = None
+    recipe: str | None = None  # the recipe it was captured with (a path relative to the histogram's folder, or a name)
 
     @property
     def num_experts(self) -> int:
@@ -58,6 +59,8 @@ class Histogram:
             "num_experts": self.num_experts,
             "counts": _as_json_numbers(self.counts_LE),
         }
+        if self.recipe is not None:
+            doc["recipe"] = self.recipe
         if self.windows_WLE is not None:
             doc["windows"] = {
                 "steps_per_window": int(self.steps_per_window or 0),
@@ -156,6 +159,9 @@ def hist_from_doc(doc: object, where: str) -> Histogram:
         )
     validate_counts(counts, layers, where)
     windows_WLE, spw = _windows_of(doc.get("windows"), counts.shape, where)
+    recipe = doc.get("recipe")  # optional: older files have none
+    if recipe is not None and not isinstance(recipe, str):
+        raise HistogramError(f"{where}: `recipe` must be a string")
     return Histogram(
         model=doc["model"],
         source=doc["source"],
@@ -166,6 +172,7 @@ def hist_from_doc(doc: object, where: str) -> Histogram:
         counts_LE=counts,
         windows_WLE=windows_WLE,
         steps_per_window=spw,
+        recipe=recipe,
     )
 
 
@@ -233,3 +240,16 @@ def validate_counts(counts_LE: np.ndarray, layers, where: str) -> None:
     _check_values(counts_LE, where, "counts")
     if not counts_LE.any():
         raise HistogramError(f"{where}: `counts` is all zero", "the capture saw no routed tokens")
+
+
+def recorded_recipe(path: str | os.PathLike) -> str:
+    """The recipe a histogram records (a path resolved against its folder, or a shipped name);
+    UsageError when it records none."""
+    from hotsplit_cli.core.errors import UsageError
+
+    hist = load_hist(path)
+    if hist.recipe is None:
+        raise UsageError(f"{path} records no recipe: plan needs --recipe to know the expert sizes and parallelism",
+                         "pass --recipe NAME (shipped: recipes/*.yaml) or a YAML path")
+    beside = Path(path).parent / hist.recipe
+    return str(beside) if beside.is_file() else hist.recipe

@@ -34,13 +34,13 @@ def ckpt(tmp_path_factory):
 
 def _recipe(tmp_path, ckpt, prompts: list[str], max_new_tokens: int):
     g = _geometry(ckpt)
-    one = 3 * g["hidden_size"] * g["moe_intermediate_size"] * 2  # fp16 bytes of one expert
+    one = 3 * g["hidden_size"] * g["moe_intermediate_size"] * 4  # fp32 bytes of one expert
     path = tmp_path / "p.jsonl"
     path.write_text("".join(orjson.dumps({"prompt": p}).decode() + "\n" for p in prompts))
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump({
         "name": "tiny-ckpt-ep",
-        "model": {"kind": "hf", "path": str(ckpt), "expert_dtype": "fp16", "total_params": 1.0e6, **g},
+        "model": {"kind": "hf", "path": str(ckpt), "total_params": 1.0e6, **g},
         "parallel": {"tp": 1, "ep": 2},
         "traffic": {"kind": "prompts", "path": str(path), "max_new_tokens": max_new_tokens, "batch": 1},
         "run": {"device": "cpu"},

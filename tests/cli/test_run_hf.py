@@ -24,26 +24,25 @@ def ckpt(tmp_path_factory):
 
 
 def _geometry(folder):
-    """The recipe geometry of a test checkpoint, read from its config and its MoE layers."""
-    from hotsplit_runtime.device import choose_device
-    from hotsplit_runtime.hf.loader import load_model, read_config
+    """The recipe geometry of a test checkpoint: its config.json's, as `hotsplit recipe` writes it."""
+    from hotsplit_cli.config.checkpoint import read_geometry
 
-    config = read_config(folder)
-    hm = load_model(folder, choose_device("cpu"), torch.float32)
-    inter = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
-    return {"hidden_size": config.hidden_size, "moe_intermediate_size": inter,
-            "num_hidden_layers": config.num_hidden_layers, "moe_layers": list(hm.layer_ids),
-            "num_experts": hm.num_experts, "top_k": hm.top_k}
+    g = read_geometry(folder)
+    return {"family": g.family, "hidden_size": g.hidden_size, "moe_intermediate_size": g.moe_intermediate_size,
+            "num_hidden_layers": g.num_hidden_layers, "moe_layers": list(g.moe_layer_ids),
+            "num_experts": g.num_experts, "top_k": g.top_k, "num_shared_experts": g.num_shared_experts,
+            "expert_dtype": g.expert_dtype, "expert_bias": g.expert_bias}
 
 
 def _recipe(tmp_path, ckpt, prompts, hot_experts, geometry, dyn_steps=2):
-    """A checkpoint recipe whose budget holds `hot_experts` experts (fp16 bytes of the geometry)."""
+    """A checkpoint recipe whose budget holds `hot_experts` experts (fp32 bytes of the geometry)."""
     g = geometry
-    one = 3 * g["hidden_size"] * g["moe_intermediate_size"] * 2
+    h, i = g["hidden_size"], g["moe_intermediate_size"]
+    one = 3 * h * i * 4 + ((2 * i + h) * 4 if g["expert_bias"] else 0)  # gpt-oss experts carry biases
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump({
         "name": "tiny-ckpt",
-        "model": {"kind": "hf", "path": str(ckpt), "expert_dtype": "fp16", "total_params": 1.0e6, **g},
+        "model": {"kind": "hf", "path": str(ckpt), "total_params": 1.0e6, **g},
         "traffic": {"kind": "prompts", "path": str(prompts), "max_new_tokens": 6, "batch": 1},
         "run": {"device": "cpu"},
         "hotsplit": {"hot_gib": hot_experts * one / 2**30, "dyn_steps": dyn_steps, "dyn_margin": 1.0},
@@ -93,7 +92,8 @@ def test_run_checkpoint_refuses_a_recipe_that_does_not_match(ckpt, tmp_path, cap
     recipe = _recipe(tmp_path, ckpt, prompts, 2, {**_geometry(ckpt), "num_experts": 16})
     code = main(["run", str(recipe)])
     err = capsys.readouterr().err
-    assert code == 1 and "8 experts" in err and "recipe 'tiny-ckpt' says" in err
+    assert code == 2 and err.startswith("error: model.num_experts: the recipe says 16, the checkpoint's config.json "
+                                        "says 8")
 
 
 def test_without_transformers_a_checkpoint_run_is_refused_in_one_line(ckpt, tmp_path, capsys, monkeypatch):

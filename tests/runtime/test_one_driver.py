@@ -116,9 +116,10 @@ def _checkpoint_recipe(tmp_path, folder):
     config = read_config(folder)
     hm = load_model(folder, choose_device("cpu"), torch.float32)
     (tmp_path / "p.jsonl").write_text('{"prompt": "the cat sat on the mat"}\n{"prompt": "one two three"}\n')
-    one = 3 * config.hidden_size * config.moe_intermediate_size * 2
+    one = 3 * config.hidden_size * config.moe_intermediate_size * 4  # fp32
     (tmp_path / "r.yaml").write_text(yaml.safe_dump({
-        "name": "ckpt", "model": {"kind": "hf", "path": str(folder), "expert_dtype": "fp16", "total_params": 1.0e6,
+        "name": "ckpt", "model": {"kind": "hf", "path": str(folder), "family": config.model_type,
+                                  "expert_dtype": "fp32", "total_params": 1.0e6,
                                   "hidden_size": config.hidden_size,
                                   "moe_intermediate_size": config.moe_intermediate_size,
                                   "num_hidden_layers": config.num_hidden_layers, "moe_layers": list(hm.layer_ids),
