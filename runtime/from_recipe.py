@@ -26,11 +26,13 @@ from . import cold_split
 from .device import DeviceInfo
 from .engine import Engine, RouterSource, synthetic_source
 from .fp8 import RELEASE_FP8
+from .hot_set import PlanChoice, choose_hot_set
 from .kernels import choose_compute
 from .memory import check_device_memory, check_host_memory
+from .model import HotColdMoE
 from .moe import MoEGeometry, make_layer_weights, rms_norm
 from .pinned import PinnedAllocator
-from .rank_context import PlanChoice, RankContext
+from .ranks import Rank, single_rank
 from .request import RunHeader, check_steps_and_scale, cold_bank_fields, make_header, setup_doc
 
 CALIBRATION_STEPS = 32
@@ -81,33 +83,36 @@ def _check_memory(geom: MoEGeometry, layers: int, dtype: torch.dtype, info: Devi
 def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = None,
                 trace_path: str | Path | None = None, steps: int | None = None, scale: float | None = None,
                 dtype: torch.dtype | None = None, advance: Callable[[int], None] | None = None,
-                platform_path: str | Path | None = None, rank: RankContext | None = None) -> Prepared:
+                platform_path: str | Path | None = None, rank: Rank | None = None,
+                parallel: Callable = single_rank) -> Prepared:
     """Build everything a run needs; every check that can refuse happens before allocation.
     `advance(1)` is called as each MoE layer's weights are made (the slow part of a large recipe).
-    `rank`: the rank being built (runtime/rank_context.py); the default is a single rank."""
-    rank = RankContext() if rank is None else rank
-    rank.check_recipe(recipe)
+    `rank`: the rank being built (runtime/ranks.py; the default is a single rank) and `parallel`
+    the parallelism applied to its built model."""
     scale = recipe.run.scale if scale is None else scale
     check_steps_and_scale(steps, scale)
+    rank = Rank.single(recipe, knobs, platform_path) if rank is None else rank
     geom = MoEGeometry.from_recipe(recipe, scale)
-    setup = rank.setup(recipe, knobs, platform_path, fp8_kept=lambda info: info.triton)
-    info, platform = setup.info, setup.platform
+    rank.check_fp8(recipe, knobs, kept=lambda info: info.triton)
+    info, platform = rank.info, rank.platform
     dtype = dtype or (torch.bfloat16 if info.is_cuda else torch.float32)
     experts = _expert_format(recipe, info, dtype)
     layers = _make_layers(recipe, geom, dtype, experts.fp8, advance)
     traffic = _traffic(recipe, rank, layers, geom, trace_path, steps)
     expert_bytes = expert_bytes_per_rank(recipe)
-    plan = rank.plan(recipe, traffic.counts_LE, expert_bytes, plan_path,
-                     lambda: resolve_hot_budget(recipe, knobs, platform), traffic.name)
+    plan = choose_hot_set(rank, recipe, traffic.counts_LE, expert_bytes, plan_path,
+                          lambda: resolve_hot_budget(recipe, knobs, platform), traffic.name)
     _check_memory(geom, len(layers), torch.float8_e4m3fn if experts.fp8 else dtype, info, int(plan.hot_LE.sum()))
-    allocator, model = rank.build_model(layers, geom, plan.hot_LE, setup, choose_compute(info))
+    compute = choose_compute(info)
+    model = rank.on_bank(lambda allocator: HotColdMoE(layers, geom, plan.hot_LE, info, allocator, compute))
+    model, source = parallel(model, traffic.source, rank)
     notes = experts.notes + traffic.notes
     split = cold_split.attach(model, knobs.cold_path, info, platform)
     if split is not None and info.graphs:
         notes.append(f"cold_path {knobs.cold_path}: no CUDA graph (the split reads each layer's routing on the host)")
-    engine = Engine(model, traffic.source, knobs, expert_bytes, seed=rank.seed(recipe.run.seed),
+    engine = Engine(model, source, knobs, expert_bytes, seed=rank.seed(recipe.run.seed),
                     expected_hit_rate=plan.expected_hit_rate, use_graph=rank.use_graph)
-    return Prepared(engine, traffic.steps or steps or recipe.run.steps, info, geom, plan, allocator, expert_bytes,
+    return Prepared(engine, traffic.steps or steps or recipe.run.steps, info, geom, plan, rank.allocator, expert_bytes,
                     traffic.name, scale, notes, experts.describe, traffic.trace_steps, traffic.trace)
 
 
@@ -125,7 +130,7 @@ def _expert_format(recipe: Recipe, info: DeviceInfo, dtype: torch.dtype) -> _Exp
     dequantised values: the same function, 3x faster on a CPU."""
     m = recipe.model
     fp8 = RELEASE_FP8 if m.expert_dtype == "fp8" else None
-    fp8_banks = fp8 is not None and info.triton  # a CPU cold path was refused for them (rank.setup)
+    fp8_banks = fp8 is not None and info.triton  # a CPU cold path was refused for them (rank.check_fp8)
     name = str(dtype).replace("torch.", "")
     notes = []
     if m.expert_dtype == "mxfp4":
@@ -160,7 +165,7 @@ class _Traffic:
     trace: Trace | None = None  # the replayed trace
 
 
-def _traffic(recipe: Recipe, rank: RankContext, layers, geom: MoEGeometry, trace_path, steps) -> _Traffic:
+def _traffic(recipe: Recipe, rank: Rank, layers, geom: MoEGeometry, trace_path, steps) -> _Traffic:
     """This rank's traffic, and the routing counts the plan is made from."""
     m, t = recipe.model, recipe.traffic
     trace_file = trace_path or (t.path if t.kind == "trace" else None)
@@ -179,7 +184,7 @@ def _traffic(recipe: Recipe, rank: RankContext, layers, geom: MoEGeometry, trace
                     notes=["the plan is calibrated on each router's response to random hidden states"])
 
 
-def _trace_traffic(recipe: Recipe, rank: RankContext, trace_file, steps) -> _Traffic:
+def _trace_traffic(recipe: Recipe, rank: Rank, trace_file, steps) -> _Traffic:
     trace, n_steps = load_replay(trace_file, recipe, steps)
     counts_LE = Trace(trace.topk_ids_SLTK[:n_steps], trace.layers).counts_LE(recipe.model.num_experts)  # the replayed
     name = f"trace {trace_file} ({n_steps} of {trace.num_steps} trace steps)"
