@@ -25,7 +25,8 @@ from hotsplit_cli.output import StdoutClosed, Switches
 
 def _hide_flag_types() -> None:
     """A flag takes no value, so its help shows none: typer >= 0.2x prints `<bool>` beside every
-    flag (`--json <bool>`), as if it wanted one. Options with a value keep their type."""
+    flag (`--json <bool>`), as if it wanted one. Options with a value keep their type. Patched on
+    the class, once at import: typer makes its options itself and takes no option class to use."""
     try:
         from typer.core import TyperOption
     except ImportError:  # pragma: no cover - older typer prints no type on flags
