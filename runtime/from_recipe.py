@@ -23,53 +23,19 @@ from hotsplit_cli.traffic.synthetic import SyntheticTraffic, inclusion_probs, zi
 from hotsplit_cli.traffic.trace import Trace, load_replay
 
 from . import cold_split
+from .built import Built
 from .device import DeviceInfo
 from .engine import Engine, RouterSource, synthetic_source
 from .fp8 import RELEASE_FP8
-from .hot_set import PlanChoice, choose_hot_set
+from .hot_set import choose_hot_set
 from .kernels import choose_compute
 from .memory import check_device_memory, check_host_memory
 from .model import HotColdMoE
 from .moe import MoEGeometry, make_layer_weights, rms_norm
-from .pinned import PinnedAllocator
 from .ranks import Rank, single_rank
-from .request import RunHeader, check_steps_and_scale, cold_bank_fields, make_header, setup_doc
+from .request import check_steps_and_scale
 
 CALIBRATION_STEPS = 32
-
-
-@dataclass
-class Prepared:
-    engine: Engine
-    steps: int
-    info: DeviceInfo
-    geom: MoEGeometry
-    plan: PlanChoice
-    allocator: PinnedAllocator
-    expert_bytes: int  # real
-    traffic: str
-    scale: float
-    notes: list[str] = field(default_factory=list)
-    expert_format: str = ""  # how the routed experts are stored, e.g. "fp8 e4m3, 128x128 block scales"
-    trace_steps: int | None = None  # steps in the replayed trace (None: no trace)
-    trace: Trace | None = None  # the replayed trace, whole (every rank's tokens), for a job's predictions
-
-    @property
-    def hidden(self) -> int:  # allocated (scaled)
-        return self.geom.hidden
-
-    def header(self, parallel: dict | None = None) -> RunHeader:
-        """This rank's set-up as the run document and its header lines say it."""
-        g, engine = self.geom, self.engine
-        allocated = {"hidden": g.hidden, "inter": g.inter, "experts": g.num_experts, "top_k": g.top_k,
-                     "dtype": str(engine.model.banks[0].compute_dtype).replace("torch.", ""),
-                     "expert_format": self.expert_format, **cold_bank_fields(self.allocator)}
-        doc = setup_doc(self.info, engine, self.traffic, self.trace_steps, self.scale, allocated,
-                        self.allocator, self.plan.to_doc(self.expert_bytes))
-        return make_header(doc, self.steps, self, engine.source, parallel)
-
-    def texts(self, interrupted: bool) -> None:  # a synthetic model generates no text
-        return None
 
 
 def _check_memory(geom: MoEGeometry, layers: int, dtype: torch.dtype, info: DeviceInfo, hot_slots: int) -> None:
@@ -84,7 +50,7 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
                 trace_path: str | Path | None = None, steps: int | None = None, scale: float | None = None,
                 dtype: torch.dtype | None = None, advance: Callable[[int], None] | None = None,
                 platform_path: str | Path | None = None, rank: Rank | None = None,
-                parallel: Callable = single_rank) -> Prepared:
+                parallel: Callable = single_rank) -> Built:
     """Build everything a run needs; every check that can refuse happens before allocation.
     `advance(1)` is called as each MoE layer's weights are made (the slow part of a large recipe).
     `rank`: the rank being built (runtime/ranks.py; the default is a single rank) and `parallel`
@@ -112,8 +78,10 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
         notes.append(f"cold_path {knobs.cold_path}: no CUDA graph (the split reads each layer's routing on the host)")
     engine = Engine(model, source, knobs, expert_bytes, seed=rank.seed(recipe.run.seed),
                     expected_hit_rate=plan.expected_hit_rate, use_graph=rank.use_graph)
-    return Prepared(engine, traffic.steps or steps or recipe.run.steps, info, geom, plan, rank.allocator, expert_bytes,
-                    traffic.name, scale, notes, experts.describe, traffic.trace_steps, traffic.trace)
+    allocated = {"hidden": geom.hidden, "inter": geom.inter, "experts": geom.num_experts, "top_k": geom.top_k,
+                 "dtype": str(model.banks[0].compute_dtype).replace("torch.", ""), "expert_format": experts.describe}
+    return Built(engine, traffic.steps or steps or recipe.run.steps, info, plan, rank.allocator, expert_bytes,
+                 traffic.name, allocated, scale, notes, traffic.trace_steps, traffic.trace)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from hotsplit_cli.hotset.planfile import load_plan, placement_of_plan
 from hotsplit_cli.hotset.verdict import prediction_error
 from hotsplit_cli.placement.algorithm import Placement
 from hotsplit_cli.placement.dispatch import predict_trace
+from hotsplit_cli.placement.file import placement_prediction
 from hotsplit_cli.placement.rebalance_rule import replay_rebalancing
 
 from .. import driver
@@ -153,6 +154,4 @@ def _placement_prediction(plan_file):
     """What the plan's placement file predicts for the run's balancedness (None: no placement file)."""
     if plan_file is None or plan_file.placement is None:
         return None
-    from hotsplit_cli.placement.file import placement_prediction
-
     return placement_prediction(plan_file.placement["path"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from hotsplit_cli.config.knobs import Knobs
@@ -19,11 +18,10 @@ from hotsplit_cli.hotset.budget import resolve_hot_budget
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.prompts import read_prompts
 
+from ..built import Built
 from ..cold_split import make_split
-from ..device import DeviceInfo
-from ..hot_set import PlanChoice, choose_hot_set
+from ..hot_set import choose_hot_set
 from ..ranks import Rank, single_rank
-from ..request import RunHeader, cold_bank_fields, make_header, setup_doc
 from .capture import Generation, capture
 from .loader import load_model, load_tokenizer
 from .steps import CheckpointEngine, CheckpointMoE
@@ -39,43 +37,9 @@ def checkpoint_prompts(recipe: Recipe) -> list:
     return read_prompts(t.path)
 
 
-@dataclass
-class PreparedCheckpoint:
-    """A checkpoint rank built for the one loop: its engine (model, generation), plan and setup."""
-
-    engine: CheckpointEngine
-    plan: PlanChoice
-    info: DeviceInfo
-    allocator: object  # the cold bank's (a PinnedAllocator, or an EP node's SharedAllocator)
-    expert_bytes: int  # real
-    traffic: str  # what the rank generates from
-    steps: float = math.inf  # the generation ends the loop
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def hidden(self) -> int:
-        return self.engine.model.banks[0].hidden
-
-    def header(self, parallel: dict | None = None) -> RunHeader:
-        """This rank's set-up as the run document and its header lines say it."""
-        bank, hm = self.engine.model.banks[0], self.engine.model.hm
-        fp8 = bank.layout.fp8
-        dtype = str(bank.compute_dtype).replace("torch.", "")
-        allocated = {"hidden": bank.hidden, "inter": bank.inter, "experts": hm.num_experts, "top_k": hm.top_k,
-                     "dtype": dtype, "expert_format": fp8.describe() if fp8 is not None else dtype,
-                     **cold_bank_fields(self.allocator)}
-        doc = setup_doc(self.info, self.engine, self.traffic, None, 1.0, allocated, self.allocator,
-                        self.plan.to_doc(self.expert_bytes))
-        return make_header(doc, None, self, self.engine.source, parallel, hm.family)
-
-    def texts(self, interrupted: bool) -> list[str]:
-        """The greedy texts of this rank's prompts (none when interrupted)."""
-        return [] if interrupted else self.engine.source.texts()
-
-
 def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: str | Path | None = None,
                        advance: Callable[[int], None] | None = None, platform_path: str | Path | None = None,
-                       rank: Rank | None = None, parallel: Callable = single_rank) -> PreparedCheckpoint:
+                       rank: Rank | None = None, parallel: Callable = single_rank) -> Built:
     """Load the checkpoint onto the hot/cold banks and plan for the rank's share of `prompts`
     (`rank`: the single-rank default, or an expert-parallel rank; `parallel`: applied to the
     loaded model). An EP node's experts are read from the files once (by the rank that fills
@@ -102,7 +66,12 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
     model, source = parallel(CheckpointMoE(hm, info), Generation(hm, tok, prompts, t.max_new_tokens, t.batch, advance),
                              rank)
     engine = CheckpointEngine(model, source, knobs, expert_bytes, expected_hit_rate=plan.expected_hit_rate)
-    return PreparedCheckpoint(engine, plan, info, rank.allocator, expert_bytes, f"prompts {t.path}")
+    bank = hm.banks[0]
+    fp8, dtype = bank.layout.fp8, str(bank.compute_dtype).replace("torch.", "")
+    allocated = {"hidden": bank.hidden, "inter": bank.inter, "experts": hm.num_experts, "top_k": hm.top_k,
+                 "dtype": dtype, "expert_format": fp8.describe() if fp8 is not None else dtype}
+    return Built(engine, math.inf, info, plan, rank.allocator, expert_bytes, f"prompts {t.path}", allocated,
+                 family=hm.family, generates=True)
 
 
 def _check_geometry(recipe: Recipe, hm) -> None:
