@@ -20,12 +20,13 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 from hotsplit_cli import __version__
 from hotsplit_cli.core.errors import HotsplitError, one_line_error
 from hotsplit_cli.core.jsonio import forget_written, written_files
-from hotsplit_cli.output import StdoutClosed, debug_on, set_debug
+from hotsplit_cli.output import StdoutClosed, Switches
 
 
 def _hide_flag_types() -> None:
     """A flag takes no value, so its help shows none: typer >= 0.2x prints `<bool>` beside every
-    flag (`--json <bool>`), as if it wanted one. Options with a value keep their type."""
+    flag (`--json <bool>`), as if it wanted one. Options with a value keep their type. Patched on
+    the class, once at import: typer makes its options itself and takes no option class to use."""
     try:
         from typer.core import TyperOption
     except ImportError:  # pragma: no cover - older typer prints no type on flags
@@ -51,9 +52,6 @@ app = typer.Typer(
 hist_app = typer.Typer(help="Inspect and import routing histograms.", no_args_is_help=True)
 app.add_typer(hist_app, name="hist")
 
-set_debug(os.environ.get("HOTSPLIT_DEBUG", "") not in ("", "0"))
-
-
 def _version(value: bool) -> None:
     if value:
         print(f"hotsplit {__version__}")
@@ -65,8 +63,7 @@ def _root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks (also HOTSPLIT_DEBUG=1)."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
-    if debug:
-        set_debug(True)
+    """`--debug` is read by `main` from the whole command line (Switches.of)."""
 
 
 def _register() -> None:
@@ -92,14 +89,14 @@ def _say_error(line: str, exit_code: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one-line errors, exit 1 (2 for usage), tracebacks only with --debug."""
     argv = sys.argv[1:] if argv is None else argv
-    set_debug("--debug" in argv or os.environ.get("HOTSPLIT_DEBUG", "") not in ("", "0"))
+    switches = Switches.of(argv)
     if "--debug" in argv[1:]:  # anywhere, not only before the command (typer takes it there alone)
         argv = [argv[0]] + [a for a in argv[1:] if a != "--debug"]
     forget_written()
     try:
-        rc = app(args=argv, prog_name="hotsplit", standalone_mode=False)
+        rc = app(args=argv, prog_name="hotsplit", standalone_mode=False, obj=switches)
     except HotsplitError as exc:
-        if debug_on() and exc.message:
+        if switches.debug and exc.message:
             raise
         if exc.message:  # empty: already reported (by its launcher)
             _say_error(exc.render(), exc.exit_code)
@@ -114,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         _silence_stdout()
         return 141
     except _CliError as exc:
-        if debug_on():
+        if switches.debug:
             raise
         ctx = getattr(exc, "ctx", None)
         cmd = f"{ctx.command_path} --help" if ctx is not None else "hotsplit --help"
@@ -125,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         _say_error(one_line_error(exc.format_message(), f"see `{cmd}`"), code)
         return code
     except Exception as exc:  # noqa: BLE001 - a bug, not a refusal: one line unless --debug
-        if debug_on():
+        if switches.debug:
             raise
         print(one_line_error(f"unexpected {type(exc).__name__}: {exc}",
                              "this is a bug in hotsplit: rerun with --debug and report the traceback"),

@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from rich import box
@@ -21,17 +22,17 @@ from hotsplit_cli.core.errors import StdoutClosed
 from hotsplit_cli.core.jsonio import dumps
 from hotsplit_cli.core.units import gib, pct  # noqa: F401 - the commands take them from here with Output
 
-_DEBUG = {"on": False}  # --debug / HOTSPLIT_DEBUG=1, set by the entry point (cli.main) for this run
 
+@dataclass(frozen=True)
+class Switches:
+    """What the whole command line asks of this run, read once by the entry point (cli.main) and
+    handed to the commands as their context's `obj`."""
 
-def set_debug(on: bool) -> None:
-    """Whether this run shows tracebacks (the entry point sets it from --debug and HOTSPLIT_DEBUG)."""
-    _DEBUG["on"] = bool(on)
+    debug: bool = False  # show tracebacks: --debug anywhere in the command line, or HOTSPLIT_DEBUG=1
 
-
-def debug_on() -> bool:
-    """Whether this run shows tracebacks: commands that caught errors print theirs when it is on."""
-    return _DEBUG["on"]
+    @classmethod
+    def of(cls, argv: list[str], environ=os.environ) -> Switches:
+        return cls("--debug" in argv or environ.get("HOTSPLIT_DEBUG", "") not in ("", "0"))
 
 
 def _no_progress(n: float = 1) -> None:

@@ -13,13 +13,14 @@ from hotsplit_cli.core.errors import UsageError
 from . import from_recipe
 from .device import tune_cpu_threads
 from .hf import run as hf_run
-from .rank_context import RankContext
+from .ranks import Rank, single_rank
 from .request import RunRequest, RunResult, Watch
 
 
-def build(request: RunRequest, rank: RankContext, watch: Watch, stack: ExitStack):
-    """The rank built from the recipe's model source (a checkpoint's progress runs on in `stack`,
-    over its generation), with the CPU's threads set for the device chosen."""
+def build(request: RunRequest, rank: Rank, watch: Watch, stack: ExitStack, parallel=single_rank):
+    """The rank built from the recipe's model source, `parallel` applied to its model (a
+    checkpoint's progress runs on in `stack`, over its generation), with the CPU's threads set
+    for the device chosen."""
     rec = request.recipe
     if rec.model.kind == "hf":
         if importlib.util.find_spec("transformers") is None:  # found, not imported: the loader imports it
@@ -27,13 +28,13 @@ def build(request: RunRequest, rank: RankContext, watch: Watch, stack: ExitStack
         prompts = hf_run.checkpoint_prompts(rec)
         advance = stack.enter_context(watch.progress(f"{rec.name}: prompts", len(prompts)))
         prepared = hf_run.prepare_checkpoint(rec, request.knobs, prompts, request.plan, advance, request.platform,
-                                             rank)
+                                             rank, parallel)
     else:
         layers = rec.model.num_moe_layers
         with watch.progress(f"building {layers} MoE layers", layers) as advance:
             prepared = from_recipe.prepare_run(rec, request.knobs, plan_path=request.plan, trace_path=request.trace,
                                                steps=request.steps, scale=request.scale, advance=advance,
-                                               platform_path=request.platform, rank=rank)
+                                               platform_path=request.platform, rank=rank, parallel=parallel)
     tune_cpu_threads(prepared.info)
     return prepared
 
@@ -42,7 +43,8 @@ def run_single(request: RunRequest, watch: Watch) -> RunResult:
     """A run on one rank: built, described (`watch.ready`), stepped, its windows to `watch.record`."""
     rec = request.recipe
     with ExitStack() as stack:
-        prepared = build(request, RankContext(request.plan_file), watch, stack)
+        rank = Rank.single(rec, request.knobs, request.platform, request.plan_file)
+        prepared = build(request, rank, watch, stack)
         for note in prepared.notes:
             watch.note(f"note: {note}")
         header = prepared.header()

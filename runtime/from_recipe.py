@@ -23,51 +23,19 @@ from hotsplit_cli.traffic.synthetic import SyntheticTraffic, inclusion_probs, zi
 from hotsplit_cli.traffic.trace import Trace, load_replay
 
 from . import cold_split
+from .built import Built
 from .device import DeviceInfo
 from .engine import Engine, RouterSource, synthetic_source
 from .fp8 import RELEASE_FP8
+from .hot_set import choose_hot_set
 from .kernels import choose_compute
 from .memory import check_device_memory, check_host_memory
+from .model import HotColdMoE
 from .moe import MoEGeometry, make_layer_weights, rms_norm
-from .pinned import PinnedAllocator
-from .rank_context import PlanChoice, RankContext
-from .request import RunHeader, check_steps_and_scale, cold_bank_fields, make_header, setup_doc
+from .ranks import Rank, single_rank
+from .request import check_steps_and_scale
 
 CALIBRATION_STEPS = 32
-
-
-@dataclass
-class Prepared:
-    engine: Engine
-    steps: int
-    info: DeviceInfo
-    geom: MoEGeometry
-    plan: PlanChoice
-    allocator: PinnedAllocator
-    expert_bytes: int  # real
-    traffic: str
-    scale: float
-    notes: list[str] = field(default_factory=list)
-    expert_format: str = ""  # how the routed experts are stored, e.g. "fp8 e4m3, 128x128 block scales"
-    trace_steps: int | None = None  # steps in the replayed trace (None: no trace)
-    trace: Trace | None = None  # the replayed trace, whole (every rank's tokens), for a job's predictions
-
-    @property
-    def hidden(self) -> int:  # allocated (scaled)
-        return self.geom.hidden
-
-    def header(self, parallel: dict | None = None) -> RunHeader:
-        """This rank's set-up as the run document and its header lines say it."""
-        g, engine = self.geom, self.engine
-        allocated = {"hidden": g.hidden, "inter": g.inter, "experts": g.num_experts, "top_k": g.top_k,
-                     "dtype": str(engine.model.banks[0].compute_dtype).replace("torch.", ""),
-                     "expert_format": self.expert_format, **cold_bank_fields(self.allocator)}
-        doc = setup_doc(self.info, engine, self.traffic, self.trace_steps, self.scale, allocated,
-                        self.allocator, self.plan.to_doc(self.expert_bytes))
-        return make_header(doc, self.steps, self, engine.source, parallel)
-
-    def texts(self, interrupted: bool) -> None:  # a synthetic model generates no text
-        return None
 
 
 def _check_memory(geom: MoEGeometry, layers: int, dtype: torch.dtype, info: DeviceInfo, hot_slots: int) -> None:
@@ -81,34 +49,39 @@ def _check_memory(geom: MoEGeometry, layers: int, dtype: torch.dtype, info: Devi
 def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = None,
                 trace_path: str | Path | None = None, steps: int | None = None, scale: float | None = None,
                 dtype: torch.dtype | None = None, advance: Callable[[int], None] | None = None,
-                platform_path: str | Path | None = None, rank: RankContext | None = None) -> Prepared:
+                platform_path: str | Path | None = None, rank: Rank | None = None,
+                parallel: Callable = single_rank) -> Built:
     """Build everything a run needs; every check that can refuse happens before allocation.
     `advance(1)` is called as each MoE layer's weights are made (the slow part of a large recipe).
-    `rank`: the rank being built (runtime/rank_context.py); the default is a single rank."""
-    rank = RankContext() if rank is None else rank
-    rank.check_recipe(recipe)
+    `rank`: the rank being built (runtime/ranks.py; the default is a single rank) and `parallel`
+    the parallelism applied to its built model."""
     scale = recipe.run.scale if scale is None else scale
     check_steps_and_scale(steps, scale)
+    rank = Rank.single(recipe, knobs, platform_path) if rank is None else rank
     geom = MoEGeometry.from_recipe(recipe, scale)
-    setup = rank.setup(recipe, knobs, platform_path, fp8_kept=lambda info: info.triton)
-    info, platform = setup.info, setup.platform
+    rank.check_fp8(recipe, knobs, kept=lambda info: info.triton)
+    info, platform = rank.info, rank.platform
     dtype = dtype or (torch.bfloat16 if info.is_cuda else torch.float32)
     experts = _expert_format(recipe, info, dtype)
     layers = _make_layers(recipe, geom, dtype, experts.fp8, advance)
     traffic = _traffic(recipe, rank, layers, geom, trace_path, steps)
     expert_bytes = expert_bytes_per_rank(recipe)
-    plan = rank.plan(recipe, traffic.counts_LE, expert_bytes, plan_path,
-                     lambda: resolve_hot_budget(recipe, knobs, platform), traffic.name)
+    plan = choose_hot_set(rank, recipe, traffic.counts_LE, expert_bytes, plan_path,
+                          lambda: resolve_hot_budget(recipe, knobs, platform), traffic.name)
     _check_memory(geom, len(layers), torch.float8_e4m3fn if experts.fp8 else dtype, info, int(plan.hot_LE.sum()))
-    allocator, model = rank.build_model(layers, geom, plan.hot_LE, setup, choose_compute(info))
+    compute = choose_compute(info)
+    model = rank.on_bank(lambda allocator: HotColdMoE(layers, geom, plan.hot_LE, info, allocator, compute))
+    model, source = parallel(model, traffic.source, rank)
     notes = experts.notes + traffic.notes
     split = cold_split.attach(model, knobs.cold_path, info, platform)
     if split is not None and info.graphs:
         notes.append(f"cold_path {knobs.cold_path}: no CUDA graph (the split reads each layer's routing on the host)")
-    engine = Engine(model, traffic.source, knobs, expert_bytes, seed=rank.seed(recipe.run.seed),
+    engine = Engine(model, source, knobs, expert_bytes, seed=rank.seed(recipe.run.seed),
                     expected_hit_rate=plan.expected_hit_rate, use_graph=rank.use_graph)
-    return Prepared(engine, traffic.steps or steps or recipe.run.steps, info, geom, plan, allocator, expert_bytes,
-                    traffic.name, scale, notes, experts.describe, traffic.trace_steps, traffic.trace)
+    allocated = {"hidden": geom.hidden, "inter": geom.inter, "experts": geom.num_experts, "top_k": geom.top_k,
+                 "dtype": str(model.banks[0].compute_dtype).replace("torch.", ""), "expert_format": experts.describe}
+    return Built(engine, traffic.steps or steps or recipe.run.steps, info, plan, rank.allocator, expert_bytes,
+                 traffic.name, allocated, scale, notes, traffic.trace_steps, traffic.trace)
 
 
 @dataclass
@@ -125,7 +98,7 @@ def _expert_format(recipe: Recipe, info: DeviceInfo, dtype: torch.dtype) -> _Exp
     dequantised values: the same function, 3x faster on a CPU."""
     m = recipe.model
     fp8 = RELEASE_FP8 if m.expert_dtype == "fp8" else None
-    fp8_banks = fp8 is not None and info.triton  # a CPU cold path was refused for them (rank.setup)
+    fp8_banks = fp8 is not None and info.triton  # a CPU cold path was refused for them (rank.check_fp8)
     name = str(dtype).replace("torch.", "")
     notes = []
     if m.expert_dtype == "mxfp4":
@@ -160,7 +133,7 @@ class _Traffic:
     trace: Trace | None = None  # the replayed trace
 
 
-def _traffic(recipe: Recipe, rank: RankContext, layers, geom: MoEGeometry, trace_path, steps) -> _Traffic:
+def _traffic(recipe: Recipe, rank: Rank, layers, geom: MoEGeometry, trace_path, steps) -> _Traffic:
     """This rank's traffic, and the routing counts the plan is made from."""
     m, t = recipe.model, recipe.traffic
     trace_file = trace_path or (t.path if t.kind == "trace" else None)
@@ -179,7 +152,7 @@ def _traffic(recipe: Recipe, rank: RankContext, layers, geom: MoEGeometry, trace
                     notes=["the plan is calibrated on each router's response to random hidden states"])
 
 
-def _trace_traffic(recipe: Recipe, rank: RankContext, trace_file, steps) -> _Traffic:
+def _trace_traffic(recipe: Recipe, rank: Rank, trace_file, steps) -> _Traffic:
     trace, n_steps = load_replay(trace_file, recipe, steps)
     counts_LE = Trace(trace.topk_ids_SLTK[:n_steps], trace.layers).counts_LE(recipe.model.num_experts)  # the replayed
     name = f"trace {trace_file} ({n_steps} of {trace.num_steps} trace steps)"

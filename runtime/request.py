@@ -84,32 +84,6 @@ class RunResult:
                 **self.header.doc, "parallel": self.header.parallel, "summary": summary, "texts": self.texts}
 
 
-def cold_bank_fields(allocator) -> dict:
-    """How the cold bank was allocated (a PinnedAllocator or an EP node's SharedAllocator)."""
-    return {"cold_bank_bytes": allocator.requested_bytes, "cold_bank_reserved_bytes": allocator.reserved_bytes,
-            "cold_bank_method": allocator.method, "cold_bank_fallback": allocator.fallback}
-
-
-def setup_doc(info, engine, traffic: str, trace_steps: int | None, scale: float, allocated: dict, allocator,
-              plan_doc: dict) -> dict:
-    """The run document's description of a rank's set-up, one shape for both model sources."""
-    split = getattr(engine.model.compute, "split", None)
-    return {"device": info.to_doc(), "kernel": engine.model.compute.name, "cuda_graph": bool(engine.use_graph),
-            "cold_path": {"mode": split.mode if split else "gpu", "rates": split.rates_source if split else None},
-            "traffic": traffic, "trace_steps": trace_steps, "scale": scale, "allocated": allocated,
-            "numa": allocator.numa.to_doc(), "plan": plan_doc}
-
-
-def make_header(doc: dict, steps: int | None, prepared, source, parallel: dict | None,
-                family: str | None = None) -> RunHeader:
-    """`prepared`: a synthetic model's `Prepared` or a checkpoint's `PreparedCheckpoint`."""
-    a = prepared.allocator
-    cold_bank = {"requested_bytes": a.requested_bytes, "method": a.method, "fallback": a.fallback,
-                 "numa": a.numa.describe()}
-    return RunHeader(doc, steps, prepared.info.name, doc["allocated"]["expert_format"], cold_bank, source.name,
-                     source.tokens_per_step, family, parallel or RunHeader.parallel_of(1))
-
-
 class Watch:
     """What a caller sees of a run while it goes: progress of its long phases, rank 0's set-up
     once built, notes, and each window's record. This default shows nothing."""

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from hotsplit_probes.timing import median_ms
 
+from .bank import zero_copy_view
 from .device import DeviceInfo, synchronizer
 from .engine import capture_graph
 from .fp8 import FP8, RELEASE_FP8, Fp8Experts, Fp8Format
@@ -237,8 +238,6 @@ def time_ms(fn: Callable[[], object], info: DeviceInfo, reps: int) -> float:
 def raw_zero_copy_gbps(info: DeviceInfo, n_bytes: int = 1 << 30) -> float:
     """GB/s of the GPU reading pinned host memory in place: a reduction over a pinned buffer's
     device view, median of 5."""
-    from .bank import zero_copy_view
-
     host = torch.empty(n_bytes // 4, dtype=torch.float32, pin_memory=True).fill_(1.0)
     view = zero_copy_view(host, info.device)
     view.sum()

@@ -11,10 +11,11 @@ from rich.text import Text
 from hotsplit_cli.core.errors import HotsplitError
 from hotsplit_cli.core.jsonio import schema_tag
 from hotsplit_cli.options import DeviceOpt, JsonOpt
-from hotsplit_cli.output import Output, debug_on
+from hotsplit_cli.output import Output
 
 
 def selftest(
+    ctx: typer.Context,
     device: DeviceOpt = "auto",
     json_out: JsonOpt = False,
 ) -> None:
@@ -39,7 +40,7 @@ def selftest(
     out.emit(doc, render)
     if not result["ok"]:
         failed = [c["name"] for c in result["checks"] if c["ok"] is False]
-        if debug_on():  # --debug / HOTSPLIT_DEBUG=1: the tracebacks the checks caught, for a bug report
+        if ctx.obj is not None and ctx.obj.debug:  # --debug: the tracebacks the checks caught, for a bug report
             for c in result["checks"]:
                 if c["error"]:
                     print(f"{c['name']}:\n{c['error']['traceback']}", file=sys.stderr)  # no markup

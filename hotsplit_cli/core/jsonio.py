@@ -61,6 +61,8 @@ def output_problem(path: str | os.PathLike) -> tuple[str, str] | None:
     return None
 
 
+# Process-wide on purpose: every writer of the process records here, however deep, so that the
+# entry point's Ctrl-C message can say truthfully what was written (cli.main forgets it per run).
 _WRITTEN: list[Path] = []  # every file this process has written, in order
 
 

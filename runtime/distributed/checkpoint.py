@@ -3,8 +3,8 @@ per rank (each rank generates its share of the prompts, DP attention), routed ex
 partitioned by the placement and reached through the synthetic runs' exchange
 (runtime/distributed/dispatch.py `AllToAll` / `AllGather`).
 
-- The node's cold bank is filled from the checkpoint once (distributed/rank.py
-  `EPRankContext.load_checkpoint`): the node's local rank 0 loads every tensor, the other ranks
+- The node's cold bank is filled from the checkpoint once (runtime/ranks.py `Rank.on_bank`,
+  around hf/run.py's load): the node's local rank 0 loads every tensor, the other ranks
   map its files and read only the dense tensors.
 - Each MoE layer's experts module computes through `EPExperts.forward` (the adapter's seam,
   `state.bank.forward(experts, x, ids, w)`): this rank's real tokens (padding and finished

@@ -258,9 +258,14 @@ class EPMoE(ReceiveCounting, HotColdMoE):
     rank; the routed experts of each layer go through the exchange. Counters count the
     assignments this rank receives, so hit rates and dynamic swaps are this rank's."""
 
-    def __init__(self, *args, exchange: AllToAll | AllGather, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_receiving(exchange, *self.counts_LE.shape)
+    @classmethod
+    def around(cls, model: HotColdMoE, exchange: AllToAll | AllGather) -> EPMoE:
+        """The built one-rank `model`, its banks and counters as they are, routed through `exchange`
+        (the one-rank model is not used after)."""
+        ep = cls.__new__(cls)
+        vars(ep).update(vars(model))  # the same tensors: nothing is allocated twice
+        ep._init_receiving(exchange, *model.counts_LE.shape)
+        return ep
 
     def _routed(self, li: int, x_TH, ids_TK, w_TK, counts_E: torch.Tensor) -> torch.Tensor:
         return self._exchange_layer(li, x_TH, ids_TK, w_TK, counts_E,

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from .leftovers import stat_fields
 
-_asked = {"stop": False}
+_asked = {"stop": False}  # process-wide on purpose: set by the SIGINT handler, which no caller can hand an object
 
 
 def stop_at_next_window() -> None:

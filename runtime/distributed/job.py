@@ -1,5 +1,6 @@
-"""Each rank of an expert-parallel job: join the group, build the rank (driver.build with its
-EPRankContext), step in lockstep, gather the job's figures to rank 0, leave.
+"""Each rank of an expert-parallel job: join the group, settle its `Rank` (rank.py `ep_rank`),
+build it with expert parallelism applied (driver.build, apply.py), step in lockstep, gather the
+job's figures to rank 0, leave.
 
 Rank 0 gets every window's `JobRecord` (through `watch.record`) and the job's `RunResult`; the
 other ranks get None. An error on any rank goes to the launcher (launch.report_rank_error).
@@ -19,14 +20,17 @@ from hotsplit_cli.hotset.planfile import load_plan, placement_of_plan
 from hotsplit_cli.hotset.verdict import prediction_error
 from hotsplit_cli.placement.algorithm import Placement
 from hotsplit_cli.placement.dispatch import predict_trace
+from hotsplit_cli.placement.file import placement_prediction
 from hotsplit_cli.placement.rebalance_rule import replay_rebalancing
 
 from .. import driver
+from ..ranks import Rank
 from ..request import RunHeader, RunRequest, RunResult, Watch
 from . import launch
+from .apply import expert_parallel
 from .checkpoint import job_trace
 from .leftovers import removed_words
-from .rank import EPRankContext, run_rank
+from .rank import ep_rank, run_rank
 from .rebalance import Rebalancer
 from .summary import EPFigures, RankWindow, gather_rows, gather_to_rank0, job_record, job_summary
 
@@ -56,10 +60,10 @@ def run_in_group(request: RunRequest, watch: Watch, placement: Placement | None 
         launch.leave()
 
 
-def _build(group, request: RunRequest, ranker: EPRankContext, watch: Watch):
+def _build(group, request: RunRequest, rank: Rank, watch: Watch):
     """The rank built (no progress bars on N ranks); rank 0 says so for the job, with its header."""
     with ExitStack() as stack:
-        prepared = driver.build(request, ranker, Watch(), stack)
+        prepared = driver.build(request, rank, Watch(), stack, expert_parallel)
     header = prepared.header(RunHeader.parallel_of(group.world, group.backend, group.local_world))
     if group.rank == 0:
         watch.note(f"expert parallel: every rank's banks built after {launch.seconds_since_start():.1f} s")
@@ -73,8 +77,8 @@ def _run(group, request: RunRequest, watch: Watch, placement: Placement | None) 
     E, layers = m.num_experts, m.moe_layer_ids
     plan_file = request.plan_file or (load_plan(request.plan) if request.plan is not None else None)
     placement = placement_of_plan(plan_file, layers, E, group.world) if placement is None else placement
-    hooks = EPRankContext(group, placement, E, plan_file, knobs.ep_exchange)
-    prepared, header = _build(group, request, hooks, watch)
+    rank = ep_rank(request, group, placement, plan_file)
+    prepared, header = _build(group, request, rank, watch)
     engine, control = prepared.engine, group.control
     book = engine.book
     records = []
@@ -86,7 +90,7 @@ def _run(group, request: RunRequest, watch: Watch, placement: Placement | None) 
             records.append(job)
             watch.record(job)
 
-    rebalancer = (Rebalancer(hooks, engine.model, control, prepared.expert_bytes, knobs.eplb_steps)
+    rebalancer = (Rebalancer(placement, engine.model, control, prepared.expert_bytes, knobs.eplb_steps)
                   if knobs.eplb_steps else None)
     totals = run_rank(engine, prepared.steps, on_window, rebalancer, prepared.plan.rank_hit_rate)
     hot_RLE = gather_rows(engine.model.hot_LE().astype(np.float64), control)  # for the prediction (static runs)
@@ -150,6 +154,4 @@ def _placement_prediction(plan_file):
     """What the plan's placement file predicts for the run's balancedness (None: no placement file)."""
     if plan_file is None or plan_file.placement is None:
         return None
-    from hotsplit_cli.placement.file import placement_prediction
-
     return placement_prediction(plan_file.placement["path"])

@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -75,6 +76,12 @@ class Group:
 
     def barrier(self) -> None:
         dist.barrier(group=self.control)
+
+    def summed(self, counts: np.ndarray) -> np.ndarray:
+        """Collective: every rank's counts summed (exact integers in float64)."""
+        total = torch.from_numpy(np.asarray(counts, dtype=np.float64).copy())
+        dist.all_reduce(total, group=self.control)
+        return total.numpy()
 
 
 def backend_for(local_world: int) -> str:

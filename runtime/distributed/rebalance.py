@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hotsplit_cli.placement.algorithm import Placement
 from hotsplit_cli.placement.dispatch import ReplicaMap, balancedness
 from hotsplit_cli.placement.rebalance_rule import chunk_ends, decide_rebalance, split_chunks
 
@@ -58,8 +59,9 @@ class RebalanceReport:
 class Rebalancer:
     """Runs on every rank; `maybe(step)` is a collective."""
 
-    def __init__(self, hooks, model, control, expert_bytes: int, eplb_steps: int):
-        self.hooks, self.model, self.control, self.expert_bytes = hooks, model, control, expert_bytes
+    def __init__(self, placement: Placement, model, control, expert_bytes: int, eplb_steps: int):
+        """`placement`: the one the rank began with; the rebalancer's own from then on."""
+        self.placement, self.model, self.control, self.expert_bytes = placement, model, control, expert_bytes
         self.eplb_steps = eplb_steps
         self.reports: list[RebalanceReport] = []
         self._loads_from = 0  # first step of the exchanges since the last rebalance
@@ -77,17 +79,17 @@ class Rebalancer:
         self._local_chunks = []
         dist.all_reduce(chunks, group=self.control)
         self._chunks += list(chunks.numpy().astype(np.float64))
-        old = self.hooks.placement
+        old = self.placement
         d = decide_rebalance(*split_chunks(self._chunks), old, live)
         if d.placement is None:
             rep = RebalanceReport(step, d.kept, live, d.current_held_out, d.current_held_out, None, 0,
                                   [0] * old.num_ranks, (time.perf_counter() - t0) * 1e3)
             self.reports.append(rep)
             return rep
-        new, E, recent_LE = d.placement, int(self.hooks.replicas.logcnt_LE.shape[1]), sum(self._chunks)
+        new, E, recent_LE = d.placement, int(self.model.exchange.replicas.logcnt_LE.shape[1]), sum(self._chunks)
         self._chunks = []
-        self.hooks.placement, self.hooks.replicas = new, ReplicaMap.of(new, E)
-        self.model.exchange.set_replicas(self.hooks.replicas)
+        self.placement = new
+        self.model.exchange.set_replicas(ReplicaMap.of(new, E))
         held = self.model.held_LE  # by the new map
         moves = self._refill(recent_LE / np.maximum(new.logcnt_LE(E), 1), held)
         self.model.begin_swaps(moves)  # on a CPU the copies are done here; on a GPU they land later

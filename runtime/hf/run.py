@@ -1,6 +1,6 @@
 """`hotsplit run` on a real checkpoint: load it onto the hot/cold banks, plan, generate, log.
 
-The hot set comes from `--plan` or is planned (`RankContext.plan`, as for a synthetic model) on
+The hot set comes from `--plan` or is planned (runtime/hot_set.py, as for a synthetic model) on
 the prompts' prefill routing (one calibration pass), with the recipe's real bytes and budget.
 Shape letters: L = MoE layers, E = experts.
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from hotsplit_cli.config.knobs import Knobs
@@ -19,13 +18,13 @@ from hotsplit_cli.hotset.budget import resolve_hot_budget
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.prompts import read_prompts
 
+from ..built import Built
 from ..cold_split import make_split
-from ..device import DeviceInfo
-from ..rank_context import PlanChoice, RankContext
-from ..request import RunHeader, cold_bank_fields, make_header, setup_doc
+from ..hot_set import choose_hot_set
+from ..ranks import Rank, single_rank
 from .capture import Generation, capture
-from .loader import load_tokenizer
-from .steps import CheckpointEngine
+from .loader import load_model, load_tokenizer
+from .steps import CheckpointEngine, CheckpointMoE
 
 
 def checkpoint_prompts(recipe: Recipe) -> list:
@@ -38,66 +37,41 @@ def checkpoint_prompts(recipe: Recipe) -> list:
     return read_prompts(t.path)
 
 
-@dataclass
-class PreparedCheckpoint:
-    """A checkpoint rank built for the one loop: its engine (model, generation), plan and setup."""
-
-    engine: CheckpointEngine
-    plan: PlanChoice
-    info: DeviceInfo
-    allocator: object  # the cold bank's (a PinnedAllocator, or an EP node's SharedAllocator)
-    expert_bytes: int  # real
-    traffic: str  # what the rank generates from
-    steps: float = math.inf  # the generation ends the loop
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def hidden(self) -> int:
-        return self.engine.model.banks[0].hidden
-
-    def header(self, parallel: dict | None = None) -> RunHeader:
-        """This rank's set-up as the run document and its header lines say it."""
-        bank, hm = self.engine.model.banks[0], self.engine.model.hm
-        fp8 = bank.layout.fp8
-        dtype = str(bank.compute_dtype).replace("torch.", "")
-        allocated = {"hidden": bank.hidden, "inter": bank.inter, "experts": hm.num_experts, "top_k": hm.top_k,
-                     "dtype": dtype, "expert_format": fp8.describe() if fp8 is not None else dtype,
-                     **cold_bank_fields(self.allocator)}
-        doc = setup_doc(self.info, self.engine, self.traffic, None, 1.0, allocated, self.allocator,
-                        self.plan.to_doc(self.expert_bytes))
-        return make_header(doc, None, self, self.engine.source, parallel, hm.family)
-
-    def texts(self, interrupted: bool) -> list[str]:
-        """The greedy texts of this rank's prompts (none when interrupted)."""
-        return [] if interrupted else self.engine.source.texts()
-
-
 def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: str | Path | None = None,
                        advance: Callable[[int], None] | None = None, platform_path: str | Path | None = None,
-                       rank: RankContext | None = None) -> PreparedCheckpoint:
+                       rank: Rank | None = None, parallel: Callable = single_rank) -> Built:
     """Load the checkpoint onto the hot/cold banks and plan for the rank's share of `prompts`
-    (`rank`: the single-rank default, or an expert-parallel rank)."""
+    (`rank`: the single-rank default, or an expert-parallel rank; `parallel`: applied to the
+    loaded model). An EP node's experts are read from the files once (by the rank that fills
+    the node's bank), every other tensor by every rank."""
     m, t = recipe.model, recipe.traffic
-    rank = RankContext() if rank is None else rank
+    rank = Rank.single(recipe, knobs, platform_path) if rank is None else rank
     # The banks keep a checkpoint's fp8 experts on every device; refused before gigabytes are loaded.
-    setup = rank.setup(recipe, knobs, platform_path, fp8_kept=lambda info: True)
-    hm, allocator = rank.load_checkpoint(m.path, setup)
+    rank.check_fp8(recipe, knobs, kept=lambda info: True)
+    info = rank.info
+    hm = rank.on_bank(lambda allocator: load_model(m.path, info, allocator=allocator))
     _check_geometry(recipe, hm)
     tok = load_tokenizer(m.path)
     expert_bytes = expert_bytes_per_rank(recipe)
     prompts = rank.share(prompts)
     if plan_path is None:  # calibrate on the prefill of the prompts (counts only, no generation)
         capture(hm, tok, prompts, 0, t.batch)
-    plan = rank.plan(recipe, rank.pooled(hm.counter.counts_LE.copy()), expert_bytes, plan_path,
-                     lambda: resolve_hot_budget(recipe, knobs, setup.platform), f"the prefill routing of {t.path}")
-    split = make_split(knobs.cold_path, setup.info, hm.banks[0], setup.platform)
+    counts_LE = hm.counter.counts_LE.copy() if rank.group is None else rank.group.summed(hm.counter.counts_LE)
+    plan = choose_hot_set(rank, recipe, counts_LE, expert_bytes, plan_path,
+                          lambda: resolve_hot_budget(recipe, knobs, rank.platform), f"the prefill routing of {t.path}")
+    split = make_split(knobs.cold_path, info, hm.banks[0], rank.platform)
     for row, bank in enumerate(hm.banks):
         bank.set_hot(plan.hot_LE[row])
         bank.cold_split = split
-    model, source = rank.checkpoint_model(hm, setup.info, Generation(hm, tok, prompts, t.max_new_tokens, t.batch,
-                                                                     advance))
+    model, source = parallel(CheckpointMoE(hm, info), Generation(hm, tok, prompts, t.max_new_tokens, t.batch, advance),
+                             rank)
     engine = CheckpointEngine(model, source, knobs, expert_bytes, expected_hit_rate=plan.expected_hit_rate)
-    return PreparedCheckpoint(engine, plan, setup.info, allocator, expert_bytes, f"prompts {t.path}")
+    bank = hm.banks[0]
+    fp8, dtype = bank.layout.fp8, str(bank.compute_dtype).replace("torch.", "")
+    allocated = {"hidden": bank.hidden, "inter": bank.inter, "experts": hm.num_experts, "top_k": hm.top_k,
+                 "dtype": dtype, "expert_format": fp8.describe() if fp8 is not None else dtype}
+    return Built(engine, math.inf, info, plan, rank.allocator, expert_bytes, f"prompts {t.path}", allocated,
+                 family=hm.family, generates=True)
 
 
 def _check_geometry(recipe: Recipe, hm) -> None:

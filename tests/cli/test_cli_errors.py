@@ -119,6 +119,7 @@ def test_a_bug_is_one_line_and_a_traceback_only_with_debug(cli, tiny_hist, monke
                                      "rerun with --debug and report the traceback\n")
     with pytest.raises(ValueError, match="boom"):
         cli("--debug", "hist", "show", tiny_hist)
+    assert cli("hist", "show", tiny_hist).code == 1  # --debug was that run's alone: no traceback now
 
 
 def test_ctrl_c_after_a_file_was_written_says_so(cli, tiny_hist, tmp_path, monkeypatch):

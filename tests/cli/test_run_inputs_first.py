@@ -44,7 +44,7 @@ def test_a_plan_of_another_recipe_names_both(cli, tmp_path, no_runtime):
 
 def test_a_single_rank_run_reads_its_plan_file_once(cli, tmp_path, monkeypatch):
     """The input check reads and checks the plan; the run uses what it read."""
-    from hotsplit_runtime import rank_context
+    from hotsplit_runtime import hot_set
 
     from hotsplit_cli.hotset import planfile
 
@@ -59,7 +59,7 @@ def test_a_single_rank_run_reads_its_plan_file_once(cli, tmp_path, monkeypatch):
         return real(path)
 
     monkeypatch.setattr(planfile, "load_plan", counted)
-    monkeypatch.setattr(rank_context, "load_plan", counted)  # where a run would read it again
+    monkeypatch.setattr(hot_set, "load_plan", counted)  # where a run would read it again
     r = cli("run", "tiny", "--plan", plan, "--steps", "2", "--json")
     assert r.code == 0, r.err
     assert len(reads) == 1

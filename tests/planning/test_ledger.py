@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import yaml
 
-from hotsplit_cli import output
 from hotsplit_cli.analysis.ledger import (
     CommModel,
     a2a_ledger,
@@ -26,13 +25,6 @@ from hotsplit_cli.config.recipe import GIB, load_recipe, parse_recipe
 from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.sizes import bank_bytes_per_rank, dense_bytes_per_rank, expert_bytes_per_rank
 from hotsplit_cli.traffic.hist import Histogram, save_hist
-
-
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch):
-    # --debug is a switch of the run (output.set_debug); another test's --debug must not leak here.
-    monkeypatch.setitem(output._DEBUG, "on", False)
-
 
 # A small deployment whose every number is worked out by hand below.
 SMALL = {

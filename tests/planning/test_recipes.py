@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hotsplit_cli import output
 from hotsplit_cli.cli import main
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import GIB, RECIPES_DIR, load_recipe, parse_recipe
@@ -21,13 +20,6 @@ from hotsplit_cli.hotset.sizes import (
     derive_hot_budget,
     expert_bytes_per_rank,
 )
-
-
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch):
-    # --debug is a switch of the run (output.set_debug); another test's --debug must not leak here.
-    monkeypatch.setitem(output._DEBUG, "on", False)
-
 
 SHIPPED = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 REAL = [name for name in SHIPPED if name not in ("tiny", "tiny-ep4")]  # made-up CPU demos

@@ -10,11 +10,11 @@ import pytest
 import torch
 import yaml
 from hotsplit_runtime import engine as engine_mod
+from hotsplit_runtime import ranks
 from hotsplit_runtime.device import choose_device
 from hotsplit_runtime.distributed import rank as rank_mod
 from hotsplit_runtime.distributed.summary import RankTotals, RankWindow, reduce_summaries, reduce_windows
 from hotsplit_runtime.from_recipe import prepare_run
-from hotsplit_runtime.rank_context import RankContext
 
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
@@ -51,10 +51,16 @@ def test_the_runtime_has_one_step_loop_and_a_rank_runs_it():
     assert calls, "run_rank must step through Engine.run"
 
 
-def test_a_rank_context_is_the_only_seam_of_prepare_run():
-    src = (RUNTIME / "from_recipe.py").read_text()
-    assert "ep is None" not in src and "ep is not None" not in src
-    assert issubclass(rank_mod.EPRankContext, RankContext)
+def test_a_rank_is_a_frozen_value_and_parallelism_is_applied_in_one_place():
+    """The builders read a settled `Rank` and apply the parallelism they are given; no builder
+    branches on the job's size, and no strategy object is handed through the build."""
+    for name in ("from_recipe.py", "hf/run.py"):
+        src = (RUNTIME / name).read_text()
+        assert "ep is None" not in src and "ep is not None" not in src and "world ==" not in src, name
+        assert "EPMoE" not in src and "EPCheckpoint" not in src, name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ranks.Rank.single(_tiny(), resolve_knobs(_tiny().knobs, {})).rank = 1  # type: ignore[misc]
+    assert not hasattr(rank_mod, "EPRankContext") and not (RUNTIME / "rank_context.py").exists()
 
 
 def test_one_rank_reduced_is_that_rank_own_figures():

@@ -10,6 +10,7 @@ argv: job.json out_dir. job.json: {"checkpoints": {name: folder}, "prompts": [..
 `placement_after[name]` at that step)}. Writes out_dir/result.json on rank 0.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -17,16 +18,18 @@ from pathlib import Path
 
 import numpy as np
 from hotsplit_runtime.distributed import launch, rebalance
+from hotsplit_runtime.distributed.apply import expert_parallel
 from hotsplit_runtime.distributed.checkpoint import EPCheckpoint, job_trace
-from hotsplit_runtime.distributed.rank import EPRankContext
 from hotsplit_runtime.distributed.rebalance import Rebalancer
+from hotsplit_runtime.distributed.shared_bank import SharedAllocator, shm_prefix
 from hotsplit_runtime.distributed.summary import gather_rows, gather_to_rank0
 from hotsplit_runtime.hf.capture import Generation
-from hotsplit_runtime.hf.loader import load_tokenizer
+from hotsplit_runtime.hf.loader import load_model, load_tokenizer
+from hotsplit_runtime.hf.steps import CheckpointMoE
 from hotsplit_runtime.pinned import numa_policy_for
-from hotsplit_runtime.rank_context import RunSetup
+from hotsplit_runtime.ranks import Rank
 
-from hotsplit_cli.placement.dispatch import contiguous_placement, predict_trace
+from hotsplit_cli.placement.dispatch import ReplicaMap, contiguous_placement, predict_trace
 from hotsplit_cli.placement.file import load_placement
 from hotsplit_cli.placement.rebalance_rule import RebalanceDecision
 from tests.conftest import cpu_without_triton
@@ -57,17 +60,20 @@ def _force_move(target_path: str) -> None:
 
 def _build(group, name, folder, cfg):
     info = cpu_without_triton()
-    loader = EPRankContext(group, contiguous_placement((0,), 8, group.world), 8)
-    hm, _ = loader.load_checkpoint(
-        folder, RunSetup(None, info, numa_policy_for("off", None)))  # a context to load with; the run's below
+    numa = numa_policy_for("off", None)
+    allocator = SharedAllocator(pin=info.pinned, numa=numa, prefix=shm_prefix(group.job, group.node),
+                                creator=group.local_rank == 0)
+    loading = Rank(group.rank, group.world, info, numa, allocator, group=group)  # the run's below
+    hm = loading.on_bank(lambda a: load_model(folder, info, allocator=a))
     E = hm.num_experts
     placement = (load_placement(cfg["placement"][name]) if cfg.get("placement")
                  else contiguous_placement(hm.layer_ids, E, group.world))
-    ctx = EPRankContext(group, placement, E, exchange_mode=cfg["exchange"])
-    ctx.allocator = loader.allocator
+    ctx = dataclasses.replace(loading, placement=placement, replicas=ReplicaMap.of(placement, E),
+                              exchange_mode=cfg["exchange"])
     tok = load_tokenizer(folder)
     prompts = ctx.share(cfg["prompts"])
-    ep, source = ctx.checkpoint_model(hm, info, Generation(hm, tok, prompts, cfg["max_new_tokens"], cfg["batch"]))
+    ep, source = expert_parallel(CheckpointMoE(hm, info),
+                                 Generation(hm, tok, prompts, cfg["max_new_tokens"], cfg["batch"]), ctx)
     for bank, hot_E in zip(ep.banks, ep.held_LE & (np.arange(E) % 2 == 0), strict=True):
         bank.set_hot(hot_E)
     return ctx, ep, source, placement
@@ -76,7 +82,7 @@ def _build(group, name, folder, cfg):
 def _generate(group, name, folder, cfg) -> dict | None:
     ctx, ep, source, placement = _build(group, name, folder, cfg)
     every, at = cfg.get("swap_every", 0), cfg.get("rebalance_at", 0)
-    rebalancer = Rebalancer(ctx, ep, group.control, ep.banks[0].expert_bytes, at) if at else None
+    rebalancer = Rebalancer(placement, ep, group.control, ep.banks[0].expert_bytes, at) if at else None
     if at:
         _force_move(cfg["placement_after"][name])
     steps, swaps, own = 0, 0, 0
