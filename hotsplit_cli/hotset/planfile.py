@@ -368,6 +368,7 @@ class PlanFile:
     rank_hit_rates: tuple[float | None, ...] = ()  # each rank's in-sample hit rate (EP plans)
     out_of_sample: Band | None = None  # the forecast on new traffic; None: the plan has none (no windows, older plan)
     rank_out_of_sample: tuple[Band | None, ...] = ()  # each rank's (plans on a placement)
+    histogram: dict | None = None  # {"path", "sha256", ...} of the histogram it was fitted on
 
     @property
     def expected_hit_rate(self) -> float | None:
@@ -435,7 +436,9 @@ def load_plan(path: str | os.PathLike) -> PlanFile:
     return PlanFile(Path(path), layers, tuple(hot_by_rank), number("hit_rate", float),
                     number("expert_bytes", int), number("budget_bytes", int), _made_from(doc.get("histogram")),
                     doc.get("recipe") if isinstance(doc.get("recipe"), str) else None, placement, rates,
-                    _band(doc.get("out_of_sample")), tuple(_band(r.get("out_of_sample")) for r in ranks))
+                    _band(doc.get("out_of_sample")), tuple(_band(r.get("out_of_sample")) for r in ranks),
+                    hist if isinstance(hist := doc.get("histogram"), dict) and isinstance(hist.get("path"), str)
+                    else None)
 
 
 def find_beside(plan_path: Path, recorded: str, sha256: str | None) -> Path:
