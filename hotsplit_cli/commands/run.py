@@ -17,7 +17,16 @@ from hotsplit_cli.core.errors import Interrupted, UsageError
 from hotsplit_cli.hotset.fitted_traffic import fitted_traffic
 from hotsplit_cli.hotset.host_memory import check_host_fits
 from hotsplit_cli.hotset.planfile import check_run_inputs
-from hotsplit_cli.options import ColdPathOpt, HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeArg, output_option
+from hotsplit_cli.options import (
+    ColdPathOpt,
+    HotGibOpt,
+    JsonOpt,
+    PlatformOpt,
+    PlotOpt,
+    RecipeArg,
+    knob_option,
+    output_option,
+)
 from hotsplit_cli.output import Output
 
 from . import _run_report as report
@@ -26,14 +35,17 @@ from ._run_ep_plot import plot_ep_run
 from ._run_report import draw_hit_rates as _draw_hit_rates
 from ._run_watch import RunWatch
 
-PlanFileOpt = Annotated[Path | None, typer.Option("--plan", help="plan.json from `hotsplit plan` (else planned here).")]
-TraceOpt = Annotated[Path | None, typer.Option("--trace", help="Replay this routing trace (.npz).")]
-StepsOpt = Annotated[int | None, typer.Option("--steps", help="Engine steps (default: the recipe's run.steps).")]
-ScaleOpt = Annotated[float | None, typer.Option("--scale", help="Shrink tensors, (0, 1]; plans keep real bytes.")]
-EplbStepsOpt = Annotated[int | None, typer.Option("--eplb-steps", help="EP: steps between live rebalances (0 = off).")]
-EpExchangeOpt = Annotated[str | None, typer.Option("--ep-exchange", help="EP: a2a (all_to_all_single) or allgather "
-                                                                         "(all-gather, then reduce-scatter).")]
+PlanFileOpt = Annotated[Path | None, typer.Option("--plan", show_default="planned here on the run's traffic",
+                                                  help="plan.json from `hotsplit plan`.")]
+TraceOpt = Annotated[Path | None, typer.Option("--trace", show_default="the recipe's traffic",
+                                               help="Replay this routing trace (.npz).")]
+StepsOpt = Annotated[int | None, typer.Option("--steps", show_default="the recipe's run.steps", help="Engine steps.")]
+ScaleOpt = Annotated[float | None, typer.Option("--scale", show_default="1: full size",
+                                               help="Shrink tensors, (0, 1]; plans keep real bytes.")]
+EplbStepsOpt = Annotated[str | None, knob_option("eplb_steps")]
+EpExchangeOpt = Annotated[str | None, knob_option("ep_exchange")]
 LogJsonlOpt = Annotated[Path | None, output_option("--log-jsonl", help="Also write each record as a JSON line.",
+                                                   show_default="none: not written",
                                                                 suffix=".jsonl")]
 
 
