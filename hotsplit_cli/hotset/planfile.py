@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hotsplit_cli.config.knobs import Knobs, check_ep_knobs
-from hotsplit_cli.config.recipe import Recipe
+from hotsplit_cli.config.recipe import Recipe, recipe_file
 from hotsplit_cli.core.errors import PlanError
 from hotsplit_cli.core.jsonio import read_json_doc, schema_tag
 from hotsplit_cli.hotset.budget import HotBudget, ReadRate, check_plan_budget, choose_read_rate, resolve_hot_budget
@@ -281,6 +281,7 @@ def plan_doc(result: PlanResult) -> dict:
         "histogram": {"path": str(result.hist_path), "sha256": file_sha256(result.hist_path), "model": hist.model,
                       "source": hist.source, "tokens": hist.tokens},
         "recipe": recipe.name,
+        **({"recipe_path": path} if (path := recipe_file(recipe)) else {}),  # a recipe YAML of the user's
         "model": recipe.model.name,
         "parallel": {"tp": tp, "ep": ep, "ranks": tp * ep},
         "hot_gib": budget.hot_gib,
