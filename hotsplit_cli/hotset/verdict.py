@@ -116,9 +116,9 @@ def _two_sided(name: str, what: str, in_sample: float | None, forecast: Band | N
     if forecast is not None:
         top = forecast.high if in_sample is None else max(forecast.high, in_sample)
         args = (f"{name}.out_of_sample", f"{what}, out-of-sample)", achieved, forecast.expected)
-        if top - forecast.low > EXACT:
+        if top - forecast.low > EXACT or forecast.low >= 1 - EXACT:  # every held-out window at 1: nothing missed
             out.append(Verdict(*args, forecast.low, top, "held-out windows' lowest .. max(highest, in-sample)", unit))
-        else:  # one held-out window (or identical ones): a figure on new traffic is never exact
+        else:  # one held-out window (or identical ones below 1): a figure on new traffic is not exact
             out.append(Verdict(*args, None, None, "no band: the held-out windows give no spread (capture more "
                                                   "windows with `hotsplit balance --window-steps N`)", unit))
     return out

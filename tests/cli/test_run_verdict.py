@@ -86,6 +86,8 @@ def test_a_band_of_no_width_is_a_figure_not_a_band():
     inside, oos = hit_rate_verdicts(0.48, one_window, 0.45, Fit(True, "trace t.npz"))
     assert (inside.band, inside.word) == ("exact: the held-out windows give no spread", "OUTSIDE")
     assert (oos.low, oos.high, oos.word) == (None, None, "NO BAND") and oos.band.startswith("no band: the held-out")
+    _, full = hit_rate_verdicts(1.0, Band(1.0, 1.0, 1.0), 1.0)  # every held-out window fully hot: a band
+    assert (full.low, full.high, full.word) == (1.0, 1.0, "WITHIN")
     other = Fit(False, "synthetic traffic of skew 1.1")
     (exact,) = hit_rate_verdicts(0.60, None, 0.60, other)  # equal by chance: still not a band it met
     assert exact.word == "NO BAND" and exact.note.endswith("in-sample does not apply here")
