@@ -14,7 +14,7 @@ from rich.markup import escape
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.core.errors import Interrupted, UsageError
-from hotsplit_cli.hotset.fitted_traffic import fitted_traffic
+from hotsplit_cli.hotset.fitted_traffic import run_fits
 from hotsplit_cli.hotset.host_memory import check_host_fits
 from hotsplit_cli.hotset.planfile import check_run_inputs
 from hotsplit_cli.options import (
@@ -71,7 +71,7 @@ def run(
     _check_options(rec, platform, (trace, steps, scale), plot)
     request = api.RunRequest(rec, knobs, plan, trace, steps, scale, platform)
     plan_file = check_run_inputs(rec, plan, trace, knobs)  # before anything is built
-    fit = fitted_traffic(plan_file, rec, trace, steps)  # does the run replay the plan's histogram?
+    fits = run_fits(plan_file, rec, trace, steps)  # does the run replay the plan's (and placement's) histogram?
     check_host_fits(rec, platform, scale)  # the cold banks against the host memory given, before allocating
     request = dataclasses.replace(request, plan_file=plan_file)
     watch = RunWatch(out, request)
@@ -79,7 +79,7 @@ def run(
     if result is None:  # another rank of a job: rank 0 reports for it
         return
     s = result.summary
-    doc = {**result.to_doc(), "verdicts": _verdicts(request, result, fit)}
+    doc = {**result.to_doc(), "verdicts": _verdicts(request, result, fits)}
     if plot is not None:
         _plot(plot, result)
         doc["plot"] = str(plot)
@@ -104,12 +104,12 @@ def _check_options(rec, platform: Path | None, synthetic: tuple, plot: Path | No
         require_matplotlib()
 
 
-def _verdicts(request, result, fit) -> list[dict]:
+def _verdicts(request, result, fits) -> list[dict]:
     """Every prediction the run was given, judged: a job's, or one rank's."""
     s = result.summary
     if result.figures is not None:
-        return ep_verdicts(request.plan_file, s, result.figures, fit)
-    return report.verdicts(request.plan_file, s.hit_rate, s.cold_paths, fit=fit.after(s.swaps))
+        return ep_verdicts(request.plan_file, s, result.figures, fits)
+    return report.verdicts(request.plan_file, s.hit_rate, s.cold_paths, fit=fits.hit_rate.after(s.swaps))
 
 
 def _renderer(out: Output, request, result, doc: dict, plot: Path | None):

@@ -41,10 +41,13 @@ class Fit:
     same: bool | None
     traffic: str = ""
     changed: str | None = None
+    part: bool = False  # the run replays a part of the routing the histogram counted
 
     @property
     def note(self) -> str | None:
         """Why an in-sample figure does not apply to this run; None when it may."""
+        if self.same is False and self.part:
+            return f"the run replays part of the histogram's traffic ({self.traffic}): in-sample is for all of it"
         if self.same is False:
             return f"the run's traffic is not the histogram's ({self.traffic}): in-sample does not apply here"
         return None
@@ -57,7 +60,7 @@ class Fit:
     def rules_out_exact(self) -> str | None:
         """Why an exact in-sample figure cannot be this run's; None when it can."""
         if self.same is False:
-            return f"the run's traffic is not the histogram's ({self.traffic})"
+            return f"the run's traffic is {'part of' if self.part else 'not'} the histogram's ({self.traffic})"
         return self.changed
 
 

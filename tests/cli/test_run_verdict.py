@@ -58,7 +58,8 @@ def test_an_exact_band_is_kept_only_where_the_run_can_meet_it(cli, tmp_path, mon
     part = _verdicts(cli, "--trace", fitted, "--plan", plan, "--steps", "12")["hit_rate.in_sample"]
     assert (part["verdict"], part["low"], part["applies"]) == ("NO BAND", None, False)
     assert part["band"].startswith("no band: exact only on the routing the histogram counted")
-    assert f"(trace {fitted}, 12 of its 48 steps: 25% of the routed assignments" in part["note"]
+    assert part["note"] == (f"the run replays part of the histogram's traffic (trace {fitted}, 12 of its 48 steps: "
+                            "25% of the routed assignments the histogram counted): in-sample is for all of it")
     drawn = _verdicts(cli, "--plan", plan)["hit_rate.in_sample"]  # the recipe's synthetic traffic
     assert drawn["verdict"] == "NO BAND" and "(synthetic traffic of skew 1.1)" in drawn["note"]
     monkeypatch.setenv("HOTSPLIT_DYNAMIC", "1")
@@ -95,16 +96,31 @@ def test_a_band_of_no_width_is_a_figure_not_a_band():
     assert banded.word == "OUTSIDE" and banded.to_doc()["applies"] is False
 
 
-def test_a_plan_whose_histogram_is_gone_or_a_checkpoint_run_is_not_judged_on_its_traffic(cli, tmp_path):
+def test_a_plan_whose_histogram_is_gone_is_not_judged_on_its_traffic(cli, tmp_path):
     from hotsplit_cli.config.recipe import load_recipe
-    from hotsplit_cli.hotset.fitted_traffic import UNKNOWN, fitted_traffic
+    from hotsplit_cli.hotset.fitted_traffic import UNKNOWN, RunFits, run_fits
     from hotsplit_cli.hotset.planfile import load_plan
 
     fitted, hist = _trace_and_hist(tmp_path, 3)
     plan = tmp_path / "plan.json"
     assert cli("plan", hist, "--recipe", "tiny", "--hot-gib", "0.004", "-o", plan).code == 0
     tiny = load_recipe("tiny")
-    assert fitted_traffic(load_plan(plan), tiny, fitted, None) == Fit(True, f"trace {fitted}")
-    assert fitted_traffic(None, tiny, fitted, None) is UNKNOWN
+    assert run_fits(load_plan(plan), tiny, fitted, None) == RunFits(Fit(True, f"trace {fitted}"))
+    assert run_fits(None, tiny, fitted, None) == RunFits()
     hist.unlink()
-    assert fitted_traffic(load_plan(plan), tiny, fitted, None) is UNKNOWN
+    assert run_fits(load_plan(plan), tiny, fitted, None).hit_rate is UNKNOWN
+
+
+def test_an_ep_plans_placement_is_judged_on_its_own_histogram(cli, tmp_path):
+    from hotsplit_cli.config.recipe import load_recipe
+    from hotsplit_cli.hotset.fitted_traffic import run_fits
+    from hotsplit_cli.hotset.planfile import load_plan
+
+    fitted, hist = _trace_and_hist(tmp_path, 3)
+    _, other = _trace_and_hist(tmp_path, 11)
+    placement, plan = tmp_path / "placement.json", tmp_path / "plan.json"
+    assert cli("place", other, "--recipe", "tiny-ep4", "--ranks", "4", "-o", placement).code == 0
+    assert cli("plan", hist, "--recipe", "tiny-ep4", "--placement", placement, "-o", plan).code == 0
+    fits = run_fits(load_plan(plan), load_recipe("tiny-ep4"), fitted, None)
+    assert fits.hit_rate.same is True  # the plan's histogram is the trace's
+    assert fits.balancedness.same is False and "differ from the histogram's" in fits.balancedness.traffic
