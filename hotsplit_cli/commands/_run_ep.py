@@ -30,11 +30,14 @@ def job_header(say, request, header) -> None:
         f"{share}; cold bank shared by each node's ranks; {layout_words(request.plan)}")
 
 
-def ep_verdicts(plan_file, s, fig) -> list[dict]:
+def ep_verdicts(plan_file, s, fig, fits=None) -> list[dict]:
     """The plan's hit rates, the placement's balancedness (while its layout held: no rebalance
-    moved it) and each rank's cold paths, judged (hotset/verdict.py)."""
+    moved it) and each rank's cold paths, judged (hotset/verdict.py); `fits`: whether the job
+    replayed the routing the plan's and the placement's histograms counted (fitted_traffic.RunFits)."""
+    from hotsplit_cli.hotset.fitted_traffic import RunFits
     from hotsplit_cli.hotset.verdict import balancedness_verdicts
 
+    fits = fits or RunFits()
     balance = []
     moved = any(r["skipped"] is None for r in fig.rebalances)
     if fig.window_balancedness is not None and not moved:
@@ -42,8 +45,9 @@ def ep_verdicts(plan_file, s, fig) -> list[dict]:
 
         pred = placement_prediction(plan_file.placement["path"])
         w = fig.window_balancedness
-        balance = balancedness_verdicts(pred.fitted, pred.out_of_sample, w["balancedness"], w["steps_per_window"])
-    docs = report.verdicts(plan_file, s.hit_rate, None, balance)
+        balance = balancedness_verdicts(pred.fitted, pred.out_of_sample, w["balancedness"], w["steps_per_window"],
+                                        fits.balancedness)  # swaps move no load between ranks
+    docs = report.verdicts(plan_file, s.hit_rate, None, balance, fit=fits.hit_rate.after(s.swaps))
     for r in fig.ranks:
         docs += report.verdicts(None, s.hit_rate, r["cold_paths"], who=f" rank {r['rank']}")
     return docs

@@ -110,13 +110,14 @@ def cold_path_rows(paths: dict | None) -> list[tuple[str, str]]:
 
 
 def verdicts(plan_file, achieved_hit_rate: float, cold_paths: dict | None, balance: list | None = None,
-             who: str = "") -> list[dict]:
+             who: str = "", fit=None) -> list[dict]:
     """Every prediction the run was given, judged (hotset/verdict.py): the plan's hit rates (none
-    without a plan file), the placement's `balance` verdicts (EP), the cold paths' times."""
+    without a plan file; `fit`: whether the run replayed the plan's histogram), the placement's
+    `balance` verdicts (EP), the cold paths' times."""
     from hotsplit_cli.hotset.verdict import cold_path_verdicts, hit_rate_verdicts
 
     out = [] if plan_file is None else hit_rate_verdicts(plan_file.hit_rate, plan_file.out_of_sample,
-                                                         achieved_hit_rate)
+                                                         achieved_hit_rate, fit)
     return [v.to_doc() for v in [*out, *(balance or []), *cold_path_verdicts(cold_paths, who)]]
 
 
@@ -130,8 +131,9 @@ def print_verdicts(out: Output, docs: list[dict]) -> None:
         unit = v["unit"]
         band = (f"band {_figure(v['low'], unit)} - {_figure(v['high'], unit)}: {v['band']}" if v["within"] is not None
                 else v["band"])
+        note = "" if v.get("note") is None else f": {v['note']}"
         out.print(escape(f"{v['figure']}: achieved {_figure(v['achieved'], unit)}, predicted "
-                         f"{_figure(v['predicted'], unit)} ({band}): {v['verdict']}"))
+                         f"{_figure(v['predicted'], unit)} ({band}): {v['verdict']}{note}"))
 
 
 def origin(out: Output, summary, made_from: str, traffic: str, drift_every: int | None = None,

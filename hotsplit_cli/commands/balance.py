@@ -44,23 +44,29 @@ def _check_counts(max_new_tokens, windows_steps, batch_size, steps, dtype: str) 
 def balance_cmd(
     recipe_arg: Annotated[str | None, typer.Argument(metavar="RECIPE", help="Recipe YAML or shipped name.")] = None,
     recipe: RecipeOpt = None,
-    model: Annotated[Path | None, typer.Option("--model", help="Local Hugging Face checkpoint folder.")] = None,
-    prompts: Annotated[Path | None, typer.Option("--prompts", help=".jsonl (prompt / messages) or text, "
+    model: Annotated[Path | None, typer.Option("--model", show_default="the recipe's model.path",
+                                               help="Local Hugging Face checkpoint folder.")] = None,
+    prompts: Annotated[Path | None, typer.Option("--prompts", show_default="the recipe's traffic.path",
+                                                 help=".jsonl (prompt / messages) or text, "
                                                  "one prompt per line.")] = None,
-    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Greedy decode tokens per "
+    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", show_default="the recipe's, else 32",
+                                                       help="Greedy decode tokens per "
                                                        "prompt (0: prefill only).")] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Prompts per batch; synthetic model: "
+    batch_size: Annotated[int | None, typer.Option("--batch-size", show_default="the recipe's traffic.batch, else 8",
+                                                   help="Prompts per batch; synthetic model: "
                                                    "tokens per step (each rank's, for an EP recipe).")] = None,
-    steps: Annotated[int | None, typer.Option("--steps", help="Synthetic model: engine steps to route.")] = None,
-    window_steps: Annotated[int | None, typer.Option("--window-steps", help="Keep counts per window of N "
+    steps: Annotated[int | None, typer.Option("--steps", show_default="the recipe's run.steps",
+                                           help="Synthetic model: engine steps to route.")] = None,
+    window_steps: Annotated[int | None, typer.Option("--window-steps", show_default="none: totals only",
+                                                     help="Keep counts per window of N "
                                                      "steps.")] = None,
     # The earlier spelling, still accepted (simulate and the docs say --window-steps).
     windows_steps: Annotated[int | None, typer.Option("--windows-steps", hidden=True)] = None,
     trace: Annotated[Path | None, output_option("--trace", help="Also save the routing trace (.npz).",
-                                                                  suffix=".npz")] = None,
+                                                show_default="none: not written", suffix=".npz")] = None,
     device: DeviceOpt = "auto",
-    dtype: Annotated[str, typer.Option("--dtype", help="auto (the checkpoint's), bfloat16, float16, "
-                                       "float32.")] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", metavar="|".join(DTYPES),
+                                       help="auto: the checkpoint's.")] = "auto",
     output: OutOpt = None,
     json: JsonOpt = False,
 ) -> None:

@@ -23,11 +23,12 @@ def export_cmd(
     engine: Annotated[str, typer.Option("--to", metavar="ENGINE", help=f"The engine: {engines_text()}.")],
     output: Annotated[Path, output_option(
         "--output", "-o", help="The engine's file (.json, .pt, .yaml or .txt, as the engine reads).")],
-    recipe: Annotated[str | None, typer.Option("--recipe", "-r", metavar="RECIPE", help=(
+    recipe: Annotated[str | None, typer.Option("--recipe", "-r", metavar="RECIPE", show_default="the file's own", help=(
         f"Recipe YAML file or shipped recipe name. Needed by {', '.join(recipe_engines())} for a placement that "
         "records none (made without `place --recipe`); a plan names its own."))] = None,
     hist: Annotated[Path | None, typer.Option(
-        "--hist", help="The histogram the plan was made from, when it is no longer where the plan says "
+        "--hist", show_default="where the plan says",
+        help="The histogram the plan was made from, when it is no longer where the plan says "
                        "(its sha256 must be the one the plan records).")] = None,
     online: Annotated[int, typer.Option(
         "--online", min=0, help="trtllm: layers re-balanced per iteration (layer_updates_per_iter; 0 = static; at "

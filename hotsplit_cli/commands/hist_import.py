@@ -9,21 +9,23 @@ import typer
 from hotsplit_runtime import api
 
 from hotsplit_cli.core.errors import UsageError
-from hotsplit_cli.options import JsonOpt, OutOpt, RecipeOpt
+from hotsplit_cli.options import JsonOpt, RecipeOpt, RequiredOutOpt
 from hotsplit_cli.output import Output
 
-FromOpt = Annotated[str, typer.Option("--from", help="The engine that wrote the files: sglang or vllm.")]
-ModelOpt = Annotated[str | None, typer.Option("--model", help="Model name stored in the histogram.")]
-TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Experts per token (when no recipe says it).")]
+FromOpt = Annotated[str, typer.Option("--from", metavar="sglang|vllm", help="The engine that wrote the files.")]
+ModelOpt = Annotated[str | None, typer.Option("--model", show_default="the recipe's model name", metavar="NAME",
+                                                     help="Model name stored in the histogram.")]
+TopKOpt = Annotated[int | None, typer.Option("--top-k", show_default="the recipe's top_k",
+                                                  help="Experts per token (when no recipe says it).")]
 
 
 def import_cmd(
     files: Annotated[list[Path], typer.Argument(metavar="FILE", help="Engine dumps (per-rank dumps are summed).")],
+    output: RequiredOutOpt,
     engine: FromOpt = "sglang",
     recipe: RecipeOpt = None,
     model: ModelOpt = None,
     top_k: TopKOpt = None,
-    output: OutOpt = None,
     json: JsonOpt = False,
 ) -> None:
     """Import routing counts recorded by SGLang (or saved from vLLM) as a hotsplit histogram."""
@@ -31,8 +33,6 @@ def import_cmd(
     from hotsplit_cli.traffic.serving_import import read_serving, to_histogram
 
     out = Output(json)
-    if output is None:
-        raise UsageError("hist import needs -o hist.json", "name the histogram to write")
     if top_k is not None and top_k < 1:
         raise UsageError(f"--top-k: must be >= 1, got {top_k}")
     spec = None

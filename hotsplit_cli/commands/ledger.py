@@ -26,24 +26,24 @@ from hotsplit_cli.options import HotGibOpt, JsonOpt, PlatformOpt, RecipeArg
 from hotsplit_cli.output import Output, gib, pct
 
 EpOpt = Annotated[
-    int | None, typer.Option("--ep", help="Expert-parallel size N (default: the recipe's parallel.ep).")
+    int | None, typer.Option("--ep", show_default="the recipe's parallel.ep", help="Expert-parallel size N.")
 ]
 TokensOpt = Annotated[
     int | None,
     typer.Option(
-        "--tokens", help="Tokens each card routes per engine step (default: the recipe's traffic.batch)."
+        "--tokens", show_default="the recipe's traffic.batch", help="Tokens each card routes per engine step."
     ),
 ]
 ActBytesOpt = Annotated[
     int,
-    typer.Option("--act-bytes", help=f"Bytes per activation element (default {DEFAULT_ACT_BYTES}: bf16)."),
+    typer.Option("--act-bytes", help=f"Bytes per activation element ({DEFAULT_ACT_BYTES}: bf16)."),
 ]
 LinkOpt = Annotated[
     float,
     typer.Option(
         "--link-gbps",
         help=f"Per-card, per-direction interconnect bandwidth in GB/s = 1e9 B/s "
-        f"(default {DEFAULT_LINK_GBPS:g}: NVLink 4, H100/H200 SXM).",
+        f"({DEFAULT_LINK_GBPS:g}: NVLink 4, H100/H200 SXM).",
     ),
 ]
 CrossOpt = Annotated[
@@ -51,13 +51,13 @@ CrossOpt = Annotated[
     typer.Option(
         "--cross-ratio",
         help="Multiplier on the placement-blind remote share (N-1)/N "
-        f"(default {DEFAULT_CROSS_RATIO:g}; < 1 when placement keeps tokens local).",
+        "(< 1 when placement keeps tokens local).",
     ),
 ]
 StepOpt = Annotated[
     float | None,
     typer.Option(
-        "--step-ms",
+        "--step-ms", show_default="none: no check",
         help="Compute time of one engine step without All-to-All (ms); enables the "
         f"check that comm stays under {100 * COMM_SHARE_LIMIT:.0f}% of the step.",
     ),
@@ -65,7 +65,8 @@ StepOpt = Annotated[
 HistOpt = Annotated[
     Path | None,
     typer.Option(
-        "--hist", help=f"Routing histogram: flag experts above {HOT_EXPERT_FACTOR:g}x their layer mean."
+        "--hist", show_default="none",
+            help=f"Routing histogram: flag experts above {HOT_EXPERT_FACTOR:g}x their layer mean."
     ),
 ]
 

@@ -23,21 +23,23 @@ def place_cmd(
     redundant: Annotated[int, typer.Option("--redundant", help="Redundant physical experts per layer.")] = 0,
     nodes: Annotated[int, typer.Option("--nodes", help="Nodes; > 1 packs expert groups on nodes.")] = 1,
     groups: Annotated[int | None, typer.Option(
-        "--groups", help="Expert groups (default: the recipe's n_group, else --nodes).")] = None,
+        "--groups", show_default="the recipe's n_group, else --nodes", help="Expert groups.")] = None,
     output: OutOpt = None,
-    fmt: Annotated[str, typer.Option("--format", help="native (hotsplit.placement/1) or sglang.")] = "native",
+    fmt: Annotated[str, typer.Option("--format", metavar="native|sglang",
+                                     help="native (hotsplit.placement/1) or sglang.")] = "native",
     recipe: RecipeOpt = None,
     eval_hist: Annotated[Path | None, typer.Option(
-        "--eval", help="Compare layouts on this (later) histogram.")] = None,
+        "--eval", show_default="none", help="Compare layouts on this (later) histogram.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random layout in the comparison.")] = 0,
     fit: Annotated[str, typer.Option(
-        "--fit", help="Fit on every window, the totals, or auto: whichever does better on held-out windows.")
+        "--fit", metavar="windows|totals|auto",
+            help="Fit on every window, the totals, or auto: whichever does better on held-out windows.")
     ] = "auto",
     platform: PlatformOpt = None,
     hot_gib: HotGibOpt = None,
     balance: Annotated[str | None, typer.Option(
-        "--balance", help="With --platform: write the layout balancing tokens or each rank's predicted time "
-                          "(default: time).")
+        "--balance", metavar="tokens|time", show_default="time",
+        help="With --platform: write the layout balancing tokens or each rank's predicted time.")
     ] = None,
     json: JsonOpt = False,
 ) -> None:

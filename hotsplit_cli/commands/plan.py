@@ -13,18 +13,21 @@ from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.hotset.coldpath import fastest_spans
 from hotsplit_cli.hotset.host_memory import host_fit
 from hotsplit_cli.hotset.planfile import PlanResult, make_plan, plan_doc
-from hotsplit_cli.options import HotGibOpt, JsonOpt, OutOpt, PlatformOpt, RecipeOpt
+from hotsplit_cli.options import RECIPE_HELP, HotGibOpt, JsonOpt, OutOpt, PlatformOpt
 from hotsplit_cli.output import Output, gib, pct
 from hotsplit_cli.traffic.hist import recorded_recipe
 
 
 def plan_cmd(
     hist_file: Annotated[Path, typer.Argument(metavar="HIST", help="Routing histogram (hotsplit.hist/1).")],
-    recipe: RecipeOpt = None,
+    recipe: Annotated[str | None, typer.Option(
+        "--recipe", "-r", metavar="RECIPE", show_default="the recipe the histogram records",
+        help=f"{RECIPE_HELP[:-1]}; needed when the histogram records none (`balance` records it).")] = None,
     hot_gib: HotGibOpt = None,
     platform: PlatformOpt = None,
     placement: Annotated[
-        Path | None, typer.Option("--placement", help="placement.json from `hotsplit place`: plan each EP rank's "
+        Path | None, typer.Option("--placement", show_default="none: one hot set per rank of the recipe",
+                                  help="placement.json from `hotsplit place`: plan each EP rank's "
                                   "hot set among the physical experts placed on it.")] = None,
     output: OutOpt = None,
     json: JsonOpt = False,

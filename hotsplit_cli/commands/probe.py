@@ -226,7 +226,8 @@ def probe_cmd(
     full: FullOpt = False,
     recipe: RecipeOpt = None,
     scale: Annotated[float | None, typer.Option(
-        "--scale", help="With --recipe: time the CPU expert rate on the experts `run --scale S` allocates.")] = None,
+        "--scale", show_default="none: the recipe's full size",
+            help="With --recipe: time the CPU expert rate on the experts `run --scale S` allocates.")] = None,
 ) -> None:
     """Measure this machine (PCIe, zero-copy reads, NUMA, GPU memory) and write platform.json."""
     out = Output(json)

@@ -25,13 +25,14 @@ def recipe_cmd(
                                         "absent: sizes then come from the index or the geometry).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="The recipe to write (.yaml).",
                                          callback=_yaml_output)],
-    gpu_mem_gib: Annotated[float | None, typer.Option("--gpu-mem-gib", help="GPU memory per rank in GiB (else "
-                                                      "--platform's GPU 0).")] = None,
+    gpu_mem_gib: Annotated[float | None, typer.Option(
+        "--gpu-mem-gib", show_default="--platform's GPU 0",
+        help="GPU memory per rank in GiB (it or --platform is needed).")] = None,
     platform: PlatformOpt = None,
     ep: Annotated[int, typer.Option("--ep", help="Expert-parallel size.", min=1)] = 1,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size.", min=1)] = 1,
-    prompts: Annotated[Path | None, typer.Option("--prompts", help="Sample prompts (.jsonl or text): the "
-                                                 "recipe's traffic.")] = None,
+    prompts: Annotated[Path | None, typer.Option("--prompts", show_default="none: no traffic section",
+                                                 help="Sample prompts (.jsonl or text): the recipe's traffic.")] = None,
     json: JsonOpt = False,
 ) -> None:
     """Write a recipe from a Hugging Face checkpoint's config.json and safetensors headers."""

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 StrengthOpt = Annotated[
     str,
-    typer.Option("--strength", help="Prior weight of REF in tokens: a number, `inf` (REF alone), `auto` (one "
+    typer.Option("--strength", metavar="<float>|inf|auto|auto-layer",
+                 help="Prior weight of REF in tokens: a number, `inf` (REF alone), `auto` (one "
                  "empirical-Bayes strength for all layers) or `auto-layer` (one per layer)."),
 ]
 HotFracOpt = Annotated[

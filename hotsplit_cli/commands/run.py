@@ -14,9 +14,19 @@ from rich.markup import escape
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.core.errors import Interrupted, UsageError
+from hotsplit_cli.hotset.fitted_traffic import run_fits
 from hotsplit_cli.hotset.host_memory import check_host_fits
 from hotsplit_cli.hotset.planfile import check_run_inputs
-from hotsplit_cli.options import ColdPathOpt, HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeArg, output_option
+from hotsplit_cli.options import (
+    ColdPathOpt,
+    HotGibOpt,
+    JsonOpt,
+    PlatformOpt,
+    PlotOpt,
+    RecipeArg,
+    knob_option,
+    output_option,
+)
 from hotsplit_cli.output import Output
 
 from . import _run_report as report
@@ -25,14 +35,17 @@ from ._run_ep_plot import plot_ep_run
 from ._run_report import draw_hit_rates as _draw_hit_rates
 from ._run_watch import RunWatch
 
-PlanFileOpt = Annotated[Path | None, typer.Option("--plan", help="plan.json from `hotsplit plan` (else planned here).")]
-TraceOpt = Annotated[Path | None, typer.Option("--trace", help="Replay this routing trace (.npz).")]
-StepsOpt = Annotated[int | None, typer.Option("--steps", help="Engine steps (default: the recipe's run.steps).")]
-ScaleOpt = Annotated[float | None, typer.Option("--scale", help="Shrink tensors, (0, 1]; plans keep real bytes.")]
-EplbStepsOpt = Annotated[int | None, typer.Option("--eplb-steps", help="EP: steps between live rebalances (0 = off).")]
-EpExchangeOpt = Annotated[str | None, typer.Option("--ep-exchange", help="EP: a2a (all_to_all_single) or allgather "
-                                                                         "(all-gather, then reduce-scatter).")]
+PlanFileOpt = Annotated[Path | None, typer.Option("--plan", show_default="planned here on the run's traffic",
+                                                  help="plan.json from `hotsplit plan`.")]
+TraceOpt = Annotated[Path | None, typer.Option("--trace", show_default="the recipe's traffic",
+                                               help="Replay this routing trace (.npz).")]
+StepsOpt = Annotated[int | None, typer.Option("--steps", show_default="the recipe's run.steps", help="Engine steps.")]
+ScaleOpt = Annotated[float | None, typer.Option("--scale", show_default="1: full size",
+                                               help="Shrink tensors, (0, 1]; plans keep real bytes.")]
+EplbStepsOpt = Annotated[str | None, knob_option("eplb_steps")]
+EpExchangeOpt = Annotated[str | None, knob_option("ep_exchange")]
 LogJsonlOpt = Annotated[Path | None, output_option("--log-jsonl", help="Also write each record as a JSON line.",
+                                                   show_default="none: not written",
                                                                 suffix=".jsonl")]
 
 
@@ -58,6 +71,7 @@ def run(
     _check_options(rec, platform, (trace, steps, scale), plot)
     request = api.RunRequest(rec, knobs, plan, trace, steps, scale, platform)
     plan_file = check_run_inputs(rec, plan, trace, knobs)  # before anything is built
+    fits = run_fits(plan_file, rec, trace, steps)  # does the run replay the plan's (and placement's) histogram?
     check_host_fits(rec, platform, scale)  # the cold banks against the host memory given, before allocating
     request = dataclasses.replace(request, plan_file=plan_file)
     watch = RunWatch(out, request)
@@ -65,7 +79,7 @@ def run(
     if result is None:  # another rank of a job: rank 0 reports for it
         return
     s = result.summary
-    doc = {**result.to_doc(), "verdicts": _verdicts(request, result)}
+    doc = {**result.to_doc(), "verdicts": _verdicts(request, result, fits)}
     if plot is not None:
         _plot(plot, result)
         doc["plot"] = str(plot)
@@ -90,12 +104,12 @@ def _check_options(rec, platform: Path | None, synthetic: tuple, plot: Path | No
         require_matplotlib()
 
 
-def _verdicts(request, result) -> list[dict]:
+def _verdicts(request, result, fits) -> list[dict]:
     """Every prediction the run was given, judged: a job's, or one rank's."""
     s = result.summary
     if result.figures is not None:
-        return ep_verdicts(request.plan_file, s, result.figures)
-    return report.verdicts(request.plan_file, s.hit_rate, s.cold_paths)
+        return ep_verdicts(request.plan_file, s, result.figures, fits)
+    return report.verdicts(request.plan_file, s.hit_rate, s.cold_paths, fit=fits.hit_rate.after(s.swaps))
 
 
 def _renderer(out: Output, request, result, doc: dict, plot: Path | None):

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import numpy as np
 import typer
 
-from hotsplit_cli.core.errors import UsageError
-from hotsplit_cli.options import HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeOpt
+from hotsplit_cli.options import HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RequiredRecipeOpt, knob_option
 from hotsplit_cli.output import Output, gib, pct
 from hotsplit_cli.plotting import integer_step_ticks
 
@@ -22,23 +21,24 @@ if TYPE_CHECKING:
 
 def simulate_cmd(
     trace: Annotated[Path, typer.Option("--trace", help="Routing trace (.npz from `balance --trace`).")],
-    recipe: RecipeOpt = None,
+    recipe: RequiredRecipeOpt,
     hot_gib: HotGibOpt = None,
-    fit: Annotated[Path | None, typer.Option("--fit", help="Fit the static plan on this histogram.")] = None,
-    plan: Annotated[Path | None, typer.Option("--plan", help="Use this plan.json as the static hot set.")] = None,
-    policies: Annotated[str, typer.Option("--policies", help="Comma-separated policies to run.")] = (
+    fit: Annotated[Path | None, typer.Option("--fit", show_default="the trace's first window",
+                                                  help="Fit the static plan on this histogram.")] = None,
+    plan: Annotated[Path | None, typer.Option("--plan", show_default="fitted (--fit)",
+                                                   help="Use this plan.json as the static hot set.")] = None,
+    policies: Annotated[str, typer.Option("--policies", metavar="LIST", help="Comma-separated policies to run.")] = (
         "static,dynamic,lru,lfu,oracle,hindsight"),
-    batch: Annotated[int | None, typer.Option("--batch", help="Regroup the trace's tokens into steps of B.")] = None,
+    batch: Annotated[int | None, typer.Option("--batch", show_default="the trace's steps",
+                                                         help="Regroup the trace's tokens into steps of B.")] = None,
     window_steps: Annotated[int | None, typer.Option(
-        "--window-steps", help="Steps per reporting and oracle window (default: dyn_steps).")] = None,
-    dyn_steps: Annotated[str | None, typer.Option("--dyn-steps", help="Override HOTSPLIT_DYN_STEPS.")] = None,
-    dyn_max_swaps: Annotated[str | None, typer.Option(
-        "--dyn-max-swaps", help="Override HOTSPLIT_DYN_MAX_SWAPS.")] = None,
-    dyn_margin: Annotated[str | None, typer.Option("--dyn-margin", help="Override HOTSPLIT_DYN_MARGIN.")] = None,
-    dyn_decay: Annotated[str | None, typer.Option("--dyn-decay", help="Override HOTSPLIT_DYN_DECAY.")] = None,
-    dyn_rule: Annotated[str | None, typer.Option(
-        "--dyn-rule", help="Override HOTSPLIT_DYN_RULE (credit | breakeven).")] = None,
-    dyn_sigmas: Annotated[str | None, typer.Option("--dyn-sigmas", help="Override HOTSPLIT_DYN_SIGMAS.")] = None,
+        "--window-steps", show_default="dyn_steps", help="Steps per reporting and oracle window.")] = None,
+    dyn_steps: Annotated[str | None, knob_option("dyn_steps")] = None,
+    dyn_max_swaps: Annotated[str | None, knob_option("dyn_max_swaps")] = None,
+    dyn_margin: Annotated[str | None, knob_option("dyn_margin")] = None,
+    dyn_decay: Annotated[str | None, knob_option("dyn_decay")] = None,
+    dyn_rule: Annotated[str | None, knob_option("dyn_rule")] = None,
+    dyn_sigmas: Annotated[str | None, knob_option("dyn_sigmas")] = None,
     platform: PlatformOpt = None,
     plot: PlotOpt = None,
     json: JsonOpt = False,
@@ -51,8 +51,6 @@ def simulate_cmd(
 
     out = Output(json)
     names = parse_policies(policies)
-    if recipe is None:
-        raise UsageError("simulate needs --recipe to know the expert sizes", "pass --recipe NAME or a YAML path")
     req = SimRequest(trace, names, fit, plan, batch, window_steps, platform)
     rec = load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "dyn_steps": dyn_steps,

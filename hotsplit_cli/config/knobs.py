@@ -50,6 +50,28 @@ KNOBS = (
 )
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 
+# What each knob means, as a flag's --help says it (the meanings of SPEC.md's table, docs/simulate.md).
+KNOB_MEANINGS = {
+    "hot_gib": "Per-rank hot budget in GiB",
+    "dyn_steps": "Engine steps between dynamic swap evaluations",
+    "dyn_max_swaps": "Most swaps per MoE layer at each evaluation",
+    "dyn_margin": "Swap only when the incoming expert's score exceeds margin x the outgoing one's",
+    "dyn_decay": "Share of the swap rule's score kept from one window to the next (0: the last window only)",
+    "dyn_rule": "Which rule proposes swaps: credit (scores against the margin) or breakeven (swaps whose "
+                "copy pays back in cold reads)",
+    "dyn_sigmas": "breakeven rule: Poisson standard deviations by which an incoming expert's score must lead",
+    "cold_path": "Who computes cold experts: gpu (zero-copy), cpu, or split by the measured cost model",
+    "eplb_steps": "EP: engine steps between live expert-parallel rebalances (0 = off)",
+    "ep_exchange": "EP: how ranks exchange tokens: a2a (all_to_all_single) or allgather (all-gather, then "
+                   "reduce-scatter)",
+}
+AUTO_HOT_GIB = "auto: GPU memory - dense weights - KV cache - reserve"  # what an empty hot_gib means
+
+
+def knob_spec(name: str) -> KnobSpec:
+    """The spec of knob `name` (KeyError for a name that is no knob)."""
+    return {k.name: k for k in KNOBS}[name]
+
 
 @dataclass(frozen=True)
 class Knobs:

@@ -191,6 +191,14 @@ def _kind_name(kinds: tuple) -> str:
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
+def recipe_file(recipe: Recipe) -> str | None:
+    """The absolute path a recipe that is not shipped was read from, which a plan or placement made
+    with it records so that `export` finds it again; None for a shipped recipe (its name finds it)."""
+    if recipe.path is None or recipe.path.resolve().parent == RECIPES_DIR.resolve():
+        return None
+    return str(recipe.path.resolve())
+
+
 def resolve_recipe_path(name_or_path: str | os.PathLike) -> Path:
     """A path to a YAML file, or the name of a shipped recipe (`tiny`, `deepseek-v3`)."""
     p = Path(name_or_path)

@@ -69,7 +69,7 @@ def read_plan_source(req: ExportRequest) -> PlanSource:
     path = req.path
     doc = check_kind(path, "plan", req.engine)
     plan = load_plan(path)
-    recipe = _recipe_for(path, "plan", plan.recipe, req.recipe, req.engine, doc.get("model"))
+    recipe = _recipe_for(path, "plan", (plan.recipe, doc.get("recipe_path")), req.recipe, req.engine, doc.get("model"))
     m = recipe.model
     hot = np.stack([plan.hot_LE(m.moe_layer_ids, m.num_experts, rank=r, model=recipe.name)
                     for r in range(len(plan.hot_by_rank))])
@@ -90,7 +90,8 @@ def read_placement_source(req: ExportRequest) -> PlacementSource:
     placement = load_placement(path)
     num_experts = int(doc["num_experts"])
     made = doc.get("source") if isinstance(doc.get("source"), dict) else {}  # older files record neither
-    recipe = _recipe_for(path, "placement", made.get("recipe"), req.recipe, req.engine, made.get("model"))
+    recipe = _recipe_for(path, "placement", (made.get("recipe"), made.get("recipe_path")), req.recipe, req.engine,
+                         made.get("model"))
     m = recipe.model
     if num_experts != m.num_experts or tuple(placement.layers) != tuple(m.moe_layer_ids):
         raise PlanError(f"{path}: a placement of {len(placement.layers)} layers x {num_experts} experts (layers "
@@ -100,12 +101,16 @@ def read_placement_source(req: ExportRequest) -> PlacementSource:
     return PlacementSource(path, placement, recipe, num_experts)
 
 
-def _recipe_for(path: Path, kind: str, recorded: object, given: str | None, engine: str, model: object) -> Recipe:
-    """The recipe the file records, or --recipe; both given, they must be the same recipe."""
-    recorded = recorded if isinstance(recorded, str) else None
+def _recipe_for(path: Path, kind: str, recorded_as: tuple, given: str | None, engine: str, model: object) -> Recipe:
+    """The recipe the file records (`recorded_as`: its name, and the path of a recipe YAML that is
+    not shipped), or --recipe; both given, they must be the same recipe."""
+    recorded, recorded_path = (x if isinstance(x, str) else None for x in recorded_as)
     if given is None and recorded is None:
         raise _no_recipe(path, kind, engine, model if isinstance(model, str) else None)
-    recipe = load_recipe(given or recorded)
+    if given is None and recorded_path is not None and not Path(recorded_path).is_file():
+        raise UsageError(f"{path}: a {kind} made with recipe {recorded_path}, which is no longer there",
+                         f"pass --recipe with that recipe's YAML ({recorded!r})")
+    recipe = load_recipe(given or recorded_path or recorded)
     if recorded is not None and recipe.name != recorded:
         make = "plan" if kind == "plan" else "place"
         raise PlanError(f"{path}: a {kind} for recipe {recorded!r}, not {recipe.name!r}",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hotsplit_cli.config.knobs import Knobs, check_ep_knobs
-from hotsplit_cli.config.recipe import Recipe
+from hotsplit_cli.config.recipe import Recipe, recipe_file
 from hotsplit_cli.core.errors import PlanError
 from hotsplit_cli.core.jsonio import read_json_doc, schema_tag
 from hotsplit_cli.hotset.budget import HotBudget, ReadRate, check_plan_budget, choose_read_rate, resolve_hot_budget
@@ -281,6 +281,7 @@ def plan_doc(result: PlanResult) -> dict:
         "histogram": {"path": str(result.hist_path), "sha256": file_sha256(result.hist_path), "model": hist.model,
                       "source": hist.source, "tokens": hist.tokens},
         "recipe": recipe.name,
+        **({"recipe_path": path} if (path := recipe_file(recipe)) else {}),  # a recipe YAML of the user's
         "model": recipe.model.name,
         "parallel": {"tp": tp, "ep": ep, "ranks": tp * ep},
         "hot_gib": budget.hot_gib,
@@ -368,6 +369,7 @@ class PlanFile:
     rank_hit_rates: tuple[float | None, ...] = ()  # each rank's in-sample hit rate (EP plans)
     out_of_sample: Band | None = None  # the forecast on new traffic; None: the plan has none (no windows, older plan)
     rank_out_of_sample: tuple[Band | None, ...] = ()  # each rank's (plans on a placement)
+    histogram: dict | None = None  # {"path", "sha256", ...} of the histogram it was fitted on
 
     @property
     def expected_hit_rate(self) -> float | None:
@@ -435,7 +437,9 @@ def load_plan(path: str | os.PathLike) -> PlanFile:
     return PlanFile(Path(path), layers, tuple(hot_by_rank), number("hit_rate", float),
                     number("expert_bytes", int), number("budget_bytes", int), _made_from(doc.get("histogram")),
                     doc.get("recipe") if isinstance(doc.get("recipe"), str) else None, placement, rates,
-                    _band(doc.get("out_of_sample")), tuple(_band(r.get("out_of_sample")) for r in ranks))
+                    _band(doc.get("out_of_sample")), tuple(_band(r.get("out_of_sample")) for r in ranks),
+                    hist if isinstance(hist := doc.get("histogram"), dict) and isinstance(hist.get("path"), str)
+                    else None)
 
 
 def find_beside(plan_path: Path, recorded: str, sha256: str | None) -> Path:

@@ -14,18 +14,54 @@ Cold-path time (the platform file): per cold expert read, predicted by the cost 
 by the relative spread s of the rate it used (a factor 1 + s either way); no band when the rate's
 source records no spread.
 A run on another task's traffic is outside both when its routing is not the fit's (docs/simulate.md).
+The in-sample figures are about the routing the histogram counted (`Fit`, hotset/fitted_traffic.py):
+on other traffic the in-sample verdict says so, and an exact band (no spread to widen it) is kept
+only while it can hold (the run replays that routing with the plan's hot set kept); otherwise the
+prediction is given plainly, without a band.
 The summary's warning (`expectation_warning`): an achieved hit rate more than EXPECTED_GAP_LIMIT
 from the plan's expectation, and why the two may differ.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hotsplit_cli.hotset.forecast import Band
 
 EXACT = 1e-9  # a figure without a spread is judged to rounding
 EXPECTED_GAP_LIMIT = 0.10  # an achieved hit rate further than this from the plan's expectation is flagged
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What a run did to the in-sample figures' premise: `same` says whether its traffic is the
+    routing the histogram counted (None: cannot be told before the run), `traffic` says what it
+    replays instead; `changed` is why the plan's set did not hold (e.g. swaps), None when it held."""
+
+    same: bool | None
+    traffic: str = ""
+    changed: str | None = None
+    part: bool = False  # the run replays a part of the routing the histogram counted
+
+    @property
+    def note(self) -> str | None:
+        """Why an in-sample figure does not apply to this run; None when it may."""
+        if self.same is False and self.part:
+            return f"the run replays part of the histogram's traffic ({self.traffic}): in-sample is for all of it"
+        if self.same is False:
+            return f"the run's traffic is not the histogram's ({self.traffic}): in-sample does not apply here"
+        return None
+
+    def after(self, swaps: int) -> Fit:
+        """The fit once the run is done: swaps made mean the plan's hot set did not hold."""
+        return self if not swaps else replace(self, changed=f"the run made {swaps} swaps: the plan's hot set "
+                                                            "did not hold")
+
+    def rules_out_exact(self) -> str | None:
+        """Why an exact in-sample figure cannot be this run's; None when it can."""
+        if self.same is False:
+            return f"the run's traffic is {'part of' if self.part else 'not'} the histogram's ({self.traffic})"
+        return self.changed
 
 
 @dataclass(frozen=True)
@@ -40,6 +76,7 @@ class Verdict:
     high: float | None
     band: str  # where the band comes from
     unit: str = "fraction"  # fraction (printed as %) | ratio | ms
+    note: str | None = None  # why the prediction does not apply to this run (its traffic is another)
 
     @property
     def within(self) -> bool | None:
@@ -54,35 +91,54 @@ class Verdict:
     def to_doc(self) -> dict:
         return {"name": self.name, "figure": self.figure, "unit": self.unit, "achieved": self.achieved,
                 "predicted": self.predicted, "low": self.low, "high": self.high, "band": self.band,
-                "within": self.within, "verdict": self.word}
+                "within": self.within, "verdict": self.word, "applies": self.note is None, "note": self.note}
+
+
+def _in_sample(name: str, what: str, in_sample: float, forecast: Band | None, achieved: float, unit: str,
+               fit: Fit) -> Verdict:
+    """The in-sample figure banded by half the held-out range; without a spread the band is exact,
+    kept only while the run can meet it (`fit`), else the figure is given without a band."""
+    half = 0.0 if forecast is None else (forecast.high - forecast.low) / 2
+    args = (f"{name}.in_sample", f"{what}, in-sample)", achieved, in_sample)
+    if half > EXACT:
+        return Verdict(*args, in_sample - half, in_sample + half, "+- half the held-out windows' range", unit,
+                       fit.note)
+    why = "no held-out windows" if forecast is None else "the held-out windows give no spread"
+    ruled_out = fit.rules_out_exact()
+    if ruled_out is None:
+        return Verdict(*args, in_sample, in_sample, f"exact: {why}", unit, fit.note)
+    plain = f"no band: exact only on the routing the histogram counted, with the plan's hot set kept ({why})"
+    return Verdict(*args, None, None, plain if fit.note else f"{plain}; {ruled_out}", unit, fit.note)
 
 
 def _two_sided(name: str, what: str, in_sample: float | None, forecast: Band | None, achieved: float,
-               unit: str) -> list[Verdict]:
+               unit: str, fit: Fit | None) -> list[Verdict]:
     """The in-sample figure (banded by half the held-out range) and the out-of-sample band."""
-    out = []
-    if in_sample is not None:
-        half = 0.0 if forecast is None else (forecast.high - forecast.low) / 2
-        band = "exact: no held-out windows" if forecast is None else "+- half the held-out windows' range"
-        out.append(Verdict(f"{name}.in_sample", f"{what}, in-sample)", achieved, in_sample, in_sample - half,
-                           in_sample + half, band, unit))
+    fit = fit or Fit(None)
+    out = [] if in_sample is None else [_in_sample(name, what, in_sample, forecast, achieved, unit, fit)]
     if forecast is not None:
         top = forecast.high if in_sample is None else max(forecast.high, in_sample)
-        out.append(Verdict(f"{name}.out_of_sample", f"{what}, out-of-sample)", achieved, forecast.expected,
-                           forecast.low, top, "held-out windows' lowest .. max(highest, in-sample)", unit))
+        args = (f"{name}.out_of_sample", f"{what}, out-of-sample)", achieved, forecast.expected)
+        if top - forecast.low > EXACT or forecast.low >= 1 - EXACT:  # every held-out window at 1: nothing missed
+            out.append(Verdict(*args, forecast.low, top, "held-out windows' lowest .. max(highest, in-sample)", unit))
+        else:  # one held-out window (or identical ones below 1): a figure on new traffic is not exact
+            out.append(Verdict(*args, None, None, "no band: the held-out windows give no spread (capture more "
+                                                  "windows with `hotsplit balance --window-steps N`)", unit))
     return out
 
 
-def hit_rate_verdicts(in_sample: float | None, forecast: Band | None, achieved: float) -> list[Verdict]:
-    """The plan's hit-rate predictions judged against the `achieved` hit rate (fractions)."""
-    return _two_sided("hit_rate", "hit rate (plan", in_sample, forecast, achieved, "fraction")
+def hit_rate_verdicts(in_sample: float | None, forecast: Band | None, achieved: float,
+                      fit: Fit | None = None) -> list[Verdict]:
+    """The plan's hit-rate predictions judged against the `achieved` hit rate (fractions); `fit`:
+    whether the run replays the routing the plan was fitted on (None: not known)."""
+    return _two_sided("hit_rate", "hit rate (plan", in_sample, forecast, achieved, "fraction", fit)
 
 
 def balancedness_verdicts(fitted: float | None, forecast: Band | None, achieved: float,
-                          steps_per_window: int) -> list[Verdict]:
+                          steps_per_window: int, fit: Fit | None = None) -> list[Verdict]:
     """The placement's balancedness judged against the run's, over windows of `steps_per_window` steps."""
     return _two_sided("balancedness", f"balancedness per {steps_per_window}-step window (placement", fitted,
-                      forecast, achieved, "ratio")
+                      forecast, achieved, "ratio", fit)
 
 
 def cold_path_verdicts(paths: dict | None, who: str = "") -> list[Verdict]:

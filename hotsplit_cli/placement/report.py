@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hotsplit_cli.config.recipe import Recipe
+from hotsplit_cli.config.recipe import Recipe, recipe_file
 from hotsplit_cli.core.errors import PlanError
 from hotsplit_cli.placement.algorithm import Geometry, Placement, check_geometry, place_experts
 from hotsplit_cli.placement.evaluate import (
@@ -105,6 +105,7 @@ def place_from_hist(req: PlaceRequest, recipe: Recipe | None = None,
     placement = place_experts(all_W if choice.mode == "windows" else hist.counts_LE[None], hist.layers, geo)
     compare = compare_layouts(hist, later, geo, placement, req.seed)
     source = {"histogram": str(req.hist_path), "model": hist.model, "recipe": recipe.name if recipe else None,
+              **({"recipe_path": path} if recipe and (path := recipe_file(recipe)) else {}),
               "windows": int(all_W.shape[0]), "fit": choice.to_doc(),
               "num_redundant": req.redundant, "num_groups": groups, "steps_per_window": hist.steps_per_window}
     held = held_out_balance(all_W, lambda w_WLE: place_experts(

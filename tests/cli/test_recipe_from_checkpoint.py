@@ -147,3 +147,53 @@ def test_a_recipe_field_off_by_one_is_refused_naming_the_field_and_both_values(w
     assert err.startswith(f"error: model.{field}: the recipe says {_CHANGED[field]!r}, the checkpoint's config.json "
                           f"says {want!r}")
     assert not plan.exists()
+
+
+def _commands(bad, tmp_path):
+    """Each command that takes a recipe, given `bad`, and the file it would write."""
+    from tests.export.helpers import make_plan, synthetic_hist
+
+    hist = synthetic_hist(tmp_path / "tiny-h.json", "tiny")
+    plan = make_plan(tmp_path, hist, "tiny", "0.004", "tiny-plan.json")
+    out = tmp_path / "out"
+    return {"plan": (["plan", hist, "--recipe", bad, "-o", f"{out}.json"], f"{out}.json"),
+            "balance": (["balance", bad, "-o", f"{out}.json"], f"{out}.json"),
+            "run": (["run", bad, "--log-jsonl", f"{out}.jsonl"], f"{out}.jsonl"),
+            "simulate": (["simulate", "--trace", tmp_path / "t.npz", "--recipe", bad, "--plot", f"{out}.png"],
+                         f"{out}.png"),
+            "place": (["place", hist, "--recipe", bad, "--ranks", "2", "-o", f"{out}.json"], f"{out}.json"),
+            "ledger": (["ledger", bad], None),
+            "export": (["export", plan, "--to", "ktransformers", "--recipe", bad, "-o", f"{out}.pt"], f"{out}.pt")}
+
+
+@pytest.mark.parametrize("command", ["plan", "balance", "run", "simulate", "place", "ledger", "export"])
+def test_every_command_that_takes_the_recipe_refuses_it_before_any_work(written, command, tmp_path, capsys):
+    doc = yaml.safe_load(written.read_text())
+    doc["model"]["hidden_size"] += 1
+    doc["model"]["path"] = str((written.parent / doc["model"]["path"]).resolve())
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    args, out = _commands(bad, tmp_path)[command]
+    capsys.readouterr()
+    assert main([str(a) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: model.hidden_size: the recipe says ")
+    assert out is None or not (tmp_path / out).exists()
+
+
+def test_an_fp8_checkpoint_gets_fp8_experts_and_its_parameters_without_the_scales(checkpoints, tmp_path):
+    from hotsplit_runtime.fp8 import Fp8Format
+    from safetensors import safe_open
+
+    from tests.runtime.test_hf_fp8 import BLOCK, write_fp8
+
+    fp8 = tmp_path / "fp8"
+    write_fp8(checkpoints["deepseek_v3"], fp8, Fp8Format(BLOCK))
+    out = tmp_path / "r.yaml"
+    assert main(["recipe", "--model", str(fp8), "--gpu-mem-gib", "1", "-o", str(out)]) == 0
+    m = load_recipe(out).model
+    with safe_open(str(fp8 / "model.safetensors"), framework="pt") as st:
+        params = sum(_prod(st.get_slice(k).get_shape()) for k in st.keys() if not k.endswith("_scale_inv"))
+    assert (m.expert_dtype, m.total_params) == ("fp8", params)
+    assert params < _header_params(fp8)  # the block scales are storage, not parameters
+    assert main(["ledger", str(out), "--hot-gib", "0.0001"]) == 0  # plans without an edit
