@@ -154,6 +154,8 @@ class TritonExperts:
         return dtype == torch.bfloat16 and not self.kernels.INTERPRET
 
     def __call__(self, x_TH, ids_TK, w_TK, bank: ExpertBank, counts_E=None) -> torch.Tensor:
+        if getattr(bank, "precision", "native") == "mxfp4":
+            raise ValueError("the Triton kernels read no mxfp4 tiles: choose_compute(info, 'mxfp4') picks torch")
         k = self.kernels
         T, K = ids_TK.shape
         H, INTER = bank.hidden, bank.inter
@@ -193,6 +195,8 @@ class TritonExperts:
         return out.view(T, K, H).sum(dim=1).to(x_TH.dtype)
 
 
-def choose_compute(info: DeviceInfo):
-    """Triton where it can run on the chosen device, else the torch path (decided once)."""
-    return TritonExperts() if info.triton else TorchExperts()
+def choose_compute(info: DeviceInfo, precision: str = "native"):
+    """Triton where it can run on the chosen device, else the torch path (decided once). The
+    kernels read native and fp8 tiles; mxfp4 experts take the torch path, which dequantises them
+    per expert."""
+    return TritonExperts() if info.triton and precision != "mxfp4" else TorchExperts()
