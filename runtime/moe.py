@@ -44,11 +44,12 @@ class MoEGeometry:
         return 3 * self.inter * self.hidden
 
     @classmethod
-    def from_recipe(cls, recipe: Recipe, scale: float) -> MoEGeometry:
+    def from_recipe(cls, recipe: Recipe, scale: float, multiple: int = 8) -> MoEGeometry:
+        """`multiple`: what the expert dims are rounded to when `scale` shrinks them."""
         m, tp = recipe.model, recipe.parallel.tp
         return cls(
-            hidden=scaled_dim(m.hidden_size, scale),
-            inter=scaled_dim(m.moe_intermediate_size // tp, scale),
+            hidden=scaled_dim(m.hidden_size, scale, multiple),
+            inter=scaled_dim(m.moe_intermediate_size // tp, scale, multiple),
             num_experts=m.num_experts,
             top_k=m.top_k,
             shared_inter=scaled_dim(m.shared_intermediate_size // tp, scale) if m.shared_intermediate_size else 0,

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
+from hotsplit_cli.config.knobs import PRECISIONS
 from hotsplit_cli.core.errors import UsageError
 
 from .fp8 import RELEASE_FP8, Fp8Experts, Fp8Format
 
-PRECISIONS = ("native", "fp8", "mxfp4")
 MX_GROUP = 32  # inputs per e8m0 scale
 E8M0_BIAS = 127
 E8M0_NAN = 255

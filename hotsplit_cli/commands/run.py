@@ -16,7 +16,16 @@ from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.core.errors import Interrupted, UsageError
 from hotsplit_cli.hotset.host_memory import check_host_fits
 from hotsplit_cli.hotset.planfile import check_run_inputs
-from hotsplit_cli.options import ColdPathOpt, HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeArg, output_option
+from hotsplit_cli.options import (
+    ColdPathOpt,
+    HotGibOpt,
+    JsonOpt,
+    PlatformOpt,
+    PlotOpt,
+    PrecisionOpt,
+    RecipeArg,
+    output_option,
+)
 from hotsplit_cli.output import Output
 
 from . import _run_report as report
@@ -50,11 +59,12 @@ def run(
     platform: PlatformOpt = None,
     eplb_steps: EplbStepsOpt = None,
     ep_exchange: EpExchangeOpt = None,
+    precision: PrecisionOpt = None,
 ) -> None:
     """Run the recipe's MoE on the hot/cold runtime: hit rate per update, then a summary."""
     out, rec = Output(json_out), load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path, "eplb_steps": eplb_steps,
-                                                  "ep_exchange": ep_exchange})
+                                                  "ep_exchange": ep_exchange, "precision": precision})
     _check_options(rec, platform, (trace, steps, scale), plot)
     request = api.RunRequest(rec, knobs, plan, trace, steps, scale, platform)
     plan_file = check_run_inputs(rec, plan, trace, knobs)  # before anything is built
