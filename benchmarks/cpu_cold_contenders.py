@@ -25,6 +25,7 @@ from hotsplit_runtime.kernels import choose_compute
 from hotsplit_runtime.model import HotColdMoE
 from hotsplit_runtime.moe import MoEGeometry, scaled_dim
 from hotsplit_runtime.pinned import PinnedAllocator, numa_policy_for
+from hotsplit_runtime.precision import stored_format
 from hotsplit_runtime.selftest import error_line
 
 from hotsplit_cli.hotset.coldpath import ColdRates, split_cold
@@ -36,7 +37,8 @@ Compute = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def geometry(shape, scale: float) -> MoEGeometry:
-    return MoEGeometry(hidden=scaled_dim(shape.hidden, scale), inter=scaled_dim(shape.inter, scale),
+    # Scaled dims stay multiples of 32, mxfp4's group, so that every precision has the same shapes.
+    return MoEGeometry(hidden=scaled_dim(shape.hidden, scale, 32), inter=scaled_dim(shape.inter, scale, 32),
                        num_experts=shape.num_experts, top_k=shape.top_k, shared_inter=0, router="softmax")
 
 
@@ -45,8 +47,9 @@ def runtime_path(g: MoEGeometry, precision: str) -> tuple[Compute, int]:
     split in mode cpu, called as SplitExperts calls it; and the bytes one expert is stored in."""
     info = choose_device("cpu")
     alloc = PinnedAllocator(pin=False, numa=numa_policy_for("off", None))
-    model = HotColdMoE([filled_layer(g, DTYPE, None)], g, np.zeros((1, g.num_experts), dtype=bool), info, alloc,
-                       choose_compute(info))
+    layer = filled_layer(g, DTYPE, stored_format(precision))
+    cold = np.zeros((1, g.num_experts), dtype=bool)
+    model = HotColdMoE([layer], g, cold, info, alloc, choose_compute(info, precision))
     bank = model.banks[0]
     split = ColdSplit("cpu", ColdRates(None, ((1, 1.0),), shared_cpu=True), info)
     compute = SplitExperts(model.compute, split)
