@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -195,8 +196,10 @@ class TritonExperts:
         return out.view(T, K, H).sum(dim=1).to(x_TH.dtype)
 
 
-def choose_compute(info: DeviceInfo, precision: str = "native"):
-    """Triton where it can run on the chosen device, else the torch path (decided once). The
-    kernels read native and fp8 tiles; mxfp4 experts take the torch path, which dequantises them
-    per expert."""
-    return TritonExperts() if info.triton and precision != "mxfp4" else TorchExperts()
+def choose_compute(info: DeviceInfo, precision="native"):
+    """Triton where it can run on the chosen device, else the torch path (decided once).
+    `precision`: the stored precision, one name or a per-(layer, expert) array of names. The
+    kernels read native and fp8 tiles; a model with mxfp4 experts takes the torch path, which
+    dequantises them per expert."""
+    mxfp4 = "mxfp4" in (np.asarray(precision).reshape(-1).tolist())
+    return TritonExperts() if info.triton and not mxfp4 else TorchExperts()

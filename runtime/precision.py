@@ -184,3 +184,9 @@ def uniform_layer_precisions(precision_LE, num_layers: int, num_experts: int) ->
                              "the runtime stores one precision per layer's bank; give each layer one")
     return [row[0] for row in rows]
 
+
+
+def layer_formats(precision_LE, num_layers: int, num_experts: int) -> list[StoredFormat | None]:
+    """Per MoE layer, the format its bank stores (None: native), from a per-(layer, expert)
+    precision array [L, E]: what `make_layer_weights(..., stored=)` takes for each layer."""
+    return [stored_format(p) for p in uniform_layer_precisions(precision_LE, num_layers, num_experts)]
