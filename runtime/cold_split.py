@@ -39,6 +39,10 @@ from .device import DeviceInfo, synchronizer
 # the CPU and computing it streams 25-45x fewer bytes of stored weights per second than bf16.
 FP8_REFUSAL = ("cold_path {mode}: the CPU cannot compute fp8 experts usefully (dequantising them streams ~30-40x "
                "fewer bytes/s than bf16); use cold_path gpu, which reads fp8 tiles in place")
+# Measured the same way (benchmarks/bench_cpu_cold_rate.py --precisions native,fp8,mxfp4, docs/benchmarks.md):
+# the CPU path over mxfp4 banks streams 0.02-0.06 GB/s of stored bytes, 100x and more below native.
+MXFP4_REFUSAL = ("cold_path {mode}: the CPU cannot compute mxfp4 experts usefully (dequantising them streams ~100x "
+                 "fewer bytes/s than bf16); use cold_path gpu")
 
 
 @dataclass
@@ -264,6 +268,8 @@ def make_split(mode: str, info: DeviceInfo, bank, platform=None) -> ColdSplit | 
         return None
     if getattr(bank, "fp8_meta", None) is not None:
         raise UsageError(FP8_REFUSAL.format(mode=mode))
+    if getattr(bank, "precision", "native") == "mxfp4":
+        raise UsageError(MXFP4_REFUSAL.format(mode=mode))
     not_used = None
     if platform is not None:
         gpu = platform.gpu_of_cuda(info.device.index or 0) if info.is_cuda else None

@@ -175,3 +175,17 @@ def test_layers_of_one_model_may_store_different_precisions():
         torch.testing.assert_close(model.step(x), ref.step(x), **tolerances(torch.float32))
         model.begin_swaps(random_moves(model, 2, rng))
         model.publish_ready(wait=True)
+
+
+def test_mxfp4_banks_refuse_the_cpu_path_in_one_line():
+    """Dequantising mxfp4 on the CPU streams ~100x fewer bytes/s than native (docs/benchmarks.md):
+    as with fp8, cold_path cpu and split are refused, gpu is not."""
+    from hotsplit_runtime import cold_split
+
+    g = MoEGeometry(hidden=64, inter=32, num_experts=4, top_k=2, shared_inter=0, router="softmax")
+    model, _ = build_pair(g, 1, np.zeros((1, 4), dtype=bool), CPU, torch.float32, stored=MXFP4)
+    for mode in ("cpu", "split"):
+        with pytest.raises(UsageError, match=rf"^cold_path {mode}: the CPU cannot compute mxfp4 experts") as e:
+            cold_split.make_split(mode, CPU, model.banks[0])
+        assert "\n" not in str(e.value)
+    assert cold_split.make_split("gpu", CPU, model.banks[0]) is None
