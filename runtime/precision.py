@@ -190,3 +190,11 @@ def layer_formats(precision_LE, num_layers: int, num_experts: int) -> list[Store
     """Per MoE layer, the format its bank stores (None: native), from a per-(layer, expert)
     precision array [L, E]: what `make_layer_weights(..., stored=)` takes for each layer."""
     return [stored_format(p) for p in uniform_layer_precisions(precision_LE, num_layers, num_experts)]
+
+
+def check_checkpoint_precision(precision: str, recipe_name: str) -> None:
+    """A checkpoint's experts are stored at its own precision: another one asked for is refused,
+    not ignored."""
+    if precision != "native":
+        raise UsageError(f"precision {precision}: recipe {recipe_name!r} runs a checkpoint, whose experts stay at "
+                         "its own precision", "drop --precision / HOTSPLIT_PRECISION / hotsplit.precision for it")

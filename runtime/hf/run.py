@@ -21,6 +21,7 @@ from hotsplit_cli.traffic.prompts import read_prompts
 
 from ..cold_split import make_split
 from ..device import DeviceInfo
+from ..precision import check_checkpoint_precision
 from ..rank_context import PlanChoice, RankContext
 from ..request import RunHeader, cold_bank_fields, make_header, setup_doc
 from .capture import Generation, capture
@@ -77,6 +78,7 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
                        rank: RankContext | None = None) -> PreparedCheckpoint:
     """Load the checkpoint onto the hot/cold banks and plan for the rank's share of `prompts`
     (`rank`: the single-rank default, or an expert-parallel rank)."""
+    check_checkpoint_precision(knobs.precision, recipe.name)
     m, t = recipe.model, recipe.traffic
     rank = RankContext() if rank is None else rank
     # The banks keep a checkpoint's fp8 experts on every device; refused before gigabytes are loaded.

@@ -77,3 +77,15 @@ def test_run_stores_the_precision_its_flag_asks_for_and_refuses_a_bad_one_in_one
     assert bad.code == 2 and bad.out == ""
     assert bad.err.strip() == "error: --precision: must be one of native, fp8, mxfp4, got 'int4'"
     assert not log.exists()
+
+
+def test_a_checkpoint_run_refuses_a_stored_precision_rather_than_ignore_it():
+    from types import SimpleNamespace
+
+    from hotsplit_runtime.hf.run import prepare_checkpoint
+
+    knobs = resolve_knobs({}, {"HOTSPLIT_PRECISION": "fp8"})
+    with pytest.raises(UsageError, match=r"^precision fp8: recipe 'mine' runs a checkpoint, whose experts stay at its "
+                                         r"own precision$") as e:
+        prepare_checkpoint(SimpleNamespace(name="mine"), knobs, prompts=[])
+    assert e.value.hint.startswith("drop --precision")
