@@ -13,6 +13,7 @@ Experts are quantised once, from their native weights, when a bank is filled.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -87,12 +88,21 @@ def e8m0_scales(scales: torch.Tensor) -> torch.Tensor:
     return torch.where(scales == E8M0_NAN, torch.nan, s)
 
 
+@functools.lru_cache(maxsize=8)
+def _byte_pairs(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[256, 2]: the two e2m1 values of each byte, the low nibble's first (one lookup per byte)."""
+    values, byte = _e2m1_values(torch.float32), torch.arange(256)
+    return torch.stack([values[byte & 0x0F], values[byte >> 4]], dim=-1).to(device, dtype)
+
+
 def mxfp4_dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """W [..., R, C] in `dtype` from blocks [..., R, C/32, 16] and scales [..., R, C/32]: each value
-    times its group's scale, computed in float32 (exact: a power of two) and rounded to `dtype`."""
-    values = _e2m1_values(torch.float32).to(blocks.device)
-    pairs = torch.stack([values[(blocks & 0x0F).long()], values[(blocks >> 4).long()]], dim=-1)
-    w = pairs.flatten(-2) * e8m0_scales(scales).to(blocks.device)[..., None]
+    times its group's power-of-two scale, exact wherever the product is representable. bfloat16
+    and float32 hold every scale (float32's exponent range), so they multiply in `dtype` (2x
+    faster on a CPU than float32 then rounding); other dtypes in float32, then rounded."""
+    work = dtype if dtype in (torch.bfloat16, torch.float32) else torch.float32
+    pairs = _byte_pairs(work, blocks.device)[blocks.long()].flatten(-2)
+    w = pairs * e8m0_scales(scales).to(blocks.device, work)[..., None]
     return w.flatten(-2).to(dtype)
 
 

@@ -67,6 +67,11 @@ def test_e8m0_scales_are_the_smallest_power_of_two_that_holds_the_group(amax, by
 def test_e8m0_edge_bytes_decode_as_the_spec_says():
     s = e8m0_scales(torch.tensor([0, 1, 127, 254, 255], dtype=torch.uint8))
     assert s[:4].tolist() == [2.0 ** -127, 2.0 ** -126, 1.0, 2.0 ** 127] and torch.isnan(s[4])
+    every_byte = torch.arange(256, dtype=torch.uint8).repeat(2, 1).view(2, 16, 16)  # every code pair, every scale
+    scales = torch.tensor([[0, 254] * 8, [1, 127] * 8], dtype=torch.uint8)
+    f32 = mxfp4_dequantize(every_byte, scales, torch.float32)
+    for dtype in (torch.bfloat16, torch.float16):  # bf16 multiplies in bf16, fp16 in float32: both round f32's
+        assert torch.equal(mxfp4_dequantize(every_byte, scales, dtype), f32.to(dtype))
 
 
 def test_mxfp4_refuses_inputs_not_a_multiple_of_32_and_non_finite_weights():
