@@ -29,7 +29,7 @@ import torch
 from hotsplit_probes.hostmem import uva_view
 
 from .device import DeviceInfo
-from .fp8 import Fp8Experts, FP8Meta, swiglu_fp8_parts  # noqa: F401 - swiglu_fp8_parts: hf/bank.py reads it here
+from .fp8 import Fp8Experts, FP8Meta
 from .pinned import PinnedAllocator
 from .precision import StoredExperts
 
@@ -117,6 +117,14 @@ class BlobLayout:
         (s1, s1_shape, _), (s2, s2_shape, _) = self.offsets["s1"], self.offsets["s2"]
         bm, bn = fmt.block or (1 << 30, 1 << 30)
         return FP8Meta(bm, bn, s1, s1_shape[1], s1_shape[2], s2, s2_shape[1])
+
+
+def expert_blob_layout(two_inter: int, hidden: int, dtype: torch.dtype,
+                       stored: StoredExperts | None) -> BlobLayout:
+    """The blob of one SwiGLU expert: w13 [2I, H] then w2 [H, I] in `dtype`, or its stored parts."""
+    inter = two_inter // 2
+    return BlobLayout.of([("w1", (two_inter, hidden), dtype), ("w2", (hidden, inter), dtype)] if stored is None
+                         else stored.parts())
 
 
 @dataclass
@@ -255,8 +263,7 @@ class ExpertBank(BlobBank):
         E, two_i, H = w13_EIH.shape
         inter = two_i // 2
         dt = w13_EIH.dtype
-        parts = [("w1", (two_i, H), dt), ("w2", (H, inter), dt)] if stored is None else stored.parts()
-        self.blob_layout = BlobLayout.of(parts)
+        self.blob_layout = expert_blob_layout(two_i, H, dt, stored)
         super().__init__(E, self.blob_layout.elems, self.blob_layout.storage, info, allocator, expert2slot_E,
                          swap_stream)
         self.compute_dtype, self.stored = dt, stored

@@ -23,6 +23,7 @@ from hotsplit_cli.traffic.synthetic import SyntheticTraffic, inclusion_probs, zi
 from hotsplit_cli.traffic.trace import Trace, load_replay
 
 from . import cold_split
+from .bank import expert_blob_layout
 from .device import DeviceInfo
 from .engine import Engine, RouterSource, synthetic_source
 from .fp8 import RELEASE_FP8
@@ -71,12 +72,11 @@ class Prepared:
         return None
 
 
-def _check_memory(geom: MoEGeometry, layers: int, dtype: torch.dtype, info: DeviceInfo, hot_slots: int) -> None:
-    elem = torch.empty(0, dtype=dtype).element_size()
-    check_host_memory(layers * geom.num_experts * geom.blob_elems * elem, "the cold bank needs",
+def _check_memory(geom: MoEGeometry, layers: int, blob_bytes: int, info: DeviceInfo, hot_slots: int) -> None:
+    """`blob_bytes`: one expert as the banks store it (runtime/bank.py expert_blob_layout)."""
+    check_host_memory(layers * geom.num_experts * blob_bytes, "the cold bank needs",
                       "shrink the tensors with --scale (plans keep the real sizes)")
-    check_device_memory(hot_slots * geom.blob_elems * elem, info, "the hot bank needs",
-                        "lower --hot-gib or use --scale")
+    check_device_memory(hot_slots * blob_bytes, info, "the hot bank needs", "lower --hot-gib or use --scale")
 
 
 def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = None,
@@ -100,7 +100,8 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     expert_bytes = expert_bytes_per_rank(recipe)
     plan = rank.plan(recipe, traffic.counts_LE, expert_bytes, plan_path,
                      lambda: resolve_hot_budget(recipe, knobs, platform), traffic.name)
-    _check_memory(geom, len(layers), torch.float8_e4m3fn if experts.fp8 else dtype, info, int(plan.hot_LE.sum()))
+    blob = expert_blob_layout(2 * geom.inter, geom.hidden, dtype, layers[0].stored)
+    _check_memory(geom, len(layers), blob.elems * blob.storage.itemsize, info, int(plan.hot_LE.sum()))
     allocator, model = rank.build_model(layers, geom, plan.hot_LE, setup, choose_compute(info, knobs.precision))
     notes = experts.notes + traffic.notes
     split = cold_split.attach(model, knobs.cold_path, info, platform)

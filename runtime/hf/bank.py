@@ -28,9 +28,9 @@ import torch
 
 from hotsplit_cli.core.errors import UnsupportedModelError
 
-from ..bank import BlobBank, BlobLayout, swiglu_fp8_parts
+from ..bank import BlobBank, BlobLayout
 from ..device import DeviceInfo
-from ..fp8 import FP8, Fp8Format, dequantize_swiglu
+from ..fp8 import FP8, Fp8Format, dequantize_swiglu, swiglu_fp8_parts
 from ..moe import expert_groups
 from ..pinned import PinnedAllocator, numa_policy_for
 

@@ -89,3 +89,16 @@ def test_a_checkpoint_run_refuses_a_stored_precision_rather_than_ignore_it():
                                          r"own precision$") as e:
         prepare_checkpoint(SimpleNamespace(name="mine"), knobs, prompts=[])
     assert e.value.hint.startswith("drop --precision")
+
+
+def test_the_memory_checks_count_the_blobs_the_banks_allocate(monkeypatch):
+    """Host and device memory are checked against the stored blobs (mxfp4: about a quarter of
+    float32's bytes on this CPU run), not the compute dtype's."""
+    import hotsplit_runtime.from_recipe as from_recipe
+
+    asked = []
+    monkeypatch.setattr(from_recipe, "check_host_memory", lambda n, *a, **k: asked.append(n))
+    for precision in ("native", "mxfp4"):
+        p = _prepared(precision)[1]
+        banks = p.engine.model.banks
+        assert asked[-1] == sum(b.cold_EB.numel() * b.cold_EB.element_size() for b in banks)
