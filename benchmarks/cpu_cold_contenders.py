@@ -92,7 +92,10 @@ def probe_ms(g: MoEGeometry, threads: int, batches: list[int]) -> dict[str, floa
     """Per batch, the cost model's time for the same routings (mode cpu, this CPU the device)
     from the probe's CPU expert rate and layer cost, measured now with `threads` threads."""
     shape = ExpertShape(g.hidden, g.inter, "bfloat16")
-    rate = measure_cpu_expert(shape, None, None, pool_bytes=QUICK_POOL_BYTES, tokens=TOKENS, samples=3,
+    # At most 4 layers' experts: the pool must outgrow the cache, not hold thousands of tiny
+    # experts in a scaled run (each a call of its own).
+    pool = min(QUICK_POOL_BYTES, 4 * g.num_experts * shape.expert_bytes)
+    rate = measure_cpu_expert(shape, None, None, pool_bytes=pool, tokens=TOKENS, samples=3,
                               threads=threads, layer_experts=g.num_experts)
     rates = ColdRates(None, tuple((float(t), m.median_gbps) for t, m in rate.by_tokens), 0.0, shared_cpu=True,
                       layer_ms=rate.layer_ms or 0.0)
