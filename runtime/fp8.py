@@ -57,7 +57,7 @@ def fp8_format_of(config, where: str) -> Fp8Format | None:
     method = q.get("quant_method", "?")
     if method != "fp8":
         raise UsageError(f"{where}: quantised checkpoint ({method}) is not supported",
-                         "use a bf16 or block-scaled fp8 checkpoint")
+                         "use a bf16, block-scaled fp8 or mxfp4 checkpoint")
     fmt = q.get("fmt", "e4m3")
     if fmt not in ("e4m3", "float8_e4m3fn"):
         raise UsageError(f"{where}: fp8 format {fmt!r} is not supported", "only e4m3 weights are read")

@@ -21,7 +21,7 @@ import torch
 from hotsplit_cli.config.knobs import PRECISIONS
 from hotsplit_cli.core.errors import UsageError
 
-from .fp8 import RELEASE_FP8, Fp8Experts, Fp8Format
+from .fp8 import RELEASE_FP8, Fp8Experts, Fp8Format, fp8_format_of
 
 MX_GROUP = 32  # inputs per e8m0 scale
 E8M0_BIAS = 127
@@ -43,6 +43,7 @@ def _nearest_code(mag: torch.Tensor) -> torch.Tensor:
     even code (round half to even, as the OCP spec's conversion rounds)."""
     grid = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32)
     mids = (grid[1:] + grid[:-1]) / 2
+    mag = mag.contiguous()
     low = torch.bucketize(mag, mids, right=False)  # at a midpoint: the lower code
     high = torch.bucketize(mag, mids, right=True)  # ... the upper one
     return torch.where((low != high) & (high % 2 == 0), high, low).to(torch.uint8)
@@ -208,3 +209,14 @@ def check_checkpoint_precision(precision: str, recipe_name: str) -> None:
     if precision != "native":
         raise UsageError(f"precision {precision}: recipe {recipe_name!r} runs a checkpoint, whose experts stay at "
                          "its own precision", "drop --precision / HOTSPLIT_PRECISION / hotsplit.precision for it")
+
+
+def stored_format_of(config, where: str) -> StoredFormat | None:
+    """How a checkpoint stores its routed experts: block-scaled fp8, MXFP4 (gpt-oss's releases:
+    `quantization_config.quant_method: mxfp4`), or None when not quantised; UsageError naming the
+    format for any other quantisation (GPTQ, AWQ, bitsandbytes)."""
+    q = getattr(config, "quantization_config", None)
+    q = q if not q or isinstance(q, dict) else q.to_dict()
+    if q and q.get("quant_method") == "mxfp4":
+        return MXFP4
+    return fp8_format_of(config, where)

@@ -59,10 +59,9 @@ class PreparedCheckpoint:
     def header(self, parallel: dict | None = None) -> RunHeader:
         """This rank's set-up as the run document and its header lines say it."""
         bank, hm = self.engine.model.banks[0], self.engine.model.hm
-        fp8 = bank.layout.fp8
         dtype = str(bank.compute_dtype).replace("torch.", "")
         allocated = {"hidden": bank.hidden, "inter": bank.inter, "experts": hm.num_experts, "top_k": hm.top_k,
-                     "dtype": dtype, "expert_format": fp8.describe() if fp8 is not None else dtype,
+                     "dtype": dtype, "expert_format": bank.layout.describe(dtype),
                      **cold_bank_fields(self.allocator)}
         doc = setup_doc(self.info, self.engine, self.traffic, None, 1.0, allocated, self.allocator,
                         self.plan.to_doc(self.expert_bytes))
