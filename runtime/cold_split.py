@@ -40,8 +40,8 @@ from .device import DeviceInfo, synchronizer
 FP8_REFUSAL = ("cold_path {mode}: the CPU cannot compute fp8 experts usefully (dequantising them streams ~30-40x "
                "fewer bytes/s than bf16); use cold_path gpu, which reads fp8 tiles in place")
 # Measured the same way (benchmarks/bench_cpu_cold_rate.py --precisions native,fp8,mxfp4, docs/benchmarks.md):
-# the CPU path over mxfp4 banks streams 0.02-0.06 GB/s of stored bytes, 100x and more below native.
-MXFP4_REFUSAL = ("cold_path {mode}: the CPU cannot compute mxfp4 experts usefully (dequantising them streams ~100x "
+# the CPU path over mxfp4 banks streams 0.25 GB/s of stored bytes, about 60x below native.
+MXFP4_REFUSAL = ("cold_path {mode}: the CPU cannot compute mxfp4 experts usefully (dequantising them streams ~60x "
                  "fewer bytes/s than bf16); use cold_path gpu")
 
 

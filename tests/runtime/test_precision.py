@@ -183,7 +183,7 @@ def test_layers_of_one_model_may_store_different_precisions():
 
 
 def test_mxfp4_banks_refuse_the_cpu_path_in_one_line():
-    """Dequantising mxfp4 on the CPU streams ~100x fewer bytes/s than native (docs/benchmarks.md):
+    """Dequantising mxfp4 on the CPU streams ~60x fewer bytes/s than native (docs/benchmarks.md):
     as with fp8, cold_path cpu and split are refused, gpu is not."""
     from hotsplit_runtime import cold_split
 
