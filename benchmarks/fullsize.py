@@ -27,6 +27,7 @@ from hotsplit_runtime.kernels import choose_compute
 from hotsplit_runtime.model import HotColdMoE
 from hotsplit_runtime.moe import LayerWeights, MoEGeometry, Router, expert_counts, rms_norm, scaled_dim
 from hotsplit_runtime.pinned import PinnedAllocator, numa_policy_for
+from hotsplit_runtime.precision import E8M0_BIAS, MX_GROUP, Mxfp4Experts, Mxfp4Format
 from hotsplit_runtime.selftest import error_line, random_hot, raw_zero_copy_gbps
 
 
@@ -59,6 +60,7 @@ TARGETS = {
 # Exact in bf16 and in e4m3 x float32 scale (2^-6 x 2^-4), so both sides hold the same weights.
 WEIGHT = 2.0 ** -10
 FP8_VALUE, FP8_SCALE = 2.0 ** -6, 2.0 ** -4
+MXFP4_BYTE, MXFP4_SCALE = 0x22, E8M0_BIAS - 10  # e2m1 1.0 in both nibbles, times 2^-10: WEIGHT again
 
 
 def scaled_model(spec: FullSizeModel, scale: float) -> FullSizeModel:
@@ -175,10 +177,13 @@ def measure_rates(info: DeviceInfo, zero_copy_gbps: float | None = None, zero_co
     return Rates(d2d, zero_copy_gbps, zero_copy_source, launch, reasons)
 
 
-def filled_layer(g: MoEGeometry, dtype: torch.dtype, fp8: Fp8Format | None) -> LayerWeights:
+def filled_layer(g: MoEGeometry, dtype: torch.dtype, fp8: Fp8Format | Mxfp4Format | None) -> LayerWeights:
     """One layer's experts as broadcast scalars (no memory): the bank copies them into its blobs.
-    With `fp8` the e4m3 values and scales, the bf16 tensors only give shapes."""
+    With `fp8` (a stored format: fp8 or mxfp4) the stored values and scales, the bf16 tensors only
+    give shapes."""
     E, I2, H, inter = g.num_experts, 2 * g.inter, g.hidden, g.inter
+    if isinstance(fp8, Mxfp4Format):
+        return _filled_mxfp4(g, dtype)
     if fp8 is None:
         w13 = torch.full((), WEIGHT, dtype=dtype).expand(E, I2, H)
         w2 = torch.full((), WEIGHT, dtype=dtype).expand(E, H, inter)
@@ -193,6 +198,16 @@ def filled_layer(g: MoEGeometry, dtype: torch.dtype, fp8: Fp8Format | None) -> L
                                                                    *fp8.scale_shape(inter, H)),
                        fill(FP8_VALUE, FP8, E, H, inter), fill(FP8_SCALE, torch.float32, E,
                                                                 *fp8.scale_shape(H, inter)))
+    return LayerWeights(w13, w2, Router(torch.zeros(E, H), None, g), None, None, q)
+
+
+def _filled_mxfp4(g: MoEGeometry, dtype: torch.dtype) -> LayerWeights:
+    """MXFP4 experts that dequantise to WEIGHT, in the release layout's bytes."""
+    E, I2, H, inter, G = g.num_experts, 2 * g.inter, g.hidden, g.inter, MX_GROUP
+    u8 = torch.full((), 0, dtype=torch.uint8)
+    q = Mxfp4Experts((u8 + MXFP4_BYTE).expand(E, I2, H // G, G // 2), (u8 + MXFP4_SCALE).expand(E, I2, H // G),
+                     (u8 + MXFP4_BYTE).expand(E, H, inter // G, G // 2), (u8 + MXFP4_SCALE).expand(E, H, inter // G))
+    w13, w2 = torch.empty((), dtype=dtype).expand(E, I2, H), torch.empty((), dtype=dtype).expand(E, H, inter)
     return LayerWeights(w13, w2, Router(torch.zeros(E, H), None, g), None, None, q)
 
 

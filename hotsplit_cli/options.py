@@ -72,6 +72,7 @@ PlatformOpt = Annotated[
                               help="platform.json from `hotsplit probe` (measured budget and speeds).")
 ]
 ColdPathOpt = Annotated[str | None, knob_option("cold_path")]
+PrecisionOpt = Annotated[str | None, knob_option("precision")]
 PlotOpt = Annotated[Path | None, output_option("--plot", help="Also draw a PNG here.", suffix=".png",
                                                show_default="none: no plot")]
 DeviceOpt = Annotated[str, typer.Option("--device", metavar="auto|cpu|cuda|cuda:N", help="Where to run.")]

@@ -158,11 +158,19 @@ def on_cpus(torch: Any, cpus: Sequence[int] | None, work: Callable[[], Any], thr
     """Run `work` in a fresh thread pinned to `cpus`, with `threads` (default: as many as `cpus`)
     torch intra-op threads, and return (its result, the thread count). Pinning the calling thread
     would not do: torch's thread team, made at its first parallel op, keeps the CPUs it had; a
-    fresh thread's team takes its CPUs."""
+    fresh thread's team takes its CPUs. Without `cpus`, in the calling thread: where the runtime
+    pins nothing (no GPU, so no GPU's node) its CPU cold path computes in the thread that calls it
+    (runtime/cold_split.py), and the rate is that thread team's."""
     from concurrent.futures import ThreadPoolExecutor
 
     saved = torch.get_num_threads()
     n = threads or (len(cpus) if cpus else len(os.sched_getaffinity(0)))
+    if not cpus:
+        torch.set_num_threads(n)
+        try:
+            return work(), n
+        finally:
+            torch.set_num_threads(saved)
 
     def start() -> None:  # in the fresh thread: OpenMP's thread count is per thread
         if cpus:

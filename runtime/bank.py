@@ -29,8 +29,9 @@ import torch
 from hotsplit_probes.hostmem import uva_view
 
 from .device import DeviceInfo
-from .fp8 import FP8, Fp8Experts, Fp8Format, FP8Meta, dequantize_swiglu
+from .fp8 import Fp8Experts, FP8Meta
 from .pinned import PinnedAllocator
+from .precision import StoredExperts
 
 
 class SlotTable:
@@ -97,6 +98,11 @@ class BlobLayout:
             off = -(-off // 16) * 16
         return cls(storage, offsets, off)
 
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of one expert's parts, without the alignment between them (what plans charge)."""
+        return sum(math.prod(shape) * dtype.itemsize for _, shape, dtype in self.offsets.values())
+
     def view(self, blob: torch.Tensor, name: str) -> torch.Tensor:
         """Part `name` of one blob [B], or of every blob of a bank [E, B] ([E, *shape])."""
         off, shape, dtype = self.offsets[name]
@@ -113,13 +119,12 @@ class BlobLayout:
         return FP8Meta(bm, bn, s1, s1_shape[1], s1_shape[2], s2, s2_shape[1])
 
 
-def swiglu_fp8_parts(two_inter: int, hidden: int, fmt: Fp8Format) -> list[tuple]:
-    """Blob parts of a SwiGLU expert in block-scaled fp8: w1 [2I, H] and w2 [H, I] in e4m3, the
-    scales of gate and up [2, ...] (kept apart: I need not be a whole block) and of w2."""
+def expert_blob_layout(two_inter: int, hidden: int, dtype: torch.dtype,
+                       stored: StoredExperts | None) -> BlobLayout:
+    """The blob of one SwiGLU expert: w13 [2I, H] then w2 [H, I] in `dtype`, or its stored parts."""
     inter = two_inter // 2
-    return [("w1", (two_inter, hidden), FP8), ("w2", (hidden, inter), FP8),
-            ("s1", (2, *fmt.scale_shape(inter, hidden)), torch.float32),
-            ("s2", fmt.scale_shape(hidden, inter), torch.float32)]
+    return BlobLayout.of([("w1", (two_inter, hidden), dtype), ("w2", (hidden, inter), dtype)] if stored is None
+                         else stored.parts())
 
 
 @dataclass
@@ -249,29 +254,26 @@ class BlobBank:
 
 class ExpertBank(BlobBank):
     """The synthetic runtime's SwiGLU experts: a blob is w13 [2I, H] (gate rows, then up rows)
-    followed by w2 [H, I]; with `fp8` (quantised weights of the same experts) the same in e4m3,
-    then the block scales."""
+    followed by w2 [H, I]; with `stored` (the same experts quantised: fp8 or mxfp4,
+    runtime/precision.py) their stored bytes, values then scales, in both banks."""
 
     def __init__(self, w13_EIH: torch.Tensor, w2_EHI: torch.Tensor, hot_E: np.ndarray, info: DeviceInfo,
                  allocator: PinnedAllocator, expert2slot_E: torch.Tensor | None = None, swap_stream=None,
-                 fp8: Fp8Experts | None = None):
+                 stored: StoredExperts | None = None):
         E, two_i, H = w13_EIH.shape
         inter = two_i // 2
         dt = w13_EIH.dtype
-        parts = ([("w1", (two_i, H), dt), ("w2", (H, inter), dt)] if fp8 is None
-                 else swiglu_fp8_parts(two_i, H, fp8.fmt))
-        self.blob_layout = BlobLayout.of(parts)
+        self.blob_layout = expert_blob_layout(two_i, H, dt, stored)
         super().__init__(E, self.blob_layout.elems, self.blob_layout.storage, info, allocator, expert2slot_E,
                          swap_stream)
-        self.compute_dtype, self.fp8 = dt, fp8
+        self.compute_dtype, self.stored = dt, stored
         self.hidden, self.inter = H, inter
         self.w2_offset = self.blob_layout.offsets["w2"][0]  # elements into a blob where w2 starts
-        if fp8 is not None:
-            self.fp8_meta = self.blob_layout.fp8_meta(fp8.fmt)
+        if isinstance(stored, Fp8Experts):
+            self.fp8_meta = self.blob_layout.fp8_meta(stored.fmt)
         # A cold bank shared by a node's ranks is written once, by the rank that created it.
         if allocator.fills:
-            sources = ({"w1": w13_EIH, "w2": w2_EHI} if fp8 is None
-                       else {"w1": fp8.q13_EIH, "w2": fp8.q2_EHI, "s1": fp8.s13_E2RC, "s2": fp8.s2_ERC})
+            sources = {"w1": w13_EIH, "w2": w2_EHI} if stored is None else stored.sources()
             for name, t in sources.items():
                 self.blob_layout.view(self.cold_EB, name).copy_(t)
         self.cold_views = [self._views(self.cold_read_EB[e]) for e in range(E)]
@@ -282,6 +284,11 @@ class ExpertBank(BlobBank):
                            else [self._views(self.cold_EB[e]) for e in range(E)])
         self.set_hot(hot_E)
 
+    @property
+    def precision(self) -> str:
+        """The stored precision of every expert of this bank (runtime/precision.py)."""
+        return "native" if self.stored is None else "fp8" if isinstance(self.stored, Fp8Experts) else "mxfp4"
+
     def _views(self, blob_B: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(self.blob_layout.view(blob_B, name) for name in self.blob_layout.offsets)
 
@@ -291,7 +298,7 @@ class ExpertBank(BlobBank):
 
     def weights_of(self, e: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [2I, H], w2 [H, I]) of expert e from its slot, or in place from the cold bank;
-        fp8 experts dequantised (in the compute dtype)."""
+        stored experts dequantised (in the compute dtype), one expert at a time."""
         return self._weights(self.hot_views[slot] if slot >= 0 else self.cold_views[e])
 
     def host_weights_of(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,7 +306,4 @@ class ExpertBank(BlobBank):
         return self._weights(self.host_views[e])
 
     def _weights(self, views: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.fp8 is None:
-            return views
-        w1, w2, s1, s2 = views
-        return dequantize_swiglu(w1, s1, w2, s2, self.fp8.fmt, self.compute_dtype)
+        return views if self.stored is None else self.stored.decode(views, self.compute_dtype)

@@ -6,7 +6,9 @@ hotsplit_cli/hotset/coldpath.py (`cold_path` = gpu | cpu | split).
 Only the CPU's tokens' activations go to the host and only its outputs come back: the weights
 never cross the link. The CPU work is handed to a worker thread first, the device work is
 launched while it runs, and the two partial outputs are summed. Without a GPU the device is this
-CPU, and the worker finishes before the device part starts (the cost model adds the two up).
+CPU: the CPU's share is computed in the calling thread, before the device's (the cost model adds
+the two up), since a worker's own OpenMP thread team beside the caller's left cores idle
+(docs/benchmarks.md, "The CPU cold path's rate").
 Deciding the split reads the step's routing on the host, so a step cannot be captured in a CUDA
 graph in cpu/split mode. Hot experts, swaps and hit accounting are untouched: a CPU-computed
 expert is a cold one.
@@ -37,6 +39,10 @@ from .device import DeviceInfo, synchronizer
 # the CPU and computing it streams 25-45x fewer bytes of stored weights per second than bf16.
 FP8_REFUSAL = ("cold_path {mode}: the CPU cannot compute fp8 experts usefully (dequantising them streams ~30-40x "
                "fewer bytes/s than bf16); use cold_path gpu, which reads fp8 tiles in place")
+# Measured the same way (benchmarks/bench_cpu_cold_rate.py --precisions native,fp8,mxfp4, docs/benchmarks.md):
+# the CPU path over mxfp4 banks streams 0.25 GB/s of stored bytes, about 60x below native.
+MXFP4_REFUSAL = ("cold_path {mode}: the CPU cannot compute mxfp4 experts usefully (dequantising them streams ~60x "
+                 "fewer bytes/s than bf16); use cold_path gpu")
 
 
 @dataclass
@@ -94,9 +100,11 @@ class ColdSplit:
         self.rates_not_used = rates_not_used  # platform.json's rates when they were for other experts (full size)
         self.counters = PathCounters()
         self.cpus = node_cpus(info.numa_node)  # the worker runs next to the cold bank's memory
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="hotsplit-cold-cpu", initializer=_pin,
-                                       initargs=(self.cpus,))
-        weakref.finalize(self, self.pool.shutdown, wait=False)  # the worker goes with the split
+        self.pool = None
+        if not rates.shared_cpu:  # a worker only where the CPU's share overlaps a GPU's
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="hotsplit-cold-cpu", initializer=_pin,
+                                           initargs=(self.cpus,))
+            weakref.finalize(self, self.pool.shutdown, wait=False)  # the worker goes with the split
 
     def __call__(self, x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor, bank,
                  device_compute: Callable[[torch.Tensor], torch.Tensor],
@@ -134,15 +142,16 @@ class ColdSplit:
         tok_dev = torch.from_numpy(tok).to(dev)
         ids_cpu = torch.from_numpy(np.where(to_cpu_A, flat_A, -1).reshape(T, K)[tok])
         x_cpu, w_cpu = x_TH.index_select(0, tok_dev).cpu(), w_TK.index_select(0, tok_dev).cpu()
-        job = self.pool.submit(self._cpu, cpu_compute, x_cpu, ids_cpu, w_cpu)
-        if self.rates.shared_cpu:
+        job = None if self.pool is None else self.pool.submit(self._cpu, cpu_compute, x_cpu, ids_cpu, w_cpu)
+        if job is None:
             # The device is this CPU: the two paths share its cores and one interpreter lock, so
             # at once they only slow each other (the cost model adds them up). One after the
-            # other, each takes the time its own experts cost.
-            job.result()
+            # other in this thread, each takes the time its own experts cost, on one thread team.
+            y_cpu = self._cpu(cpu_compute, x_cpu, ids_cpu, w_cpu)
         ids_dev = ids_TK.masked_fill(torch.from_numpy(to_cpu_A.reshape(T, K)).to(dev), -1)
         y_TH = self._device(device_compute, ids_dev)  # launched (on a GPU) while the CPU works
-        y_cpu = job.result()
+        if job is not None:
+            y_cpu = job.result()
         return y_TH.index_add(0, tok_dev, y_cpu.to(dev, y_TH.dtype))
 
     def report(self, real_expert_bytes: int, allocated_expert_bytes: int | None = None) -> dict:
@@ -186,7 +195,8 @@ class ColdSplit:
         return y
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True)
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
 
 class SplitExperts:
@@ -258,6 +268,8 @@ def make_split(mode: str, info: DeviceInfo, bank, platform=None) -> ColdSplit | 
         return None
     if getattr(bank, "fp8_meta", None) is not None:
         raise UsageError(FP8_REFUSAL.format(mode=mode))
+    if getattr(bank, "precision", "native") == "mxfp4":
+        raise UsageError(MXFP4_REFUSAL.format(mode=mode))
     not_used = None
     if platform is not None:
         gpu = platform.gpu_of_cuda(info.device.index or 0) if info.is_cuda else None

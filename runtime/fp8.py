@@ -40,6 +40,9 @@ class Fp8Format:
         return "fp8 e4m3, " + ("one scale per tensor" if self.block is None else
                                f"{self.block[0]}x{self.block[1]} block scales")
 
+    def quantize_experts(self, w13_EIH: torch.Tensor, w2_EHI: torch.Tensor) -> Fp8Experts:
+        return Fp8Experts.quantize(w13_EIH, w2_EHI, self)
+
 
 RELEASE_FP8 = Fp8Format(FP8_BLOCK)  # the format of the fp8 releases, and of recipes' fp8 experts
 
@@ -54,7 +57,7 @@ def fp8_format_of(config, where: str) -> Fp8Format | None:
     method = q.get("quant_method", "?")
     if method != "fp8":
         raise UsageError(f"{where}: quantised checkpoint ({method}) is not supported",
-                         "use a bf16 or block-scaled fp8 checkpoint")
+                         "use a bf16, block-scaled fp8 or mxfp4 checkpoint")
     fmt = q.get("fmt", "e4m3")
     if fmt not in ("e4m3", "float8_e4m3fn"):
         raise UsageError(f"{where}: fp8 format {fmt!r} is not supported", "only e4m3 weights are read")
@@ -107,6 +110,15 @@ def quantize(w: torch.Tensor, fmt: Fp8Format) -> tuple[torch.Tensor, torch.Tenso
     return q, scale if fmt.block is not None else scale.reshape(1)
 
 
+def swiglu_fp8_parts(two_inter: int, hidden: int, fmt: Fp8Format) -> list[tuple]:
+    """Blob parts of a SwiGLU expert in block-scaled fp8: w1 [2I, H] and w2 [H, I] in e4m3, the
+    scales of gate and up [2, ...] (kept apart: I need not be a whole block) and of w2."""
+    inter = two_inter // 2
+    return [("w1", (two_inter, hidden), FP8), ("w2", (hidden, inter), FP8),
+            ("s1", (2, *fmt.scale_shape(inter, hidden)), torch.float32),
+            ("s2", fmt.scale_shape(hidden, inter), torch.float32)]
+
+
 @dataclass(frozen=True)
 class FP8Meta:
     """Where a block-scaled fp8 blob keeps its scales, for the kernels (offsets in bytes):
@@ -145,6 +157,18 @@ class Fp8Experts:
             q2.append(qd)
             s2.append(sd.reshape(fmt.scale_shape(*w2.shape)))
         return cls(fmt, torch.stack(q13), torch.stack(s13), torch.stack(q2), torch.stack(s2))
+
+    def parts(self) -> list[tuple]:
+        """Blob parts of one expert (runtime/bank.py BlobLayout)."""
+        return swiglu_fp8_parts(self.q13_EIH.shape[1], self.q13_EIH.shape[2], self.fmt)
+
+    def sources(self) -> dict[str, torch.Tensor]:
+        return {"w1": self.q13_EIH, "w2": self.q2_EHI, "s1": self.s13_E2RC, "s2": self.s2_ERC}
+
+    def decode(self, views: tuple[torch.Tensor, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """One expert's (w13 [2I, H], w2 [H, I]) in `dtype` from its blob's views (w1, w2, s1, s2)."""
+        w1, w2, s1, s2 = views
+        return dequantize_swiglu(w1, s1, w2, s2, self.fmt, dtype)
 
     def dequantized(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [E, 2I, H], w2 [E, H, I]) as the kernels and the torch path compute with them."""

@@ -23,6 +23,7 @@ from hotsplit_cli.traffic.synthetic import SyntheticTraffic, inclusion_probs, zi
 from hotsplit_cli.traffic.trace import Trace, load_replay
 
 from . import cold_split
+from .bank import expert_blob_layout
 from .built import Built
 from .device import DeviceInfo
 from .engine import Engine, RouterSource, synthetic_source
@@ -34,16 +35,16 @@ from .model import HotColdMoE
 from .moe import MoEGeometry, make_layer_weights, rms_norm
 from .ranks import Rank, single_rank
 from .request import check_steps_and_scale
+from .stored_run import stored_run
 
 CALIBRATION_STEPS = 32
 
 
-def _check_memory(geom: MoEGeometry, layers: int, dtype: torch.dtype, info: DeviceInfo, hot_slots: int) -> None:
-    elem = torch.empty(0, dtype=dtype).element_size()
-    check_host_memory(layers * geom.num_experts * geom.blob_elems * elem, "the cold bank needs",
+def _check_memory(geom: MoEGeometry, layers: int, blob_bytes: int, info: DeviceInfo, hot_slots: int) -> None:
+    """`blob_bytes`: one expert as the banks store it (runtime/bank.py expert_blob_layout)."""
+    check_host_memory(layers * geom.num_experts * blob_bytes, "the cold bank needs",
                       "shrink the tensors with --scale (plans keep the real sizes)")
-    check_device_memory(hot_slots * geom.blob_elems * elem, info, "the hot bank needs",
-                        "lower --hot-gib or use --scale")
+    check_device_memory(hot_slots * blob_bytes, info, "the hot bank needs", "lower --hot-gib or use --scale")
 
 
 def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = None,
@@ -58,18 +59,19 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     scale = recipe.run.scale if scale is None else scale
     check_steps_and_scale(steps, scale)
     rank = Rank.single(recipe, knobs, platform_path) if rank is None else rank
-    geom = MoEGeometry.from_recipe(recipe, scale)
+    recipe, geom, stored = stored_run(recipe, knobs.precision, scale)
     rank.check_fp8(recipe, knobs, kept=lambda info: info.triton)
     info, platform = rank.info, rank.platform
     dtype = dtype or (torch.bfloat16 if info.is_cuda else torch.float32)
-    experts = _expert_format(recipe, info, dtype)
+    experts = _expert_format(recipe, info, dtype, stored)
     layers = _make_layers(recipe, geom, dtype, experts.fp8, advance)
     traffic = _traffic(recipe, rank, layers, geom, trace_path, steps)
     expert_bytes = expert_bytes_per_rank(recipe)
     plan = choose_hot_set(rank, recipe, traffic.counts_LE, expert_bytes, plan_path,
                           lambda: resolve_hot_budget(recipe, knobs, platform), traffic.name)
-    _check_memory(geom, len(layers), torch.float8_e4m3fn if experts.fp8 else dtype, info, int(plan.hot_LE.sum()))
-    compute = choose_compute(info)
+    blob = expert_blob_layout(2 * geom.inter, geom.hidden, dtype, layers[0].stored)
+    _check_memory(geom, len(layers), blob.elems * blob.storage.itemsize, info, int(plan.hot_LE.sum()))
+    compute = choose_compute(info, knobs.precision)
     model = rank.on_bank(lambda allocator: HotColdMoE(layers, geom, plan.hot_LE, info, allocator, compute))
     model, source = parallel(model, traffic.source, rank)
     notes = experts.notes + traffic.notes
@@ -86,16 +88,19 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
 
 @dataclass
 class _Experts:
-    fp8: object  # the fp8 format the banks hold, or None
+    fp8: object  # the stored format the banks hold (fp8 or mxfp4), or None
     describe: str  # how the routed experts are stored
     notes: list[str]
 
 
-def _expert_format(recipe: Recipe, info: DeviceInfo, dtype: torch.dtype) -> _Experts:
+def _expert_format(recipe: Recipe, info: DeviceInfo, dtype: torch.dtype, stored) -> _Experts:
     """fp8 experts are quantised as the fp8 releases are (e4m3, 128x128 block scales). Where the
     Triton kernels run they stay fp8 in the banks (dequantised per tile as they are read); the
     CPU torch path would dequantise every expert at every use, so there the banks hold the
-    dequantised values: the same function, 3x faster on a CPU."""
+    dequantised values: the same function, 3x faster on a CPU. A stored precision asked for
+    (`stored`, the `precision` knob) is what the banks hold on every device."""
+    if stored is not None:
+        return _Experts(stored, stored.describe(), [])
     m = recipe.model
     fp8 = RELEASE_FP8 if m.expert_dtype == "fp8" else None
     fp8_banks = fp8 is not None and info.triton  # a CPU cold path was refused for them (rank.check_fp8)
@@ -108,14 +113,14 @@ def _expert_format(recipe: Recipe, info: DeviceInfo, dtype: torch.dtype) -> _Exp
 
 
 def _make_layers(recipe: Recipe, geom: MoEGeometry, dtype: torch.dtype, banks_fp8, advance) -> list:
-    """The routed experts' weights, quantised as the recipe's release is; fp8 is kept only where
-    the banks hold it."""
-    release = RELEASE_FP8 if recipe.model.expert_dtype == "fp8" else None
+    """The routed experts' weights, quantised as the banks store them or else as the recipe's
+    release is; the quantised form is kept only where the banks hold it."""
+    release = banks_fp8 or (RELEASE_FP8 if recipe.model.expert_dtype == "fp8" else None)
     layers = []
     for li in range(recipe.model.num_moe_layers):
         lw = make_layer_weights(geom, recipe.run.seed * 1000 + li, dtype, release)
         if banks_fp8 is None:
-            lw.fp8 = None  # the banks hold the dequantised values
+            lw.stored = None  # the banks hold the dequantised values
         layers.append(lw)
         if advance:
             advance(1)

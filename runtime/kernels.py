@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -154,6 +155,8 @@ class TritonExperts:
         return dtype == torch.bfloat16 and not self.kernels.INTERPRET
 
     def __call__(self, x_TH, ids_TK, w_TK, bank: ExpertBank, counts_E=None) -> torch.Tensor:
+        if getattr(bank, "precision", "native") == "mxfp4":
+            raise ValueError("the Triton kernels read no mxfp4 tiles: choose_compute(info, 'mxfp4') picks torch")
         k = self.kernels
         T, K = ids_TK.shape
         H, INTER = bank.hidden, bank.inter
@@ -193,6 +196,10 @@ class TritonExperts:
         return out.view(T, K, H).sum(dim=1).to(x_TH.dtype)
 
 
-def choose_compute(info: DeviceInfo):
-    """Triton where it can run on the chosen device, else the torch path (decided once)."""
-    return TritonExperts() if info.triton else TorchExperts()
+def choose_compute(info: DeviceInfo, precision="native"):
+    """Triton where it can run on the chosen device, else the torch path (decided once).
+    `precision`: the stored precision, one name or a per-(layer, expert) array of names. The
+    kernels read native and fp8 tiles; a model with mxfp4 experts takes the torch path, which
+    dequantises them per expert."""
+    mxfp4 = "mxfp4" in (np.asarray(precision).reshape(-1).tolist())
+    return TritonExperts() if info.triton and not mxfp4 else TorchExperts()

@@ -76,7 +76,7 @@ class HotColdMoE(BankedModel):
         # One [L, E] map so the counters read every layer's map in one operation.
         self.expert2slot_LE = torch.full((L, E), -1, dtype=torch.int32, device=dev)
         self.banks = [ExpertBank(lw.w13_EIH, lw.w2_EHI, hot_LE[li], info, allocator, self.expert2slot_LE[li],
-                                 self.swap_stream, lw.fp8) for li, lw in enumerate(layers)]
+                                 self.swap_stream, lw.stored) for li, lw in enumerate(layers)]
         self.routers = [Router(lw.router.weight_EH.to(dev), None if lw.router.bias_E is None
                                else lw.router.bias_E.to(dev), geom) for lw in layers]
         self.shared = [None if lw.shared_w13 is None else (lw.shared_w13.to(dev), lw.shared_w2.to(dev))

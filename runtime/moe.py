@@ -18,7 +18,7 @@ from hotsplit_probes.cpu_expert import expert_groups, grouped_experts  # noqa: F
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.hotset.sizes import scaled_dim  # noqa: F401 - re-exported (benchmarks)
 
-from .fp8 import Fp8Experts, Fp8Format
+from .precision import StoredExperts, StoredFormat
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -44,11 +44,12 @@ class MoEGeometry:
         return 3 * self.inter * self.hidden
 
     @classmethod
-    def from_recipe(cls, recipe: Recipe, scale: float) -> MoEGeometry:
+    def from_recipe(cls, recipe: Recipe, scale: float, multiple: int = 8) -> MoEGeometry:
+        """`multiple`: what the expert dims are rounded to when `scale` shrinks them."""
         m, tp = recipe.model, recipe.parallel.tp
         return cls(
-            hidden=scaled_dim(m.hidden_size, scale),
-            inter=scaled_dim(m.moe_intermediate_size // tp, scale),
+            hidden=scaled_dim(m.hidden_size, scale, multiple),
+            inter=scaled_dim(m.moe_intermediate_size // tp, scale, multiple),
             num_experts=m.num_experts,
             top_k=m.top_k,
             shared_inter=scaled_dim(m.shared_intermediate_size // tp, scale) if m.shared_intermediate_size else 0,
@@ -126,21 +127,22 @@ def dense_reference(x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor
 
 @dataclass
 class LayerWeights:
-    """One MoE layer's weights on the host (float32 or the run dtype). With `fp8`, the routed
-    experts are block-scaled fp8 and w13/w2 hold their dequantised values (what the reference
-    computes with)."""
+    """One MoE layer's weights on the host (float32 or the run dtype). With `stored`, the routed
+    experts are stored quantised (fp8 or mxfp4, runtime/precision.py) and w13/w2 hold their
+    dequantised values (what the reference computes with)."""
 
     w13_EIH: torch.Tensor
     w2_EHI: torch.Tensor
     router: Router
     shared_w13: torch.Tensor | None  # [2Is, H]
     shared_w2: torch.Tensor | None  # [H, Is]
-    fp8: Fp8Experts | None = None
+    stored: StoredExperts | None = None
 
 
-def make_layer_weights(geom: MoEGeometry, seed: int, dtype: torch.dtype, fp8: Fp8Format | None = None) -> LayerWeights:
+def make_layer_weights(geom: MoEGeometry, seed: int, dtype: torch.dtype,
+                       stored: StoredFormat | None = None) -> LayerWeights:
     """Random weights with the usual 1/sqrt(fan_in) scale, deterministic in `seed` (CPU); with
-    `fp8` the routed experts are quantised to it (block-scaled e4m3, as the fp8 releases are)."""
+    `stored` the routed experts are quantised to that format (block-scaled e4m3, or mxfp4)."""
     gen = torch.Generator().manual_seed(seed)
     E, H, inter = geom.num_experts, geom.hidden, geom.inter
 
@@ -156,8 +158,8 @@ def make_layer_weights(geom: MoEGeometry, seed: int, dtype: torch.dtype, fp8: Fp
         sw13 = randn(2 * geom.shared_inter, H, fan_in=H)
         sw2 = randn(H, geom.shared_inter, fan_in=geom.shared_inter)
     q = None
-    if fp8 is not None:
-        q = Fp8Experts.quantize(w13, w2, fp8)
+    if stored is not None:
+        q = stored.quantize_experts(w13, w2)
         w13, w2 = q.dequantized(dtype)
     return LayerWeights(w13, w2, Router(router_w, bias, geom), sw13, sw2, q)
 

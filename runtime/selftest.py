@@ -26,6 +26,7 @@ from .kernels import choose_compute
 from .model import HotColdMoE
 from .moe import LayerWeights, MoEGeometry, ReferenceMoE, Router, make_layer_weights
 from .pinned import PinnedAllocator, numa_policy_for
+from .precision import StoredFormat
 
 REFERENCE = "runtime = reference (random hot sets)"
 SWAPS = "runtime = reference (swaps mid-run)"
@@ -90,10 +91,10 @@ def tolerances(dtype: torch.dtype) -> dict:
 
 
 def build_pair(geom: MoEGeometry, num_layers: int, hot_LE: np.ndarray, info: DeviceInfo, dtype: torch.dtype,
-               seed: int = 0, compute=None, fp8: Fp8Format | None = None) -> tuple[HotColdMoE, ReferenceMoE]:
-    """A hot/cold model and the all-resident reference with the same weights (`fp8`: experts
-    block-scaled fp8 in the banks, their dequantised values in the reference)."""
-    layers = [make_layer_weights(geom, seed * 1000 + li, dtype, fp8) for li in range(num_layers)]
+               seed: int = 0, compute=None, stored: StoredFormat | None = None) -> tuple[HotColdMoE, ReferenceMoE]:
+    """A hot/cold model and the all-resident reference with the same weights (`stored`: experts
+    block-scaled fp8 or mxfp4 in the banks, their dequantised values in the reference)."""
+    layers = [make_layer_weights(geom, seed * 1000 + li, dtype, stored) for li in range(num_layers)]
     alloc = PinnedAllocator(pin=info.pinned, numa=numa_policy_for("off", None))
     model = HotColdMoE(layers, geom, hot_LE, info, alloc, compute or choose_compute(info))
     return model, ReferenceMoE(layers, info.device)
@@ -160,7 +161,7 @@ def check_fp8(info: DeviceInfo, dtype: torch.dtype, seed: int = 0) -> Check:
     try:
         for frac in (0.0, 0.5):
             model, ref = build_pair(g, 2, random_hot(2, g.num_experts, frac, rng), info, dtype, seed,
-                                    fp8=RELEASE_FP8)
+                                    stored=RELEASE_FP8)
             for _ in range(3):
                 x = torch.randn(8, g.hidden, generator=torch.Generator().manual_seed(200 + n)).to(info.device, dtype)
                 got, want = model.step(x), ref.step(x)
@@ -296,7 +297,7 @@ def step_time_ratio(info: DeviceInfo, dtype: torch.dtype, batch: int, hot_fracti
     g = geom or _geom(info, "sigmoid", shared=True)
     rng = np.random.default_rng(seed)
     model, ref = build_pair(g, num_layers, random_hot(num_layers, g.num_experts, hot_fraction, rng), info, dtype,
-                            seed, fp8=fp8)
+                            seed, stored=fp8)
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, g.hidden, generator=gen).to(info.device, dtype)
     ids_LTK = torch.stack([torch.stack([torch.randperm(g.num_experts, generator=gen)[:g.top_k] for _ in range(batch)])

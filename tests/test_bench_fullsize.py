@@ -61,7 +61,7 @@ def test_filled_fp8_weights_dequantise_to_the_peers_weight():
 
     g = dataclasses.replace(TINY.geom, hidden=256, inter=160)  # a partial 128-block
     lw = fullsize.filled_layer(g, torch.float32, RELEASE_FP8)
-    q = lw.fp8
+    q = lw.stored
     w13, w2 = dequantize_swiglu(q.q13_EIH[0], q.s13_E2RC[0], q.q2_EHI[0], q.s2_ERC[0], q.fmt, torch.float32)
     assert bool((w13 == fullsize.WEIGHT).all()) and bool((w2 == fullsize.WEIGHT).all())
     assert lw.w13_EIH.stride() == (0, 0, 0)  # broadcast: no memory behind the stand-ins

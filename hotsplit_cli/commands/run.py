@@ -23,6 +23,7 @@ from hotsplit_cli.options import (
     JsonOpt,
     PlatformOpt,
     PlotOpt,
+    PrecisionOpt,
     RecipeArg,
     knob_option,
     output_option,
@@ -63,11 +64,12 @@ def run(
     platform: PlatformOpt = None,
     eplb_steps: EplbStepsOpt = None,
     ep_exchange: EpExchangeOpt = None,
+    precision: PrecisionOpt = None,
 ) -> None:
     """Run the recipe's MoE on the hot/cold runtime: hit rate per update, then a summary."""
     out, rec = Output(json_out), load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path, "eplb_steps": eplb_steps,
-                                                  "ep_exchange": ep_exchange})
+                                                  "ep_exchange": ep_exchange, "precision": precision})
     _check_options(rec, platform, (trace, steps, scale), plot)
     request = api.RunRequest(rec, knobs, plan, trace, steps, scale, platform)
     plan_file = check_run_inputs(rec, plan, trace, knobs)  # before anything is built

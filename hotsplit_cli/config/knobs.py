@@ -15,6 +15,7 @@ from hotsplit_cli.core.errors import UsageError
 
 NUMA_POLICIES = ("preferred", "bind", "off")
 COLD_PATHS = ("gpu", "cpu", "split")  # who computes cold experts: see coldpath.py
+PRECISIONS = ("native", "fp8", "mxfp4")  # how routed experts are stored: see runtime/precision.py
 EP_EXCHANGES = ("a2a", "allgather")  # how EP ranks exchange tokens: see runtime/distributed/dispatch.py
 DYN_DECAY = 0.8  # the swap rule's memory per window (hotset/planner.py SwapRule; docs/simulate.md)
 DYN_RULES = ("credit", "breakeven")  # which window rule swaps (hotset/admission.py; docs/simulate.md)
@@ -45,6 +46,7 @@ KNOBS = (
     KnobSpec("vram_reserve_gib", "HOTSPLIT_VRAM_RESERVE_GIB", float, 2.0, minimum=0.0),
     KnobSpec("numa_policy", "HOTSPLIT_NUMA_POLICY", str, "preferred", choices=NUMA_POLICIES),
     KnobSpec("cold_path", "HOTSPLIT_COLD_PATH", str, "gpu", choices=COLD_PATHS),
+    KnobSpec("precision", "HOTSPLIT_PRECISION", str, "native", choices=PRECISIONS),
     KnobSpec("eplb_steps", "HOTSPLIT_EPLB_STEPS", int, 0, minimum=0),  # 0 = off; EP runs only
     KnobSpec("ep_exchange", "HOTSPLIT_EP_EXCHANGE", str, "a2a", choices=EP_EXCHANGES),  # EP runs only
 )
@@ -64,6 +66,8 @@ KNOB_MEANINGS = {
     "eplb_steps": "EP: engine steps between live expert-parallel rebalances (0 = off)",
     "ep_exchange": "EP: how ranks exchange tokens: a2a (all_to_all_single) or allgather (all-gather, then "
                    "reduce-scatter)",
+    "precision": "How routed experts are stored: native, fp8 (e4m3, 128x128 block scales) or mxfp4 (e2m1, a "
+                 "scale per 32 inputs)",
 }
 AUTO_HOT_GIB = "auto: GPU memory - dense weights - KV cache - reserve"  # what an empty hot_gib means
 
@@ -89,6 +93,7 @@ class Knobs:
     ep_exchange: str = "a2a"  # a2a (uneven all_to_all_single) | allgather (all-gather, then reduce-scatter)
     dyn_rule: str = "credit"  # credit (planner.SwapRule) | breakeven (hotset/admission.py: swaps that pay in bytes)
     dyn_sigmas: float = DYN_SIGMAS  # breakeven: Poisson standard deviations an incoming score must lead by
+    precision: str = "native"  # native | fp8 | mxfp4: the stored precision of every routed expert
 
     def to_doc(self) -> dict:
         return {k: getattr(self, k) for k in KNOB_NAMES}

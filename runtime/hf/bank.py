@@ -22,17 +22,19 @@ Shape letters: T = tokens, K = top_k, E = experts, S = hot slots, B = elements o
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from hotsplit_cli.core.errors import UnsupportedModelError
 
-from ..bank import BlobBank, BlobLayout, swiglu_fp8_parts
+from ..bank import BlobBank, BlobLayout
 from ..device import DeviceInfo
-from ..fp8 import FP8, Fp8Format, dequantize_swiglu
+from ..fp8 import FP8, Fp8Format, dequantize_swiglu, swiglu_fp8_parts
 from ..moe import expert_groups
 from ..pinned import PinnedAllocator, numa_policy_for
+from ..precision import MX_GROUP, MXFP4, Mxfp4Format, check_precision_dims, mxfp4_dequantize
 
 _SUPPORTED = "hotsplit runs experts with a fused gate_up_proj and a down_proj (docs/real-models.md lists the families)"
 
@@ -48,12 +50,20 @@ class ExpertLayout:
     hidden: int
     plain_swiglu: bool = False  # w1 [2I, H] = [gate; up], w2 [H, I], no bias, silu(gate) * up
     fp8: Fp8Format | None = None  # block-scaled fp8 weights (and their scales) instead of the model dtype
+    mxfp4: bool = False  # MXFP4 blocks and scales in the release layout (runtime/precision.py)
 
     def blob_layout(self, dtype: torch.dtype) -> BlobLayout:
-        """One expert's blob: its tensors as stored, in `dtype`, or fp8 weights and their scales."""
+        """One expert's blob: its tensors as stored, in `dtype`, or fp8 weights and their scales,
+        or MXFP4 blocks and scales ([out, in/32, 16] and [out, in/32], whatever way the model's
+        own weights are transposed); biases in `dtype`."""
         if self.fp8 is not None:
             return BlobLayout.of(swiglu_fp8_parts(self.w1_shape[0], self.hidden, self.fp8))
         parts = [("w1", self.w1_shape, dtype), ("w2", self.w2_shape, dtype)]
+        if self.mxfp4:
+            two_i, H, u8 = 2 * self.inter, self.hidden, torch.uint8
+            g1, g2 = H // MX_GROUP, self.inter // MX_GROUP
+            parts = [("w1", (two_i, g1, MX_GROUP // 2), u8), ("w2", (H, g2, MX_GROUP // 2), u8),
+                     ("s1", (two_i, g1), u8), ("s2", (H, g2), u8)]
         if self.has_bias:
             parts += [("b1", (2 * self.inter,), dtype), ("b2", (self.hidden,), dtype)]
         return BlobLayout.of(parts)
@@ -62,10 +72,22 @@ class ExpertLayout:
     def inter(self) -> int:
         return (self.w1_shape[1] if self.transposed else self.w1_shape[0]) // 2
 
+    @property
+    def precision(self) -> str:
+        return "fp8" if self.fp8 is not None else "mxfp4" if self.mxfp4 else "native"
+
+    def describe(self, dtype_name: str) -> str:
+        """How the experts are stored, for people."""
+        return self.fp8.describe() if self.fp8 is not None else MXFP4.describe() if self.mxfp4 else dtype_name
+
     @classmethod
-    def of_module(cls, experts: torch.nn.Module, fp8: Fp8Format | None = None) -> ExpertLayout:
+    def of_module(cls, experts: torch.nn.Module, fp8: Fp8Format | Mxfp4Format | None = None) -> ExpertLayout:
         """Read the layout from a transformers experts module (works on a meta-device skeleton);
-        `fp8`: the checkpoint stores the experts block-scaled in fp8."""
+        `fp8`: the checkpoint stores the experts block-scaled in fp8, or in MXFP4."""
+        if isinstance(fp8, Mxfp4Format):
+            layout = cls.of_module(experts)
+            check_precision_dims("mxfp4", layout.hidden, layout.inter, type(experts).__name__)
+            return dataclasses.replace(layout, plain_swiglu=False, mxfp4=True)  # the kernels read no mxfp4 tiles
         transposed = bool(getattr(experts, "is_transposed", False))
         has_bias = bool(getattr(experts, "has_bias", False))
         name = type(experts).__name__
@@ -156,7 +178,15 @@ class HFExpertBank(BlobBank):
         p, fmt = self.parts_of(e, host), self.layout.fp8
         if fmt is not None:
             p["w1"], p["w2"] = dequantize_swiglu(p["w1"], p["s1"], p["w2"], p["s2"], fmt, self.compute_dtype)
+        if self.layout.mxfp4:  # stored [out, in]: transposed back where the model's weights are [in, out]
+            w1, w2 = (mxfp4_dequantize(p[w], p[s], self.compute_dtype) for w, s in (("w1", "s1"), ("w2", "s2")))
+            p["w1"], p["w2"] = (w1.T, w2.T) if self.layout.transposed else (w1, w2)
         return p
+
+    @property
+    def precision(self) -> str:
+        """How this bank stores its experts: native, fp8 or mxfp4."""
+        return self.layout.precision
 
     def forward(self, experts: torch.nn.Module, x_TH: torch.Tensor, ids_TK: torch.Tensor,
                 w_TK: torch.Tensor) -> torch.Tensor:

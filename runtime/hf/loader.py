@@ -5,9 +5,10 @@ the device. Attention, norms, embeddings, routers and dense / shared MLPs stay t
 
 Checkpoint keys are the hub's: per-expert `...experts.{e}.{gate_proj|up_proj|down_proj}.weight`
 (Mixtral: `block_sparse_moe.experts.{e}.{w1|w3|w2}.weight`), or fused `...experts.gate_up_proj`
-[E, ...] / `down_proj` (+ `_bias`, gpt-oss). Other quantised checkpoints (MXFP4
-blocks/scales, bitsandbytes, GPTQ/AWQ) are refused, except block-scaled fp8 (runtime/fp8.py):
-its experts stay fp8 in the cold bank, every other quantised weight is dequantised at load.
+[E, ...] / `down_proj` (+ `_bias`, gpt-oss), or gpt-oss's MXFP4 release (`..._blocks` /
+`..._scales`: they stay mxfp4 in the cold bank, runtime/precision.py). Block-scaled fp8
+(runtime/fp8.py) experts stay fp8 in the cold bank, every other quantised weight is dequantised
+at load. Other quantised checkpoints (bitsandbytes, GPTQ/AWQ) are refused naming the method.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ import torch
 from hotsplit_cli.core.errors import InputFileError, UsageError
 
 from ..device import DeviceInfo
-from ..fp8 import FP8, dequantize, fp8_format_of
+from ..fp8 import FP8, Fp8Format, dequantize
 from ..kernels import TritonExperts
 from ..memory import check_device_memory, check_host_memory
 from ..pinned import PinnedAllocator, numa_policy_for
+from ..precision import stored_format_of
 from .adapter import MoELayerInfo, RoutingCounter, find_moe_layers, install
 from .bank import ExpertLayout, HFExpertBank
 
@@ -39,10 +41,15 @@ _PER_EXPERT = re.compile(
     r"(?P<proj>gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
 _FUSED = re.compile(
     r"^(?P<prefix>.*?)layers\.(?P<layer>\d+)\.(?:mlp|block_sparse_moe)\.experts\."
-    r"(?P<name>gate_up_proj|down_proj|gate_up_proj_bias|down_proj_bias)$")
+    r"(?P<name>gate_up_proj|down_proj|gate_up_proj_bias|down_proj_bias|gate_up_proj_blocks|gate_up_proj_scales"
+    r"|down_proj_blocks|down_proj_scales)$")
 _PROJ = {"gate_proj": ("w1", 0), "w1": ("w1", 0), "up_proj": ("w1", 1), "w3": ("w1", 1),
          "down_proj": ("w2", None), "w2": ("w2", None)}
-_FUSED_PART = {"gate_up_proj": "w1", "down_proj": "w2", "gate_up_proj_bias": "b1", "down_proj_bias": "b2"}
+_FUSED_PART = {"gate_up_proj": "w1", "down_proj": "w2", "gate_up_proj_bias": "b1", "down_proj_bias": "b2",
+               # gpt-oss's MXFP4 release (runtime/precision.py)
+               "gate_up_proj_blocks": "w1", "down_proj_blocks": "w2", "gate_up_proj_scales": "s1",
+               "down_proj_scales": "s2"}
+_FUSED_WEIGHTS = {"gate_up_proj": 2, "down_proj": 1, "gate_up_proj_blocks": 2, "down_proj_blocks": 1}  # parts counted
 # Non-expert checkpoint names that differ from the module tree (transformers' conversion_mapping.py).
 _RENAMES = {"mixtral": ((".block_sparse_moe.", ".mlp."),),
             "mimo_v2_flash": (("self_attn.attention_sink_bias", "self_attn.sinks"),)}
@@ -103,7 +110,7 @@ def _checkpoint_files(path: Path) -> list[Path]:
 
 def read_config(path: str | Path):
     """The checkpoint's config, checked: a supported family, not quantised or block-scaled fp8.
-    The fp8 format is kept as `config.hotsplit_fp8` and `quantization_config` is removed, so
+    The fp8 or mxfp4 format is kept as `config.hotsplit_fp8` and `quantization_config` is removed, so
     that transformers builds plain modules (hotsplit dequantises what it loads)."""
     from transformers import AutoConfig
 
@@ -117,7 +124,7 @@ def read_config(path: str | Path):
     mtype = getattr(config, "model_type", "?")
     if mtype not in FAMILIES:
         raise UsageError(f"{path}: model_type {mtype!r} is not supported", f"supported: {', '.join(FAMILIES)}")
-    config.hotsplit_fp8 = fp8_format_of(config, str(path))
+    config.hotsplit_fp8 = stored_format_of(config, str(path))
     if getattr(config, "quantization_config", None) is not None:
         del config.quantization_config
     return config
@@ -203,7 +210,8 @@ class _CheckpointReader:
         self.fills = fills  # this process writes the cold banks (a node-shared bank is written by one rank)
         self.layer_of = {i.layer_id: i for i in layers}
         self.bank_of = {i.layer_id: banks[i.row] for i in layers}
-        self.fp8 = config.hotsplit_fp8
+        stored = config.hotsplit_fp8  # fp8 reads scale files beside its weights; mxfp4 keeps its scales in the experts
+        self.fp8 = stored if isinstance(stored, Fp8Format) else None
         self.scales: _ScaleReader | None = None
         self.fp32 = _fp32_names(model, dtype)
         self.renames = _RENAMES.get(config.model_type, ())
@@ -270,7 +278,7 @@ class _CheckpointReader:
         with self._naming(key):
             for e in range(self.layer_of[lid].num_experts):  # one expert at a time: no full copy
                 self.bank_of[lid].load_part(e, _FUSED_PART[m["name"]], sl[e])
-        self.parts_LE[self.layer_of[lid].row] += {"gate_up_proj": 2, "down_proj": 1}.get(m["name"], 0)
+        self.parts_LE[self.layer_of[lid].row] += _FUSED_WEIGHTS.get(m["name"], 0)
 
     def _dense(self, f, key: str, m=None) -> None:
         """Any other tensor: to the device in the model's dtype (fp8 dequantised), in place of the

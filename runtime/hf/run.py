@@ -21,6 +21,7 @@ from hotsplit_cli.traffic.prompts import read_prompts
 from ..built import Built
 from ..cold_split import make_split
 from ..hot_set import choose_hot_set
+from ..precision import check_checkpoint_precision
 from ..ranks import Rank, single_rank
 from .capture import Generation, capture
 from .loader import load_model, load_tokenizer
@@ -44,6 +45,7 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
     (`rank`: the single-rank default, or an expert-parallel rank; `parallel`: applied to the
     loaded model). An EP node's experts are read from the files once (by the rank that fills
     the node's bank), every other tensor by every rank."""
+    check_checkpoint_precision(knobs.precision, recipe.name)
     m, t = recipe.model, recipe.traffic
     rank = Rank.single(recipe, knobs, platform_path) if rank is None else rank
     # The banks keep a checkpoint's fp8 experts on every device; refused before gigabytes are loaded.
@@ -67,9 +69,9 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
                              rank)
     engine = CheckpointEngine(model, source, knobs, expert_bytes, expected_hit_rate=plan.expected_hit_rate)
     bank = hm.banks[0]
-    fp8, dtype = bank.layout.fp8, str(bank.compute_dtype).replace("torch.", "")
+    dtype = str(bank.compute_dtype).replace("torch.", "")
     allocated = {"hidden": bank.hidden, "inter": bank.inter, "experts": hm.num_experts, "top_k": hm.top_k,
-                 "dtype": dtype, "expert_format": fp8.describe() if fp8 is not None else dtype}
+                 "dtype": dtype, "expert_format": bank.layout.describe(dtype)}
     return Built(engine, math.inf, info, plan, rank.allocator, expert_bytes, f"prompts {t.path}", allocated,
                  family=hm.family, generates=True)
 

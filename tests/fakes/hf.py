@@ -87,3 +87,29 @@ def reference_texts(folder, prompts: list[str], max_new_tokens: int, weights=Non
         out = ref.generate(input_ids=ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
         texts.append(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
     return texts
+
+
+def mxfp4_release(folder, out):
+    """`folder`'s gpt-oss checkpoint as gpt-oss is released: routed experts as MXFP4
+    `*_blocks` [E, out, in/32, 16] and `*_scales` [E, out, in/32] (quantised by hotsplit's own
+    codec, runtime/precision.py), everything else as it was, and config.json's quantization_config."""
+    import json
+    import shutil
+
+    from hotsplit_runtime.precision import Mxfp4Experts
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folder, out)
+    tensors = load_file(out / "model.safetensors")
+    for key in [k for k in tensors if k.endswith("experts.gate_up_proj")]:
+        down = key.replace("gate_up_proj", "down_proj")
+        # the model's weights are [E, in, out]: the release packs [E, out, in]
+        q = Mxfp4Experts.quantize(tensors.pop(key).transpose(1, 2), tensors.pop(down).transpose(1, 2))
+        tensors.update({f"{key}_blocks": q.b13_EIGB, f"{key}_scales": q.s13_EIG,
+                        f"{down}_blocks": q.b2_EHGB, f"{down}_scales": q.s2_EHG})
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out

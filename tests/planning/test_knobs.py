@@ -34,6 +34,7 @@ BAD = [
     ("dyn_decay", "1.5", "<= 1"), ("dyn_decay", "-0.1", ">= 0"), ("dyn_decay", "nan", "finite"),
     ("dyn_rule", "lfu", "must be one of credit, breakeven, got 'lfu'"), ("dyn_rule", "", "must be set"),
     ("dyn_sigmas", "-1", ">= 0"), ("dyn_sigmas", "inf", "finite"),
+    ("precision", "int4", "must be one of native, fp8, mxfp4, got 'int4'"), ("precision", "", "must be set"),
 ]
 
 
@@ -57,6 +58,16 @@ def test_cold_path_precedence():
     assert (k.cold_path, k.sources["cold_path"]) == ("split", "env")
     assert resolve_knobs({"cold_path": "cpu"}, {"HOTSPLIT_COLD_PATH": "split"}, {"cold_path": "gpu"}).cold_path == "gpu"
     assert resolve_knobs({"cold_path": "cpu"}, {}, {}).cold_path == "cpu"
+
+
+def test_precision_precedence_and_default():
+    default = resolve_knobs({}, {}, {})
+    assert (default.precision, default.sources["precision"]) == ("native", "default")
+    env = {"HOTSPLIT_PRECISION": "mxfp4"}
+    k = resolve_knobs({"precision": "fp8"}, env, {})
+    assert (k.precision, k.sources["precision"]) == ("mxfp4", "env")
+    assert resolve_knobs({"precision": "fp8"}, env, {"precision": "native"}).precision == "native"
+    assert resolve_knobs({"precision": "fp8"}, {}, {}).precision == "fp8"
 
 
 @pytest.mark.parametrize("name, value, message", BAD)

@@ -147,3 +147,17 @@ def test_the_timing_runs_in_a_thread_of_the_nodes_cpus():
     assert inside == {first} and torch_threads == n == 1
     assert os.sched_getaffinity(0) == before and torch.get_num_threads() == threads
     assert on_cpus(torch, None, lambda: os.sched_getaffinity(0)) == (before, len(before))
+
+
+def test_without_a_node_the_timing_runs_in_the_calling_thread_as_the_runtimes_cpu_path_does():
+    """No GPU pins nothing: the runtime computes its CPU share in the thread that calls the split
+    (runtime/cold_split.py), so the probe times that thread's team, with `threads` threads."""
+    import threading
+
+    from hotsplit_probes.cpu_expert import on_cpus
+
+    saved = torch.get_num_threads()
+    (ident, inside), n = on_cpus(torch, None, lambda: (threading.get_ident(), torch.get_num_threads()), threads=1)
+    assert ident == threading.get_ident() and inside == n == 1 and torch.get_num_threads() == saved
+    (ident, _), _ = on_cpus(torch, (min(os.sched_getaffinity(0)),), lambda: (threading.get_ident(), 0))
+    assert ident != threading.get_ident()  # pinned to a node's CPUs: a fresh thread, as the worker is

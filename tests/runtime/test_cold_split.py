@@ -208,9 +208,8 @@ def test_fp8_banks_refuse_the_cpu_path_in_one_line():
 
     g = _geom(CPU, "sigmoid", shared=True)
     model, _ = build_pair(g, 1, np.zeros((1, g.num_experts), dtype=bool), CPU, torch.float32,
-                          fp8=RELEASE_FP8)
+                          stored=RELEASE_FP8)
     bank = model.banks[0]
-    bank.fp8_meta = bank.blob_layout.fp8_meta(bank.fp8.fmt) if bank.fp8 is not None else object()
     with pytest.raises(UsageError, match=r"^cold_path split: the CPU cannot compute fp8 experts"):
         cold_split.make_split("split", CPU, bank)
     assert cold_split.make_split("gpu", CPU, bank) is None

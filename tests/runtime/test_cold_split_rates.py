@@ -145,3 +145,25 @@ def test_a_probe_of_the_scaled_experts_gives_a_scaled_run_its_figures(cli, tmp_p
     paths = json.loads(r.out)["summary"]["cold_paths"]
     assert paths["rates"].startswith(f"{platform}: no GPU") and paths["rates_not_used"] is None
     assert cli("probe", "--scale", "0.5").code == 2  # --scale needs the recipe whose experts it shrinks
+
+
+def test_on_one_cpu_the_cpus_share_is_computed_in_the_calling_thread():
+    """Without a GPU a worker thread only brought a second OpenMP thread team beside the caller's,
+    which left cores idle: the CPU's share runs in the thread that calls the split, and no worker
+    exists. With a GPU the share runs in the worker, so that it overlaps the device's."""
+    import threading
+
+    for shared_cpu in (True, False):
+        split = ColdSplit("cpu", ColdRates(None, ((1, 2.0),), 0.0, shared_cpu=shared_cpu), choose_device("cpu"))
+        ran_in = []
+
+        def cpu_compute(x, ids, w, ran_in=ran_in):
+            ran_in.append(threading.get_ident())
+            return torch.zeros(x.shape[0], 4)
+
+        bank = _Bank(np.array([0, -1, -1, -1]), 1 << 20)
+        split(torch.zeros(2, 4), torch.tensor([[1, 2], [3, 1]]), torch.ones(2, 2), bank,
+              lambda ids: torch.zeros(2, 4), cpu_compute)
+        assert (split.pool is None) == shared_cpu
+        assert (ran_in == [threading.get_ident()]) == shared_cpu
+        split.close()

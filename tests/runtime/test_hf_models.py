@@ -254,7 +254,7 @@ def test_loader_refuses_unsupported(tmp_path, cpu, checkpoints):
     q = tmp_path / "q"
     shutil.copytree(checkpoints["mixtral"], q)
     cfg = json.loads((q / "config.json").read_text())
-    for qc, message in (({"quant_method": "mxfp4"}, "quantised checkpoint \\(mxfp4\\) is not supported"),
+    for qc, message in (({"quant_method": "awq", "bits": 4}, "quantised checkpoint \\(awq\\) is not supported"),
                         ({"quant_method": "gptq", "bits": 4}, "quantised checkpoint \\(gptq\\)"),
                         ({"quant_method": "fp8", "activation_scheme": "static"}, "static activation scales"),
                         ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size must be two"),

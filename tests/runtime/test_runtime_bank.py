@@ -49,7 +49,7 @@ FP8_BLOCKS = Fp8Format((8, 12))
 def test_fp8_experts_equal_reference_on_their_dequantised_values(fmt):
     rng = np.random.default_rng(5)
     g = geom("sigmoid")
-    model, ref = build_pair(g, 2, random_hot(2, 8, 0.5, rng), CPU, torch.float32, fp8=fmt)
+    model, ref = build_pair(g, 2, random_hot(2, 8, 0.5, rng), CPU, torch.float32, stored=fmt)
     bank = model.banks[0]
     assert bank.cold_EB.dtype == torch.uint8 and bank.compute_dtype == torch.float32
     assert bank.fp8_meta is not None and bank.w2_offset == 2 * 16 * 32  # fp8 w13 bytes
@@ -226,7 +226,7 @@ def test_align_blocks_all_padding_has_no_live_block():
 def _kernel_case(hot_fraction, dtype=torch.float32, seed=0, fp8=None, hidden=48, inter=24):
     g = geom("softmax", shared=False, hidden=hidden, inter=inter)
     model, ref = build_pair(g, 1, random_hot(1, 8, hot_fraction, np.random.default_rng(seed)), CPU, dtype, seed,
-                            fp8=fp8)
+                            stored=fp8)
     lw = ref.layers[0]
     return g, model.banks[0], lambda x, ids, w: dense_reference(x, ids, w, lw.w13_EIH, lw.w2_EHI)
 

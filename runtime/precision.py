@@ -1,0 +1,222 @@
+"""Stored precisions of routed experts: each expert is stored once, at one precision, in the cold
+bank and in its hot copy (the same bytes), and dequantised per expert as it is computed.
+
+- `native`: the model's own dtype.
+- `fp8`: e4m3 with 128x128 block scales, the layout of the fp8 releases (runtime/fp8.py).
+- `mxfp4`: the OCP Microscaling format (OCP MX v1.0, section 6.3: MXFP4 = e2m1 elements, one e8m0
+  shared scale per block of 32), in gpt-oss's release layout: `*_blocks` uint8 [..., out, in/32, 16]
+  (two values per byte, the even input in the low nibble) and `*_scales` uint8 [..., out, in/32]
+  (the scale is 2^(byte - 127); 255 is NaN).
+
+Experts are quantised once, from their native weights, when a bank is filled.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from hotsplit_cli.config.knobs import PRECISIONS
+from hotsplit_cli.core.errors import UsageError
+
+from .fp8 import RELEASE_FP8, Fp8Experts, Fp8Format, fp8_format_of
+
+MX_GROUP = 32  # inputs per e8m0 scale
+E8M0_BIAS = 127
+E8M0_NAN = 255
+# e2m1 magnitudes of codes 0..7 (1 sign, 2 exponent, 1 mantissa bit; no inf or NaN); code | 8 negates.
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E2M1_MAX = 6.0
+E2M1_EMAX = 2  # exponent of the largest e2m1 value
+
+
+def _e2m1_values(dtype: torch.dtype) -> torch.Tensor:
+    """The 16 values of the codes, in `dtype` (index = code)."""
+    mags = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32)
+    return torch.cat([mags, -mags]).to(dtype)
+
+
+def _nearest_code(mag: torch.Tensor) -> torch.Tensor:
+    """Codes 0..7 of the e2m1 magnitudes nearest to `mag` (>= 0, at most E2M1_MAX), ties to the
+    even code (round half to even, as the OCP spec's conversion rounds)."""
+    grid = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32)
+    mids = (grid[1:] + grid[:-1]) / 2
+    mag = mag.contiguous()
+    low = torch.bucketize(mag, mids, right=False)  # at a midpoint: the lower code
+    high = torch.bucketize(mag, mids, right=True)  # ... the upper one
+    return torch.where((low != high) & (high % 2 == 0), high, low).to(torch.uint8)
+
+
+def _finite_cap(scale: torch.Tensor) -> torch.Tensor:
+    """Per group, the largest e2m1 magnitude whose value times `scale` is a finite float32: 6
+    but for the top scales, where rounding a value up to the next code would overflow."""
+    grid = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float64)
+    limit = torch.finfo(torch.float32).max / scale.double()
+    return grid[(torch.bucketize(limit, grid, right=True) - 1).clamp(min=0)].float()
+
+
+def mxfp4_quantize(w_RC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(blocks uint8 [R, C/32, 16], scales uint8 [R, C/32]) of W [R, C]: per group of 32 inputs the
+    smallest power-of-two scale that puts the group's largest magnitude within e2m1's 6, each value
+    rounded to the nearest e2m1 value (never past float32's largest). C must be a multiple of 32; W
+    finite."""
+    R, C = w_RC.shape
+    if C % MX_GROUP:
+        raise ValueError(f"mxfp4 needs the input dimension a multiple of {MX_GROUP}, got {C}")
+    w = w_RC.float().reshape(R, C // MX_GROUP, MX_GROUP)
+    if not torch.isfinite(w).all():
+        raise ValueError("mxfp4 quantisation needs finite weights")
+    amax = w.abs().amax(dim=-1)
+    # 2^ceil(log2(amax / 6)): amax / scale <= 6 and no smaller power of two would do. An all-zero
+    # group takes the smallest scale; frexp is exact where log2 of a float rounds, and float64
+    # keeps amax / 6 of a float32 subnormal from underflowing to 0.
+    mant, exp = torch.frexp(amax.double() / E2M1_MAX)
+    exp = torch.where(mant == 0.5, exp - 1, exp)  # an exact power of two is its own ceiling
+    exp = torch.where(amax > 0, exp, -E8M0_BIAS).clamp(-E8M0_BIAS, E8M0_BIAS)
+    scale = torch.ldexp(torch.ones_like(amax), exp)
+    scaled = w / scale[..., None]
+    sign = (scaled < 0).to(torch.uint8) << 3
+    code = _nearest_code(torch.minimum(scaled.abs(), _finite_cap(scale)[..., None])) | sign
+    blocks = code[..., 0::2] | (code[..., 1::2] << 4)
+    return blocks.contiguous(), (exp + E8M0_BIAS).to(torch.uint8)
+
+
+def e8m0_scales(scales: torch.Tensor) -> torch.Tensor:
+    """float32 2^(byte - 127) of e8m0 scale bytes; 255 is NaN (OCP MX)."""
+    s = torch.ldexp(torch.ones(scales.shape), scales.to(torch.int32) - E8M0_BIAS)
+    return torch.where(scales == E8M0_NAN, torch.nan, s)
+
+
+@functools.lru_cache(maxsize=8)
+def _byte_pairs(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[256, 2]: the two e2m1 values of each byte, the low nibble's first (one lookup per byte)."""
+    values, byte = _e2m1_values(torch.float32), torch.arange(256)
+    return torch.stack([values[byte & 0x0F], values[byte >> 4]], dim=-1).to(device, dtype)
+
+
+def mxfp4_dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """W [..., R, C] in `dtype` from blocks [..., R, C/32, 16] and scales [..., R, C/32]: each value
+    times its group's power-of-two scale, exact wherever the product is representable. bfloat16
+    and float32 hold every scale (float32's exponent range), so they multiply in `dtype` (2x
+    faster on a CPU than float32 then rounding); other dtypes in float32, then rounded."""
+    work = dtype if dtype in (torch.bfloat16, torch.float32) else torch.float32
+    pairs = _byte_pairs(work, blocks.device)[blocks.long()].flatten(-2)
+    w = pairs * e8m0_scales(scales).to(blocks.device, work)[..., None]
+    return w.flatten(-2).to(dtype)
+
+
+@dataclass(frozen=True)
+class Mxfp4Format:
+    """MXFP4 experts (no parameters: the group is the spec's 32)."""
+
+    def describe(self) -> str:
+        return f"mxfp4 (e2m1, one e8m0 scale per {MX_GROUP} inputs)"
+
+    def quantize_experts(self, w13_EIH: torch.Tensor, w2_EHI: torch.Tensor) -> Mxfp4Experts:
+        return Mxfp4Experts.quantize(w13_EIH, w2_EHI)
+
+
+MXFP4 = Mxfp4Format()
+
+
+@dataclass(frozen=True)
+class Mxfp4Experts:
+    """A layer's experts in MXFP4, gate and up rows then down, in the release layout."""
+
+    b13_EIGB: torch.Tensor  # uint8 [E, 2I, H/32, 16]
+    s13_EIG: torch.Tensor  # uint8 [E, 2I, H/32]
+    b2_EHGB: torch.Tensor  # uint8 [E, H, I/32, 16]
+    s2_EHG: torch.Tensor  # uint8 [E, H, I/32]
+    fmt: Mxfp4Format = MXFP4
+
+    @classmethod
+    def quantize(cls, w13_EIH: torch.Tensor, w2_EHI: torch.Tensor) -> Mxfp4Experts:
+        (b13, s13), (b2, s2) = (_quantize_stack(w) for w in (w13_EIH, w2_EHI))
+        return cls(b13, s13, b2, s2)
+
+    def parts(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        """Blob parts of one expert (runtime/bank.py BlobLayout): all bytes."""
+        u8 = torch.uint8
+        return [("w1", tuple(self.b13_EIGB.shape[1:]), u8), ("w2", tuple(self.b2_EHGB.shape[1:]), u8),
+                ("s1", tuple(self.s13_EIG.shape[1:]), u8), ("s2", tuple(self.s2_EHG.shape[1:]), u8)]
+
+    def sources(self) -> dict[str, torch.Tensor]:
+        return {"w1": self.b13_EIGB, "w2": self.b2_EHGB, "s1": self.s13_EIG, "s2": self.s2_EHG}
+
+    def decode(self, views: tuple[torch.Tensor, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """One expert's (w13 [2I, H], w2 [H, I]) in `dtype` from its blob's views (w1, w2, s1, s2)."""
+        b1, b2, s1, s2 = views
+        return mxfp4_dequantize(b1, s1, dtype), mxfp4_dequantize(b2, s2, dtype)
+
+    def dequantized(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w13 [E, 2I, H], w2 [E, H, I]) as the runtime computes with them."""
+        return mxfp4_dequantize(self.b13_EIGB, self.s13_EIG, dtype), mxfp4_dequantize(self.b2_EHGB, self.s2_EHG, dtype)
+
+
+def _quantize_stack(w_ERC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    blocks, scales = zip(*(mxfp4_quantize(w) for w in w_ERC), strict=True)
+    return torch.stack(blocks).view(*w_ERC.shape[:2], -1, MX_GROUP // 2), torch.stack(scales)
+
+
+StoredFormat = Fp8Format | Mxfp4Format  # how a bank stores its experts (None: natively)
+StoredExperts = Fp8Experts | Mxfp4Experts
+
+
+def stored_format(precision: str) -> StoredFormat | None:
+    """The format of a stored precision (None for native)."""
+    if precision not in PRECISIONS:
+        raise UsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    return {"native": None, "fp8": RELEASE_FP8, "mxfp4": MXFP4}[precision]
+
+
+def check_precision_dims(precision: str, hidden: int, inter: int, where: str) -> None:
+    """mxfp4 groups 32 inputs per scale: gate and up read `hidden` inputs, down `inter`."""
+    if precision == "mxfp4" and (hidden % MX_GROUP or inter % MX_GROUP):
+        raise UsageError(f"{where}: precision mxfp4 needs expert input dims divisible by {MX_GROUP}, got hidden "
+                         f"{hidden} and moe_intermediate {inter}",
+                         "use precision fp8 or native for this model")
+
+
+def uniform_layer_precisions(precision_LE, num_layers: int, num_experts: int) -> list[str]:
+    """One precision per MoE layer from a per-(layer, expert) precision array [L, E] of names: one
+    bank per layer holds one precision, so every expert of a layer must share it."""
+    rows = [list(map(str, row)) for row in precision_LE]
+    if len(rows) != num_layers or any(len(r) != num_experts for r in rows):
+        raise UsageError(f"per-expert precisions have shape {len(rows)} x {len(rows[0]) if rows else 0}, "
+                         f"want {num_layers} x {num_experts}")
+    for li, row in enumerate(rows):
+        bad = sorted(set(row) - set(PRECISIONS))
+        if bad:
+            raise UsageError(f"layer {li}: precision {bad[0]!r} is not one of {', '.join(PRECISIONS)}")
+        if len(set(row)) > 1:
+            raise UsageError(f"layer {li} mixes precisions {', '.join(sorted(set(row)))}",
+                             "the runtime stores one precision per layer's bank; give each layer one")
+    return [row[0] for row in rows]
+
+
+
+def layer_formats(precision_LE, num_layers: int, num_experts: int) -> list[StoredFormat | None]:
+    """Per MoE layer, the format its bank stores (None: native), from a per-(layer, expert)
+    precision array [L, E]: what `make_layer_weights(..., stored=)` takes for each layer."""
+    return [stored_format(p) for p in uniform_layer_precisions(precision_LE, num_layers, num_experts)]
+
+
+def check_checkpoint_precision(precision: str, recipe_name: str) -> None:
+    """A checkpoint's experts are stored at its own precision: another one asked for is refused,
+    not ignored."""
+    if precision != "native":
+        raise UsageError(f"precision {precision}: recipe {recipe_name!r} runs a checkpoint, whose experts stay at "
+                         "its own precision", "drop --precision / HOTSPLIT_PRECISION / hotsplit.precision for it")
+
+
+def stored_format_of(config, where: str) -> StoredFormat | None:
+    """How a checkpoint stores its routed experts: block-scaled fp8, MXFP4 (gpt-oss's releases:
+    `quantization_config.quant_method: mxfp4`), or None when not quantised; UsageError naming the
+    format for any other quantisation (GPTQ, AWQ, bitsandbytes)."""
+    q = getattr(config, "quantization_config", None)
+    q = q if not q or isinstance(q, dict) else q.to_dict()
+    if q and q.get("quant_method") == "mxfp4":
+        return MXFP4
+    return fp8_format_of(config, where)
