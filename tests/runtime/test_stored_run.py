@@ -28,9 +28,9 @@ def test_a_run_at_a_stored_precision_equals_the_reference_on_dequantised_weights
     r, p = _prepared(precision, HOTSPLIT_HOT_GIB="0.003")  # about half of the experts hot at either precision
     model = p.engine.model
     assert {b.precision for b in model.banks} == {precision}
-    ref = ReferenceMoE([make_layer_weights(p.geom, r.run.seed * 1000 + li, torch.float32, stored_format(precision))
+    ref = ReferenceMoE([make_layer_weights(p.engine.model.geom, r.run.seed * 1000 + li, torch.float32, stored_format(precision))
                         for li in range(r.model.num_moe_layers)], torch.device("cpu"))
-    x = torch.randn(9, p.geom.hidden, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(9, p.engine.model.geom.hidden, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(model.step(x), ref.step(x), **tolerances(torch.float32))
     hot_before = model.hot_LE().copy()
     p.engine.run(p.steps)
@@ -63,8 +63,8 @@ def test_mxfp4_on_dims_not_divisible_by_32_is_refused_in_one_line(tmp_path):
 
 def test_scaled_mxfp4_runs_keep_whole_groups_of_32():
     p = _prepared("mxfp4")[1]
-    assert p.geom.hidden % 32 == 0 and p.geom.inter % 32 == 0
-    assert np.all([b.stored.s13_EIG.shape[-1] == p.geom.hidden // 32 for b in p.engine.model.banks])
+    assert p.engine.model.geom.hidden % 32 == 0 and p.engine.model.geom.inter % 32 == 0
+    assert np.all([b.stored.s13_EIG.shape[-1] == p.engine.model.geom.hidden // 32 for b in p.engine.model.banks])
 
 
 def test_run_stores_the_precision_its_flag_asks_for_and_refuses_a_bad_one_in_one_line(cli, tmp_path):
