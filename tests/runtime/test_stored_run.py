@@ -28,9 +28,9 @@ def test_a_run_at_a_stored_precision_equals_the_reference_on_dequantised_weights
     r, p = _prepared(precision, HOTSPLIT_HOT_GIB="0.003")  # about half of the experts hot at either precision
     model = p.engine.model
     assert {b.precision for b in model.banks} == {precision}
-    ref = ReferenceMoE([make_layer_weights(p.engine.model.geom, r.run.seed * 1000 + li, torch.float32, stored_format(precision))
+    ref = ReferenceMoE([make_layer_weights(model.geom, r.run.seed * 1000 + li, torch.float32, stored_format(precision))
                         for li in range(r.model.num_moe_layers)], torch.device("cpu"))
-    x = torch.randn(9, p.engine.model.geom.hidden, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(9, model.geom.hidden, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(model.step(x), ref.step(x), **tolerances(torch.float32))
     hot_before = model.hot_LE().copy()
     p.engine.run(p.steps)
