@@ -57,5 +57,10 @@ ColdPathOpt = Annotated[
     typer.Option("--cold-path", help="Who computes cold experts: gpu (zero-copy), cpu, or split by the measured "
                                      "cost model (overrides HOTSPLIT_COLD_PATH and the recipe)."),
 ]
+PrecisionOpt = Annotated[
+    str | None,
+    typer.Option("--precision", help="Stored precision of experts: native, fp8, mxfp4, or auto (per expert, "
+                                     "by `plan`) (overrides HOTSPLIT_PRECISION and the recipe)."),
+]
 PlotOpt = Annotated[Path | None, output_option("--plot", help="Also draw a PNG here.", suffix=".png")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]

@@ -11,7 +11,7 @@ import numpy as np
 import typer
 
 from hotsplit_cli.core.errors import UsageError
-from hotsplit_cli.options import HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RecipeOpt
+from hotsplit_cli.options import HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, PrecisionOpt, RecipeOpt
 from hotsplit_cli.output import Output, gib, pct
 from hotsplit_cli.plotting import integer_step_ticks
 
@@ -24,6 +24,7 @@ def simulate_cmd(
     trace: Annotated[Path, typer.Option("--trace", help="Routing trace (.npz from `balance --trace`).")],
     recipe: RecipeOpt = None,
     hot_gib: HotGibOpt = None,
+    precision: PrecisionOpt = None,
     fit: Annotated[Path | None, typer.Option("--fit", help="Fit the static plan on this histogram.")] = None,
     plan: Annotated[Path | None, typer.Option("--plan", help="Use this plan.json as the static hot set.")] = None,
     policies: Annotated[str, typer.Option("--policies", help="Comma-separated policies to run.")] = (
@@ -58,7 +59,7 @@ def simulate_cmd(
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "dyn_steps": dyn_steps,
                                                    "dyn_max_swaps": dyn_max_swaps, "dyn_margin": dyn_margin,
                                                    "dyn_decay": dyn_decay, "dyn_rule": dyn_rule,
-                                                   "dyn_sigmas": dyn_sigmas})
+                                                   "dyn_sigmas": dyn_sigmas, "precision": precision})
     result = run_simulation(req, rec, knobs, out.warn, out.progress)
     advice = recommend_for(result, recipe, out.progress)
     doc = {**result.to_doc(), "recommendation": advice.to_doc()}

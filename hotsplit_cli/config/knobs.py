@@ -19,6 +19,7 @@ EP_EXCHANGES = ("a2a", "allgather")  # how EP ranks exchange tokens: see runtime
 DYN_DECAY = 0.8  # the swap rule's memory per window (hotset/planner.py SwapRule; docs/simulate.md)
 DYN_RULES = ("credit", "breakeven")  # which window rule swaps (hotset/admission.py; docs/simulate.md)
 DYN_SIGMAS = 2.0  # the break-even rule's noise test, in Poisson standard deviations (docs/simulate.md)
+PRECISIONS = ("native", "fp8", "mxfp4", "auto")  # stored precision of experts; auto: per expert, by `plan`
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ KNOBS = (
     KnobSpec("cold_path", "HOTSPLIT_COLD_PATH", str, "gpu", choices=COLD_PATHS),
     KnobSpec("eplb_steps", "HOTSPLIT_EPLB_STEPS", int, 0, minimum=0),  # 0 = off; EP runs only
     KnobSpec("ep_exchange", "HOTSPLIT_EP_EXCHANGE", str, "a2a", choices=EP_EXCHANGES),  # EP runs only
+    KnobSpec("precision", "HOTSPLIT_PRECISION", str, "native", choices=PRECISIONS),
 )
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 
@@ -67,6 +69,7 @@ class Knobs:
     ep_exchange: str = "a2a"  # a2a (uneven all_to_all_single) | allgather (all-gather, then reduce-scatter)
     dyn_rule: str = "credit"  # credit (planner.SwapRule) | breakeven (hotset/admission.py: swaps that pay in bytes)
     dyn_sigmas: float = DYN_SIGMAS  # breakeven: Poisson standard deviations an incoming score must lead by
+    precision: str = "native"  # native | fp8 | mxfp4 | auto (per expert, chosen by `plan`)
 
     def to_doc(self) -> dict:
         return {k: getattr(self, k) for k in KNOB_NAMES}
