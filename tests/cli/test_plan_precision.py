@@ -195,3 +195,42 @@ def test_auto_on_esft_is_judged_out_of_sample_and_its_range_holds_the_held_out_r
     held = counts[n_fit:].sum(0)
     achieved = (held * hot).sum() / held.sum()
     assert plan.out_of_sample is not None and plan.out_of_sample.contains(achieved), (plan.out_of_sample, achieved)
+
+
+def test_ledger_counts_the_stored_bytes_of_its_precision(cli):
+    from hotsplit_cli.config.recipe import load_recipe
+
+    docs = {p: json.loads(cli("ledger", "deepseek-v2-lite", "--precision", p, "--json").out)["memory"]
+            for p in ("native", "fp8", "mxfp4")}
+    rec = load_recipe("deepseek-v2-lite")
+    for p, mem in docs.items():
+        assert mem["precision"] == p and mem["expert_bytes"] == expert_bytes_per_rank(rec, p)
+        assert mem["bank_bytes_per_rank"] == expert_bytes_per_rank(rec, p) * 64 * 26
+    r = cli("ledger", "deepseek-v2-lite", "--precision", "fp8")
+    assert "bf16 experts stored fp8" in r.out
+    assert cli("ledger", "deepseek-v2-lite", "--precision", "auto").code == 2
+
+
+def test_place_platform_times_ranks_at_the_stored_bytes(cli, tmp_path, monkeypatch):
+    import yaml
+
+    from tests.conftest import make_hist
+
+    rec = yaml.safe_load((ROOT / "recipes" / "tiny.yaml").read_text())
+    rec["parallel"] = {"tp": 1, "ep": 4}
+    (tmp_path / "ep4.yaml").write_text(yaml.safe_dump(rec))
+    (tmp_path / "pf.json").write_text(json.dumps({
+        "schema": "hotsplit.platform/1", "created": "2026-01-01T00:00:00Z", "reasons": [],
+        "host": {"numa_nodes": [{}], "copy_gbps": 20.0},
+        "gpus": [{"index": 0, "mem_free_bytes": 1 << 30, "summary": {"zero_copy_read_gbps": 25.0}}]}))
+    counts = np.random.default_rng(5).zipf(1.4, size=(4, 32)).clip(max=400).astype(float)
+    save_hist(tmp_path / "h.json", make_hist(counts, layers=(1, 2, 3, 4), top_k=4, model="tiny"))
+
+    def step_ms(precision: str) -> float:
+        monkeypatch.setenv("HOTSPLIT_PRECISION", precision)
+        r = cli("place", tmp_path / "h.json", "--recipe", tmp_path / "ep4.yaml", "--ranks", "4", "--platform",
+                tmp_path / "pf.json", "--hot-gib", "0.002", "--json")
+        assert r.code == 0, r.err
+        return json.loads(r.out)["times"]["layouts"]["tokens"]["fitted"]["step_ms"]
+
+    assert step_ms("mxfp4") < step_ms("fp8") < step_ms("native")
