@@ -423,6 +423,23 @@ class PlanFile:
         """What the plan expects on traffic it has not seen (never the in-sample figure)."""
         return None if self.out_of_sample is None else self.out_of_sample.expected
 
+    def precision_LE(self, layers, num_experts: int) -> np.ndarray:
+        """str [L, E]: each expert's stored precision (native, fp8 or mxfp4), rows in the order of
+        `layers`; PlanError when an auto plan leaves an expert out or names one twice."""
+        if self.precision_by_layer is None:
+            return np.full((len(layers), num_experts), self.precision, dtype=object)
+        out = np.full((len(layers), num_experts), None, dtype=object)
+        for i, lid in enumerate(layers):
+            for name, ids in self.precision_by_layer.get(int(lid), {}).items():
+                if any(e >= num_experts or out[i, e] is not None for e in ids):
+                    raise PlanError(f"{self.path}: `precision.by_layer[{lid}]` names an expert twice or beyond "
+                                    f"{num_experts - 1}", "re-create it with `hotsplit plan`")
+                out[i, list(ids)] = name
+            if (out[i] == None).any():  # noqa: E711 (elementwise)
+                raise PlanError(f"{self.path}: `precision.by_layer[{lid}]` leaves experts without a precision",
+                                "re-create it with `hotsplit plan`")
+        return out
+
     def hot_LE(self, layers, num_experts: int, rank: int = 0, model: str = "the model") -> np.ndarray:
         """Boolean hot mask [L, E] of one rank, rows in the order of `layers` (model layer ids)."""
         rows = {int(lid): i for i, lid in enumerate(layers)}
