@@ -234,3 +234,10 @@ def test_place_platform_times_ranks_at_the_stored_bytes(cli, tmp_path, monkeypat
         return json.loads(r.out)["times"]["layouts"]["tokens"]["fitted"]["step_ms"]
 
     assert step_ms("mxfp4") < step_ms("fp8") < step_ms("native")
+
+
+def test_auto_with_a_placement_is_refused_before_anything_is_read(cli, qhist, tmp_path):
+    out = tmp_path / "plan.json"
+    r = _plan(cli, qhist, out, "--precision", "auto", "--max-error", "0.05", "--placement", tmp_path / "none.json")
+    assert r.code == 2 and "--precision auto plans the contiguous expert-parallel layout" in r.err
+    assert not out.exists()
