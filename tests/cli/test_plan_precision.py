@@ -241,3 +241,22 @@ def test_auto_with_a_placement_is_refused_before_anything_is_read(cli, qhist, tm
     r = _plan(cli, qhist, out, "--precision", "auto", "--max-error", "0.05", "--placement", tmp_path / "none.json")
     assert r.code == 2 and "--precision auto plans the contiguous expert-parallel layout" in r.err
     assert not out.exists()
+
+
+def test_mxfp4_of_a_shape_it_cannot_take_is_one_line_and_writes_nothing(cli, tmp_path):
+    import yaml
+
+    from tests.conftest import make_hist
+
+    rec = yaml.safe_load((ROOT / "recipes" / "tiny.yaml").read_text())
+    rec["name"], rec["model"]["hidden_size"] = "tiny264", 264  # 264 inputs: not a multiple of 32
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(rec))
+    save_hist(tmp_path / "h.json", make_hist(np.ones((4, 32)), layers=(1, 2, 3, 4), top_k=4, model="tiny264"))
+    out = tmp_path / "plan.json"
+    r = cli("plan", tmp_path / "h.json", "--recipe", tmp_path / "r.yaml", "--hot-gib", "0.005",
+            "--precision", "mxfp4", "-o", out)
+    assert r.code == 1 and r.out == "" and not out.exists()
+    assert r.err == ("error: mxfp4 needs input dims divisible by 32 (one scale per 32 inputs), but recipe 'tiny264' "
+                     "has hidden_size = 264; store its experts at fp8 or native\n")
+    assert cli("plan", tmp_path / "h.json", "--recipe", tmp_path / "r.yaml", "--hot-gib", "0.005",
+               "--precision", "fp8", "-o", out).code == 0
