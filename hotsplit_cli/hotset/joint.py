@@ -216,10 +216,15 @@ def _relaxation(problem: JointProblem, lam: float) -> tuple[float, np.ndarray]:
 
 
 def _fill_rest(option_N: np.ndarray, increments, room: float) -> None:
-    """Past the budget's prefix: take each later increment that still fits (skip, don't stop)."""
-    for i, f, t, w in zip(*increments, strict=True):
-        if option_N[i] == f and w <= room:
-            option_N[i], room = t, room - w
+    """Past the budget's prefix: take each later increment that still fits (skip, don't stop),
+    until none of the rest could fit."""
+    item, frm, to, dw = increments
+    least_after = np.minimum.accumulate(dw[::-1])[::-1] if len(dw) else dw
+    for j in range(len(dw)):
+        if least_after[j] > room:
+            break
+        if option_N[item[j]] == frm[j] and dw[j] <= room:
+            option_N[item[j]], room = to[j], room - dw[j]
 
 
 def _fill_cold(problem: JointProblem, c_NO: np.ndarray, option_N: np.ndarray, group: int) -> None:
