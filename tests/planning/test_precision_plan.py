@@ -185,3 +185,13 @@ def test_an_unreachable_error_budget_is_one_line():
         plan_joint(problem)
     assert e.value.render() == ("error: error budget 0.05 is below the least expected error any plan can have (0.1); "
                                 "raise --max-error")
+
+
+def test_a_quality_block_written_by_to_doc_reads_back_the_same():
+    """The writer `balance --model` uses (Quality.to_doc) and the reader agree, nulls included."""
+    hist = load_hist(FIXTURE)
+    q = load_quality(FIXTURE, hist.counts_LE.shape)
+    again = quality_from_doc(json.loads(json.dumps(q.to_doc())), hist.counts_LE.shape, "h.json")
+    assert again.measured_on == q.measured_on and again.model == q.model
+    for p in q.error_LE:
+        np.testing.assert_array_equal(again.error_LE[p], q.error_LE[p])  # nan where never routed, both sides
