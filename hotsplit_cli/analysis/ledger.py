@@ -95,6 +95,7 @@ class MemoryLedger:
     hot_source: str  # flag | env | recipe | auto | unknown
     hot_experts: int | None  # experts the hot budget holds on one rank
     hot_fraction: float | None  # hot_experts / experts_per_rank
+    precision: str = "native"  # the stored precision every expert byte figure counts (sizes.PRECISIONS)
 
     @property
     def ranks(self) -> int:
@@ -185,14 +186,16 @@ def with_ep(recipe: Recipe, ep: int) -> Recipe:
 
 
 def memory_ledger(
-    recipe: Recipe, reserve_gib: float, hot_gib: float | None = None, hot_source: str = "auto"
+    recipe: Recipe, reserve_gib: float, hot_gib: float | None = None, hot_source: str = "auto",
+    precision: str = "native",
 ) -> MemoryLedger:
-    """Per-rank memory ledger. `hot_gib` None = auto: GPU - dense - KV - reserve, capped at the bank."""
+    """Per-rank memory ledger, experts counted at their stored `precision`. `hot_gib` None = auto:
+    GPU - dense - KV - reserve, capped at the bank."""
     m, par, hw = recipe.model, recipe.parallel, recipe.hardware
     whole = dataclasses.replace(recipe, parallel=ParallelSpec(tp=1, ep=1))
-    expert_full = expert_bytes_per_rank(whole)
-    expert = expert_bytes_per_rank(recipe)
-    bank_rank = bank_bytes_per_rank(recipe)
+    expert_full = expert_bytes_per_rank(whole, precision)
+    expert = expert_bytes_per_rank(recipe, precision)
+    bank_rank = bank_bytes_per_rank(recipe, precision)
     experts_per_rank = m.num_experts // par.ep * m.num_moe_layers
     dense_gib = dense_bytes_per_rank(recipe) / GIB
     room = None
@@ -232,6 +235,7 @@ def memory_ledger(
         hot_source=hot_source,
         hot_experts=hot_n,
         hot_fraction=frac,
+        precision=precision,
     )
 
 
@@ -345,10 +349,12 @@ def build_ledger(
     hist_path: str | os.PathLike | None = None,
     warn: Callable[[str], None] = lambda message: None,
     host: HostFit | None = None,
+    precision: str = "native",
 ) -> Ledger:
-    """Both ledgers and their flags; a routing histogram (checked against the recipe, `warn` told
-    each warning; `hist_path` names it) adds the hot-expert check."""
-    mem = memory_ledger(recipe, reserve_gib, hot_gib, hot_source)
+    """Both ledgers and their flags, experts at their stored `precision`; a routing histogram
+    (checked against the recipe, `warn` told each warning; `hist_path` names it) adds the
+    hot-expert check."""
+    mem = memory_ledger(recipe, reserve_gib, hot_gib, hot_source, precision)
     a2a = a2a_ledger(recipe, comm)
     flags: list[Flag] = []
     if mem.room_gib is not None and mem.room_gib <= 0:

@@ -47,9 +47,9 @@ from hotsplit_cli.core.units import gib
 from hotsplit_cli.hotset.admission import make_swap_rule
 from hotsplit_cli.hotset.budget import HotBudget, ReadRate, choose_read_rate, resolve_hot_budget
 from hotsplit_cli.hotset.coldpath import replay_cold_paths
-from hotsplit_cli.hotset.planfile import PlanFile, check_plan_ranks, load_plan, recipe_cold_rates
+from hotsplit_cli.hotset.planfile import PlanFile, check_plan_precision, check_plan_ranks, load_plan, recipe_cold_rates
 from hotsplit_cli.hotset.planner import plan_hot_set
-from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
+from hotsplit_cli.hotset.sizes import expert_bytes_per_rank, uniform_precision
 from hotsplit_cli.traffic.hist import load_hist
 from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
 from hotsplit_cli.traffic.trace import Trace, load_trace
@@ -407,7 +407,7 @@ class SimResult:
             "num_experts": self.num_experts, "routed_assignments": self.routed_assignments,
             "budget": {"hot_gib": self.budget.budget_bytes / GIB, "source": self.budget.source,
                        "origin": self.budget.origin, "budget_bytes": cfg.budget_bytes,
-                       "expert_bytes": cfg.expert_bytes, "hot_slots": cfg.hot_slots},
+                       "expert_bytes": cfg.expert_bytes, "precision": k.precision, "hot_slots": cfg.hot_slots},
             "static": self.static_source, "window_steps": cfg.window_steps,
             "knobs": {"dyn_steps": k.dyn_steps, "dyn_max_swaps": k.dyn_max_swaps, "dyn_margin": k.dyn_margin,
                       "dyn_decay": k.dyn_decay, "dyn_rule": k.dyn_rule, "dyn_sigmas": k.dyn_sigmas},
@@ -439,10 +439,11 @@ def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _
         raise UsageError(f"recipe {recipe.name!r} uses ep={recipe.parallel.ep}; simulate models one rank of a TP "
                          "deployment", "use a recipe with ep: 1 (EP layouts: `hotsplit place`)")
     tr, counts_SLE, assignments_S = _load_trace(req, recipe)
-    size = expert_bytes_per_rank(recipe)
+    size = expert_bytes_per_rank(recipe, uniform_precision(knobs))  # stored bytes of every expert
     plan = load_plan(req.plan_path) if req.plan_path is not None else None
     if plan is not None:
         check_plan_ranks(plan, recipe)
+        check_plan_precision(plan, knobs)
     platform = load_platform(req.platform_path) if req.platform_path is not None else None
     budget = resolve_hot_budget(recipe, knobs, platform, plan)
     wsteps = min(req.window_steps or knobs.dyn_steps, tr.num_steps)
@@ -462,7 +463,7 @@ def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _
     sums = {n: summarise(r, assignments_S, size, wsteps, rate.gbps, rate.h2d_gbps) for n, r in runs.items()}
     cold_paths = None
     if platform is not None:
-        fitted, time_bytes = recipe_cold_rates(recipe, platform, warn)
+        fitted, time_bytes = recipe_cold_rates(recipe, platform, warn, size)
         times = replay_cold_paths(counts_SLE, static_hot, time_bytes, fitted.rates, int(tr.topk_ids_SLTK.shape[2]))
         cold_paths = {"policy": "static", "rates": fitted.where, **times.to_doc()}
     return SimResult(req, recipe.name, tr, recipe.model.num_experts, float(assignments_S.sum()), budget, cfg,

@@ -70,6 +70,9 @@ def _write(path: Path, payload) -> None:
 
 def _render(out: Output, result: EngineExport) -> None:
     """The copyable flags, what the engine keeps on the GPU per layer, and the two hit rates."""
+    if result.prepare and not out.json_mode:
+        out.print("first, store the experts at the plan's precisions:")
+        out.out.print(shlex.join(result.prepare), soft_wrap=True, markup=False, highlight=False)
     out.print(f"start {result.engine} with:")
     if not out.json_mode:  # one line however wide, to copy as it is
         out.out.print(shlex.join(result.flags), soft_wrap=True, markup=False, highlight=False)

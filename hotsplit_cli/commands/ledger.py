@@ -22,7 +22,7 @@ from hotsplit_cli.analysis.ledger import (
 from hotsplit_cli.config.recipe import GIB
 from hotsplit_cli.core.jsonio import schema_tag
 from hotsplit_cli.core.units import decimal_bytes, duration
-from hotsplit_cli.options import HotGibOpt, JsonOpt, PlatformOpt, RecipeArg
+from hotsplit_cli.options import HotGibOpt, JsonOpt, PlatformOpt, PrecisionOpt, RecipeArg
 from hotsplit_cli.output import Output, gib, pct
 
 EpOpt = Annotated[
@@ -81,6 +81,7 @@ def register(app: typer.Typer, hist_app: typer.Typer) -> None:
 def ledger(
     recipe: RecipeArg,
     hot_gib: HotGibOpt = None,
+    precision: PrecisionOpt = None,
     ep: EpOpt = None,
     tokens: TokensOpt = None,
     act_bytes: ActBytesOpt = DEFAULT_ACT_BYTES,
@@ -97,11 +98,12 @@ def ledger(
     from hotsplit_cli.config.knobs import resolve_knobs
     from hotsplit_cli.config.recipe import load_recipe
     from hotsplit_cli.hotset.host_memory import host_fit
+    from hotsplit_cli.hotset.sizes import uniform_precision
     from hotsplit_cli.traffic.hist import load_hist
 
     out = Output(json_out)
     rec = load_recipe(recipe)
-    knobs = resolve_knobs(rec.knobs, flags={"hot_gib": hot_gib})
+    knobs = resolve_knobs(rec.knobs, flags={"hot_gib": hot_gib, "precision": precision})
     if ep is not None:
         rec = with_ep(rec, ep)
     comm = CommModel(
@@ -122,6 +124,7 @@ def ledger(
         hist_path=hist,
         warn=out.warn,
         host=host_fit(rec, platform),
+        precision=uniform_precision(knobs),
     )
     doc = {"schema": schema_tag("ledger"), **result.to_doc(), "histogram": str(hist) if hist else None}
     out.emit(doc, lambda: _render(out, result))
@@ -135,7 +138,8 @@ def _render(out: Output, led: Ledger) -> None:
     m = led.memory
     out.print(
         escape(
-            f"ledger: {led.recipe} ({led.model}), {m.expert_dtype} experts, "
+            f"ledger: {led.recipe} ({led.model}), {m.expert_dtype} experts"
+            f"{'' if m.precision == 'native' else f' stored {m.precision}'}, "
             f"tp {m.tp} x ep {m.ep} = {m.ranks} ranks"
         )
     )

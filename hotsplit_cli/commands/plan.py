@@ -13,7 +13,7 @@ from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.hotset.coldpath import fastest_spans
 from hotsplit_cli.hotset.host_memory import host_fit
 from hotsplit_cli.hotset.planfile import PlanResult, make_plan, plan_doc
-from hotsplit_cli.options import RECIPE_HELP, HotGibOpt, JsonOpt, OutOpt, PlatformOpt
+from hotsplit_cli.options import RECIPE_HELP, HotGibOpt, JsonOpt, OutOpt, PlatformOpt, PrecisionOpt
 from hotsplit_cli.output import Output, gib, pct
 from hotsplit_cli.traffic.hist import recorded_recipe
 
@@ -29,6 +29,11 @@ def plan_cmd(
         Path | None, typer.Option("--placement", show_default="none: one hot set per rank of the recipe",
                                   help="placement.json from `hotsplit place`: plan each EP rank's "
                                   "hot set among the physical experts placed on it.")] = None,
+    precision: PrecisionOpt = None,
+    max_error: Annotated[float | None, typer.Option(
+        "--max-error", min=0.0, help="Expected error the precisions may spend (routing-share-weighted "
+                                     "relative output error, measured by `balance --model`); "
+                                     "required by --precision auto.")] = None,
     output: OutOpt = None,
     json: JsonOpt = False,
 ) -> None:
@@ -38,8 +43,8 @@ def plan_cmd(
         recipe = recorded_recipe(hist_file)
         out.note(f"recipe: {recipe} (recorded in {hist_file})")
     rec = load_recipe(recipe)
-    knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib})
-    result = make_plan(hist_file, rec, knobs, platform, placement, out.warn)
+    knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "precision": precision})
+    result = make_plan(hist_file, rec, knobs, platform, placement, out.warn, max_error)
     host = host_fit(rec, platform)
     if host is not None and not host.fits:
         out.warn(host.explain())
@@ -56,9 +61,12 @@ def plan_cmd(
 def _render(out: Output, result: PlanResult, doc: dict) -> None:
     """The human report of a plan: budget, hot experts per layer and rank, hit rate, cold costs."""
     rec, hist, plan, budget = result.recipe, result.hist, result.plan, result.budget
+    knob, dtype = doc["precision"]["knob"], rec.model.expert_dtype
+    stored = dtype if knob == "native" else f"stored {knob}, checkpoint {dtype}"
+    size = (f"expert {doc['expert_bytes'] / (1 << 20):.2f} MiB per rank ({stored})" if doc["expert_bytes"]
+            else f"experts stored at the precision of each (checkpoint {dtype})")
     out.print(f"plan for {rec.name} ({rec.model.name}): {hist.num_layers} MoE layers x {hist.num_experts} "
-              f"experts, expert {doc['expert_bytes'] / (1 << 20):.2f} MiB per rank ({rec.model.expert_dtype}), "
-              f"tp={rec.parallel.tp} ep={doc['parallel']['ep']}")
+              f"experts, {size}, tp={rec.parallel.tp} ep={doc['parallel']['ep']}")
     out.print(budget.explain())
     t = out.table("layer", "hot experts", "hit rate")
     for i, layer in enumerate(hist.layers):
@@ -73,9 +81,13 @@ def _render(out: Output, result: PlanResult, doc: dict) -> None:
             t.add_row(label, str(r["hot_experts"]), gib(r["hot_bytes"]), gib(budget.budget_bytes), r["method"],
                       *([pct(r["hit_rate"], 2), _band_text(r.get("out_of_sample"))] if by_rank else []))
     out.print(t)
-    verdict = "optimal (certified)" if plan.certified else "greedy (exact solver skipped: too large)"
-    out.print(f"hit rate {pct(plan.hit_rate, 2)} in-sample (on the histogram it was fitted on), {verdict}; "
-              f"LP bound {pct(plan.bound_hit_rate, 2)}, gap {100 * plan.gap:.2f} pp")
+    if "bound" in doc["precision"]:
+        _render_joint(out, plan, doc["precision"])
+    else:
+        verdict = "optimal (certified)" if plan.certified else "greedy (exact solver skipped: too large)"
+        out.print(f"hit rate {pct(plan.hit_rate, 2)} in-sample (on the histogram it was fitted on), {verdict}; "
+                  f"LP bound {pct(plan.bound_hit_rate, 2)}, gap {100 * plan.gap:.2f} pp")
+    _render_precision(out, doc["precision"])
     held = doc["out_of_sample"]
     if held["available"]:
         out.print(f"expected hit rate on new traffic {pct(held['expected'], 2)}, range {100 * held['low']:.2f}-"
@@ -98,6 +110,33 @@ def _render(out: Output, result: PlanResult, doc: dict) -> None:
             out.print("rank 0's reads; max-rank ms/step = sum over layers of the slowest rank's cold reads")
     if result.cold_paths is not None:
         _render_cold_paths(out, result.cold_paths)
+
+
+def _render_joint(out: Output, plan, block: dict) -> None:
+    """An auto plan's certificate: it is bounded in PCIe bytes per step, not in hit rate."""
+    bound = block["bound"]
+    verdict = "optimal (certified)" if bound["certified"] else f"{bound['method']}"
+    out.print(f"hit rate {pct(plan.hit_rate, 2)} in-sample (on the histogram it was fitted on); precisions and hot "
+              f"set chosen together, {verdict}: PCIe {gib(block['pcie_bytes_per_step'])}/step, bound "
+              f"{gib(bound['pcie_bytes_per_step'])}/step, gap {100 * bound['gap']:.2f}%")
+
+
+def _render_precision(out: Output, block: dict) -> None:
+    """Experts per stored precision, hot and cold; PCIe bytes per step; the expected error and its source."""
+    t = out.table("precision", "expert MiB", "hot experts", "cold experts")
+    for name, n in block["experts"].items():
+        if n["hot"] + n["cold"] == 0:
+            continue
+        t.add_row(name, f"{block['expert_bytes'][name] / (1 << 20):.2f}", str(n["hot"]), str(n["cold"]))
+    out.print(t)
+    err = block["expected_error"]
+    budget = "" if block["max_error"] is None else f" (budget {block['max_error']:g})"
+    err_text = "errors unknown" if err is None else f"expected error {err:.4g}{budget}"
+    out.print(f"stored precision {block['knob']}: PCIe {gib(block['pcie_bytes_per_step'])}/step at batch "
+              f"{block['batch']}; {err_text}; {block['errors_from']}")
+    for name, m in block["model"].items():
+        out.print(f"  uniform {name} vs native, measured: next-token agreement {pct(m['agreement'], 2)}, "
+                  f"mean KL {m['mean_kl']:.4g} over {m['tokens']} tokens")
 
 
 def _band_text(band: dict | None) -> str:

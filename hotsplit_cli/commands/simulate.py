@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import numpy as np
 import typer
 
-from hotsplit_cli.options import HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, RequiredRecipeOpt, knob_option
+from hotsplit_cli.options import HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, PrecisionOpt, RequiredRecipeOpt, knob_option
 from hotsplit_cli.output import Output, gib, pct
 from hotsplit_cli.plotting import integer_step_ticks
 
@@ -23,6 +23,7 @@ def simulate_cmd(
     trace: Annotated[Path, typer.Option("--trace", help="Routing trace (.npz from `balance --trace`).")],
     recipe: RequiredRecipeOpt,
     hot_gib: HotGibOpt = None,
+    precision: PrecisionOpt = None,
     fit: Annotated[Path | None, typer.Option("--fit", show_default="the trace's first window",
                                                   help="Fit the static plan on this histogram.")] = None,
     plan: Annotated[Path | None, typer.Option("--plan", show_default="fitted (--fit)",
@@ -56,7 +57,7 @@ def simulate_cmd(
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "dyn_steps": dyn_steps,
                                                    "dyn_max_swaps": dyn_max_swaps, "dyn_margin": dyn_margin,
                                                    "dyn_decay": dyn_decay, "dyn_rule": dyn_rule,
-                                                   "dyn_sigmas": dyn_sigmas})
+                                                   "dyn_sigmas": dyn_sigmas, "precision": precision})
     result = run_simulation(req, rec, knobs, out.warn, out.progress)
     advice = recommend_for(result, recipe, out.progress)
     doc = {**result.to_doc(), "recommendation": advice.to_doc()}

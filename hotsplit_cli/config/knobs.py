@@ -15,11 +15,11 @@ from hotsplit_cli.core.errors import UsageError
 
 NUMA_POLICIES = ("preferred", "bind", "off")
 COLD_PATHS = ("gpu", "cpu", "split")  # who computes cold experts: see coldpath.py
-PRECISIONS = ("native", "fp8", "mxfp4")  # how routed experts are stored: see runtime/precision.py
 EP_EXCHANGES = ("a2a", "allgather")  # how EP ranks exchange tokens: see runtime/distributed/dispatch.py
 DYN_DECAY = 0.8  # the swap rule's memory per window (hotset/planner.py SwapRule; docs/simulate.md)
 DYN_RULES = ("credit", "breakeven")  # which window rule swaps (hotset/admission.py; docs/simulate.md)
 DYN_SIGMAS = 2.0  # the break-even rule's noise test, in Poisson standard deviations (docs/simulate.md)
+PRECISIONS = ("native", "fp8", "mxfp4", "auto")  # stored precision of experts; auto: per expert, by `plan`
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class Knobs:
     ep_exchange: str = "a2a"  # a2a (uneven all_to_all_single) | allgather (all-gather, then reduce-scatter)
     dyn_rule: str = "credit"  # credit (planner.SwapRule) | breakeven (hotset/admission.py: swaps that pay in bytes)
     dyn_sigmas: float = DYN_SIGMAS  # breakeven: Poisson standard deviations an incoming score must lead by
-    precision: str = "native"  # native | fp8 | mxfp4: the stored precision of every routed expert
+    precision: str = "native"  # native | fp8 | mxfp4 | auto (per expert, chosen by `plan`)
 
     def to_doc(self) -> dict:
         return {k: getattr(self, k) for k in KNOB_NAMES}

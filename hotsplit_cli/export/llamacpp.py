@@ -9,16 +9,20 @@ pattern therefore cannot contain. The loader tries them in order with `std::rege
 full tensor name (`.weight` included) and the first match wins. Any override turns `--fit` off,
 so `-ngl` is always given.
 
-The plan's budget buys `budget // (E x expert bytes)` whole layers; the layers whose experts
-serve the most routed assignments get them, and their hit rate is printed beside the per-expert
-plan's at the same budget: the price of llama.cpp's coarser unit.
+The plan's budget buys whole layers, the busiest first while they fit; their hit rate is printed
+beside the per-expert plan's at the same budget: the price of llama.cpp's coarser unit. A plan
+that stores experts at fp8 or mxfp4 also gets the `llama-quantize --tensor-type` command giving
+each layer its type (export/precision.py), and the layers are counted at those types' bytes.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from hotsplit_cli.core.errors import PlanError
+from hotsplit_cli.export.precision import all_native, ggml_expert_bytes, llamacpp_layer_types, tensor_type_args
 from hotsplit_cli.export.result import EngineExport, hit_rate
 from hotsplit_cli.export.source import ExportRequest, PlanSource
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
@@ -26,13 +30,16 @@ from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"  # LLM_FFN_EXPS_REGEX, common/common.h
 
 
-def choose_gpu_layers(counts_LE: np.ndarray, num_gpu: int) -> np.ndarray:
-    """bool [L]: the `num_gpu` layers serving the most assignments; ties go to later layers, so
-    that equal layers give the set `--n-cpu-moe` expresses (the last ones)."""
+def choose_gpu_layers(counts_LE: np.ndarray, layer_bytes_L: np.ndarray, budget: int) -> np.ndarray:
+    """bool [L]: the layers serving the most assignments whose expert tensors fit the budget, taken
+    busiest first while they fit (skip, don't stop); ties go to later layers, so that equal layers
+    give the set `--n-cpu-moe` expresses (the last ones)."""
     load = counts_LE.sum(axis=1)
-    order = sorted(range(len(load)), key=lambda i: (-load[i], -i))
     on = np.zeros(len(load), dtype=bool)
-    on[order[:num_gpu]] = True
+    room = budget
+    for i in sorted(range(len(load)), key=lambda i: (-load[i], -i)):
+        if layer_bytes_L[i] <= room:
+            on[i], room = True, room - int(layer_bytes_L[i])
     return on
 
 
@@ -51,6 +58,32 @@ def override_args(layer_ids: tuple[int, ...], on_gpu_L: np.ndarray) -> list[str]
 
 SERVER = ["llama-server", "-m", "MODEL.gguf"]  # tools/server: llama.cpp's OpenAI-compatible server
 FILL_IN = {"MODEL.gguf": "the model's GGUF file (its first part, when split)"}
+QUANTIZE_FILL_IN = {"MODEL-BF16.gguf": "the model converted to GGUF unquantised (convert_hf_to_gguf.py --outtype bf16)",
+                    "BASE_TYPE": "the type of every tensor the plan does not cover (attention, dense; e.g. Q8_0): "
+                                 "llama-quantize applies --tensor-type only over a quantized base type"}
+
+
+def layer_bytes(src: PlanSource) -> tuple[np.ndarray, list[str] | None]:
+    """Bytes of each MoE layer's expert tensors, and their ggml types when the plan stores experts
+    at another precision than the checkpoint's (None: the GGUF as converted)."""
+    recipe, m = src.recipe, src.recipe.model
+    if all_native(src.precision_LE):
+        return np.full(m.num_moe_layers, m.num_experts * expert_bytes_per_rank(recipe)), None
+    types = llamacpp_layer_types(recipe, src.precision_LE)
+    return np.array([m.num_experts * ggml_expert_bytes(recipe, t) for t in types]), types
+
+
+def quantize_command(src: PlanSource, types: list[str]) -> tuple[list[str], list[str]]:
+    """llama-quantize with one --tensor-type per MoE layer, and what it means for the plan."""
+    layers = src.recipe.model.moe_layer_ids
+    mixed = sum(len(set(row)) > 1 for row in src.precision_LE)
+    command = ["llama-quantize", *tensor_type_args(layers, types, EXPS_REGEX), "MODEL-BF16.gguf", "MODEL.gguf",
+               "BASE_TYPE"]
+    kinds = ", ".join(f"{n} layers {t}" for t, n in sorted(Counter(types).items()))
+    notes = [f"llama.cpp stores a layer's experts at one type: {kinds}; {mixed} layers with experts at several "
+             "precisions take their most accurate one; fp8 becomes q8_0 (8.5 bits per weight, llama.cpp has no "
+             "e4m3 type) and mxfp4 stays mxfp4, so the layers are counted at llama.cpp's bytes"]
+    return command, notes
 
 
 def export_llamacpp(src: PlanSource, req: ExportRequest) -> EngineExport:
@@ -59,21 +92,23 @@ def export_llamacpp(src: PlanSource, req: ExportRequest) -> EngineExport:
         raise PlanError(f"llama.cpp places whole layers' expert tensors on one GPU and cannot express a "
                         f"tp={recipe.parallel.tp} ep={recipe.parallel.ep} plan's per-rank budget",
                         "plan with a recipe of tp: 1, ep: 1 (one GPU) for llama.cpp")
-    size = expert_bytes_per_rank(recipe)
-    layer_bytes = m.num_experts * size
+    bytes_L, types = layer_bytes(src)
     budget = src.plan.budget_bytes or 0
-    num_gpu = min(m.num_moe_layers, budget // layer_bytes)
     counts = src.hist.counts_LE
-    on_L = choose_gpu_layers(counts, num_gpu)
+    on_L = choose_gpu_layers(counts, bytes_L, budget)
+    num_gpu = int(on_L.sum())
     args = ["-ngl", "999", *override_args(tuple(m.moe_layer_ids), on_L)]
     on_LE = np.repeat(on_L[:, None], m.num_experts, axis=1)
     experts = {layer: [list(range(m.num_experts)) if on_L[i] else []] for i, layer in enumerate(m.moe_layer_ids)}
     rate = hit_rate(counts, on_LE)
     plan_rate = src.plan.hit_rate if src.plan.hit_rate is not None else hit_rate(counts, src.hot_RLE[0])
+    prepare, notes = quantize_command(src, types) if types else (None, [])
+    per_layer = f"{bytes_L[0] / 2**30:.3f} GiB per layer" if len(set(bytes_L)) == 1 else "per-layer bytes by type"
     notes = [f"{num_gpu} of {m.num_moe_layers} MoE layers' expert tensors fit the plan's "
-             f"{budget / 2**30:.2f} GiB ({layer_bytes / 2**30:.3f} GiB per layer): per-layer hit rate "
+             f"{budget / 2**30:.2f} GiB ({per_layer}): per-layer hit rate "
              f"{100 * rate:.2f}% vs {100 * plan_rate:.2f}% for the per-expert plan at the same budget",
              f"the attention and dense weights stay on the GPU too (-ngl 999); {req.out} holds the arguments "
-             f"alone, for `llama-server -m MODEL.gguf $(cat {req.out})`"]
-    return EngineExport("llama.cpp", " ".join(args) + "\n", [*SERVER, *args], experts, num_gpu * layer_bytes, rate,
-                        plan_rate, notes, fill_in=FILL_IN)
+             f"alone, for `llama-server -m MODEL.gguf $(cat {req.out})`", *notes]
+    fill_in = FILL_IN if prepare is None else {**FILL_IN, **QUANTIZE_FILL_IN}
+    return EngineExport("llama.cpp", " ".join(args) + "\n", [*SERVER, *args], experts,
+                        int(bytes_L[on_L].sum()), rate, plan_rate, notes, fill_in=fill_in, prepare=prepare)

@@ -31,13 +31,15 @@ class EngineExport:
     snippet: str | None = None  # a config fragment to paste (TensorRT-LLM's extra options)
     fill_in: dict[str, str] = field(default_factory=dict)  # placeholder in `flags` -> what to put there
     gpu: GpuFit | None = None  # gpu_bytes against the recipe's GPU memory (targets.export sets it)
+    prepare: list[str] | None = None  # a command to run first (llama.cpp: llama-quantize at the plan's precisions)
 
     def to_doc(self, file: str) -> dict:
         return {"engine": self.engine, "file": file, "flags": self.flags, "fill_in": self.fill_in,
                 "gpu_experts": {str(layer): ranks for layer, ranks in self.gpu_experts.items()},
                 "gpu_bytes": self.gpu_bytes, "gpu_memory": self.gpu.to_doc() if self.gpu else None,
                 "predicted_hit_rate": self.predicted_hit_rate,
-                "plan_hit_rate": self.plan_hit_rate, "notes": self.notes, "snippet": self.snippet}
+                "plan_hit_rate": self.plan_hit_rate, "notes": self.notes, "snippet": self.snippet,
+                "prepare": self.prepare}
 
 
 def hit_rate(counts_LE: np.ndarray, on_gpu_LE: np.ndarray) -> float:

@@ -43,6 +43,7 @@ class PlanSource:
     recipe: Recipe
     hist: Histogram  # the routing the plan was made from: the hit rates are predicted on it
     hot_RLE: np.ndarray  # bool [ranks, MoE layers, E]: each rank's hot set, rows in the recipe's MoE layer order
+    precision_LE: np.ndarray  # str [MoE layers, E]: each expert's stored precision (native, fp8 or mxfp4)
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def read_plan_source(req: ExportRequest) -> PlanSource:
         raise PlanError(f"{req.hist or 'the plan histogram'}: {hist.num_layers} layers x {hist.num_experts} "
                         f"experts, recipe {recipe.name!r} has {m.num_moe_layers} x {m.num_experts}",
                         "pass the histogram the plan was made from with --hist")
-    return PlanSource(path, plan, recipe, hist, hot)
+    return PlanSource(path, plan, recipe, hist, hot, plan.precision_LE(m.moe_layer_ids, m.num_experts))
 
 
 def read_placement_source(req: ExportRequest) -> PlacementSource:

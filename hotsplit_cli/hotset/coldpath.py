@@ -246,22 +246,24 @@ def _finite_ms(seconds: float) -> float | None:
     return seconds * 1e3 if np.isfinite(seconds) else None
 
 
-def predict_cold_paths(pi_LE: np.ndarray, hot_LE: np.ndarray, expert_bytes: int, rates: ColdRates,
+def predict_cold_paths(pi_LE: np.ndarray, hot_LE: np.ndarray, expert_bytes: int | np.ndarray, rates: ColdRates,
                        batches: Sequence[int]) -> list[ModeTimes]:
     """Expected cold time per decode step of each cold path, per batch size.
 
     pi_LE: the chance one token routes to expert e of layer l (top_k x its share in the layer).
     At batch B a cold expert is read with probability q = 1 - (1 - pi)^B, by B pi / q tokens when
     it is: each layer's cold experts enter the split as expected bytes (q x expert bytes) with that
-    token count. Layers run one after another, so their times add up."""
+    token count. Layers run one after another, so their times add up. expert_bytes: one figure,
+    or [L, E] when experts are stored at different precisions."""
+    size_LE = np.broadcast_to(np.asarray(expert_bytes, dtype=np.float64), np.shape(pi_LE))
     out = []
     for batch in batches:
         layers = []
-        for pi_E, hot_E in zip(pi_LE, hot_LE, strict=True):
+        for pi_E, hot_E, size_E in zip(pi_LE, hot_LE, size_LE, strict=True):
             p = pi_E[~hot_E]
             q = 1.0 - (1.0 - p) ** batch
             read = q > 0
-            layers.append((q[read] * expert_bytes, batch * p[read] / q[read]))
+            layers.append((q[read] * size_E[~hot_E][read], batch * p[read] / q[read]))
         out.append(_times_of(layers, rates, batch, 1))
     return out
 

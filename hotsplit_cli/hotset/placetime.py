@@ -13,7 +13,7 @@ from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.hotset.budget import choose_read_rate, resolve_hot_budget
 from hotsplit_cli.hotset.planfile import routing_probs
 from hotsplit_cli.hotset.ranktime import TimeModel, balance_time
-from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
+from hotsplit_cli.hotset.sizes import expert_bytes_per_rank, uniform_precision
 from hotsplit_cli.placement.evaluate import duplicate_count, evaluate
 from hotsplit_cli.placement.file import placement_doc
 from hotsplit_cli.placement.report import PlaceReport, PlaceRequest, hist_windows, place_from_hist
@@ -53,7 +53,8 @@ def place_by_time(req: PlaceRequest, recipe: Recipe | None, knobs: Knobs,
                         "re-run `hotsplit probe -o platform.json` on the serving machine")
     report = place_from_hist(req, recipe, warn)
     hist = report.hist
-    model = TimeModel(hist.counts_LE, routing_probs(hist), expert_bytes_per_rank(recipe), budget.budget_bytes,
+    stored = expert_bytes_per_rank(recipe, uniform_precision(knobs))  # HOTSPLIT_PRECISION or the recipe's
+    model = TimeModel(hist.counts_LE, routing_probs(hist), stored, budget.budget_bytes,
                       rate.gbps, recipe.traffic.batch)
     layouts = {"tokens": report.placement, "time": balance_time(model, report.placement)}
     later = report.later

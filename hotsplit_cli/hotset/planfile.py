@@ -14,14 +14,23 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hotsplit_cli.config.knobs import PRECISIONS as PRECISION_KNOBS
 from hotsplit_cli.config.knobs import Knobs, check_ep_knobs
 from hotsplit_cli.config.recipe import Recipe, recipe_file
-from hotsplit_cli.core.errors import PlanError
+from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.core.jsonio import read_json_doc, schema_tag
 from hotsplit_cli.hotset.budget import HotBudget, ReadRate, check_plan_budget, choose_read_rate, resolve_hot_budget
 from hotsplit_cli.hotset.forecast import Band, HeldOut, rolling_origin
 from hotsplit_cli.hotset.planner import Plan, contiguous_owner, plan_hot_set
-from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
+from hotsplit_cli.hotset.precision_plan import (
+    PrecisionChoice,
+    auto_plan,
+    check_auto_inputs,
+    routed_probs,
+    uniform_choice,
+)
+from hotsplit_cli.hotset.quality import load_quality
+from hotsplit_cli.hotset.sizes import PRECISIONS, expert_bytes_per_rank
 from hotsplit_cli.traffic.hist import Histogram, file_sha256, load_hist
 from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
 
@@ -41,15 +50,15 @@ class ColdCost:
     cold_ms: float | None  # cold_bytes at the measured zero-copy read rate
 
 
-def plan_for_recipe(hist: Histogram, recipe: Recipe, budget_bytes: int) -> Plan:
-    """TP: one hot set for every rank. EP: each EP group ranks only the experts it owns.
-    `hist` is already checked against the recipe (make_plan)."""
-    return plan_counts_for_recipe(hist.counts_LE, recipe, budget_bytes)
+def plan_for_recipe(hist: Histogram, recipe: Recipe, budget_bytes: int, precision: str = "native") -> Plan:
+    """TP: one hot set for every rank. EP: each EP group ranks only the experts it owns. Every
+    expert stored at `precision`. `hist` is already checked against the recipe (make_plan)."""
+    return plan_counts_for_recipe(hist.counts_LE, recipe, budget_bytes, precision)
 
 
-def plan_counts_for_recipe(counts_LE: np.ndarray, recipe: Recipe, budget_bytes: int) -> Plan:
+def plan_counts_for_recipe(counts_LE: np.ndarray, recipe: Recipe, budget_bytes: int, precision: str = "native") -> Plan:
     """`plan_for_recipe` on counts [L, E] (a histogram's, or some of its windows')."""
-    size = expert_bytes_per_rank(recipe)
+    size = expert_bytes_per_rank(recipe, precision)
     ep = recipe.parallel.ep
     if ep == 1:
         return plan_hot_set(counts_LE, size, budget_bytes)
@@ -57,14 +66,14 @@ def plan_counts_for_recipe(counts_LE: np.ndarray, recipe: Recipe, budget_bytes: 
     return plan_hot_set(counts_LE, size, budget_bytes, rank_of_LE=owner, num_ranks=ep)
 
 
-def physical_plan_for(hist: Histogram, recipe: Recipe, budget_bytes: int, placement) -> Plan:
+def physical_plan_for(hist: Histogram, recipe: Recipe, budget_bytes: int, placement, precision: str = "native") -> Plan:
     """EP with a placement (replicas): each rank plans among the physical experts placed on it, a
     logical expert's traffic split evenly over its replicas; hot_RLE is [R, L, P] (logical_plan
     names the hot sets by logical ids). `hist` is already checked against the recipe (make_plan)."""
     from hotsplit_cli.hotset.ranktime import physical_plan
 
     check_placement_fits(hist, recipe, placement)
-    return physical_plan(hist.counts_LE, placement, expert_bytes_per_rank(recipe), budget_bytes)
+    return physical_plan(hist.counts_LE, placement, expert_bytes_per_rank(recipe, precision), budget_bytes)
 
 
 def logical_plan(phys: Plan, placement, num_experts: int) -> Plan:
@@ -106,9 +115,7 @@ def plan_on_placement(counts_LE: np.ndarray, placement, expert_bytes: int, budge
 
 def routing_probs(hist: Histogram) -> np.ndarray:
     """pi [L, E]: the chance one token routes to expert e of layer l (top_k x its share in the layer)."""
-    c = hist.counts_LE
-    row = c.sum(axis=1, keepdims=True)
-    return np.minimum(1.0, hist.top_k * np.divide(c, row, out=np.zeros_like(c), where=row > 0))
+    return routed_probs(hist.counts_LE, hist.top_k)
 
 
 def rank0_experts(hist: Histogram, recipe: Recipe, placement=None) -> np.ndarray:
@@ -120,15 +127,18 @@ def rank0_experts(hist: Histogram, recipe: Recipe, placement=None) -> np.ndarray
     return contiguous_owner(L, E, recipe.parallel.ep) == 0
 
 
-def cold_costs(hist: Histogram, hot_LE: np.ndarray, expert_bytes: int, read_gbps: float | None,
+def cold_costs(hist: Histogram, hot_LE: np.ndarray, expert_bytes: int | np.ndarray, read_gbps: float | None,
                batches=BATCH_SIZES) -> list[ColdCost]:
     """Expected distinct cold experts per decode step: sum over cold e of 1 - (1 - pi_e)^B,
-    where pi_e = top_k x share of e in its layer is the chance one token routes to e."""
+    where pi_e = top_k x share of e in its layer is the chance one token routes to e; their
+    bytes at each expert's stored bytes (`expert_bytes`: one figure, or [L, E])."""
     cold_pi = routing_probs(hist)[~hot_LE]
+    cold_size = np.broadcast_to(np.asarray(expert_bytes, dtype=np.float64), hot_LE.shape)[~hot_LE]
     out = []
     for b in batches:
-        n = float((1.0 - (1.0 - cold_pi) ** b).sum())
-        nbytes = n * expert_bytes
+        touched = 1.0 - (1.0 - cold_pi) ** b
+        n = float(touched.sum())
+        nbytes = float((touched * cold_size).sum())
         ms = nbytes / (read_gbps * 1e9) * 1e3 if read_gbps else None
         out.append(ColdCost(b, n, nbytes, ms))
     return out
@@ -152,16 +162,22 @@ class PlanResult:
     cold_paths: dict | None = None  # each cold path's predicted time per decode step (with a platform)
     rank_times: list | None = None  # ranktime.RankTimes per batch: every rank's cold reads (placement + rate)
     held_out: HeldOut | None = None  # the hit rate on traffic the plan has not seen (rolling origin)
+    precision: PrecisionChoice | None = None  # every expert's stored precision and its expected error
 
 
 def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path | None = None,
-              placement_path: Path | None = None, warn: Callable[[str], None] = lambda message: None) -> PlanResult:
-    """Plan the hot set of every rank: the histogram checked against the recipe, the budget and
+              placement_path: Path | None = None, warn: Callable[[str], None] = lambda message: None,
+              max_error: float | None = None) -> PlanResult:
+    """Plan the hot set of every rank and each expert's stored precision (the `precision` knob;
+    `auto` within `max_error`): the histogram checked against the recipe, the budget and
     the read rate by the one rule (`budget.py`), a placement's physical experts when given, and
     the predicted cold cost. `warn(message)` is told each warning as it arises."""
     hist = load_hist(hist_path)
     for warning in check_hist_matches_recipe(hist, recipe, hist_path):
         warn(warning)
+    quality = load_quality(hist_path, hist.counts_LE.shape)
+    if knobs.precision == "auto":
+        check_auto_inputs(quality, max_error, hist_path, placement_path)
     platform = None
     if platform_path is not None:
         from hotsplit_cli.config.platform_file import load_platform
@@ -170,19 +186,17 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
     budget = resolve_hot_budget(recipe, knobs, platform)
     if budget.over_gpu:
         warn(f"{budget.over_gpu}; planned anyway (for a larger GPU?)")
-    layout = phys = None
+    layout = None
     if placement_path is not None:
         from hotsplit_cli.placement.file import load_placement
 
         layout = load_placement(placement_path)
-        phys = physical_plan_for(hist, recipe, budget.budget_bytes, layout)
-        plan = logical_plan(phys, layout, hist.num_experts)
-    else:
-        plan = plan_for_recipe(hist, recipe, budget.budget_bytes)
-    for warning in plan_warnings(hist, recipe, plan, layout):
+    plan, phys, choice = _plan_precision(hist, recipe, knobs.precision, budget.budget_bytes, layout,
+                                         (quality, max_error))
+    for warning in plan_warnings(hist, recipe, plan, layout, knobs.precision):
         warn(warning)
     rate = choose_read_rate(recipe, platform)
-    size = expert_bytes_per_rank(recipe)
+    size = choice.sizes_LE if knobs.precision == "auto" else expert_bytes_per_rank(recipe, knobs.precision)
     # Rank 0 reads cold only the experts placed on it: under EP the others are another rank's reads.
     not_cold_LE = plan.hot_RLE[0] | ~rank0_experts(hist, recipe, layout)
     timed = platform is not None or rate.gbps
@@ -199,20 +213,42 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
     if platform is not None:
         # Rank 0's experts as they are read: its physical slots, a replica at its share of the traffic.
         pi, hot = (routing_probs(hist), not_cold_LE) if layout is None else rank0_slots(hist, layout, phys)
-        cold_paths = cold_path_prediction(hist, hot, recipe, platform, warn, pi_LE=pi)
+        cold_paths = cold_path_prediction(hist, hot, recipe, platform, warn, pi_LE=pi, stored_bytes=size)
+    held = held_out_hit_rates(hist, recipe, budget.budget_bytes, layout, choice)
     return PlanResult(hist, hist_path, recipe, knobs, plan, budget, rate, costs, platform_path, layout,
-                      placement_path, cold_paths, times, held_out_hit_rates(hist, recipe, budget.budget_bytes, layout))
+                      placement_path, cold_paths, times, held, choice)
 
 
-def held_out_hit_rates(hist: Histogram, recipe: Recipe, budget_bytes: int, placement=None) -> HeldOut:
+def _plan_precision(hist: Histogram, recipe: Recipe, precision: str, budget_bytes: int, layout,
+                    errors: tuple) -> tuple[Plan, Plan | None, PrecisionChoice]:
+    """The plan (logical ids), its physical plan on a placement, and every expert's precision:
+    `auto` chosen with the hot set, else one precision for all. `errors`: (quality, max_error)."""
+    quality, max_error = errors
+    if precision == "auto":
+        plan, choice = auto_plan(hist.counts_LE, hist.top_k, recipe, budget_bytes, quality, max_error)
+        return plan, None, choice
+    choice = uniform_choice(hist.counts_LE, recipe, precision, quality, max_error)
+    if layout is None:
+        return plan_for_recipe(hist, recipe, budget_bytes, precision), None, choice
+    phys = physical_plan_for(hist, recipe, budget_bytes, layout, precision)
+    return logical_plan(phys, layout, hist.num_experts), phys, choice
+
+
+def held_out_hit_rates(hist: Histogram, recipe: Recipe, budget_bytes: int, placement=None,
+                       choice: PrecisionChoice | None = None) -> HeldOut:
     """The plan's planner refitted on the histogram's earlier windows and judged on later ones
     (forecast.rolling_origin); per rank with a placement (its replicas' hot sets refitted, the
-    placement itself kept as given)."""
+    placement itself kept as given). `choice`: the precision plan (auto refits the joint plan)."""
+    precision = choice.knob if choice is not None else "native"
+    if precision == "auto":
+        return rolling_origin(hist.windows_WLE, lambda c: auto_plan(
+            c, hist.top_k, recipe, budget_bytes, choice.quality, choice.max_error)[0].hot_RLE)
     if placement is None:
-        return rolling_origin(hist.windows_WLE, lambda c: plan_counts_for_recipe(c, recipe, budget_bytes).hot_RLE)
+        return rolling_origin(hist.windows_WLE,
+                              lambda c: plan_counts_for_recipe(c, recipe, budget_bytes, precision).hot_RLE)
     from hotsplit_cli.placement.dispatch import placed_hit_rates
 
-    size = expert_bytes_per_rank(recipe)
+    size = expert_bytes_per_rank(recipe, precision)
     return rolling_origin(hist.windows_WLE, lambda c: plan_on_placement(c, placement, size, budget_bytes).hot_RLE,
                           lambda c, hot: placed_hit_rates(c, placement, hot))
 
@@ -234,7 +270,7 @@ def placement_times(hist: Histogram, placement, phys: Plan, expert_bytes: int, r
     return [rank_times(pi_LE, placement, hot_LP, expert_bytes, read_gbps, b) for b in batches]
 
 
-def plan_warnings(hist: Histogram, recipe: Recipe, plan: Plan, placement=None) -> list[str]:
+def plan_warnings(hist: Histogram, recipe: Recipe, plan: Plan, placement=None, precision: str = "native") -> list[str]:
     """What a planner should say about a plan that looks better or worse than it is: experts the
     histogram never saw (a small sample), an empty budget, and replicas that cost hot bytes."""
     out = []
@@ -245,7 +281,7 @@ def plan_warnings(hist: Histogram, recipe: Recipe, plan: Plan, placement=None) -
     if plan.budget_bytes == 0:
         out.append("hot budget 0: no expert is hot and every routed assignment is read cold (hit rate 0%)")
     if placement is not None and placement.num_physical > hist.num_experts:
-        plain = plan_for_recipe(hist, recipe, plan.budget_bytes)
+        plain = plan_for_recipe(hist, recipe, plan.budget_bytes, precision)
         out.append(f"the placement's {placement.num_physical - hist.num_experts} redundant replicas per layer take "
                    f"hot bytes on their ranks: hit rate {100 * plan.hit_rate:.2f}% vs {100 * plain.hit_rate:.2f}% "
                    f"for the same budget without replicas")
@@ -272,7 +308,10 @@ def _ranks_doc(plan, layers, tp: int, ep: int) -> list[dict]:
 def plan_doc(result: PlanResult) -> dict:
     """The plan.json document. Layer keys are model layer ids as strings; expert ids ascending."""
     hist, recipe, plan, placement = result.hist, result.recipe, result.plan, result.placement
-    size = expert_bytes_per_rank(recipe)
+    choice = result.precision
+    auto = choice is not None and choice.knob == "auto"
+    # One figure when every expert is stored alike; per expert in `precision.by_layer` under auto.
+    size = None if auto else expert_bytes_per_rank(recipe, choice.knob if choice else "native")
     tp, ep = recipe.parallel.tp, (placement.num_ranks if placement is not None else recipe.parallel.ep)
     ranks = _ranks_doc(plan, hist.layers, tp, ep)
     budget = result.budget
@@ -300,6 +339,10 @@ def plan_doc(result: PlanResult) -> dict:
         "certified_optimal": plan.certified,
         "bound": {"hit_rate": plan.bound_hit_rate, "gap": plan.gap, "kind": "LP relaxation (fractional knapsack)"},
     }
+    if choice is not None:
+        doc["precision"] = choice.to_doc(plan.hot_RLE.any(axis=0), hist.layers, routing_probs(hist))
+    if auto:  # the joint plan is bounded in bytes per step, not in hit rate
+        doc["bound"] = doc["precision"]["bound"]
     if placement is not None:
         doc["placement"] = {"path": str(result.placement_path), "sha256": file_sha256(result.placement_path),
                             "physical_experts": placement.num_physical}
@@ -324,9 +367,10 @@ def plan_doc(result: PlanResult) -> dict:
     return doc
 
 
-def recipe_cold_rates(recipe: Recipe, platform, warn: Callable[[str], None]):
+def recipe_cold_rates(recipe: Recipe, platform, warn: Callable[[str], None], stored_bytes=None):
     """platform.json's cold-path rates for the recipe's experts (coldpath.fit_rates) and the bytes
-    of one expert they time; `warn` is told, in one line, when the probe timed other experts."""
+    of one expert they time (the probe's, else `stored_bytes`: one figure or [L, E], else the
+    native bytes); `warn` is told, in one line, when the probe timed other experts."""
     from hotsplit_cli.hotset.coldpath import fit_rates
     from hotsplit_cli.hotset.sizes import expert_compute_shape
 
@@ -334,17 +378,20 @@ def recipe_cold_rates(recipe: Recipe, platform, warn: Callable[[str], None]):
     if fitted.mismatch:
         warn(f"{fitted.mismatch}: the cpu and split times are for other experts; re-probe with "
              f"`hotsplit probe --recipe {recipe.name} -o {platform.path}`")
-    return fitted, fitted.compute_bytes or expert_bytes_per_rank(recipe)
+    if fitted.compute_bytes:
+        return fitted, fitted.compute_bytes
+    return fitted, expert_bytes_per_rank(recipe) if stored_bytes is None else stored_bytes
 
 
 def cold_path_prediction(hist: Histogram, hot_LE: np.ndarray, recipe: Recipe, platform,
-                         warn: Callable[[str], None] = lambda message: None, pi_LE: np.ndarray | None = None) -> dict:
+                         warn: Callable[[str], None] = lambda message: None, pi_LE: np.ndarray | None = None,
+                         stored_bytes=None) -> dict:
     """plan.json's `cold_paths`: predicted cold time per decode step of gpu / cpu / split at each
     batch size, from platform.json's measured rates (coldpath.fit_rates), and the fastest path at
     each. `warn` is told when the probe timed experts of another shape than the recipe's."""
     from hotsplit_cli.hotset.coldpath import predict_cold_paths
 
-    fitted, size = recipe_cold_rates(recipe, platform, warn)
+    fitted, size = recipe_cold_rates(recipe, platform, warn, stored_bytes)
     pi = routing_probs(hist) if pi_LE is None else pi_LE  # [L, E], or [L, slots] of a placed rank
     times = predict_cold_paths(pi, hot_LE, size, fitted.rates, BATCH_SIZES)
     doc = {"rates": fitted.where, "spread": fitted.rates.spread, "by_batch": [t.to_doc() for t in times]}
@@ -370,11 +417,30 @@ class PlanFile:
     out_of_sample: Band | None = None  # the forecast on new traffic; None: the plan has none (no windows, older plan)
     rank_out_of_sample: tuple[Band | None, ...] = ()  # each rank's (plans on a placement)
     histogram: dict | None = None  # {"path", "sha256", ...} of the histogram it was fitted on
+    precision: str = "native"  # the precision knob it was planned at (plans without one: native)
+    precision_by_layer: dict[int, dict[str, tuple[int, ...]]] | None = None  # auto: layer id -> precision -> ids
 
     @property
     def expected_hit_rate(self) -> float | None:
         """What the plan expects on traffic it has not seen (never the in-sample figure)."""
         return None if self.out_of_sample is None else self.out_of_sample.expected
+
+    def precision_LE(self, layers, num_experts: int) -> np.ndarray:
+        """str [L, E]: each expert's stored precision (native, fp8 or mxfp4), rows in the order of
+        `layers`; PlanError when an auto plan leaves an expert out or names one twice."""
+        if self.precision_by_layer is None:
+            return np.full((len(layers), num_experts), self.precision, dtype=object)
+        out = np.full((len(layers), num_experts), None, dtype=object)
+        for i, lid in enumerate(layers):
+            for name, ids in self.precision_by_layer.get(int(lid), {}).items():
+                if any(e >= num_experts or out[i, e] is not None for e in ids):
+                    raise PlanError(f"{self.path}: `precision.by_layer[{lid}]` names an expert twice or beyond "
+                                    f"{num_experts - 1}", "re-create it with `hotsplit plan`")
+                out[i, list(ids)] = name
+            if (out[i] == None).any():  # noqa: E711 (elementwise)
+                raise PlanError(f"{self.path}: `precision.by_layer[{lid}]` leaves experts without a precision",
+                                "re-create it with `hotsplit plan`")
+        return out
 
     def hot_LE(self, layers, num_experts: int, rank: int = 0, model: str = "the model") -> np.ndarray:
         """Boolean hot mask [L, E] of one rank, rows in the order of `layers` (model layer ids)."""
@@ -439,7 +505,43 @@ def load_plan(path: str | os.PathLike) -> PlanFile:
                     doc.get("recipe") if isinstance(doc.get("recipe"), str) else None, placement, rates,
                     _band(doc.get("out_of_sample")), tuple(_band(r.get("out_of_sample")) for r in ranks),
                     hist if isinstance(hist := doc.get("histogram"), dict) and isinstance(hist.get("path"), str)
-                    else None)
+                    else None, *_precision_of(doc.get("precision"), path))
+
+
+def _precision_of(block: object, path) -> tuple[str, dict[int, dict[str, tuple[int, ...]]] | None]:
+    """(the knob, under auto each model layer's expert ids per precision) of a plan's `precision`
+    block; ("native", None) for plans made before precisions were planned."""
+    if block is None:
+        return "native", None
+    knob = block.get("knob") if isinstance(block, dict) else None
+    if knob not in PRECISION_KNOBS:
+        raise PlanError(f"{path}: `precision.knob` must be one of {', '.join(PRECISION_KNOBS)}",
+                        "re-create it with `hotsplit plan`")
+    if knob != "auto":
+        return knob, None
+    by_layer = block.get("by_layer")
+    if not isinstance(by_layer, dict):
+        raise PlanError(f"{path}: an auto plan must list each layer's experts per precision in `precision.by_layer`",
+                        "re-create it with `hotsplit plan`")
+    out = {}
+    for key, groups in by_layer.items():
+        if not key.isdigit() or not isinstance(groups, dict) or not set(groups) <= set(PRECISIONS) or not all(
+                isinstance(ids, list) and all(type(e) is int and e >= 0 for e in ids) for ids in groups.values()):
+            raise PlanError(f"{path}: `precision.by_layer[{key}]` must map {', '.join(PRECISIONS)} to expert ids",
+                            "re-create it with `hotsplit plan`")
+        out[int(key)] = {p: tuple(ids) for p, ids in groups.items()}
+    return knob, out
+
+
+def check_plan_precision(plan: PlanFile, knobs: Knobs) -> None:
+    """UsageError when a plan made at one precision is used at another: its hot set was sized for
+    the bytes of that precision, so it would overflow or waste the budget."""
+    if plan.precision != knobs.precision:
+        where = knobs.origin("precision")
+        raise UsageError(f"{plan.path} was planned at precision {plan.precision}, but experts are stored at "
+                         f"{knobs.precision} ({where})",
+                         f"pass --precision {plan.precision} (or HOTSPLIT_PRECISION={plan.precision}), "
+                         f"or re-plan at {knobs.precision}")
 
 
 def find_beside(plan_path: Path, recorded: str, sha256: str | None) -> Path:
@@ -468,6 +570,10 @@ def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | 
     plan = None
     if knobs is not None:
         check_ep_knobs(knobs, recipe.parallel.ep, recipe.name)
+        if knobs.precision == "auto":  # the banks hold one precision a layer (runtime/precision.py)
+            raise UsageError(f"run stores every routed expert at one precision; precision auto "
+                             f"({knobs.origin('precision')}) is for `plan`",
+                             "run at native, fp8 or mxfp4, with a plan made at that precision")
     if plan_path is not None:
         m = recipe.model
         plan = load_plan(plan_path)
@@ -475,6 +581,7 @@ def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | 
         check_plan_ranks(plan, recipe)
         if knobs is not None:
             check_plan_budget(knobs, plan)
+            check_plan_precision(plan, knobs)
     if trace_path is not None:
         from hotsplit_cli.traffic.trace import check_trace_file
 

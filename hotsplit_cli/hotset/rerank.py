@@ -35,7 +35,7 @@ from hotsplit_cli.core.errors import HistogramError, UsageError
 from hotsplit_cli.core.units import gib
 from hotsplit_cli.hotset.budget import resolve_hot_budget
 from hotsplit_cli.hotset.planner import plan_hot_set
-from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
+from hotsplit_cli.hotset.sizes import expert_bytes_per_rank, uniform_precision
 from hotsplit_cli.traffic.hist import Histogram, load_hist
 from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
 
@@ -360,7 +360,7 @@ def rerank_files(req: RerankRequest, recipe: Recipe | None = None, knobs: Knobs 
     h, hot_frac = result.hist, req.hot_frac
     if recipe is not None and knobs is not None:
         hot = resolve_hot_budget(recipe, knobs)
-        size, budget = expert_bytes_per_rank(recipe), hot.budget_bytes
+        size, budget = expert_bytes_per_rank(recipe, uniform_precision(knobs)), hot.budget_bytes
         how = " auto" if hot.source == "auto" else ""
         budget_desc = f"{gib(budget)} per rank ({recipe.name}{how}, expert {gib(size)})"
     else:

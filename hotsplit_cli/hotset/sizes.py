@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import GIB, Recipe
-from hotsplit_cli.core.errors import PlanError
+from hotsplit_cli.core.errors import PlanError, UsageError
 
 # What a recipe's `expert_dtype: fp8` means: e4m3 values with one fp32 scale per block of this
 # many rows x columns, the `weight_block_size` of DeepSeek-V3's and Qwen3's fp8 releases.
@@ -37,26 +38,75 @@ def expert_compute_shape(recipe: Recipe) -> tuple[int, int, str]:
     return m.hidden_size, m.moe_intermediate_size // recipe.parallel.tp, COMPUTE_DTYPES[m.expert_dtype]
 
 
-def expert_bytes_per_rank(recipe: Recipe) -> int:
-    """Bytes one rank holds of one routed expert: gate, up [I/tp, H] and down [H, I/tp] (+ scales).
+# Precisions an expert can be stored at, the same bytes in both banks: the checkpoint's own
+# (`native`, the recipe's expert_dtype), or converted once when the cold bank is filled.
+PRECISIONS = ("native", "fp8", "mxfp4")
+MXFP4_GROUP = 32  # inputs sharing one e8m0 scale (OCP MX v1.0, gpt-oss's `*_scales`)
+
+
+def stored_dtype(recipe: Recipe, precision: str = "native") -> str:
+    """The dtype an expert is stored in at `precision`: the recipe's expert_dtype when native."""
+    if precision not in PRECISIONS:
+        raise PlanError(f"unknown stored precision {precision!r}", f"use one of {', '.join(PRECISIONS)}")
+    return recipe.model.expert_dtype if precision == "native" else precision
+
+
+def check_mxfp4_shape(recipe: Recipe) -> None:
+    """PlanError unless both input dims of an expert (gate/up: hidden, down: this rank's
+    moe_intermediate) are multiples of MXFP4_GROUP, as one scale per 32 inputs needs."""
+    m = recipe.model
+    dims = {"hidden_size": m.hidden_size, "moe_intermediate_size / tp": m.moe_intermediate_size // recipe.parallel.tp}
+    bad = {name: n for name, n in dims.items() if n % MXFP4_GROUP}
+    if bad:
+        name, n = next(iter(bad.items()))
+        raise PlanError(f"mxfp4 needs input dims divisible by {MXFP4_GROUP} (one scale per {MXFP4_GROUP} inputs), "
+                        f"but recipe {recipe.name!r} has {name} = {n}", "store its experts at fp8 or native")
+
+
+def expert_bytes_per_rank(recipe: Recipe, precision: str = "native") -> int:
+    """Bytes one rank stores of one routed expert at `precision` (PRECISIONS): gate, up [I/tp, H]
+    and down [H, I/tp] (+ scales, + biases kept at the checkpoint's dtype). The one source of an
+    expert's stored bytes: plan, simulate, ledger, place and the cost models all count these.
 
     Under TP each rank holds a 1/tp slice of every expert; under EP a whole expert.
     """
     m = recipe.model
     hidden = m.hidden_size
     inter = m.moe_intermediate_size // recipe.parallel.tp
-    dtype = m.expert_dtype
+    dtype = stored_dtype(recipe, precision)
     if dtype in ("bf16", "fp16", "fp32"):
         total = 3 * hidden * inter * (4 if dtype == "fp32" else 2)
     elif dtype == "fp8":
         total = 3 * hidden * inter + 2 * _fp8_block_scale_bytes(inter, hidden) + _fp8_block_scale_bytes(hidden, inter)
     elif dtype == "mxfp4":
+        check_mxfp4_shape(recipe)
         total = _mxfp4_bytes(2 * inter, hidden) + _mxfp4_bytes(hidden, inter)
     else:  # recipe.py refuses anything else
         raise PlanError(f"unknown expert dtype {dtype!r}")
     if m.expert_bias:
-        total += (2 * inter + hidden) * (4 if dtype == "fp32" else 2)  # biases of gate_up and down (bf16, or fp32)
+        total += (2 * inter + hidden) * (4 if m.expert_dtype == "fp32" else 2)  # biases of gate_up and down
     return int(total)
+
+
+def uniform_precision(knobs: Knobs) -> str:
+    """The precision knob where one precision is counted for every expert (simulate, ledger,
+    place); `auto` is a per-expert choice only `plan` makes."""
+    if knobs.precision == "auto":
+        raise UsageError(f"{knobs.origin('precision')} auto: each expert's precision is chosen by `hotsplit plan`, "
+                         "and this command counts one precision for every expert",
+                         "pass --precision native, fp8 or mxfp4")
+    return knobs.precision
+
+
+def precision_bytes(recipe: Recipe) -> dict[str, int]:
+    """Stored bytes of one expert per rank at each precision the recipe's shape allows."""
+    out = {}
+    for precision in PRECISIONS:
+        try:
+            out[precision] = expert_bytes_per_rank(recipe, precision)
+        except PlanError:
+            continue  # mxfp4 of a shape it cannot take
+    return out
 
 
 @dataclass(frozen=True)
@@ -88,9 +138,9 @@ def dense_bytes_per_rank(recipe: Recipe) -> float:
     return recipe.model.dense_weight_bytes / recipe.parallel.tp
 
 
-def bank_bytes_per_rank(recipe: Recipe) -> int:
+def bank_bytes_per_rank(recipe: Recipe, precision: str = "native") -> int:
     m = recipe.model
-    return expert_bytes_per_rank(recipe) * m.num_experts // recipe.parallel.ep * m.num_moe_layers
+    return expert_bytes_per_rank(recipe, precision) * m.num_experts // recipe.parallel.ep * m.num_moe_layers
 
 
 def over_gpu(recipe: Recipe, hot_gib: float, reserve_gib: float, gpu_mem_gib: float | None = None,

@@ -35,3 +35,21 @@ def test_docs_placement_md_golden_case_loads():
     assert peaks(place_experts(README_WEIGHT[None], (0, 1), Geometry(8, 4, num_nodes=2, num_groups=4))) == [
         156.0, 179.5]
     assert peaks(place_experts(README_WEIGHT[None], (0, 1), Geometry(8, 4))) == [139.0, 172.0]
+
+
+def test_docs_precision_md_worked_example():
+    """docs/precision.md: three experts, budget 4 bytes, the joint plan at three error budgets and
+    uniform fp8 at E = 0.02 reading twice the bytes."""
+    from hotsplit_cli.hotset.joint import make_problem, plan_joint
+
+    share = [0.6, 0.3, 0.1]
+    err = [[0, 0.02, 0.10], [0, 0.01, 0.20], [0, 0.03, 0.05]]
+    expected = {0.0: ([0, 0, 0], [1, 0, 0], 1.6, 0.0), 0.02: ([1, 1, 2], [1, 1, 0], 0.1, 0.02),
+                0.2: ([1, 2, 2], [1, 1, 1], 0.0, 0.077)}
+    for max_error, (precision, hot, nbytes, error) in expected.items():
+        plan = plan_joint(make_problem(share, share, [4, 2, 1], err, 4, max_error))
+        assert plan.precision_N.tolist() == precision and plan.hot_N.astype(int).tolist() == hot
+        assert (round(plan.cold_bytes, 6), round(plan.error, 6)) == (nbytes, error)
+        assert round(plan.bound_cold_bytes, 6) == nbytes and plan.certified
+    uniform_fp8 = plan_joint(make_problem(share, share, [2], [[0.02], [0.01], [0.03]], 4, 0.02))
+    assert (uniform_fp8.hot_N.tolist(), round(uniform_fp8.cold_bytes, 6)) == ([True, True, False], 0.2)

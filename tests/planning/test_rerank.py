@@ -252,6 +252,8 @@ def test_rerank_files_compares_hot_sets_at_the_recipe_budget_or_a_fraction(pair,
     report = rerank_files(RerankRequest(ref, mine), rec, resolve_knobs(rec.knobs, {}))
     assert report.change.budget_bytes == int(0.001 * (1 << 30))  # the recipe's knob, not --hot-frac
     assert report.budget_desc == "1.02 MiB per rank (toy, expert 12.00 KiB)"
+    stored = rerank_files(RerankRequest(ref, mine), rec, resolve_knobs(rec.knobs, {"HOTSPLIT_PRECISION": "mxfp4"}))
+    assert stored.budget_desc == "1.02 MiB per rank (toy, expert 3.19 KiB)"  # 64 x 32 x 3: 4.25 bits a weight
 
 
 def test_rerank_with_a_recipe_and_no_budget_uses_the_recipes_automatic_budget(cli, tiny_hist, tmp_path, monkeypatch):
