@@ -128,24 +128,35 @@ def run_dynamic(counts_SLE: np.ndarray, hot_LE: np.ndarray, dyn_steps: int, max_
     """The runtime's rule: every `dyn_steps` steps, one rule of kind `rule` (`dyn_rule`: credit or
     breakeven, hotset/admission.py) is told the last window's counts and proposes the swaps."""
     S = counts_SLE.shape[0]
-    propose = make_swap_rule(rule, decay, dyn_steps, sigmas)
-    hot = np.array(hot_LE, dtype=bool)
     hits = np.zeros(S)
     cold = np.zeros(S, dtype=np.int64)
     copied = np.zeros(S, dtype=np.int64)
+    windows = dynamic_windows(counts_SLE, hot_LE, dyn_steps, max_swaps, margin, decay, rule, sigmas)
+    for start, end, hot, swapped in windows:
+        hits[start:end], cold[start:end] = _static_stats(counts_SLE[start:end], hot)
+        advance(end - start)
+        if end < S:
+            copied[end] = swapped  # copies land before the next step runs
+    return PolicyRun("dynamic", hits, cold, copied, int(hot_LE.sum()))
+
+
+def dynamic_windows(counts_SLE: np.ndarray, hot_LE: np.ndarray, dyn_steps: int, max_swaps: int, margin: float,
+                    decay: float = DYN_DECAY, rule: str = "credit", sigmas: float = DYN_SIGMAS):
+    """Yield (start, end, hot [L, E], swaps made after the window) for each window of `dyn_steps`
+    steps: the hot set the window's steps run with, then the rule's swaps for the next window."""
+    S = counts_SLE.shape[0]
+    propose = make_swap_rule(rule, decay, dyn_steps, sigmas)
+    hot = np.array(hot_LE, dtype=bool)
     for start in range(0, S, dyn_steps):
-        chunk = counts_SLE[start:start + dyn_steps]
-        hits[start:start + len(chunk)], cold[start:start + len(chunk)] = _static_stats(chunk, hot)
-        advance(len(chunk))
-        end = start + len(chunk)
+        end = min(start + dyn_steps, S)
         if end >= S:
-            break
-        swaps = propose(chunk.sum(axis=0), hot, max_swaps, margin)
+            yield start, end, hot.copy(), 0
+            return
+        swaps = propose(counts_SLE[start:end].sum(axis=0), hot, max_swaps, margin)
+        yield start, end, hot.copy(), len(swaps)
         for s in swaps:
             hot[s.layer, s.out_expert] = False
             hot[s.layer, s.in_expert] = True
-        copied[end] = len(swaps)  # copies land before the next step runs
-    return PolicyRun("dynamic", hits, cold, copied, int(hot_LE.sum()))
 
 
 def equal_split(num_slots: int, num_layers: int, num_experts: int) -> np.ndarray:
