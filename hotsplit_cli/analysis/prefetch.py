@@ -18,11 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hotsplit_cli.config.knobs import PREFETCH_POOLS as STAGING_POOLS
 from hotsplit_cli.core.errors import PlanError
 from hotsplit_cli.hotset.admission import copy_pays
 from hotsplit_cli.traffic.predict import NextLayerPredictor
-
-STAGING_POOLS = ("layer", "shared")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ EP_EXCHANGES = ("a2a", "allgather")  # how EP ranks exchange tokens: see runtime
 DYN_DECAY = 0.8  # the swap rule's memory per window (hotset/planner.py SwapRule; docs/simulate.md)
 DYN_RULES = ("credit", "breakeven")  # which window rule swaps (hotset/admission.py; docs/simulate.md)
 DYN_SIGMAS = 2.0  # the break-even rule's noise test, in Poisson standard deviations (docs/simulate.md)
+PREFETCH_MODES = ("off", "lookahead", "trace", "auto")  # what predicts the next layer's experts (docs/prefetch.md)
+PREFETCH_POOLS = ("layer", "shared")  # staging slots per layer, or one pool for all layers (docs/prefetch.md)
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,11 @@ KNOBS = (
     KnobSpec("cold_path", "HOTSPLIT_COLD_PATH", str, "gpu", choices=COLD_PATHS),
     KnobSpec("eplb_steps", "HOTSPLIT_EPLB_STEPS", int, 0, minimum=0),  # 0 = off; EP runs only
     KnobSpec("ep_exchange", "HOTSPLIT_EP_EXCHANGE", str, "a2a", choices=EP_EXCHANGES),  # EP runs only
+    # prefetch defaults measured with benchmarks/bench_prefetch.py (docs/prefetch.md)
+    KnobSpec("prefetch", "HOTSPLIT_PREFETCH", str, "off", choices=PREFETCH_MODES),
+    KnobSpec("prefetch_slots", "HOTSPLIT_PREFETCH_SLOTS", int, 4, minimum=0),
+    KnobSpec("prefetch_pool", "HOTSPLIT_PREFETCH_POOL", str, "shared", choices=PREFETCH_POOLS),
+    KnobSpec("prefetch_guesses", "HOTSPLIT_PREFETCH_GUESSES", int, 12, minimum=1),
 )
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 
@@ -67,6 +74,10 @@ class Knobs:
     ep_exchange: str = "a2a"  # a2a (uneven all_to_all_single) | allgather (all-gather, then reduce-scatter)
     dyn_rule: str = "credit"  # credit (planner.SwapRule) | breakeven (hotset/admission.py: swaps that pay in bytes)
     dyn_sigmas: float = DYN_SIGMAS  # breakeven: Poisson standard deviations an incoming score must lead by
+    prefetch: str = "off"  # off | lookahead (the next layer's router) | trace (a fitted predictor) | auto (the plan's)
+    prefetch_slots: int = 4  # staging slots, per layer or shared (prefetch_pool), carved from the hot budget
+    prefetch_pool: str = "shared"  # layer | shared
+    prefetch_guesses: int = 12  # guesses per token of the next layer's experts (past top_k widens)
 
     def to_doc(self) -> dict:
         return {k: getattr(self, k) for k in KNOB_NAMES}
