@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from hotsplit_cli.analysis.prefetch import StagingConfig, replay_staging
-from hotsplit_cli.analysis.simulate import dynamic_windows
+from hotsplit_cli.analysis.swap_windows import dynamic_windows
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.hotset.planner import plan_hot_set
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank

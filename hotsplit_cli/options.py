@@ -59,3 +59,11 @@ ColdPathOpt = Annotated[
 ]
 PlotOpt = Annotated[Path | None, output_option("--plot", help="Also draw a PNG here.", suffix=".png")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
+PrefetchOpt = Annotated[str | None, typer.Option(
+    "--prefetch", help="Override HOTSPLIT_PREFETCH: off, lookahead, trace or auto (docs/prefetch.md).")]
+PrefetchSlotsOpt = Annotated[str | None, typer.Option(
+    "--prefetch-slots", help="Override HOTSPLIT_PREFETCH_SLOTS: staging slots, carved from the hot budget.")]
+PrefetchPoolOpt = Annotated[str | None, typer.Option(
+    "--prefetch-pool", help="Override HOTSPLIT_PREFETCH_POOL: layer (slots for each layer) or shared.")]
+PrefetchGuessesOpt = Annotated[str | None, typer.Option(
+    "--prefetch-guesses", help="Override HOTSPLIT_PREFETCH_GUESSES: guesses per token (past top_k widens).")]

@@ -15,13 +15,19 @@ memory. A staged expert is never hot, and slots hold a step's experts for that s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from hotsplit_cli.config.knobs import PREFETCH_POOLS as STAGING_POOLS
-from hotsplit_cli.core.errors import PlanError
+from hotsplit_cli.config.knobs import Knobs
+from hotsplit_cli.core.errors import PlanError, UsageError
+from hotsplit_cli.core.units import gib
 from hotsplit_cli.hotset.admission import copy_pays
-from hotsplit_cli.traffic.predict import NextLayerPredictor
+from hotsplit_cli.traffic.predict import NextLayerPredictor, count_predictions, fit_predictor, token_members_NLE
+from hotsplit_cli.traffic.trace import Trace, load_trace
+
+from .swap_windows import dynamic_windows
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,7 @@ def replay_staging(counts_SLE: np.ndarray, member_NLE: np.ndarray, windows, pred
                    cfg: StagingConfig) -> StagingRun:
     """Replay the trace's steps (counts float [S, L, E], the tokens' memberships bool [N, L, E],
     N = S x T in step order) with staging. `windows` yields (start, end, hot [L, E], swaps after)
-    as `simulate.dynamic_windows` does; one window of every step is a static hot set."""
+    as `swap_windows.dynamic_windows` does; one window of every step is a static hot set."""
     S, L, E = counts_SLE.shape
     T = member_NLE.shape[0] // S
     if member_NLE.shape != (S * T, L, E):
@@ -126,3 +132,64 @@ def _count_layer(run: StagingRun, counts_SE: np.ndarray, hot_SE: np.ndarray, sta
     run.staged_hits_S += (counts_SE * staged_SE).sum(axis=1)
     run.hits_S += (counts_SE * (hot_SE | staged_SE)).sum(axis=1)
     run.cold_S += (active & ~hot_SE & ~staged_SE).sum(axis=1)
+
+
+@dataclass(frozen=True)
+class StagingReport:
+    """`simulate`'s staging rows: static and dynamic with the pool carved from the same budget."""
+
+    config: StagingConfig
+    fit_source: str  # what the predictor was fitted on, as printed
+    hot_slots: int  # hot experts left once the pool is carved
+    recall: dict  # the predictor's counters on the replayed trace against the carved static hot set
+    rows: dict[str, dict]  # "static" / "dynamic" -> StagingRun.to_doc
+
+    def to_doc(self) -> dict:
+        c = self.config
+        return {"predictor": "cooccur", "fit": self.fit_source, "slots": c.slots, "pool": c.pool,
+                "guesses": c.guesses, "copy_price": c.copy_price, "hot_slots": self.hot_slots,
+                "recall": self.recall, "policies": self.rows}
+
+
+def stage_for_simulate(tr: Trace, fit_path: Path | None, hot_for, sim, knobs: Knobs) -> StagingReport | None:
+    """`simulate`'s staging rows for knob `prefetch` (None when off): the co-activation table
+    fitted on `fit_path` (else the trace's first window), the pool carved from the budget
+    (`hot_for(budget_bytes)` gives the static hot set [L, E] there), replayed static and with
+    the dynamic swaps of `sim` (a `SimConfig`)."""
+    if knobs.prefetch == "off":
+        return None
+    if knobs.prefetch == "lookahead":
+        raise UsageError("prefetch lookahead: the next layer's router cannot be replayed from a trace",
+                         "simulate the trace predictor (--prefetch trace); `balance --model` measures lookahead")
+    E, L = int(hot_for(sim.budget_bytes).shape[1]), len(tr.layers)
+    cfg = StagingConfig(knobs.prefetch_slots, knobs.prefetch_pool, min(knobs.prefetch_guesses, E))
+    carved = cfg.carved_slots(L) * sim.expert_bytes
+    if carved > sim.budget_bytes:
+        raise PlanError(f"{cfg.carved_slots(L)} staging slots ({gib(carved)}) exceed the hot budget "
+                        f"of {gib(sim.budget_bytes)}", "lower --prefetch-slots or use --prefetch-pool shared")
+    member_NLE = token_members_NLE(tr, E)
+    fit_NLE, fit_source = _fit_members(tr, fit_path, member_NLE, sim.window_steps)
+    predictor = fit_predictor("cooccur", fit_NLE)
+    hot = hot_for(sim.budget_bytes - carved)
+    counts_SLE = tr.counts_SLE(E)
+    windows = dynamic_windows(counts_SLE, hot, sim.dyn_steps, sim.dyn_max_swaps, sim.dyn_margin, sim.dyn_decay,
+                              sim.dyn_rule, sim.dyn_sigmas)
+    rows = {"static": replay_staging(counts_SLE, member_NLE, [(0, tr.num_steps, hot, 0)], predictor, cfg),
+            "dynamic": replay_staging(counts_SLE, member_NLE, windows, predictor, cfg)}
+    recall = count_predictions(predictor, member_NLE, cfg.guesses, hot).to_doc()
+    assignments = float(counts_SLE.sum())
+    return StagingReport(cfg, fit_source, int(hot.sum()), recall,
+                         {n: r.to_doc(sim.expert_bytes, assignments) for n, r in rows.items()})
+
+
+def _fit_members(tr: Trace, fit_path: Path | None, member_NLE: np.ndarray, window_steps: int):
+    """The token memberships the predictor is fitted on, and where they came from."""
+    E = member_NLE.shape[2]
+    if fit_path is None:
+        T = tr.topk_ids_SLTK.shape[2]
+        return member_NLE[:window_steps * T], f"the trace's first window (steps 0..{window_steps - 1})"
+    fit = load_trace(fit_path, E)
+    if fit.layers != tr.layers:
+        raise PlanError(f"{fit_path}: layers {list(fit.layers)} differ from the replayed trace's {list(tr.layers)}",
+                        "fit the predictor on a trace of the same model")
+    return token_members_NLE(fit, E), str(fit_path)

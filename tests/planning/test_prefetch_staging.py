@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from hotsplit_cli.analysis.prefetch import StagingConfig, replay_staging
-from hotsplit_cli.analysis.simulate import dynamic_windows, run_dynamic, run_static
+from hotsplit_cli.analysis.simulate import run_dynamic, run_static
+from hotsplit_cli.analysis.swap_windows import dynamic_windows
 from hotsplit_cli.core.errors import PlanError
 from hotsplit_cli.traffic.predict import fit_predictor, token_members_NLE
 from hotsplit_cli.traffic.synthetic import synthetic_trace, zipf_shares
