@@ -95,6 +95,18 @@ def _render(out: Output, result: PlanResult, doc: dict) -> None:
             out.print("rank 0's reads; max-rank ms/step = sum over layers of the slowest rank's cold reads")
     if result.cold_paths is not None:
         _render_cold_paths(out, result.cold_paths)
+    if "prefetch" in doc:
+        _render_prefetch(out, doc["prefetch"])
+
+
+def _render_prefetch(out: Output, pre: dict) -> None:
+    """Predicted step time with and without staging slots, and the planned slot count's reason."""
+    t = out.table("batch", "step ms, no prefetch", f"with {pre['slots']} slots ({pre['pool']})", "best slots here")
+    for r in pre["steps"]:
+        t.add_row(str(r["batch"]), f"{r['without_ms']:.3f}", f"{r['with_ms']:.3f}", str(r["best_slots"]))
+    out.print("prefetch: predicted decode step time (cold reads and staged copies on the link, compute per layer):")
+    out.print(t)
+    out.print(f"prefetch: {pre['reason']}")
 
 
 def _band_text(band: dict | None) -> str:

@@ -21,6 +21,7 @@ from hotsplit_cli.core.jsonio import read_json_doc, schema_tag
 from hotsplit_cli.hotset.budget import HotBudget, ReadRate, check_plan_budget, choose_read_rate, resolve_hot_budget
 from hotsplit_cli.hotset.forecast import Band, HeldOut, rolling_origin
 from hotsplit_cli.hotset.planner import Plan, contiguous_owner, plan_hot_set
+from hotsplit_cli.hotset.prefetch_plan import PrefetchPlan, prefetch_for_plan
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.hist import Histogram, file_sha256, load_hist
 from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
@@ -152,6 +153,7 @@ class PlanResult:
     cold_paths: dict | None = None  # each cold path's predicted time per decode step (with a platform)
     rank_times: list | None = None  # ranktime.RankTimes per batch: every rank's cold reads (placement + rate)
     held_out: HeldOut | None = None  # the hit rate on traffic the plan has not seen (rolling origin)
+    prefetch: PrefetchPlan | None = None  # whether staging slots pay, and how many (a platform, one rank)
 
 
 def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path | None = None,
@@ -200,8 +202,27 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
         # Rank 0's experts as they are read: its physical slots, a replica at its share of the traffic.
         pi, hot = (routing_probs(hist), not_cold_LE) if layout is None else rank0_slots(hist, layout, phys)
         cold_paths = cold_path_prediction(hist, hot, recipe, platform, warn, pi_LE=pi)
+    prefetch = None
+    if platform is not None and layout is None and recipe.parallel.ep == 1 and rate.zero_copy_gbps:
+        prefetch = prefetch_for_plan(hist, knobs, rate, budget.budget_bytes, ColdAt(hist, recipe, size, rate.gbps))
     return PlanResult(hist, hist_path, recipe, knobs, plan, budget, rate, costs, platform_path, layout,
-                      placement_path, cold_paths, times, held_out_hit_rates(hist, recipe, budget.budget_bytes, layout))
+                      placement_path, cold_paths, times, held_out_hit_rates(hist, recipe, budget.budget_bytes, layout),
+                      prefetch)
+
+
+@dataclass(frozen=True)
+class ColdAt:
+    """Cold experts per step at each batch for the hot set planned at a budget (prefetch's carving)."""
+
+    hist: Histogram
+    recipe: Recipe
+    expert_bytes: int
+    read_gbps: float
+    batches: tuple[int, ...] = BATCH_SIZES
+
+    def __call__(self, budget_bytes: int) -> list[float]:
+        hot = plan_counts_for_recipe(self.hist.counts_LE, self.recipe, budget_bytes).hot_RLE[0]
+        return [c.cold_experts for c in cold_costs(self.hist, hot, self.expert_bytes, self.read_gbps, self.batches)]
 
 
 def held_out_hit_rates(hist: Histogram, recipe: Recipe, budget_bytes: int, placement=None) -> HeldOut:
@@ -320,6 +341,8 @@ def plan_doc(result: PlanResult) -> dict:
         doc["cold_paths"] = result.cold_paths
     if result.rank_times is not None:
         doc["rank_times"] = [t.to_doc() for t in result.rank_times]  # step_ms: sum over layers of the slowest rank
+    if result.prefetch is not None:
+        doc["prefetch"] = result.prefetch.to_doc()
     return doc
 
 

@@ -19,8 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.core.errors import PlanError
+from hotsplit_cli.traffic.hist import Histogram
 from hotsplit_cli.traffic.predict import MeasuredRecall
+
+from .budget import ReadRate
 
 SLOT_CHOICES = (0, 1, 2, 4, 8)  # slot counts the planner weighs
 MIN_GAIN = 0.01  # the least share of step time slots must save over every batch to be planned
@@ -96,3 +100,21 @@ def _reason(chosen: int, gain: float, link: LinkModel, recall: MeasuredRecall | 
             f"{link.compute_ms:.3f} ms, hiding {link.compute_ms / link.copy_ms:.1f} copies of "
             f"{link.copy_ms:.3f} ms, while each slot costs a hot expert and wrong guesses cost link time "
             f"(recall {recall.recall:.2f}, {recall.wasted_per_useful:.2f} wasted per useful)")
+
+
+def prefetch_for_plan(hist: Histogram, knobs: Knobs, rate: ReadRate, budget_bytes: int, cold_for) -> PrefetchPlan:
+    """`plan --platform`'s verdict for knob `prefetch_pool`: each slot count of SLOT_CHOICES that
+    fits the budget, timed at `rate` (`cold_for(budget_bytes, expert_bytes)` gives the cold
+    experts per step at each batch of `cold_for.batches` for the hot set planned there; expert
+    bytes are `cold_for.expert_bytes`). The recall is the histogram's `lookahead_recall`, except
+    for knob `prefetch trace`, whose predictor a histogram cannot judge."""
+    L, size, pool = hist.num_layers, cold_for.expert_bytes, knobs.prefetch_pool
+    carved = {s: (s * (L - 1) if pool == "layer" else s) * size for s in SLOT_CHOICES}
+    cold = {s: cold_for(budget_bytes - c) for s, c in carved.items() if c <= budget_bytes}
+    link = LinkModel(L, size / rate.gbps / 1e6, size / (rate.h2d_gbps or rate.gbps) / 1e6, None)
+    if knobs.prefetch == "trace":
+        recall, unknown = None, ("the trace predictor is judged on a trace (`simulate --prefetch trace`); a plan "
+                                 "reads a histogram")
+    else:
+        recall, unknown = hist.lookahead_recall, "the histogram records no lookahead_recall (`balance --model`)"
+    return plan_prefetch(cold, list(cold_for.batches), link, pool, recall, unknown)
