@@ -24,7 +24,13 @@ from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.core.units import gib
 from hotsplit_cli.hotset.admission import copy_pays
-from hotsplit_cli.traffic.predict import NextLayerPredictor, count_predictions, fit_predictor, token_members_NLE
+from hotsplit_cli.traffic.predict import (
+    NextLayerPredictor,
+    count_predictions,
+    fit_predictor,
+    rolling_recall,
+    token_members_NLE,
+)
 from hotsplit_cli.traffic.trace import Trace, load_trace
 
 from .swap_windows import dynamic_windows
@@ -142,13 +148,14 @@ class StagingReport:
     fit_source: str  # what the predictor was fitted on, as printed
     hot_slots: int  # hot experts left once the pool is carved
     recall: dict  # the predictor's counters on the replayed trace against the carved static hot set
+    held_out: dict  # its per-token recall on the replayed trace's windows, refitted on the earlier ones
     rows: dict[str, dict]  # "static" / "dynamic" -> StagingRun.to_doc
 
     def to_doc(self) -> dict:
         c = self.config
         return {"predictor": "cooccur", "fit": self.fit_source, "slots": c.slots, "pool": c.pool,
                 "guesses": c.guesses, "copy_price": c.copy_price, "hot_slots": self.hot_slots,
-                "recall": self.recall, "policies": self.rows}
+                "recall": self.recall, "held_out_recall": self.held_out, "policies": self.rows}
 
 
 def stage_for_simulate(tr: Trace, fit_path: Path | None, hot_for, sim, knobs: Knobs) -> StagingReport | None:
@@ -178,7 +185,8 @@ def stage_for_simulate(tr: Trace, fit_path: Path | None, hot_for, sim, knobs: Kn
             "dynamic": replay_staging(counts_SLE, member_NLE, windows, predictor, cfg)}
     recall = count_predictions(predictor, member_NLE, cfg.guesses, hot).to_doc()
     assignments = float(counts_SLE.sum())
-    return StagingReport(cfg, fit_source, int(hot.sum()), recall,
+    held_out = rolling_recall("cooccur", member_NLE, sim.window_steps * tr.topk_ids_SLTK.shape[2], cfg.guesses)
+    return StagingReport(cfg, fit_source, int(hot.sum()), recall, held_out,
                          {n: r.to_doc(sim.expert_bytes, assignments) for n, r in rows.items()})
 
 

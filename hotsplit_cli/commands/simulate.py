@@ -155,6 +155,10 @@ def _render_staging(out: Output, result: SimResult) -> None:
                   f"{d['staged_hits']:g}", *(f"{d[k] / (1 << 20):.2f}" for k in (
                       "useful_bytes_per_step", "wasted_bytes_per_step", "pcie_bytes_per_step")))
     out.print(t)
+    h = st.held_out
+    out.print(f"prefetch: per-token recall at {c.guesses} guesses on held-out windows " + (
+        f"{pct(h['expected'], 1)}, range {pct(h['low'], 1)}-{pct(h['high'], 1)} ({h['method']})" if h["available"]
+        else f"not estimated: {h['reason']}"))
 
 
 # One look per policy. oracle and hindsight often draw the same curve: hindsight wide and pale

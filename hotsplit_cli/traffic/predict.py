@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hotsplit_cli.core.errors import PlanError
+from hotsplit_cli.core.holdout import MIN_WINDOWS, Band, origins_of
 
 from .trace import Trace
 
@@ -186,3 +187,22 @@ def measured_recall_from_doc(raw: object, where: str) -> MeasuredRecall | None:
 
     return MeasuredRecall(float(number("recall", 0.0, 1.0)), float(number("wasted_per_useful", 0.0, float("inf"))),
                           int(number("guesses", 1, 1 << 30, True)), int(number("tokens", 1, 1 << 62, True)))
+
+
+def rolling_recall(kind: str, member_NLE: np.ndarray, tokens_per_window: int, guesses: int) -> dict:
+    """The predictor's per-token recall at `guesses` on windows it has not seen, as `plan` judges hit
+    rates (core/holdout.py): refitted on windows [0, k) and judged on window k, for the later half
+    of the windows; the pooled recall and the lowest and highest window's."""
+    W = member_NLE.shape[0] // tokens_per_window
+    if W < MIN_WINDOWS:
+        return {"available": False, "reason": f"the trace has {W} window of {tokens_per_window} tokens; a held-out "
+                                              f"recall needs at least {MIN_WINDOWS}"}
+    useful, cold, rates = 0, 0, []
+    for k in origins_of(W):
+        judged = member_NLE[k * tokens_per_window:(k + 1) * tokens_per_window]
+        c = count_predictions(fit_predictor(kind, member_NLE[:k * tokens_per_window]), judged, guesses)
+        useful, cold = useful + c.useful, cold + c.cold_reads
+        rates.append(c.covered)
+    band = Band(useful / cold if cold else 0.0, min(rates), max(rates))
+    return {"available": True, "method": "rolling origin: refit on windows [0, k), judged on window k",
+            "origins": list(origins_of(W)), **band.to_doc()}

@@ -76,3 +76,16 @@ def test_bad_guesses_and_unknown_predictor_are_refused():
         fit_predictor("oracle", FIT)
     with pytest.raises(PlanError, match="no previous MoE layer"):
         fit_predictor("cooccur", FIT).probs_NE(JUDGE, 0)
+
+
+def test_rolling_recall_refits_on_earlier_windows_only():
+    from hotsplit_cli.traffic.predict import rolling_recall
+
+    cycle = [0, 1, 2, 3] * 4  # 4 windows of 4 tokens; layer 1 repeats layer 0's expert
+    member = token_members_NLE(Trace(np.array([cycle, cycle])[None, :, :, None], (1, 2)), E)
+    got = rolling_recall("cooccur", member, 4, 1)
+    assert (got["available"], got["origins"], got["expected"], got["low"], got["high"]) == (True, [2, 3], 1.0, 1.0, 1.0)
+    # the previous token (always another expert here) never covers a read, on any held-out window
+    assert rolling_recall("previous", member, 4, 1)["expected"] == 0.0
+    assert rolling_recall("cooccur", member, 16, 1) == {
+        "available": False, "reason": "the trace has 1 window of 16 tokens; a held-out recall needs at least 2"}

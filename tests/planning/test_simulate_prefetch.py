@@ -44,6 +44,7 @@ def test_static_row_is_the_replay_with_the_pool_carved_from_the_budget(cli, trac
     want = replay_staging(counts, member, [(0, 40, hot, 0)], predictor, StagingConfig(2, "layer", 6))
     assert doc["policies"]["static"] == want.to_doc(ONE, float(counts.sum()))
     assert doc["policies"]["static"]["useful"] > 0 and set(doc["policies"]) == {"static", "dynamic"}
+    assert doc["held_out_recall"]["available"] and doc["held_out_recall"]["origins"] == [2, 3]  # windows of 10
 
 
 def test_prefetch_off_adds_nothing_and_human_output_has_the_table(cli, traces):
@@ -53,6 +54,7 @@ def test_prefetch_off_adds_nothing_and_human_output_has_the_table(cli, traces):
     r = simulate(cli, replay, "--prefetch", "trace")
     assert r.code == 0, r.err
     assert "fitted on the trace's first window" in r.out and "policy + staging" in r.out
+    assert "per-token recall at 12 guesses on held-out windows" in r.out
 
 
 @pytest.mark.parametrize("extra, code, msg", [
