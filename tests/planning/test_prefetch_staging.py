@@ -102,3 +102,14 @@ def test_bad_staging_is_refused():
         StagingConfig(1, "ring", 4)
     with pytest.raises(PlanError, match="bad staging: slots=-1"):
         StagingConfig(-1, "layer", 4)
+
+
+def test_one_admission_rule_prices_swaps_and_prefetches():
+    from hotsplit_cli.hotset.admission import BreakEvenRule, copy_pays
+
+    assert copy_pays(0.5, 0.4) and not copy_pays(0.5, 0.5)  # a prefetch: reads saved against its priced copy
+    assert copy_pays(1.01) and not copy_pays(1.0)  # a swap's copy costs one read
+    rule = BreakEvenRule(decay=0.5, window_steps=1, sigmas=0.0)  # horizon 2 steps; scores over 1 step
+    rule.steps = 1.0
+    assert rule.pays(10.0, 0.0, 1.0) == copy_pays(2 * (1 - np.exp(-10.0)))  # 2 x 0.99995 > 1
+    assert not rule.pays(0.5, 0.0, 1.0)  # 2 x (1 - e^-0.5) = 0.79 reads saved: less than the copy
