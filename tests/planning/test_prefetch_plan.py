@@ -69,3 +69,20 @@ def test_the_histogram_records_a_measured_lookahead_recall():
 def test_a_bad_lookahead_recall_is_refused(field, message):
     with pytest.raises(HistogramError, match=message):
         hist_from_doc(hist_doc(lookahead_recall=field), "h.json")
+
+
+def test_batch_one_on_a_pcie_link_plans_no_slots_and_long_compute_does():
+    """deepseek-v2-lite's experts (recipes/deepseek-v2-lite.yaml, 16.5 MiB bf16) over a PCIe 4.0 x16
+    link read at 25 GB/s (the recipe's RTX 4090): 0.69 ms a read. At batch 1 a layer computes
+    for under 10 us (the figure llama.cpp reports for a ~1 MB expert), so a staged copy hides
+    under nothing; with 2 ms of compute per layer (a large batch) staging pays."""
+    from hotsplit_cli.config.recipe import load_recipe
+    from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
+
+    read_ms = expert_bytes_per_rank(load_recipe("deepseek-v2-lite")) / 25e9 * 1e3
+    recall = MeasuredRecall(0.65, 0.4, 24, 8320)  # the co-activation table's recall at 24 guesses (docs/prefetch.md)
+    cold = {s: [26 * 4.5 + 0.1 * s] for s in (0, 1, 2, 4, 8)}  # carving a slot adds a little cold traffic
+    link_bound = plan_prefetch(cold, [1], LinkModel(26, read_ms, read_ms, compute_ms=0.01), "shared", recall)
+    assert link_bound.slots == 0 and "no slot count saves 1% of step time" in link_bound.reason
+    long = plan_prefetch(cold, [256], LinkModel(26, read_ms, read_ms, compute_ms=2.0), "shared", recall)
+    assert long.slots == 8 and long.rows[0]["with_ms"] < 0.9 * long.rows[0]["without_ms"]
