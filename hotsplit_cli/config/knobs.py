@@ -166,3 +166,12 @@ def check_ep_knobs(knobs: Knobs, ep: int, recipe_name: str) -> None:
     if ep == 1 and given:
         raise UsageError(f"{' and '.join(given)}: expert-parallel options, but recipe {recipe_name!r} runs on one "
                          "rank (parallel.ep: 1)", "drop them, or use a recipe with ep > 1 (e.g. tiny-ep4)")
+
+
+def check_prefetch_runs(knobs: Knobs) -> None:
+    """UsageError when a run is asked to stage experts: the runtime has no staging slots yet, and a
+    run that ignored the knob would report figures the user did not ask for."""
+    if knobs.prefetch in ("lookahead", "trace"):
+        raise UsageError(f"{knobs.origin('prefetch')}={knobs.prefetch}: the runtime does not stage experts yet",
+                         "judge prefetch with `hotsplit simulate --prefetch trace` and `hotsplit plan --platform`; "
+                         "run with prefetch off or auto")

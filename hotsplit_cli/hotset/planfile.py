@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hotsplit_cli.config.knobs import Knobs, check_ep_knobs
+from hotsplit_cli.config.knobs import Knobs, check_ep_knobs, check_prefetch_runs
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import PlanError
 from hotsplit_cli.core.jsonio import read_json_doc, schema_tag
@@ -487,6 +487,7 @@ def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | 
     plan = None
     if knobs is not None:
         check_ep_knobs(knobs, recipe.parallel.ep, recipe.name)
+        check_prefetch_runs(knobs)
     if plan_path is not None:
         m = recipe.model
         plan = load_plan(plan_path)
