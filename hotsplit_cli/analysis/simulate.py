@@ -436,7 +436,7 @@ def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _
         raise UsageError(f"recipe {recipe.name!r} uses ep={recipe.parallel.ep}; simulate models one rank of a TP "
                          "deployment", "use a recipe with ep: 1 (EP layouts: `hotsplit place`)")
     tr, counts_SLE, assignments_S = _load_trace(req, recipe)
-    size = expert_bytes_per_rank(recipe)
+    size, E = expert_bytes_per_rank(recipe), recipe.model.num_experts
     plan = load_plan(req.plan_path) if req.plan_path is not None else None
     if plan is not None:
         check_plan_ranks(plan, recipe)
@@ -447,7 +447,10 @@ def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _
     if platform is not None and rate.gbps is None:
         warn(f"{req.platform_path} has no measured zero-copy read rate: no step time predicted")
     if plan is not None:
-        def hot_for(budget_bytes):
+        def hot_for(budget_bytes):  # a smaller budget: the staging slots carved (analysis/prefetch.py)
+            if budget_bytes < budget.budget_bytes and int(plan.hot_LE(tr.layers, E).sum()) * size > budget_bytes:
+                raise PlanError(f"{req.plan_path}: its hot set fills the budget the staging slots are carved from",
+                                "plan at the budget less the slots, or simulate prefetch with --fit")
             return _plan_hot_set(req.plan_path, plan, recipe, tr, size, budget_bytes, warn)[0]
         static_source = f"plan {req.plan_path}"
     else:

@@ -80,3 +80,14 @@ def test_a_fit_trace_of_other_layers_is_refused(cli, traces, tmp_path):
     path = save_trace(tmp_path / "other.npz", other)
     r = simulate(cli, traces[0], "--prefetch", "trace", "--prefetch-fit", path)
     assert r.code == 1 and "differ from the replayed trace's [1, 2, 3, 4]" in r.err
+
+
+def test_a_plan_that_fills_its_budget_leaves_no_room_for_staging(cli, traces, tiny_hist, tmp_path):
+    plan, png = tmp_path / "plan.json", tmp_path / "never.png"
+    assert cli("plan", tiny_hist, "--recipe", "tiny", "--hot-gib", "0.005", "-o", plan).code == 0
+    r = cli("simulate", "--trace", traces[0], "--recipe", "tiny", "--plan", plan, "--prefetch", "trace",
+            "--plot", png)
+    assert r.code == 1 and r.out == "" and not png.exists()
+    assert r.err.splitlines() == [f"error: {plan}: its hot set fills the budget the staging slots are carved from; "
+                                  "plan at the budget less the slots, or simulate prefetch with --fit"]
+    assert cli("simulate", "--trace", traces[0], "--recipe", "tiny", "--plan", plan).code == 0
