@@ -76,3 +76,7 @@ PrecisionOpt = Annotated[str | None, knob_option("precision")]
 PlotOpt = Annotated[Path | None, output_option("--plot", help="Also draw a PNG here.", suffix=".png",
                                                show_default="none: no plot")]
 DeviceOpt = Annotated[str, typer.Option("--device", metavar="auto|cpu|cuda|cuda:N", help="Where to run.")]
+PrefetchOpt = Annotated[str | None, knob_option("prefetch")]
+PrefetchSlotsOpt = Annotated[str | None, knob_option("prefetch_slots")]
+PrefetchPoolOpt = Annotated[str | None, knob_option("prefetch_pool")]
+PrefetchGuessesOpt = Annotated[str | None, knob_option("prefetch_guesses")]

@@ -39,12 +39,13 @@ from pathlib import Path
 
 import numpy as np
 
+from hotsplit_cli.analysis.prefetch import StagingReport, stage_for_simulate
+from hotsplit_cli.analysis.swap_windows import dynamic_windows
 from hotsplit_cli.config.knobs import DYN_DECAY, DYN_SIGMAS, Knobs
 from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.config.recipe import GIB, Recipe
 from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.core.units import gib
-from hotsplit_cli.hotset.admission import make_swap_rule
 from hotsplit_cli.hotset.budget import HotBudget, ReadRate, choose_read_rate, resolve_hot_budget
 from hotsplit_cli.hotset.coldpath import replay_cold_paths
 from hotsplit_cli.hotset.planfile import PlanFile, check_plan_precision, check_plan_ranks, load_plan, recipe_cold_rates
@@ -128,23 +129,15 @@ def run_dynamic(counts_SLE: np.ndarray, hot_LE: np.ndarray, dyn_steps: int, max_
     """The runtime's rule: every `dyn_steps` steps, one rule of kind `rule` (`dyn_rule`: credit or
     breakeven, hotset/admission.py) is told the last window's counts and proposes the swaps."""
     S = counts_SLE.shape[0]
-    propose = make_swap_rule(rule, decay, dyn_steps, sigmas)
-    hot = np.array(hot_LE, dtype=bool)
     hits = np.zeros(S)
     cold = np.zeros(S, dtype=np.int64)
     copied = np.zeros(S, dtype=np.int64)
-    for start in range(0, S, dyn_steps):
-        chunk = counts_SLE[start:start + dyn_steps]
-        hits[start:start + len(chunk)], cold[start:start + len(chunk)] = _static_stats(chunk, hot)
-        advance(len(chunk))
-        end = start + len(chunk)
-        if end >= S:
-            break
-        swaps = propose(chunk.sum(axis=0), hot, max_swaps, margin)
-        for s in swaps:
-            hot[s.layer, s.out_expert] = False
-            hot[s.layer, s.in_expert] = True
-        copied[end] = len(swaps)  # copies land before the next step runs
+    windows = dynamic_windows(counts_SLE, hot_LE, dyn_steps, max_swaps, margin, decay, rule, sigmas)
+    for start, end, hot, swapped in windows:
+        hits[start:end], cold[start:end] = _static_stats(counts_SLE[start:end], hot)
+        advance(end - start)
+        if end < S:
+            copied[end] = swapped  # copies land before the next step runs
     return PolicyRun("dynamic", hits, cold, copied, int(hot_LE.sum()))
 
 
@@ -371,6 +364,7 @@ class SimRequest:
     batch: int | None = None  # regroup the trace's tokens into steps of this many
     window_steps: int | None = None  # default: dyn_steps
     platform_path: Path | None = None
+    prefetch_fit_path: Path | None = None  # the trace the prefetch predictor is fitted on
 
     def __post_init__(self) -> None:
         if self.fit_path is not None and self.plan_path is not None:
@@ -398,6 +392,7 @@ class SimResult:
     sums: dict[str, PolicySummary]
     cold_paths: dict | None  # the static hot set's cold time per step by cold path (with a platform)
     static_hot_LE: np.ndarray | None = None  # the static hot set every policy started from
+    staging: StagingReport | None = None  # with knob prefetch on: the rows with staging slots
 
     def to_doc(self) -> dict:
         tr, cfg, k, platform = self.trace, self.config, self.knobs, self.request.platform_path
@@ -419,6 +414,8 @@ class SimResult:
         doc["policies"] = {n: s.to_doc() for n, s in self.sums.items()}
         if self.cold_paths is not None:
             doc["cold_paths"] = self.cold_paths
+        if self.staging is not None:
+            doc["prefetch"] = self.staging.to_doc()
         return doc
 
 
@@ -439,7 +436,7 @@ def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _
         raise UsageError(f"recipe {recipe.name!r} uses ep={recipe.parallel.ep}; simulate models one rank of a TP "
                          "deployment", "use a recipe with ep: 1 (EP layouts: `hotsplit place`)")
     tr, counts_SLE, assignments_S = _load_trace(req, recipe)
-    size = expert_bytes_per_rank(recipe, uniform_precision(knobs))  # stored bytes of every expert
+    size, E = expert_bytes_per_rank(recipe, uniform_precision(knobs)), recipe.model.num_experts  # stored bytes
     plan = load_plan(req.plan_path) if req.plan_path is not None else None
     if plan is not None:
         check_plan_ranks(plan, recipe)
@@ -451,10 +448,18 @@ def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _
     if platform is not None and rate.gbps is None:
         warn(f"{req.platform_path} has no measured zero-copy read rate: no step time predicted")
     if plan is not None:
-        static_hot, static_source = _plan_hot_set(req.plan_path, plan, recipe, tr, size, budget.budget_bytes, warn)
+        def hot_for(budget_bytes):  # a smaller budget: the staging slots carved (analysis/prefetch.py)
+            if budget_bytes < budget.budget_bytes and int(plan.hot_LE(tr.layers, E).sum()) * size > budget_bytes:
+                raise PlanError(f"{req.plan_path}: its hot set fills the budget the staging slots are carved from",
+                                "plan at the budget less the slots, or simulate prefetch with --fit")
+            return _plan_hot_set(req.plan_path, plan, recipe, tr, size, budget_bytes, warn)[0]
+        static_source = f"plan {req.plan_path}"
     else:
         fit_counts, static_source = _fit_counts(req, recipe, tr, counts_SLE, wsteps, warn)
-        static_hot = plan_hot_set(fit_counts, size, budget.budget_bytes).hot_RLE[0]
+
+        def hot_for(budget_bytes):
+            return plan_hot_set(fit_counts, size, budget_bytes).hot_RLE[0]
+    static_hot = hot_for(budget.budget_bytes)
     cfg = SimConfig(size, budget.budget_bytes, wsteps, knobs.dyn_steps, knobs.dyn_max_swaps, knobs.dyn_margin,
                     knobs.dyn_decay, knobs.dyn_rule, knobs.dyn_sigmas)
     with progress(f"replaying {tr.num_steps} steps x {len(req.policies)} policies",
@@ -466,8 +471,9 @@ def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _
         fitted, time_bytes = recipe_cold_rates(recipe, platform, warn, size)
         times = replay_cold_paths(counts_SLE, static_hot, time_bytes, fitted.rates, int(tr.topk_ids_SLTK.shape[2]))
         cold_paths = {"policy": "static", "rates": fitted.where, **times.to_doc()}
+    staging = stage_for_simulate(tr, req.prefetch_fit_path, hot_for, cfg, knobs)
     return SimResult(req, recipe.name, tr, recipe.model.num_experts, float(assignments_S.sum()), budget, cfg,
-                     static_source, knobs, rate, sums, cold_paths, static_hot)
+                     static_source, knobs, rate, sums, cold_paths, static_hot, staging)
 
 
 def _load_trace(req: SimRequest, recipe: Recipe) -> tuple[Trace, np.ndarray, np.ndarray]:

@@ -31,9 +31,9 @@ def plan_cmd(
                                   "hot set among the physical experts placed on it.")] = None,
     precision: PrecisionOpt = None,
     max_error: Annotated[float | None, typer.Option(
-        "--max-error", min=0.0, help="Expected error the precisions may spend (routing-share-weighted "
-                                     "relative output error, measured by `balance --model`); "
-                                     "required by --precision auto.")] = None,
+        "--max-error", min=0.0, show_default="none: needed by --precision auto",
+        help="Expected error the precisions may spend (routing-share-weighted relative output error, measured "
+             "by `balance --model`); required by --precision auto.")] = None,
     output: OutOpt = None,
     json: JsonOpt = False,
 ) -> None:
@@ -110,6 +110,18 @@ def _render(out: Output, result: PlanResult, doc: dict) -> None:
             out.print("rank 0's reads; max-rank ms/step = sum over layers of the slowest rank's cold reads")
     if result.cold_paths is not None:
         _render_cold_paths(out, result.cold_paths)
+    if "prefetch" in doc:
+        _render_prefetch(out, doc["prefetch"])
+
+
+def _render_prefetch(out: Output, pre: dict) -> None:
+    """Predicted step time with and without staging slots, and the planned slot count's reason."""
+    t = out.table("batch", "step ms, no prefetch", f"with {pre['slots']} slots ({pre['pool']})", "best slots here")
+    for r in pre["steps"]:
+        t.add_row(str(r["batch"]), f"{r['without_ms']:.3f}", f"{r['with_ms']:.3f}", str(r["best_slots"]))
+    out.print("prefetch: predicted decode step time (cold reads and staged copies on the link, compute per layer):")
+    out.print(t)
+    out.print(f"prefetch: {pre['reason']}")
 
 
 def _render_joint(out: Output, plan, block: dict) -> None:

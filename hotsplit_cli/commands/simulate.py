@@ -10,7 +10,19 @@ from typing import TYPE_CHECKING, Annotated
 import numpy as np
 import typer
 
-from hotsplit_cli.options import HotGibOpt, JsonOpt, PlatformOpt, PlotOpt, PrecisionOpt, RequiredRecipeOpt, knob_option
+from hotsplit_cli.options import (
+    HotGibOpt,
+    JsonOpt,
+    PlatformOpt,
+    PlotOpt,
+    PrecisionOpt,
+    PrefetchGuessesOpt,
+    PrefetchOpt,
+    PrefetchPoolOpt,
+    PrefetchSlotsOpt,
+    RequiredRecipeOpt,
+    knob_option,
+)
 from hotsplit_cli.output import Output, gib, pct
 from hotsplit_cli.plotting import integer_step_ticks
 
@@ -40,6 +52,11 @@ def simulate_cmd(
     dyn_decay: Annotated[str | None, knob_option("dyn_decay")] = None,
     dyn_rule: Annotated[str | None, knob_option("dyn_rule")] = None,
     dyn_sigmas: Annotated[str | None, knob_option("dyn_sigmas")] = None,
+    prefetch: PrefetchOpt = None, prefetch_slots: PrefetchSlotsOpt = None, prefetch_pool: PrefetchPoolOpt = None,
+    prefetch_guesses: PrefetchGuessesOpt = None,
+    prefetch_fit: Annotated[Path | None, typer.Option(
+        "--prefetch-fit", show_default="the replayed trace's first window",
+        help="Fit the prefetch predictor on this trace.")] = None,
     platform: PlatformOpt = None,
     plot: PlotOpt = None,
     json: JsonOpt = False,
@@ -52,18 +69,21 @@ def simulate_cmd(
 
     out = Output(json)
     names = parse_policies(policies)
-    req = SimRequest(trace, names, fit, plan, batch, window_steps, platform)
+    req = SimRequest(trace, names, fit, plan, batch, window_steps, platform, prefetch_fit)
     rec = load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "dyn_steps": dyn_steps,
                                                    "dyn_max_swaps": dyn_max_swaps, "dyn_margin": dyn_margin,
                                                    "dyn_decay": dyn_decay, "dyn_rule": dyn_rule,
-                                                   "dyn_sigmas": dyn_sigmas, "precision": precision})
+                                                   "dyn_sigmas": dyn_sigmas, "precision": precision,
+                                                   "prefetch": prefetch,
+                                                   "prefetch_slots": prefetch_slots, "prefetch_pool": prefetch_pool,
+                                                   "prefetch_guesses": prefetch_guesses})
     result = run_simulation(req, rec, knobs, out.warn, out.progress)
     advice = recommend_for(result, recipe, out.progress)
     doc = {**result.to_doc(), "recommendation": advice.to_doc()}
     if plot is not None:
         _plot(out, plot, result)
-    out.emit(doc, lambda: (_render(out, result), _render_advice(out, advice)))
+    out.emit(doc, lambda: (_render(out, result), _render_staging(out, result), _render_advice(out, advice)))
     if plot is not None:
         out.note(f"wrote {plot}")
 
@@ -119,6 +139,29 @@ def _render(out: Output, result: SimResult) -> None:
         out.print(f"cold time per step of the static hot set by cold path ({c['rates']}): gpu {ms(c['gpu_ms'])}, "
                   f"cpu {ms(c['cpu_ms'])}, split {ms(c['split_ms'])} (CPU share {100 * c['split_cpu_share']:.0f}%)"
                   f"; fastest here: {c['fastest'] or '-'}{tie}")
+
+
+def _render_staging(out: Output, result: SimResult) -> None:
+    """The rows with staging slots (knob prefetch on)."""
+    st = result.staging
+    if st is None:
+        return
+    c, r = st.config, st.recall
+    out.print(f"prefetch: co-activation table fitted on {st.fit_source}; {c.slots} staging slots "
+              f"{'per layer' if c.pool == 'layer' else 'shared by all layers'}, {c.guesses} guesses per token; "
+              f"{st.hot_slots} hot experts left; guesses cover {pct(r['covered'], 1)} of cold reads "
+              f"({r['useful']} useful and {r['wasted']} wasted token guesses)")
+    t = out.table("policy + staging", "hit rate", "prefetched", "useful", "wasted", "staged hits",
+                  "useful MiB/step", "wasted MiB/step", "PCIe MiB/step")
+    for n, d in st.rows.items():
+        t.add_row(n, pct(d["hit_rate"], 2), str(d["prefetched"]), str(d["useful"]), str(d["wasted"]),
+                  f"{d['staged_hits']:g}", *(f"{d[k] / (1 << 20):.2f}" for k in (
+                      "useful_bytes_per_step", "wasted_bytes_per_step", "pcie_bytes_per_step")))
+    out.print(t)
+    h = st.held_out
+    out.print(f"prefetch: per-token recall at {c.guesses} guesses on held-out windows " + (
+        f"{pct(h['expected'], 1)}, range {pct(h['low'], 1)}-{pct(h['high'], 1)} ({h['method']})" if h["available"]
+        else f"not estimated: {h['reason']}"))
 
 
 # One look per policy. oracle and hindsight often draw the same curve: hindsight wide and pale

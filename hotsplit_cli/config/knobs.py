@@ -20,6 +20,8 @@ DYN_DECAY = 0.8  # the swap rule's memory per window (hotset/planner.py SwapRule
 DYN_RULES = ("credit", "breakeven")  # which window rule swaps (hotset/admission.py; docs/simulate.md)
 DYN_SIGMAS = 2.0  # the break-even rule's noise test, in Poisson standard deviations (docs/simulate.md)
 PRECISIONS = ("native", "fp8", "mxfp4", "auto")  # stored precision of experts; auto: per expert, by `plan`
+PREFETCH_MODES = ("off", "lookahead", "trace", "auto")  # what predicts the next layer's experts (docs/prefetch.md)
+PREFETCH_POOLS = ("layer", "shared")  # staging slots per layer, or one pool for all layers (docs/prefetch.md)
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,11 @@ KNOBS = (
     KnobSpec("precision", "HOTSPLIT_PRECISION", str, "native", choices=PRECISIONS),
     KnobSpec("eplb_steps", "HOTSPLIT_EPLB_STEPS", int, 0, minimum=0),  # 0 = off; EP runs only
     KnobSpec("ep_exchange", "HOTSPLIT_EP_EXCHANGE", str, "a2a", choices=EP_EXCHANGES),  # EP runs only
+    # prefetch defaults measured with benchmarks/bench_prefetch.py (docs/prefetch.md)
+    KnobSpec("prefetch", "HOTSPLIT_PREFETCH", str, "off", choices=PREFETCH_MODES),
+    KnobSpec("prefetch_slots", "HOTSPLIT_PREFETCH_SLOTS", int, 4, minimum=0),
+    KnobSpec("prefetch_pool", "HOTSPLIT_PREFETCH_POOL", str, "shared", choices=PREFETCH_POOLS),
+    KnobSpec("prefetch_guesses", "HOTSPLIT_PREFETCH_GUESSES", int, 12, minimum=1),
 )
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 
@@ -66,6 +73,11 @@ KNOB_MEANINGS = {
     "eplb_steps": "EP: engine steps between live expert-parallel rebalances (0 = off)",
     "ep_exchange": "EP: how ranks exchange tokens: a2a (all_to_all_single) or allgather (all-gather, then "
                    "reduce-scatter)",
+    "prefetch": "What predicts the next layer's experts for the staging slots: off, lookahead (the next "
+                "layer's router), trace (a predictor fitted on a trace) or auto (docs/prefetch.md)",
+    "prefetch_slots": "Staging slots for prefetched experts, carved from the hot budget",
+    "prefetch_pool": "Staging slots for each layer (layer) or one pool for all layers (shared)",
+    "prefetch_guesses": "Guesses per token of the next layer's experts (past top_k widens)",
     "precision": "How routed experts are stored: native, fp8 (e4m3, 128x128 block scales) or mxfp4 (e2m1, a "
                  "scale per 32 inputs)",
 }
@@ -94,6 +106,10 @@ class Knobs:
     dyn_rule: str = "credit"  # credit (planner.SwapRule) | breakeven (hotset/admission.py: swaps that pay in bytes)
     dyn_sigmas: float = DYN_SIGMAS  # breakeven: Poisson standard deviations an incoming score must lead by
     precision: str = "native"  # native | fp8 | mxfp4 | auto (per expert, chosen by `plan`)
+    prefetch: str = "off"  # off | lookahead (the next layer's router) | trace (a fitted predictor) | auto (the plan's)
+    prefetch_slots: int = 4  # staging slots, per layer or shared (prefetch_pool), carved from the hot budget
+    prefetch_pool: str = "shared"  # layer | shared
+    prefetch_guesses: int = 12  # guesses per token of the next layer's experts (past top_k widens)
 
     def to_doc(self) -> dict:
         return {k: getattr(self, k) for k in KNOB_NAMES}
@@ -182,3 +198,12 @@ def check_ep_knobs(knobs: Knobs, ep: int, recipe_name: str) -> None:
     if ep == 1 and given:
         raise UsageError(f"{' and '.join(given)}: expert-parallel options, but recipe {recipe_name!r} runs on one "
                          "rank (parallel.ep: 1)", "drop them, or use a recipe with ep > 1 (e.g. tiny-ep4)")
+
+
+def check_prefetch_runs(knobs: Knobs) -> None:
+    """UsageError when a run is asked to stage experts: the runtime has no staging slots yet, and a
+    run that ignored the knob would report figures the user did not ask for."""
+    if knobs.prefetch in ("lookahead", "trace"):
+        raise UsageError(f"{knobs.origin('prefetch')}={knobs.prefetch}: the runtime does not stage experts yet",
+                         "judge prefetch with `hotsplit simulate --prefetch trace` and `hotsplit plan --platform`; "
+                         "run with prefetch off or auto")

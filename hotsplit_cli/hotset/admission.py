@@ -75,8 +75,16 @@ class BreakEvenRule:
     def pays(self, s_in: float, s_out: float, margin: float) -> bool:
         """Whether bringing in a cold expert of decayed score `s_in` for a hot one of `s_out` pays."""
         p_in, p_out = (1.0 - math.exp(-s / self.steps) for s in (s_in, s_out))
-        return (self.horizon * (p_in - p_out) > 1.0 and s_in > margin * s_out
+        return (copy_pays(self.horizon * (p_in - p_out)) and s_in > margin * s_out
                 and s_in - s_out > self.sigmas * math.sqrt(s_in + s_out))
+
+
+def copy_pays(reads_saved: float, copy_price: float = 1.0) -> bool:
+    """The one admission rule of every move into GPU memory (a swap, a prefetch): the expected
+    cold reads it saves exceed its copy, priced in cold reads of the same bytes. A swap's copy
+    costs one read (`copy_price` 1); a prefetch's copy costs the share of it that compute does not
+    hide (analysis/prefetch.py)."""
+    return reads_saved > copy_price
 
 
 def make_swap_rule(rule: str, decay: float, window_steps: int, sigmas: float):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hotsplit_cli.config.knobs import PRECISIONS as PRECISION_KNOBS
-from hotsplit_cli.config.knobs import Knobs, check_ep_knobs
+from hotsplit_cli.config.knobs import Knobs, check_ep_knobs, check_prefetch_runs
 from hotsplit_cli.config.recipe import Recipe, recipe_file
 from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.core.jsonio import read_json_doc, schema_tag
@@ -29,6 +29,7 @@ from hotsplit_cli.hotset.precision_plan import (
     routed_probs,
     uniform_choice,
 )
+from hotsplit_cli.hotset.prefetch_plan import PrefetchPlan, prefetch_for_plan
 from hotsplit_cli.hotset.quality import load_quality
 from hotsplit_cli.hotset.sizes import PRECISIONS, expert_bytes_per_rank
 from hotsplit_cli.traffic.hist import Histogram, file_sha256, load_hist
@@ -163,6 +164,7 @@ class PlanResult:
     rank_times: list | None = None  # ranktime.RankTimes per batch: every rank's cold reads (placement + rate)
     held_out: HeldOut | None = None  # the hit rate on traffic the plan has not seen (rolling origin)
     precision: PrecisionChoice | None = None  # every expert's stored precision and its expected error
+    prefetch: PrefetchPlan | None = None  # whether staging slots pay, and how many (a platform, one rank)
 
 
 def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path | None = None,
@@ -215,8 +217,29 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
         pi, hot = (routing_probs(hist), not_cold_LE) if layout is None else rank0_slots(hist, layout, phys)
         cold_paths = cold_path_prediction(hist, hot, recipe, platform, warn, pi_LE=pi, stored_bytes=size)
     held = held_out_hit_rates(hist, recipe, budget.budget_bytes, layout, choice)
+    prefetch = None  # staging slots are priced for one rank at one stored precision
+    if platform is not None and layout is None and recipe.parallel.ep == 1 and rate.zero_copy_gbps \
+            and knobs.precision != "auto":
+        prefetch = prefetch_for_plan(hist, knobs, rate, budget.budget_bytes,
+                                     ColdAt(hist, recipe, size, rate.gbps, precision=knobs.precision))
     return PlanResult(hist, hist_path, recipe, knobs, plan, budget, rate, costs, platform_path, layout,
-                      placement_path, cold_paths, times, held, choice)
+                      placement_path, cold_paths, times, held, choice, prefetch)
+
+
+@dataclass(frozen=True)
+class ColdAt:
+    """Cold experts per step at each batch for the hot set planned at a budget (prefetch's carving)."""
+
+    hist: Histogram
+    recipe: Recipe
+    expert_bytes: int
+    read_gbps: float
+    batches: tuple[int, ...] = BATCH_SIZES
+    precision: str = "native"  # the stored precision the hot set is planned at
+
+    def __call__(self, budget_bytes: int) -> list[float]:
+        hot = plan_counts_for_recipe(self.hist.counts_LE, self.recipe, budget_bytes, self.precision).hot_RLE[0]
+        return [c.cold_experts for c in cold_costs(self.hist, hot, self.expert_bytes, self.read_gbps, self.batches)]
 
 
 def _plan_precision(hist: Histogram, recipe: Recipe, precision: str, budget_bytes: int, layout,
@@ -353,6 +376,13 @@ def plan_doc(result: PlanResult) -> dict:
             ranks[r]["hit_rate"] = float(rate)
             if result.held_out is not None and result.held_out.ranks:
                 ranks[r]["out_of_sample"] = result.held_out.ranks[r].to_doc()
+    doc.update(_platform_doc(result))
+    return doc
+
+
+def _platform_doc(result: PlanResult) -> dict:
+    """What plan.json predicts from a platform: decode cost, cold paths, rank times, prefetch."""
+    doc = {}
     if result.costs is not None:
         doc["platform"] = str(result.platform_path) if result.platform_path else None
         doc["decode_cost_read_gbps"] = {"gbps": result.rate.gbps, "source": result.rate.source}
@@ -364,6 +394,8 @@ def plan_doc(result: PlanResult) -> dict:
         doc["cold_paths"] = result.cold_paths
     if result.rank_times is not None:
         doc["rank_times"] = [t.to_doc() for t in result.rank_times]  # step_ms: sum over layers of the slowest rank
+    if result.prefetch is not None:
+        doc["prefetch"] = result.prefetch.to_doc()
     return doc
 
 
@@ -574,6 +606,7 @@ def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | 
             raise UsageError(f"run stores every routed expert at one precision; precision auto "
                              f"({knobs.origin('precision')}) is for `plan`",
                              "run at native, fp8 or mxfp4, with a plan made at that precision")
+        check_prefetch_runs(knobs)
     if plan_path is not None:
         m = recipe.model
         plan = load_plan(plan_path)

@@ -34,7 +34,10 @@ BAD = [
     ("dyn_decay", "1.5", "<= 1"), ("dyn_decay", "-0.1", ">= 0"), ("dyn_decay", "nan", "finite"),
     ("dyn_rule", "lfu", "must be one of credit, breakeven, got 'lfu'"), ("dyn_rule", "", "must be set"),
     ("dyn_sigmas", "-1", ">= 0"), ("dyn_sigmas", "inf", "finite"),
-    ("precision", "int4", "must be one of native, fp8, mxfp4, got 'int4'"), ("precision", "", "must be set"),
+    ("precision", "int4", "must be one of native, fp8, mxfp4, auto, got 'int4'"), ("precision", "", "must be set"),
+    ("prefetch", "router", "must be one of off, lookahead, trace, auto, got 'router'"), ("prefetch", "", "must be set"),
+    ("prefetch_slots", "-1", ">= 0"), ("prefetch_slots", "2.5", "integer"),
+    ("prefetch_pool", "ring", "must be one of layer, shared"), ("prefetch_guesses", "0", ">= 1"),
 ]
 
 
@@ -51,6 +54,15 @@ def test_dyn_rule_and_sigmas_precedence_and_defaults():
     k = resolve_knobs({"dyn_rule": "credit", "dyn_sigmas": 1}, {"HOTSPLIT_DYN_RULE": "breakeven"}, {"dyn_sigmas": "3"})
     assert (k.dyn_rule, k.sources["dyn_rule"]) == ("breakeven", "env")
     assert (k.dyn_sigmas, k.sources["dyn_sigmas"]) == (3.0, "flag")
+
+
+def test_prefetch_knobs_precedence_and_defaults():
+    k = resolve_knobs({}, {}, {})
+    assert (k.prefetch, k.prefetch_slots, k.prefetch_pool, k.prefetch_guesses) == ("off", 4, "shared", 12)
+    k = resolve_knobs({"prefetch": "lookahead", "prefetch_slots": 1}, {"HOTSPLIT_PREFETCH": "trace"},
+                      {"prefetch_slots": "2", "prefetch_guesses": "24"})
+    assert (k.prefetch, k.sources["prefetch"]) == ("trace", "env")
+    assert (k.prefetch_slots, k.prefetch_guesses, k.sources["prefetch_slots"]) == (2, 24, "flag")
 
 
 def test_cold_path_precedence():

@@ -230,7 +230,7 @@ def test_cli_simulate_json_and_plot(cli, drift_trace, tmp_path):
 
 
 def test_cli_simulate_dyn_decay_zero_is_the_last_window_rule(cli, drift_trace, monkeypatch):
-    from hotsplit_cli.analysis import simulate as sim
+    from hotsplit_cli.analysis import swap_windows as sim  # where the dynamic policy makes its rule
 
     seen = []
     real = sim.make_swap_rule
@@ -246,7 +246,7 @@ def test_cli_simulate_dyn_decay_zero_is_the_last_window_rule(cli, drift_trace, m
 
 
 def test_cli_simulate_dyn_rule_and_sigmas_reach_the_rule(cli, drift_trace, monkeypatch):
-    from hotsplit_cli.analysis import simulate as sim
+    from hotsplit_cli.analysis import swap_windows as sim  # where the dynamic policy makes its rule
 
     seen = []
     real = sim.make_swap_rule
