@@ -612,6 +612,8 @@ def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | 
         plan = load_plan(plan_path)
         plan.hot_LE(m.moe_layer_ids, m.num_experts, model=recipe.name)
         check_plan_ranks(plan, recipe)
+        if plan.placement is not None:  # the placement it names is there, unchanged, and fits
+            placement_of_plan(plan, m.moe_layer_ids, m.num_experts, recipe.parallel.ep)
         if knobs is not None:
             check_plan_budget(knobs, plan)
             check_plan_precision(plan, knobs)

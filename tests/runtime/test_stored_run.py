@@ -75,7 +75,7 @@ def test_run_stores_the_precision_its_flag_asks_for_and_refuses_a_bad_one_in_one
     log = tmp_path / "log.jsonl"
     bad = cli("run", "tiny", "--precision", "int4", "--steps", "3", "--log-jsonl", str(log))
     assert bad.code == 2 and bad.out == ""
-    assert bad.err.strip() == "error: --precision: must be one of native, fp8, mxfp4, got 'int4'"
+    assert bad.err.strip() == "error: --precision: must be one of native, fp8, mxfp4, auto, got 'int4'"
     assert not log.exists()
 
 
