@@ -123,7 +123,7 @@ def ledger(
         hist=histogram,
         hist_path=hist,
         warn=out.warn,
-        host=host_fit(rec, platform),
+        host=host_fit(rec, platform, precision=uniform_precision(knobs)),
         precision=uniform_precision(knobs),
     )
     doc = {"schema": schema_tag("ledger"), **result.to_doc(), "histogram": str(hist) if hist else None}

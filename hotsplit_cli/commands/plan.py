@@ -45,7 +45,8 @@ def plan_cmd(
     rec = load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "precision": precision})
     result = make_plan(hist_file, rec, knobs, platform, placement, out.warn, max_error)
-    host = host_fit(rec, platform)
+    stored = "native" if knobs.precision == "auto" else knobs.precision  # auto: no expert above native
+    host = host_fit(rec, platform, precision=stored)
     if host is not None and not host.fits:
         out.warn(host.explain())
     doc = plan_doc(result)

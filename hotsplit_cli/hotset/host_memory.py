@@ -38,16 +38,18 @@ class HostFit:
         return {**dataclasses.asdict(self), "fits": self.fits, "share": HOST_MEMORY_SHARE}
 
 
-def node_bank_bytes(recipe: Recipe, scale: float = 1.0) -> int:
-    """Every routed expert once, whole (a node's ranks share its cold bank); `scale` shrinks
-    hidden and expert sizes as a scaled CPU run allocates them."""
+def node_bank_bytes(recipe: Recipe, scale: float = 1.0, precision: str = "native") -> int:
+    """Every routed expert once, whole (a node's ranks share its cold bank), at its stored
+    `precision`; `scale` shrinks hidden and expert sizes as a scaled CPU run allocates them."""
     whole = dataclasses.replace(recipe, parallel=ParallelSpec(tp=1, ep=1))
     m = recipe.model
-    return int(expert_bytes_per_rank(whole) * m.num_experts * m.num_moe_layers * scale * scale)
+    return int(expert_bytes_per_rank(whole, precision) * m.num_experts * m.num_moe_layers * scale * scale)
 
 
-def host_fit(recipe: Recipe, platform_path: str | Path | None = None, scale: float = 1.0) -> HostFit | None:
-    """The recipe's host memory when it gives one, else the probe's; None when neither does."""
+def host_fit(recipe: Recipe, platform_path: str | Path | None = None, scale: float = 1.0,
+             precision: str = "native") -> HostFit | None:
+    """The recipe's host memory when it gives one, else the probe's, against the banks at their
+    stored `precision`; None when neither gives one."""
     host, source = None, ""
     if recipe.hardware.host_mem_gib is not None:
         host, source = int(recipe.hardware.host_mem_gib * GIB), "recipe hardware.host_mem_gib"
@@ -57,11 +59,12 @@ def host_fit(recipe: Recipe, platform_path: str | Path | None = None, scale: flo
         available = load_platform(platform_path).host_mem_available_bytes
         if available:
             host, source = available, f"{platform_path}: host memory available"
-    return None if host is None else HostFit(node_bank_bytes(recipe, scale), host, source)
+    return None if host is None else HostFit(node_bank_bytes(recipe, scale, precision), host, source)
 
 
-def check_host_fits(recipe: Recipe, platform_path: str | Path | None, scale: float | None) -> None:
+def check_host_fits(recipe: Recipe, platform_path: str | Path | None, scale: float | None,
+                    precision: str = "native") -> None:
     """Refuse a run whose cold banks do not fit the host memory it was given, before allocating."""
-    fit = host_fit(recipe, platform_path, recipe.run.scale if scale is None else scale)
+    fit = host_fit(recipe, platform_path, recipe.run.scale if scale is None else scale, precision)
     if fit is not None and not fit.fits:
         raise RuntimeFailure(fit.explain(), "use a host with more memory, more nodes, or a smaller --scale")

@@ -58,6 +58,21 @@ def test_run_whose_cold_bank_cannot_fit_is_refused_before_it_allocates(tmp_path,
     assert err.startswith("error: the cold banks need 0.02 GiB page-locked per node, above 80% of the 0.00 GiB")
 
 
+def test_the_banks_are_judged_at_their_stored_precision(tmp_path, capsys):
+    """Stored precisions shrink the banks: DeepSeek-V3's 609 GiB of fp8 cold banks do not fit in
+    80% of a 640 GiB host, the same experts stored at mxfp4 do."""
+    from hotsplit_cli.config.recipe import load_recipe
+    from hotsplit_cli.hotset.host_memory import node_bank_bytes
+
+    rec = load_recipe("tiny")
+    assert node_bank_bytes(rec, precision="fp8") < 0.6 * node_bank_bytes(rec)
+    recipe = str(_with_host(tmp_path, "deepseek-v3", 640))
+    for precision, flagged in (("native", True), ("mxfp4", False)):
+        assert main(["ledger", recipe, "--precision", precision, "--json"]) == 0
+        flags = json.loads(capsys.readouterr().out)["flags"]
+        assert bool([f for f in flags if f["kind"] == "host_mem"]) == flagged, precision
+
+
 def test_a_scaled_run_is_judged_on_what_it_pins():
     """--scale shrinks hidden and expert sizes: the bank it pins is scale^2 of the full one."""
     from hotsplit_cli.config.recipe import load_recipe
