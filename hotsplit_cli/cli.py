@@ -31,7 +31,9 @@ def _hide_flag_types() -> None:
         from typer.core import TyperOption
     except ImportError:  # pragma: no cover - older typer prints no type on flags
         return
-    shown = TyperOption.display_type_rich
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None:  # a typer without rich type columns (the one a CUDA image may bring) shows none
+        return
 
     def display_type_rich(self, ctx):
         return None if self.is_flag else shown(self, ctx)
