@@ -152,7 +152,8 @@ step_bench_runtime() {
   local args=(--json --reps 10)
   # On a GPU: DeepSeek-V3 experts at a quarter of their size (a CPU gets the tiny recipe).
   [ "$HAS_CUDA" = 1 ] && args+=(--recipe deepseek-v3 --scale 0.25 --layers 2)
-  run_step bench_runtime "$1" 30 "$PY" benchmarks/bench_runtime.py "${args[@]}"
+  # Making 256 experts' weights and their fp8 bytes takes most of it: 30 s was not enough on an H200.
+  run_step bench_runtime "$1" 60 "$PY" benchmarks/bench_runtime.py "${args[@]}"
 }
 step_bench_probe() { run_step bench_probe "$1" 30 "$PY" benchmarks/bench_probe.py; }
 step_bench_cold_path() {
@@ -166,7 +167,8 @@ step_bench_cold_path() {
 step_ep_run() { run_step ep_run "$1" 60 "${HS[@]}" run tiny-ep4 --steps 10 --json; }
 # The suite's EP tests (every token against the reference, a rebalance mid-run) with every rank on the GPU.
 step_ep_tests() {
-  HOTSPLIT_TEST_EP_DEVICE=cuda run_step ep_tests "$1" 120 "$PY" -m pytest -q -p no:cacheprovider \
+  # -v: one line per test, even if the step is killed
+  HOTSPLIT_TEST_EP_DEVICE=cuda run_step ep_tests "$1" 120 "$PY" -m pytest -v --tb=short -rfE -p no:cacheprovider \
     tests/runtime/test_ep.py -k "reference"
 }
 

@@ -4,6 +4,7 @@ Each job is a few tiny steps, bounded in time, and leaves no process behind."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 from hotsplit_runtime.moe import MoEGeometry, ReferenceMoE, make_layer_weights
 from hotsplit_runtime.precision import stored_format
+from hotsplit_runtime.selftest import assert_matches
 from hotsplit_runtime.stored_run import stored_run
 
 from hotsplit_cli.config.recipe import load_recipe
@@ -34,18 +36,35 @@ from .ep.harness import (
 WORKER = str(REPO / "tests" / "runtime" / "ep" / "worker.py")
 
 
-# The CPU runs the float32 reference's own arithmetic; a GPU's kernels sum in other orders.
-TOL = 2e-5 if EP_TEST_DEVICE == "cpu" else 2e-3
+# The CPU runs the float32 reference's own arithmetic. A GPU runs in bfloat16: the reference then
+# computes in float32 on the bfloat16 weights, and outputs match at bf16's tolerance (selftest).
+RUN_DTYPE = torch.float32 if EP_TEST_DEVICE == "cpu" else torch.bfloat16
+TOL = 2e-5
 
 
 def _reference(recipe_path):
-    """The recipe's MoE all resident, its experts dequantised from the precision the run stores."""
+    """The recipe's MoE all resident, its experts dequantised from the precision the run stores,
+    with the weights the run made (in its dtype), computed in float32."""
     rec = load_recipe(recipe_path)
     precision = rec.knobs.get("precision", "native")
     geom = stored_run(rec, precision, rec.run.scale).geom
-    layers = [make_layer_weights(geom, rec.run.seed * 1000 + li, torch.float32, stored_format(precision))
+    layers = [make_layer_weights(geom, rec.run.seed * 1000 + li, RUN_DTYPE, stored_format(precision))
               for li in range(rec.model.num_moe_layers)]
-    return rec, ReferenceMoE(layers, torch.device("cpu"))
+    as_float = [dataclasses.replace(lw, w13_EIH=lw.w13_EIH.float(), w2_EHI=lw.w2_EHI.float(),
+                                    shared_w13=None if lw.shared_w13 is None else lw.shared_w13.float(),
+                                    shared_w2=None if lw.shared_w2 is None else lw.shared_w2.float())
+                for lw in layers]
+    return rec, ReferenceMoE(as_float, torch.device("cpu"))
+
+
+def _assert_step(got: torch.Tensor, want: torch.Tensor, where: str) -> None:
+    if RUN_DTYPE == torch.float32:
+        torch.testing.assert_close(got, want, rtol=TOL, atol=TOL, msg=lambda m: f"{where}: {m}")
+    else:
+        try:
+            assert_matches(got, want, RUN_DTYPE)
+        except AssertionError as exc:
+            raise AssertionError(f"{where}: {exc}") from None
 
 
 def _check_against_reference(recipe_path, out_dir, ranks):
@@ -58,8 +77,7 @@ def _check_against_reference(recipe_path, out_dir, ranks):
             ids = torch.from_numpy(d["ids"][s].astype(np.int64))
             w = torch.full(ids.shape, 1.0 / K)
             want = ref.step(torch.from_numpy(d["x"][s]), ids, w)
-            torch.testing.assert_close(torch.from_numpy(d["out"][s]), want, rtol=TOL, atol=TOL,
-                                       msg=lambda m, r=r, s=s: f"rank {r} step {s}: {m}")
+            _assert_step(torch.from_numpy(d["out"][s]), want, f"rank {r} step {s}")
             steps += 1
     assert steps == ranks * rec.run.steps
     return json.loads((out_dir / "job.json").read_text())

@@ -57,14 +57,17 @@ def _capture(self, routed):
         (Path(sys.argv[2]) / f"mem{os.environ['RANK']}.json").write_text(json.dumps(_shared_bank_memory()))
         dist.barrier()
     _step(self, routed)
-    x = self.x_TH.detach().cpu().clone()  # this step's input: drawn at the start of the step
+    x = _host(self.x_TH)  # this step's input: drawn at the start of the step
     ids, w = routed
-    captured.append((x.numpy(), _host(ids), None if w is None else _host(w), self.out_TH.detach().cpu().numpy().copy(),
-                     self.model.hot_LE().copy()))
+    captured.append((x, _host(ids), None if w is None else _host(w), _host(self.out_TH), self.model.hot_LE().copy()))
 
 
 def _host(a) -> np.ndarray:
-    return a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
+    """A copy in host memory; 16-bit floats (a GPU run's bfloat16, which numpy lacks) as float32."""
+    if not hasattr(a, "detach"):
+        return np.asarray(a)
+    a = a.detach().cpu()
+    return (a.float() if a.is_floating_point() else a).numpy().copy()
 
 
 def _fixed_rates(bank, info):
