@@ -145,6 +145,14 @@ class TritonExperts:
             self._sms = torch.cuda.get_device_properties(device).multi_processor_count
         return split_for(programs, h_tiles, PROGRAMS_PER_SM * self._sms)
 
+    def tile_scaled(self, fp8: FP8Meta) -> tuple[bool, bool]:
+        """Whether every weight tile of (gate/up, down) lies inside one fp8 scale block, so that one
+        scale per tile multiplies its partial sums: the gate/up tile is BLOCK_I rows x BLOCK_H
+        columns of w13, the down tile BLOCK_H rows x BLOCK_I_DOWN columns of w2, each starting at a
+        multiple of its size. True for 128x128 blocks and the default tiles."""
+        return (fp8.bm % self.block_i == 0 and fp8.bn % self.block_h == 0,
+                fp8.bm % self.block_h == 0 and fp8.bn % self.block_i_down == 0)
+
     def native_dot(self, dtype: torch.dtype) -> bool:
         """16-bit weights multiply in their own dtype on tensor cores (float32 accumulation; the
         activation is rounded to that dtype before the down projection, as the reference rounds it),
@@ -172,6 +180,7 @@ class TritonExperts:
         native = self.native_dot(compute_dtype)
         fp8 = bank.fp8_meta or _NO_FP8  # where a block-scaled fp8 blob keeps its scales
         f8 = dict(FP8=bank.fp8_meta is not None, BM=fp8.bm, BN=fp8.bn)
+        tile_gu, tile_down = self.tile_scaled(fp8)
         N = blocks.num_blocks
         i_tiles, h_tiles = -(-INTER // self.block_i), -(-H // self.block_h)
         split = self._split(N * i_tiles, H, x.device)
@@ -185,14 +194,14 @@ class TritonExperts:
             x, *meta, bank.expert2slot_E, bank.hot_SB, bank.cold_read_EB, gu, H, INTER, blob_stride, tiles_per_split,
             fp8.s1_offset, fp8.s1_rows, fp8.s1_cols,
             K=K, BLOCK_T=self.block_t, BLOCK_I=self.block_i, BLOCK_H=self.block_h, USE_DOT=self.use_dot,
-            NATIVE=native, SPLIT=split, **f8)
+            NATIVE=native, SPLIT=split, TILE_SCALE=tile_gu, **f8)
         if split > 1:
             act = (F.silu(gu[:, :INTER]) * gu[:, INTER:]).contiguous()
         k.down_kernel[(N, h_tiles)](
             act, blocks.order_A, wts, *meta[1:], bank.expert2slot_E, bank.hot_SB, bank.cold_read_EB, out, H, INTER,
             blob_stride, bank.w2_offset, fp8.s2_offset, fp8.s2_cols,
             BLOCK_T=self.block_t, BLOCK_H=self.block_h, BLOCK_I=self.block_i_down, USE_DOT=self.use_dot_down,
-            NATIVE=native, BF16=compute_dtype == torch.bfloat16, **f8)
+            NATIVE=native, BF16=compute_dtype == torch.bfloat16, TILE_SCALE=tile_down, **f8)
         return out.view(T, K, H).sum(dim=1).to(x_TH.dtype)
 
 

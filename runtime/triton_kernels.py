@@ -66,11 +66,12 @@ def gate_up_kernel(x_ptr, order_ptr, blk_expert_ptr, blk_start_ptr, blk_count_pt
                    out_ptr, H, INTER, blob_stride, tiles, s_off, s_rows, s_cols, K: tl.constexpr,
                    BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, USE_DOT: tl.constexpr,
                    NATIVE: tl.constexpr, SPLIT: tl.constexpr, FP8: tl.constexpr, BM: tl.constexpr,
-                   BN: tl.constexpr):
+                   BN: tl.constexpr, TILE_SCALE: tl.constexpr):
     """SPLIT == 1: act [A, I] = silu(gate) * up. SPLIT > 1: program (n, i, s) sums the s-th
     chunk of H and adds its partial gate and up into out [A, 2I] (float32, zeroed).
     FP8: the blob is bytes, w13 is e4m3 and its block scales (float32 [2, s_rows, s_cols]:
-    gate, then up) start at byte s_off; each weight tile is dequantised as it is read."""
+    gate, then up) start at byte s_off; each weight tile is dequantised as it is read, or, with
+    TILE_SCALE (every tile inside one scale block), scaled once on its partial sums."""
     pid_n = tl.program_id(0)
     pid_i = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -95,16 +96,26 @@ def gate_up_kernel(x_ptr, order_ptr, blk_expert_ptr, blk_start_ptr, blk_count_pt
         m2 = mask_h[:, None] & mask_i[None, :]
         wg = tl.load(base + offs_i[None, :] * H + offs_h[:, None], mask=m2, other=0.0)
         wu = tl.load(base + (offs_i[None, :] + INTER) * H + offs_h[:, None], mask=m2, other=0.0)
-        if FP8:  # value x block scale, in the activations' dtype for 16-bit dots, else float32
-            sg = _block_scale(s_ptr, offs_i[None, :], offs_h[:, None], s_cols, m2, BM, BN)
-            su = _block_scale(s_ptr + s_rows * s_cols, offs_i[None, :], offs_h[:, None], s_cols, m2, BM, BN)
-            wg = wg.to(tl.float32) * sg
-            wu = wu.to(tl.float32) * su
-            if NATIVE:
-                wg = wg.to(xv.dtype)
-                wu = wu.to(xv.dtype)
-        acc_g += _matmul(xv, wg, USE_DOT, NATIVE)
-        acc_u += _matmul(xv, wu, USE_DOT, NATIVE)
+        if FP8 and TILE_SCALE:  # one scale for the whole tile: e4m3 is exact in 16 bits, the scale
+            # multiplies the tile's partial sums (one load, no per-element gather or multiply)
+            h0 = (pid_s * tiles + t) * BLOCK_H  # past H in the last split's spare tiles: no scale
+            s_at = s_ptr + (pid_i * BLOCK_I // BM) * s_cols + h0 // BN
+            sg = tl.load(s_at, mask=h0 < H, other=0.0)
+            su = tl.load(s_at + s_rows * s_cols, mask=h0 < H, other=0.0)
+            wdt = xv.dtype if NATIVE else tl.float32
+            acc_g += _matmul(xv, wg.to(wdt), USE_DOT, NATIVE) * sg
+            acc_u += _matmul(xv, wu.to(wdt), USE_DOT, NATIVE) * su
+        else:
+            if FP8:  # value x block scale, in the activations' dtype for 16-bit dots, else float32
+                sg = _block_scale(s_ptr, offs_i[None, :], offs_h[:, None], s_cols, m2, BM, BN)
+                su = _block_scale(s_ptr + s_rows * s_cols, offs_i[None, :], offs_h[:, None], s_cols, m2, BM, BN)
+                wg = wg.to(tl.float32) * sg
+                wu = wu.to(tl.float32) * su
+                if NATIVE:
+                    wg = wg.to(xv.dtype)
+                    wu = wu.to(xv.dtype)
+            acc_g += _matmul(xv, wg, USE_DOT, NATIVE)
+            acc_u += _matmul(xv, wu, USE_DOT, NATIVE)
     m_out = mask_t[:, None] & mask_i[None, :]
     if SPLIT == 1:
         act = acc_g * tl.sigmoid(acc_g) * acc_u
@@ -119,7 +130,8 @@ def gate_up_kernel(x_ptr, order_ptr, blk_expert_ptr, blk_start_ptr, blk_count_pt
 def down_kernel(act_ptr, order_ptr, w_ptr, blk_expert_ptr, blk_start_ptr, blk_count_ptr, e2s_ptr, hot_ptr,
                 cold_ptr, out_ptr, H, INTER, blob_stride, w2_offset, s_off, s_cols, BLOCK_T: tl.constexpr,
                 BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr, USE_DOT: tl.constexpr, NATIVE: tl.constexpr,
-                FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BF16: tl.constexpr):
+                FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BF16: tl.constexpr,
+                TILE_SCALE: tl.constexpr):
     """FP8: w2 is e4m3 with float32 block scales [.., s_cols] at byte s_off of the blob,
     dequantised to bfloat16 (BF16) or float16 when NATIVE."""
     pid_n = tl.program_id(0)
@@ -140,11 +152,16 @@ def down_kernel(act_ptr, order_ptr, w_ptr, blk_expert_ptr, blk_start_ptr, blk_co
         # Weight tile [BLOCK_I, BLOCK_H] of w2 [H, I].
         m2 = mask_i[:, None] & mask_h[None, :]
         wd = tl.load(base + offs_h[None, :] * INTER + offs_i[:, None], mask=m2, other=0.0)
-        if FP8:
-            sd = _block_scale(s_ptr, offs_h[None, :], offs_i[:, None], s_cols, m2, BM, BN)
-            wd = wd.to(tl.float32) * sd
-            if NATIVE:  # 16-bit weights for the tensor cores, as the activations' dtype
-                wd = wd.to(tl.bfloat16 if BF16 else tl.float16)
-        acc += _matmul(av, wd, USE_DOT, NATIVE)
+        if FP8 and TILE_SCALE:  # one scale for the tile, on its partial sums (as gate_up_kernel)
+            sd = tl.load(s_ptr + (pid_h * BLOCK_H // BM) * s_cols + i0 // BN)
+            wdt = (tl.bfloat16 if BF16 else tl.float16) if NATIVE else tl.float32
+            acc += _matmul(av, wd.to(wdt), USE_DOT, NATIVE) * sd
+        else:
+            if FP8:
+                sd = _block_scale(s_ptr, offs_h[None, :], offs_i[:, None], s_cols, m2, BM, BN)
+                wd = wd.to(tl.float32) * sd
+                if NATIVE:  # 16-bit weights for the tensor cores, as the activations' dtype
+                    wd = wd.to(tl.bfloat16 if BF16 else tl.float16)
+            acc += _matmul(av, wd, USE_DOT, NATIVE)
     wt = tl.load(w_ptr + a, mask=mask_t, other=0.0)
     tl.store(out_ptr + a[:, None] * H + offs_h[None, :], acc * wt[:, None], mask=mask_t[:, None] & mask_h[None, :])

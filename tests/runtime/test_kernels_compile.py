@@ -64,26 +64,33 @@ VARIANTS = [("bf16", True, (16, 32, 128)), ("fp16", True, (16, 32, 128)), ("fp32
             ("bf16", True, (4, 8, 16))]
 
 
-@pytest.mark.parametrize("fp8", [False, True], ids=["weights", "fp8-weights"])
+# fp8 weights: a scale per element (blocks that cut tiles) or one per tile (128x128 blocks).
+FP8_VARIANTS = [(False, False), (True, False), (True, True)]
+FP8_IDS = ["weights", "fp8-weights", "fp8-tile-scaled"]
+
+
+@pytest.mark.parametrize("fp8, tiled", FP8_VARIANTS, ids=FP8_IDS)
 @pytest.mark.parametrize("split", [1, 4])
 @pytest.mark.parametrize("w, native, blocks", VARIANTS)
-def test_gate_up_kernel_compiles_for_hopper(w, native, blocks, split, fp8):
+def test_gate_up_kernel_compiles_for_hopper(w, native, blocks, split, fp8, tiled):
     bt, bi, bh = blocks
     types = {**_common(w, fp8), "x_ptr": WEIGHT[w], "out_ptr": "*fp32"}
     dot = min(blocks) >= 16
     kernel = _compile(tk.gate_up_kernel, types, dict(K=8, BLOCK_T=bt, BLOCK_I=bi, BLOCK_H=bh, USE_DOT=dot,
-                                                     NATIVE=native, SPLIT=split, FP8=fp8, BM=128, BN=128))
+                                                     NATIVE=native, SPLIT=split, FP8=fp8, BM=128, BN=128,
+                                                     TILE_SCALE=tiled))
     _check_ptx(kernel, "gate_up_kernel", w, dot and native, fp8, atomic=split > 1)
 
 
-@pytest.mark.parametrize("fp8", [False, True], ids=["weights", "fp8-weights"])
+@pytest.mark.parametrize("fp8, tiled", FP8_VARIANTS, ids=FP8_IDS)
 @pytest.mark.parametrize("w, native, blocks", VARIANTS)
-def test_down_kernel_compiles_for_hopper(w, native, blocks, fp8):
+def test_down_kernel_compiles_for_hopper(w, native, blocks, fp8, tiled):
     bt, _, bh = blocks
     bi = 64 if min(blocks) >= 16 else 8
     types = {**_common(w, fp8), "act_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "w2_offset": "i32"}
     del types["s_rows"], types["tiles"]
     dot = min(bt, bi, bh) >= 16
     kernel = _compile(tk.down_kernel, types, dict(BLOCK_T=bt, BLOCK_H=bh, BLOCK_I=bi, USE_DOT=dot,
-                                                  NATIVE=native, FP8=fp8, BM=128, BN=128, BF16=w == "bf16"))
+                                                  NATIVE=native, FP8=fp8, BM=128, BN=128, BF16=w == "bf16",
+                                                  TILE_SCALE=tiled))
     _check_ptx(kernel, "down_kernel", w, dot and native, fp8)

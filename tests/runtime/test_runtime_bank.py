@@ -290,9 +290,12 @@ def test_triton_grouped_kernels_float16_multiply_in_weight_dtype(triton_interpre
     torch.testing.assert_close(compute(x, ids, w, bank), reference(x, ids, w), **tolerances(torch.float16))
 
 
-@pytest.mark.parametrize("fmt", [FP8_BLOCKS, Fp8Format(None)], ids=["blocks", "per-tensor"])
+@pytest.mark.parametrize("fmt, tiled", [(FP8_BLOCKS, (False, False)), (Fp8Format((32, 32)), (True, True)),
+                                        (Fp8Format(None), (True, True))], ids=["blocks", "tile-blocks", "per-tensor"])
 @pytest.mark.parametrize("split_h", [1, 3])
-def test_triton_grouped_kernels_fp8_dequantise_tiles_as_they_read_them(triton_interpreted, fmt, split_h):
+def test_triton_grouped_kernels_fp8_dequantise_tiles_as_they_read_them(triton_interpreted, fmt, tiled, split_h):
+    """Blocks of 8x12 cut the tiles: each element takes its own scale. Blocks of 32x32 (and a
+    per-tensor scale) hold whole tiles: one scale per tile, on its partial sums."""
     from hotsplit_runtime.kernels import TritonExperts
 
     g, bank, reference = _kernel_case(0.5, fp8=fmt)
@@ -300,6 +303,8 @@ def test_triton_grouped_kernels_fp8_dequantise_tiles_as_they_read_them(triton_in
     gen = torch.Generator().manual_seed(6)
     ids = torch.randint(0, 8, (9, 2), generator=gen)
     w, x = torch.rand(9, 2, generator=gen), torch.randn(9, g.hidden, generator=gen)
+    compute = TritonExperts(**BLOCKS["dot"], block_i_down=BLOCKS["dot"]["block_i"], split_h=split_h)
+    assert compute.tile_scaled(bank.fp8_meta) == tiled
     for blocks in BLOCKS.values():
         compute = TritonExperts(**blocks, block_i_down=blocks["block_i"], split_h=split_h)
         torch.testing.assert_close(compute(x, ids, w, bank), reference(x, ids, w), **tolerances(torch.float32))
