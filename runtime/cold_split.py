@@ -34,6 +34,7 @@ from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.coldpath import ColdRates, describe_rates, fit_rates, split_cold
 
 from .device import DeviceInfo, synchronizer
+from .moe import grouped_experts
 
 # Measured (benchmarks/bench_cpu_fp8.py, docs/benchmarks.md): dequantising a block-scaled fp8 expert on
 # the CPU and computing it streams 25-45x fewer bytes of stored weights per second than bf16.
@@ -210,12 +211,23 @@ class SplitExperts:
         self.name = f"{inner.name} + CPU cold path ({split.mode})"
 
     def __call__(self, x_TH, ids_TK, w_TK, bank, counts_E=None) -> torch.Tensor:
-        from .moe import grouped_experts
-
         return self.split(
             x_TH, ids_TK, w_TK, bank,
             lambda ids: self.inner(x_TH, ids, w_TK, bank, counts_E),
             lambda x, ids, w: grouped_experts(x, ids, w, bank.host_weights_of, bank.num_experts))
+
+
+class SplitBank:
+    """A checkpoint layer's experts (hf/bank.py `HFExpertBank`) with the cold experts divided by
+    `split`: the adapter's `.forward(experts, x, ids, w)`."""
+
+    def __init__(self, bank, split: ColdSplit):
+        self.bank, self.split = bank, split
+
+    def forward(self, experts, x_TH, ids_TK, w_TK) -> torch.Tensor:
+        b = self.bank
+        return self.split(x_TH, ids_TK, w_TK, b, lambda ids: b.forward(experts, x_TH, ids, w_TK),
+                          lambda x, ids, w: b.forward(experts, x, ids, w, host=True))
 
 
 # A quick measurement at the start of a run: the pool is read 35 times (a warm-up and 5 samples at
@@ -283,12 +295,3 @@ def make_split(mode: str, info: DeviceInfo, bank, platform=None) -> ColdSplit | 
     else:
         rates, where = measure_rates(bank, info)
     return ColdSplit(mode, rates, info, where, not_used)
-
-
-def attach(model, mode: str, info: DeviceInfo, platform=None) -> ColdSplit | None:
-    """Give the synthetic `model` the CPU cold path of `mode`. Before any Engine is made: the
-    engine reads `capturable` to decide on the CUDA graph."""
-    split = make_split(mode, info, model.banks[0], platform)
-    if split is not None:
-        model.compute = SplitExperts(model.compute, split)
-    return split

@@ -22,9 +22,9 @@ from hotsplit_cli.traffic.hist import load_hist
 from hotsplit_cli.traffic.synthetic import SyntheticTraffic, inclusion_probs, zipf_shares
 from hotsplit_cli.traffic.trace import Trace, load_replay
 
-from . import cold_split
 from .bank import expert_blob_layout
 from .built import Built
+from .cold_split import make_split
 from .device import DeviceInfo
 from .engine import Engine, RouterSource, synthetic_source
 from .fp8 import RELEASE_FP8
@@ -72,11 +72,11 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     blob = expert_blob_layout(2 * geom.inter, geom.hidden, dtype, layers[0].stored)
     _check_memory(geom, len(layers), blob.elems * blob.storage.itemsize, info, int(plan.hot_LE.sum()))
     compute = choose_compute(info, knobs.precision)
-    model = rank.on_bank(lambda allocator: HotColdMoE(layers, geom, plan.hot_LE, info, allocator, compute))
+    model = rank.on_bank(lambda allocator: HotColdMoE(layers, geom, plan.hot_LE, info, allocator, compute,
+                                                      lambda bank: make_split(knobs.cold_path, info, bank, platform)))
     model, source = parallel(model, traffic.source, rank)
     notes = experts.notes + traffic.notes
-    split = cold_split.attach(model, knobs.cold_path, info, platform)
-    if split is not None and info.graphs:
+    if knobs.cold_path != "gpu" and info.graphs:
         notes.append(f"cold_path {knobs.cold_path}: no CUDA graph (the split reads each layer's routing on the host)")
     engine = Engine(model, source, knobs, expert_bytes, seed=rank.seed(recipe.run.seed),
                     expected_hit_rate=plan.expected_hit_rate, use_graph=rank.use_graph)

@@ -45,8 +45,6 @@ import torch.distributed as dist
 
 from hotsplit_cli.placement.dispatch import ReplicaMap, choose_replicas
 
-from ..model import HotColdMoE
-
 # torch 2.13 renamed the single-tensor collectives (the old names warn FutureWarning on every
 # call); the same ops, gloo and NCCL both. Older torch has only the old names.
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -223,21 +221,34 @@ def make_exchange(mode: str, replicas: ReplicaMap, rank: int, world: int, group=
     return EXCHANGES[mode](replicas, rank, world, group=group, control=control)
 
 
-class ReceiveCounting:
-    """The layer exchange of both EP models (`EPMoE`, checkpoint.py `EPCheckpoint`), counting what this rank
-    receives: per step, since the last rebalance (`live_counts_LE`) and per layer (the exchange's loads)."""
+class ExpertParallel:
+    """A rank's built model (model.py `HotColdMoE`), its routed experts reached through `exchange`
+    (a layer around it: the model keeps its banks, swaps and counters, and is handed the exchange
+    as each step's routed computation). Its counters count the assignments this rank receives,
+    so hit rates and dynamic swaps are this rank's; `live_counts_LE` since the last rebalance."""
+
+    def __init__(self, model, exchange: AllToAll | AllGather):
+        self.model, self.exchange = model, exchange
+        self.live_counts_LE = torch.zeros(model.counts_LE.shape, dtype=torch.int64)
+        self._step_loads: list[int] = []  # this step's assignments received, per layer
+
+    def __getattr__(self, name: str):  # the rest (banks, swaps, device, geometry) is the model's
+        return getattr(self.__dict__["model"], name)
 
     @property
     def held_LE(self) -> np.ndarray:
         """bool [L, E]: the experts with a replica on this rank, by the map the exchange routes with."""
         return self.exchange.replicas.held_LE(self.exchange.rank)
 
-    def _init_receiving(self, exchange: AllToAll | AllGather, num_layers: int, num_experts: int) -> None:
-        self.exchange, self._step_loads = exchange, []
-        self.live_counts_LE = torch.zeros(num_layers, num_experts, dtype=torch.int64)
+    def read_counters(self, reset_window: bool = True) -> dict[str, np.ndarray]:
+        """The model's counters, its counts only of the experts held here now, so that a dynamic
+        swap never brings in an expert a rebalance took away."""
+        out = self.model.read_counters(reset_window)
+        out["counts_LE"][~self.held_LE] = 0.0
+        return out
 
-    def _exchange_layer(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor,
-                        counts_E: torch.Tensor, compute) -> torch.Tensor:
+    def exchange_layer(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor,
+                       counts_E: torch.Tensor, compute) -> torch.Tensor:
         """`compute(x_AH, ids_A1, w_A1)` computes the received assignments (K = 1, weight 1)."""
         sent = self.exchange.dispatch(li, x_TH, ids_TK, w_TK)
         e_A = sent.experts_A
@@ -246,33 +257,18 @@ class ReceiveCounting:
         y_AH = compute(sent.x_AH, e_A[:, None], torch.ones(len(e_A), 1, dtype=torch.float32, device=x_TH.device))
         return self.exchange.combine(sent, y_AH, w_TK, x_TH.shape[0])
 
-    def _end_receiving(self, step_LE: torch.Tensor) -> None:
+    def end_step(self, step_LE: torch.Tensor) -> None:
         self.live_counts_LE += step_LE
         self.exchange.stats.loads.append(self._step_loads)
         self._step_loads = []
 
-
-class EPMoE(ReceiveCounting, HotColdMoE):
-    """The hot/cold stack of one expert-parallel rank: every layer's bank holds the node's cold
-    bank of all E experts (shared, see shared_bank.py) and hot slots for experts placed on this
-    rank; the routed experts of each layer go through the exchange. Counters count the
-    assignments this rank receives, so hit rates and dynamic swaps are this rank's."""
-
-    @classmethod
-    def around(cls, model: HotColdMoE, exchange: AllToAll | AllGather) -> EPMoE:
-        """The built one-rank `model`, its banks and counters as they are, routed through `exchange`
-        (the one-rank model is not used after)."""
-        ep = cls.__new__(cls)
-        vars(ep).update(vars(model))  # the same tensors: nothing is allocated twice
-        ep._init_receiving(exchange, *model.counts_LE.shape)
-        return ep
-
-    def _routed(self, li: int, x_TH, ids_TK, w_TK, counts_E: torch.Tensor) -> torch.Tensor:
-        return self._exchange_layer(li, x_TH, ids_TK, w_TK, counts_E,
-                                    lambda x, ids, w: self.compute(x, ids, w, self.banks[li], counts_E))
-
     def step(self, x_TH, ids_LTK=None, w_LTK=None):
         self.exchange.begin_step(x_TH.shape[0])
-        h = super().step(x_TH, ids_LTK, w_LTK)
-        self._end_receiving(self.step_counts_LE.cpu())
+        h = self.model.step(x_TH, ids_LTK, w_LTK, routed=self._routed)
+        self.end_step(self.model.step_counts_LE.cpu())
         return h
+
+    def _routed(self, li: int, x_TH, ids_TK, w_TK, counts_E: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        return self.exchange_layer(li, x_TH, ids_TK, w_TK, counts_E,
+                                   lambda x, ids, w: m.compute(x, ids, w, m.banks[li], counts_E))
