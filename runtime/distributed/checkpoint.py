@@ -1,28 +1,14 @@
-"""A Hugging Face checkpoint expert-parallel: attention, dense layers and the KV cache replicated
-per rank (each rank generates its share of the prompts, DP attention), routed experts
-partitioned by the placement and reached through the synthetic runs' exchange
-(runtime/distributed/dispatch.py `AllToAll` / `AllGather`).
+"""A Hugging Face checkpoint expert-parallel (docs/runtime.md, "Checkpoints expert-parallel"):
+attention, dense layers and the KV cache per rank (each rank generates its share of the
+prompts), routed experts reached through the synthetic runs' exchange (dispatch.py).
 
-- The node's cold bank is filled from the checkpoint once (runtime/ranks.py `Rank.on_bank`,
-  around hf/run.py's load): the node's local rank 0 loads every tensor, the other ranks
-  map its files and read only the dense tensors.
-- Each MoE layer's experts module computes through `_EPLayer.forward` (the adapter's seam,
-  `state.bank.forward(experts, x, ids, w)`): this rank's real tokens (padding and finished
-  sequences are masked, as they are not counted) go to the ranks holding a replica of their
-  experts, each rank computes what it received with its own `HFExpertBank` (hot slot or cold
-  bank, as one rank does: K = 1, weight 1) and the outputs come back and are summed per token.
-- Lockstep: every rank takes part in every exchange of every step. A step begins with an
-  all_reduce of "still generating" (in the first MoE layer of a rank's forward, or before the
-  `empty_forward` of a rank whose prompts are done); a done rank sends empty batches through
-  every MoE layer in layer order until no rank generates (`lockstep`). Collectives are bounded by the
-  group's timeout (launch.COLLECTIVE_TIMEOUT_S), so no rank waits forever on a dead peer.
-- Counters count what this rank receives, against the map each step read, so its hit rate,
-  dynamic swaps and live rebalancing are this rank's, as in a synthetic EP run (dispatch.py
-  `ExpertParallel`).
+Lockstep: every rank takes part in every exchange of every step. A step begins with an
+all_reduce of "still generating" (in the first MoE layer of a rank's forward, or before the
+`empty_forward` of a rank whose prompts are done); a done rank sends empty batches through
+every MoE layer until no rank generates. Padding and finished sequences are not sent.
 
 Shape letters: T = tokens of a forward, K = top_k, H = hidden, A = assignments received,
-L = MoE layers, E = experts, S = steps, R = ranks.
-"""
+L = MoE layers, E = experts, S = steps, R = ranks."""
 
 from __future__ import annotations
 

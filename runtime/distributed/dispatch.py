@@ -1,38 +1,13 @@
-"""Dispatch and combine: each routed assignment to one replica of its expert, computed there on
-the rank's hot slot or cold bank, and its output back to the token's rank. Two exchanges
-(`ep_exchange`), the same replica rule, so the same assignments land on the same ranks and
-loads, hit rates and swaps are the same in both.
-
-**a2a** (`AllToAll`), per MoE layer and step, on every rank at once:
-1. the rank's assignments [T, K] get their physical slots by the replica rule
-   (`hotsplit_cli.placement.dispatch.choose_replicas`, the one every prediction uses) and are
-   sorted by the rank that holds each slot;
-2. the counts per destination go round the control group (an all_to_all_single of R numbers),
-   then the token rows and their logical expert ids go in one uneven all_to_all_single each
-   (the list forms of all_to_all do not work on gloo, so every exchange is the single-tensor one,
-   posted in the same order on every rank);
-3. the receiver computes what it received as A assignments with K = 1 and weight 1 through the
-   rank's own compute (hot slot or cold bank, cold_path gpu / cpu / split as a single rank does);
-4. the outputs come back by the reverse all_to_all_single and the sender sums
-   weight x output per token in float32, as the reference does.
-Bytes leaving a rank: the activation rows it sends to others and the outputs it returns to
-others, what the ledger's All-to-All formula predicts; ids and counts are counted apart.
-
-**allgather** (`AllGather`, vLLM's default):
-1. once per step the ranks' token counts go round the control group; every rank pads its
-   tokens to the largest count (uneven list all_gather does not work on gloo);
-2. per layer the ranks all-gather their routing (ids and weights, one float32 tensor, over the
-   control group) and their token rows (all_gather_single over the device group);
-3. each rank applies the replica rule to every source rank's tokens, as that source would, and
-   computes the assignments routed to the replicas it holds (in source, then (token, k) order:
-   the order a2a delivers them), summing weight x output per token in float32 into a partial
-   output of every rank's tokens;
-4. a reduce_scatter_single (in the activation dtype) sums the partials and hands each rank its
-   own tokens' outputs.
-Bytes leaving a rank: its padded rows to the R - 1 others, and the R - 1 other ranks' partial
-rows back, 2 x T_max x hidden x act_bytes x (R - 1), the ledger's all-gather formula (at the
-largest shard); the routing and counts are counted apart.
-"""
+"""Dispatch and combine (docs/runtime.md, "Expert parallelism"): each routed assignment goes to one
+replica of its expert by the replica rule every prediction uses
+(`hotsplit_cli.placement.dispatch.choose_replicas`), is computed there on the rank's hot slot or
+cold bank, and its output comes back to the token's rank, summed in float32 as the reference does.
+Two exchanges (`ep_exchange`) with the same rule, so loads, hit rates and swaps are the same in
+both: `AllToAll` (uneven all_to_all_single: counts, then rows and expert ids) and `AllGather`
+(vLLM's: routing and rows all-gathered, partial outputs reduce-scattered). Only single-tensor
+collectives, posted in the same order on every rank: the list forms do not work on gloo.
+Activation bytes leaving a rank are what the ledger's formulas predict; ids, weights and counts
+are counted apart."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""Ctrl-C in an expert-parallel run, as in a single-rank one: the job stops at the next window,
-rank 0 prints the summary so far and writes what it was asked to, the interrupted line is said
-once.
-
+"""Ctrl-C in an expert-parallel run, as in a single-rank one: the job stops at the next window.
 A rank cannot stop alone (its peers would wait in the next exchange), so SIGINT only raises a
-flag; at every window the ranks agree through one small all-reduce whether any of them has it,
-and all stop at the same step. The SIGINT reaches the ranks from their launcher: torchrun's
-agent sends its death signal to every rank; ours (`forward_interrupts`) passes a terminal's
-Ctrl-C on, since each rank runs in a session of its own. A second Ctrl-C at our launcher stops
-the job at once.
-"""
+flag and at every window the ranks agree by one all-reduce whether any has it. Our launcher
+passes a terminal's Ctrl-C on (each rank runs in a session of its own); a second one stops the
+job at once."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """Each rank of an expert-parallel job: join the group, settle its `Rank` (rank.py `ep_rank`),
 build it with expert parallelism applied (driver.build, apply.py), step in lockstep, gather the
-job's figures to rank 0, leave.
-
-Rank 0 gets every window's `JobRecord` (through `watch.record`) and the job's `RunResult`; the
-other ranks get None. An error on any rank goes to the launcher (launch.report_rank_error).
-"""
+job's figures to rank 0 (the others get None), leave."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""One expert-parallel rank: its `Rank` value (`ep_rank`) and its part of the one loop.
-
-Tokens are data-parallel: a trace's step is cut into the ranks' token shards
-(`hotsplit_cli.placement.dispatch.token_shard`), synthetic traffic and generated hidden states
-are drawn per rank (the recipe's seed offset by the rank). Experts are expert-parallel: the
-placement (a plan's recorded `hotsplit.placement/1` file, else the contiguous layout) says which
-rank holds which replica; each rank's hot set is chosen among the experts placed on it
-(runtime/hot_set.py), and the built model is made expert-parallel by apply.py.
-
-The one loop (`Engine.run`, with this module's `RankLoop` hooks) steps every rank in lockstep
-(each step's exchanges are collectives), closes a window every `dyn_steps` steps on every rank
-(dynamic swaps are per rank, as on one rank), and gathers each window's figures to rank 0,
-which prints for the job.
-"""
+"""One expert-parallel rank: its `Rank` value (`ep_rank`) and its part of the one loop. Tokens are
+data-parallel (a trace's steps cut into token shards, synthetic traffic drawn per rank), experts
+expert-parallel by the placement; the loop (`Engine.run` with `RankLoop`) steps every rank in
+lockstep and gathers each window's figures to rank 0."""
 
 from __future__ import annotations
 

@@ -1,26 +1,9 @@
-"""Live rebalancing (`eplb_steps`): the runtime side of EPLB, with the node's cold bank as the
-source of every expert a rank gains.
-
-Every `eplb_steps` steps, after the same step on every rank:
-1. the ranks sum the per-expert assignments they received (all_reduce: exact integer counts),
-   kept in chunks of half an interval since the map last moved, and gather their loads, so each
-   rank knows the live balancedness (mean / max rank load over those exchanges);
-2. every rank applies the rule of `hotsplit_cli.placement.rebalance_rule` to the same counts (a
-   new map only when one fitted on the earlier chunks beats the current map on the latest ones,
-   counts it did not see, by more than their noise); the same input and deterministic numpy give
-   every rank the same decision and map, and each rank switches to it before the next step, so
-   no step sees mixed maps and dispatch and hit accounting use the map each step read;
-3. each rank keeps the slots that do not change; a hot expert it no longer holds gives its slot
-   to the strongest expert it now holds cold (a gained expert is served from the node's shared
-   cold bank at once, and hot once its copy lands on the swap stream, exactly like a swap). No
-   weight crosses between ranks: every node's cold bank holds every expert.
-
-Each rebalance reports the balancedness before (live), the held-out prediction that moved it,
-the achieved balancedness of the next window of exchanges (flagged `worse` when below the one
-before), the bytes each rank copied, its time and the steps it disturbed (steps until every copy
-landed: 0 on a CPU, where copies are synchronous). `hotsplit_cli.placement.rebalance_rule.
-replay_rebalancing` replays a trace under the same rule, so a prediction takes the same moves.
-"""
+"""Live rebalancing (`eplb_steps`; docs/runtime.md, "Live rebalancing"): every `eplb_steps` steps
+the ranks sum the assignments they received and apply `hotsplit_cli.placement.rebalance_rule`
+to the same counts, so every rank takes the same decision and switches map before the same
+step. A rank keeps the slots that do not change; a hot expert it no longer holds gives its slot
+to the strongest expert it now holds cold, copied from the node's shared cold bank like a swap
+(no weight crosses between ranks). `replay_rebalancing` replays a trace under the same rule."""
 
 from __future__ import annotations
 

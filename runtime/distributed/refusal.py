@@ -1,13 +1,7 @@
-"""Whether a launcher started this process as a rank (read from its environment, no torch), and
-the one error line of a refused flag, knob or recipe value when the command line runs as the N
-ranks of an expert-parallel job under torchrun: rank 0 says it, the others wait until it has
-(bounded), then exit without a line.
-
-This runs before the ranks join a group, so it opens the job's key-value store itself: torch's
-agent store where torchrun's agent holds one, else the store rank 0 hosts at
-MASTER_ADDR:MASTER_PORT, as `init_process_group(init_method="env://")` opens it. torch is
-imported only where a launcher started the process (a refusal elsewhere is printed at once).
-"""
+"""Whether a launcher started this process as a rank (its environment, no torch), and a refused
+flag, knob or recipe value said once for the N ranks of a job under torchrun: rank 0 says it,
+the others wait (bounded) and exit without a line. This runs before the ranks join a group, so
+it opens the job's store itself (torchrun's agent store, else rank 0's at MASTER_ADDR:MASTER_PORT)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
-"""The node-shared cold bank: each expert once per node, in host memory every rank of the node maps.
-
-Every MoE layer's cold bank (all E experts) is one file in /dev/shm, created, sized, NUMA-placed
-and filled by the node's local rank 0 and mapped shared by the node's other ranks
-(`probes.hostmem.HostPages.shared`: the one owner of host pages, their placement, CUDA
-registration and lifetime). Each rank registers its own mapping for its own GPU. Once every rank
-has mapped the files, local rank 0 unlinks them: the pages live while a rank maps them, and
-nothing stays behind in /dev/shm when a rank dies. A rank's private memory holds only its hot
-slots (on the device) and what a single-rank run holds besides the banks.
-
-`SharedAllocator` is a `runtime.pinned.PinnedAllocator` whose slabs are the node's files (the byte
-counters, `device_address` and slab lifetimes are the base's), so the banks build on it unchanged;
-`fills` tells a bank whether this rank writes the weights (local rank 0) or finds them written.
-"""
+"""The node-shared cold bank (docs/runtime.md, "The shared cold bank"): each layer's cold bank is
+one /dev/shm file, created, NUMA-placed and filled by the node's local rank 0 and mapped by its
+other ranks (`probes.hostmem.HostPages.shared`), unlinked once every rank has mapped it so that
+nothing stays behind when a rank dies. `SharedAllocator` is a `PinnedAllocator` whose slabs are
+those files, so the banks build on it unchanged."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""The job's figures, gathered to rank 0: one record per window and one summary for the run.
-
-Each rank's window (`RankWindow`) and its totals (`RankTotals`) go to rank 0 as objects over the
-control group; one rank's reduce to its own figures. Rank 0 makes:
-- per window a `JobRecord`: the job's hit rate (all hits / all assignments), swaps and copies
-  summed, the window's balancedness (sum over its (step, layer) exchanges of the mean rank load
-  / sum of the max, vLLM's form), and each rank's load, hit rate and cold reads;
-- for the run the job's `RunSummary` and the EP figures: ranks (each with its load, hit rate,
-  cold reads and cold paths), balancedness, the bottleneck rank and how far it leads, and the
-  exchange measured (job.py adds the ledger's prediction for the run's exchange mode: the
-  recipe's formula at the allocated hidden size and activation bytes, this run's tokens per
-  rank).
-"""
+"""The job's figures, gathered to rank 0 over the control group (one rank's reduce to its own):
+per window a `JobRecord` (hit rate over all assignments, swaps summed, balancedness as vLLM
+computes it, each rank's part), and for the run the job's `RunSummary` and `EPFigures`."""
 
 from __future__ import annotations
 
