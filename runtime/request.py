@@ -14,9 +14,7 @@ from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.core.jsonio import schema_tag
 from hotsplit_cli.hotset.planfile import PlanFile
-
-from .log import HitRateRecord
-from .windows import RunSummary
+from hotsplit_cli.hotset.windows import HitRateRecord, RunSummary
 
 
 def check_steps_and_scale(steps: int | None, scale: float | None) -> None:

@@ -11,10 +11,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hotsplit_cli.hotset.windows import HitRateRecord, RunSummary, layer_rates, ratio
 from hotsplit_cli.placement.dispatch import balancedness, window_balancedness
 
-from ..log import HitRateRecord
-from ..windows import RunSummary, layer_rates, ratio
 from .dispatch import all_gather_single
 
 
