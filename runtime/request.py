@@ -70,7 +70,7 @@ class RunResult:
     knobs: Knobs
     header: RunHeader
     summary: RunSummary
-    figures: object | None = None  # distributed/summary.py EPFigures
+    figures: object | None = None  # hotsplit_cli/hotset/ep_figures.py EPFigures
     texts: list[str] | None = None
 
     def to_doc(self) -> dict:
