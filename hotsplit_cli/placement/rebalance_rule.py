@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hotsplit_cli.placement.algorithm import Geometry, Placement, place_experts
-from hotsplit_cli.placement.dispatch import ReplicaMap, balancedness, choose_replicas, token_shard
+from hotsplit_cli.placement.dispatch import ReplicaMap, balancedness, choose_replicas, predict_trace, token_shard
 from hotsplit_cli.placement.evaluate import evaluate
 
 EPLB_SKIP_ABOVE = 0.95  # live balancedness at or above which the map is kept without a look
@@ -138,3 +138,32 @@ def replay_rebalancing(ids_SLTK: np.ndarray, start: Placement, num_experts: int,
                 placement, replicas, chunks = d.placement, ReplicaMap.of(d.placement, num_experts), []
             since = done
     return RebalanceReplay(loads, decisions)
+
+
+def refill_moves(hot_LE: np.ndarray, held_LE: np.ndarray, share_LE: np.ndarray) -> dict[int, list[tuple[int, int]]]:
+    """A rank's swaps after its map moved: each hot slot of an expert it no longer holds (`held_LE`,
+    bool [L, E] by the new map) goes to the strongest expert (`share_LE`) it holds cold, ties by
+    id; every other slot stays put. {layer: [(out, in), ...]}, layers without a move left out."""
+    moves: dict[int, list[tuple[int, int]]] = {}
+    for li in range(hot_LE.shape[0]):
+        lost = np.flatnonzero(hot_LE[li] & ~held_LE[li])
+        cand = np.flatnonzero(held_LE[li] & ~hot_LE[li])
+        cand = cand[np.lexsort((cand, -share_LE[li, cand]))]  # strongest first, ties by id
+        pairs = [(int(o), int(i)) for o, i in zip(lost, cand, strict=False)]
+        if pairs:
+            moves[li] = pairs
+    return moves
+
+
+def trace_predictions(ids_SLTK: np.ndarray, placement: Placement, num_experts: int, hot_RLE: np.ndarray,
+                      eplb_steps: int, moved: bool) -> tuple[float | None, np.ndarray | None]:
+    """What replaying an EP run's trace predicts: its balancedness (with live rebalancing's moves,
+    replayed by the same rule, when `eplb_steps`) and each rank's hit rate [R] while the layout
+    it began with holds (None once a rebalance `moved` it)."""
+    pred = None if moved else predict_trace(ids_SLTK, placement, num_experts, hot_RLE)
+    if eplb_steps:
+        bal = replay_rebalancing(ids_SLTK, placement, num_experts, eplb_steps).balancedness
+    else:
+        bal = None if pred is None else pred.balancedness
+    return bal, None if pred is None else pred.hit_rate_R
+

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hotsplit_cli.placement.dispatch import stack_rank_traces
+
 from ..hf.adapter import install
 from ..hf.steps import CheckpointMoE
 from .dispatch import ExpertParallel
@@ -125,18 +127,6 @@ class Lockstep:
 
 
 def job_trace(trace_steps: list[np.ndarray], control=None) -> np.ndarray | None:
-    """Collective: the job's routing as a trace on rank 0 (None elsewhere), int32 [S, L, R x T_max, K]:
-    step s holds each rank's sent routing in rank order, padded with -1 to the step's largest
-    batch, so `predict_trace` shards it back into the ranks' batches (padding takes no turn of
-    the replica rule)."""
+    """Collective: the job's routing as a trace on rank 0 (None elsewhere), int32 [S, L, R x T_max, K]."""
     ranks = gather_to_rank0(trace_steps, control)
-    if ranks is None:
-        return None
-    S, R = len(ranks[0]), len(ranks)
-    L, K = ranks[0][0].shape[0], ranks[0][0].shape[2]
-    T = max((r[s].shape[1] for r in ranks for s in range(S)), default=0)
-    out = np.full((S, L, R * T, K), -1, dtype=np.int32)
-    for r, steps in enumerate(ranks):
-        for s, ids_LTK in enumerate(steps):
-            out[s, :, r * T:r * T + ids_LTK.shape[1]] = ids_LTK
-    return out
+    return None if ranks is None else stack_rank_traces(ranks)

@@ -15,9 +15,8 @@ from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.planfile import load_plan, placement_of_plan
 from hotsplit_cli.hotset.verdict import prediction_error
 from hotsplit_cli.placement.algorithm import Placement
-from hotsplit_cli.placement.dispatch import predict_trace
 from hotsplit_cli.placement.file import placement_prediction
-from hotsplit_cli.placement.rebalance_rule import replay_rebalancing
+from hotsplit_cli.placement.rebalance_rule import trace_predictions
 
 from .. import driver
 from ..ranks import Rank
@@ -28,7 +27,7 @@ from .checkpoint import job_trace
 from .leftovers import removed_words
 from .rank import ep_rank, run_rank
 from .rebalance import Rebalancer
-from .summary import EPFigures, RankWindow, gather_rows, gather_to_rank0, job_record, job_summary
+from .summary import RankWindow, gather_rows, gather_to_rank0, job_record, job_summary
 
 
 def run_in_group(request: RunRequest, watch: Watch, placement: Placement | None = None,
@@ -111,9 +110,13 @@ def _run(group, request: RunRequest, watch: Watch, placement: Placement | None) 
         figures.rebalance_error = prediction_error([(r["predicted_after"], r["achieved_after"])
                                                     for r in figures.rebalances if r["skipped"] is None])
     if trace_SLTK is not None:
-        _trace_predictions(figures, trace_SLTK[:summary.steps], placement, E,
-                           hot_RLE.reshape(group.world, engine.model.num_layers, E) > 0.5,
-                           knobs.eplb_steps if rebalancer is not None else 0)
+        moved = any(r["skipped"] is None for r in figures.rebalances)  # a rebalance that changed the layout
+        figures.predicted_balancedness, rates = trace_predictions(
+            trace_SLTK[:summary.steps], placement, E, hot_RLE.reshape(group.world, engine.model.num_layers, E) > 0.5,
+            knobs.eplb_steps if rebalancer is not None else 0, moved)
+        for r, rate in enumerate([] if rates is None else rates):
+            if figures.ranks[r]["swaps"] == 0:  # its final hot set is the one it served with
+                figures.ranks[r]["predicted_hit_rate"] = float(rate)
     return RunResult(recipe.name, knobs, header, summary, figures, texts)
 
 
@@ -126,24 +129,6 @@ def _served(prepared, control, interrupted: bool) -> tuple[np.ndarray | None, li
         return (None if prepared.trace is None else prepared.trace.topk_ids_SLTK), None
     ranks = gather_to_rank0(prepared.texts(interrupted), control)
     return job_trace(sent, control), None if ranks is None else [t for r in ranks for t in r]
-
-
-def _trace_predictions(figures: EPFigures, topk_ids_SLTK, placement: Placement, num_experts: int,
-                       hot_RLE: np.ndarray, eplb_steps: int) -> None:
-    """What replaying the run's trace predicts: the balancedness (with the rebalances' moves,
-    replayed by the same rule), and each rank's hit rate while the layout it began with holds."""
-    moved = any(r["skipped"] is None for r in figures.rebalances)  # a rebalance that changed the layout
-    if eplb_steps:
-        figures.predicted_balancedness = replay_rebalancing(topk_ids_SLTK, placement, num_experts,
-                                                            eplb_steps).balancedness
-    if moved:
-        return
-    pred = predict_trace(topk_ids_SLTK, placement, num_experts, hot_RLE)
-    if not eplb_steps:
-        figures.predicted_balancedness = pred.balancedness
-    for r, rate in enumerate(pred.hit_rate_R):
-        if figures.ranks[r]["swaps"] == 0:  # its final hot set is the one it served with
-            figures.ranks[r]["predicted_hit_rate"] = float(rate)
 
 
 def _placement_prediction(plan_file):

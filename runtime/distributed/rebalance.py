@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from hotsplit_cli.placement.algorithm import Placement
 from hotsplit_cli.placement.dispatch import ReplicaMap, balancedness
-from hotsplit_cli.placement.rebalance_rule import chunk_ends, decide_rebalance, split_chunks
+from hotsplit_cli.placement.rebalance_rule import chunk_ends, decide_rebalance, refill_moves, split_chunks
 
 from .summary import gather_rows
 
@@ -74,7 +74,7 @@ class Rebalancer:
         self.placement = new
         self.model.exchange.set_replicas(ReplicaMap.of(new, E))
         held = self.model.held_LE  # by the new map
-        moves = self._refill(recent_LE / np.maximum(new.logcnt_LE(E), 1), held)
+        moves = refill_moves(self.model.hot_LE(), held, recent_LE / np.maximum(new.logcnt_LE(E), 1))
         self.model.begin_swaps(moves)  # on a CPU the copies are done here; on a GPU they land later
         moved = gather_rows([sum(len(m) for m in moves.values())], self.control)[:, 0]
         rep = RebalanceReport(step, None, live, d.current_held_out, d.candidate_held_out, None,
@@ -96,21 +96,6 @@ class Rebalancer:
             self._pending.achieved_after = achieved
             self._pending.worse = achieved < self._pending.before
             self._pending = None
-
-    def _refill(self, share_LE: np.ndarray, held: np.ndarray) -> dict[int, list[tuple[int, int]]]:
-        """Swaps that give each hot slot of an expert this rank no longer holds (`held`: bool
-        [L, E] of the new placement) to the strongest expert it holds cold; every other slot
-        stays put."""
-        hot = self.model.hot_LE()
-        moves: dict[int, list[tuple[int, int]]] = {}
-        for li in range(hot.shape[0]):
-            lost = np.flatnonzero(hot[li] & ~held[li])
-            if not len(lost):
-                continue
-            cand = np.flatnonzero(held[li] & ~hot[li])
-            cand = cand[np.lexsort((cand, -share_LE[li, cand]))]  # strongest first, ties by id
-            moves[li] = [(int(o), int(i)) for o, i in zip(lost, cand, strict=False)]
-        return {li: m for li, m in moves.items() if m}
 
     def finish(self) -> None:
         """At the end of the run (a collective): the last rebalance's achieved balancedness."""

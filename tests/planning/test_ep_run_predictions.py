@@ -1,0 +1,39 @@
+"""The numpy parts of an EP run's bookkeeping: the job's trace stacked from its ranks' routing,
+the slots a rank refills after its map moved, and what the run's trace predicts."""
+
+import numpy as np
+
+from hotsplit_cli.placement.dispatch import contiguous_placement, predict_trace, stack_rank_traces
+from hotsplit_cli.placement.rebalance_rule import refill_moves, replay_rebalancing, trace_predictions
+
+
+def test_ranks_routing_is_stacked_in_rank_order_padded_per_step():
+    rank0 = [np.full((2, 3, 1), 1, np.int32), np.full((2, 1, 1), 2, np.int32)]
+    rank1 = [np.full((2, 1, 1), 5, np.int32), np.zeros((2, 0, 1), np.int32)]
+    out = stack_rank_traces([rank0, rank1])
+    assert out.shape == (2, 2, 6, 1) and out.dtype == np.int32
+    assert out[0, :, :, 0].tolist() == [[1, 1, 1, 5, -1, -1]] * 2
+    assert out[1, :, :, 0].tolist() == [[2, -1, -1, -1, -1, -1]] * 2  # a rank with no tokens: all padding
+
+
+def test_a_lost_hot_slot_goes_to_the_strongest_expert_held_cold_ties_by_id():
+    hot = np.array([[True, True, False, False, False], [True, False, False, False, False]])
+    held = np.array([[False, True, True, True, True], [True, True, False, False, False]])
+    share = np.array([[9.0, 0.0, 1.0, 3.0, 3.0], [0.0, 5.0, 0.0, 0.0, 0.0]])
+    assert refill_moves(hot, held, share) == {0: [(0, 3)]}  # 3 and 4 tie: the lower id; layer 1 kept its slot
+    two_lost = np.array([[True, True, False, False, False]])
+    assert refill_moves(two_lost, np.array([[False, False, True, False, True]]), np.ones((1, 5))) == {
+        0: [(0, 2), (1, 4)]}
+    assert refill_moves(two_lost, np.array([[False, False, False, False, False]]), np.ones((1, 5))) == {}
+
+
+def test_the_trace_predicts_balancedness_and_hit_rates_until_a_rebalance_moves_the_layout():
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 8, size=(12, 2, 8, 2))
+    placement = contiguous_placement((0, 1), 8, 2)
+    hot = rng.random((2, 2, 8)) < 0.5
+    static = predict_trace(ids, placement, 8, hot)
+    bal, rates = trace_predictions(ids, placement, 8, hot, 0, moved=False)
+    assert bal == static.balancedness and np.array_equal(rates, static.hit_rate_R)
+    bal, rates = trace_predictions(ids, placement, 8, hot, 4, moved=True)
+    assert bal == replay_rebalancing(ids, placement, 8, 4).balancedness and rates is None
