@@ -1,5 +1,4 @@
-"""A rank built for the one loop, whichever model source built it (from_recipe.py, hf/run.py):
-its engine, hot set and set-up, described once for the run document and its header lines."""
+"""A rank built for the one loop, whichever model source built it (from_recipe.py, hf/run.py)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""One rank of a run, as a value settled before anything is allocated.
-
-A run is N ranks. `Rank` says which one this process is (rank, world, the group and placement of
-an expert-parallel job), its device, its seed, where its cold bank goes (the allocator: a private
-pinned bank, or the node's shared one) and the platform file read once. `Rank.single` is the
-one-rank run; an expert-parallel rank is settled by runtime/distributed/rank.py `ep_rank`. The
-builders (from_recipe.py, hf/run.py) read it; nothing writes into it.
-"""
+"""One rank of a run, as a value settled before anything is allocated: which rank (and the group
+and placement of an expert-parallel job), its device, seed, cold bank allocator and platform
+file. `Rank.single` is the one-rank run; an EP rank is settled by distributed/rank.py `ep_rank`."""
 
 from __future__ import annotations
 

@@ -38,13 +38,9 @@ def say_error(line: str, exit_code: int, environ=os.environ) -> None:
 
 
 def say_refusal_once(line: str, environ=os.environ) -> None:
-    """A refused flag, knob or recipe value (exit 2) is refused by every rank alike, each being
-    the same command line: rank 0 prints `line` for the job, the others print nothing. They may
-    not exit before rank 0 has printed it (a launcher that sees a rank fail stops the others, and
-    could stop rank 0 before its line): each waits, bounded, for rank 0's mark in the job's store.
-    This runs before the ranks join a group, so it opens the store the launcher holds (torch's
-    agent store), or, without one, the store rank 0 hosts for the group. Without an answering
-    store a rank says the line itself: a repeated line is better than none."""
+    """Rank 0 prints `line` for the job, the others nothing; they may not exit before rank 0 has
+    printed it (a launcher that sees a rank fail could stop rank 0 first), so each waits, bounded,
+    for rank 0's mark in the job's store. Without an answering store a rank says the line itself."""
     rank, world = int(environ.get("RANK", 0)), int(environ.get("WORLD_SIZE", 1))
     try:
         store = _job_store(environ, rank)

@@ -1,16 +1,11 @@
-"""Plug hotsplit into a transformers 5 MoE model through its experts interface.
+"""Plug hotsplit into a transformers 5 MoE model through its experts interface: every experts
+module calls the registered `"hotsplit"` function with `(self, hidden_states [T, H],
+top_k_index [T, K], top_k_weights [T, K])`, which counts routed assignments per (MoE layer,
+expert) for the tokens marked real and computes the experts from the layer's bank (or with
+transformers' eager code for a module without one). transformers keeps attention, the KV cache,
+routers and generation.
 
-transformers keeps attention, the KV cache, routers and generation; every decorated experts
-module calls `ExpertsInterface` with `(self, hidden_states [T, H], top_k_index [T, K],
-top_k_weights [T, K])`. hotsplit registers one function, `"hotsplit"`, that
-
-1. counts routed assignments per (MoE layer, expert) for the tokens the caller marked real
-   (padding and finished sequences are not counted), and
-2. computes the experts from the layer's `HFExpertBank` (hot slots / cold bank), or, for a
-   module without a bank, with transformers' own eager code.
-
-Shape letters: T = tokens of a forward pass, K = top_k, E = experts, L = MoE layers, S = steps.
-"""
+Shape letters: T = tokens of a forward pass, K = top_k, E = experts, L = MoE layers, S = steps."""
 
 from __future__ import annotations
 

@@ -1,10 +1,18 @@
-"""The numpy parts of an EP run's bookkeeping: the job's trace stacked from its ranks' routing,
-the slots a rank refills after its map moved, and what the run's trace predicts."""
+"""Run bookkeeping that is planning-library code (numpy): the job's trace stacked from its ranks'
+routing, the slots a rank refills after its map moved, what the run's trace predicts, and the
+expert shares a recipe's synthetic or histogram traffic is drawn from."""
+
+import dataclasses
 
 import numpy as np
+import pytest
 
+from hotsplit_cli.config.recipe import load_recipe
+from hotsplit_cli.core.errors import InputFileError
 from hotsplit_cli.placement.dispatch import contiguous_placement, predict_trace, stack_rank_traces
 from hotsplit_cli.placement.rebalance_rule import refill_moves, replay_rebalancing, trace_predictions
+from hotsplit_cli.traffic.hist import Histogram, save_hist
+from hotsplit_cli.traffic.synthetic import recipe_shares
 
 
 def test_ranks_routing_is_stacked_in_rank_order_padded_per_step():
@@ -37,3 +45,19 @@ def test_the_trace_predicts_balancedness_and_hit_rates_until_a_rebalance_moves_t
     assert bal == static.balancedness and np.array_equal(rates, static.hit_rate_R)
     bal, rates = trace_predictions(ids, placement, 8, hot, 4, moved=True)
     assert bal == replay_rebalancing(ids, placement, 8, 4).balancedness and rates is None
+
+
+def test_a_recipe_histogram_of_another_shape_is_refused_naming_both_shapes(tmp_path):
+    r = load_recipe("tiny")
+    m = r.model
+    path = tmp_path / "h.json"
+    save_hist(path, Histogram(m.name, "test", m.top_k, 10, tuple(m.moe_layer_ids), np.ones((m.num_moe_layers, 3))))
+    hist_recipe = dataclasses.replace(r, traffic=dataclasses.replace(r.traffic, kind="histogram", path=str(path)))
+    with pytest.raises(InputFileError, match=rf"histogram is \[{m.num_moe_layers}, 3\].*has \[{m.num_moe_layers}, "
+                                             rf"{m.num_experts}\]"):
+        recipe_shares(hist_recipe)
+    save_hist(path, Histogram(m.name, "test", m.top_k, 10, tuple(m.moe_layer_ids),
+                              np.ones((m.num_moe_layers, m.num_experts))))
+    shares, name = recipe_shares(hist_recipe)
+    assert shares.shape == (m.num_moe_layers, m.num_experts) and name == f"histogram {path}"
+    assert recipe_shares(r)[1] == f"synthetic skew {r.traffic.skew:g}"
