@@ -1,16 +1,9 @@
-"""Block-scaled fp8 checkpoints (DeepSeek-V3 / R1, Qwen3 "FP8" releases, GLM-4.5-FP8).
-
-Format (config.json `quantization_config`: `quant_method: fp8`, `fmt: e4m3`,
-`weight_block_size: [bm, bn]`): each quantised linear weight `W` [rows, cols] is stored as
-float8_e4m3fn next to `weight_scale_inv` [ceil(rows / bm), ceil(cols / bn)] (float32, or
-float8_e8m0fnu in newer releases), and W = fp8 value x the scale of its block. Without
-`weight_block_size`, one scale per tensor.
-
-hotsplit keeps routed experts in fp8 in the cold bank (half the bytes a bf16 expert crosses
-PCIe with) and dequantises an expert's tiles when it computes; every other quantised weight of
-a checkpoint is dequantised once, at load, to the model's dtype. A synthetic recipe with
-`expert_dtype: fp8` quantises its random experts the same way (`quantize`).
-"""
+"""Block-scaled fp8 checkpoints (DeepSeek-V3 / R1, Qwen3 "FP8", GLM-4.5-FP8; docs/real-models.md):
+each quantised weight W [rows, cols] is float8_e4m3fn next to `weight_scale_inv`
+[ceil(rows / bm), ceil(cols / bn)] (`weight_block_size`; one scale per tensor without it), and W
+= fp8 value x its block's scale. Routed experts stay fp8 in the banks (half the bytes a bf16
+expert crosses PCIe with) and are dequantised per tile as they are computed; every other
+quantised weight is dequantised once, at load. Synthetic fp8 experts are quantised the same way."""
 
 from __future__ import annotations
 

@@ -15,13 +15,13 @@ from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import InputFileError, UsageError
 from hotsplit_cli.hotset.budget import resolve_hot_budget
+from hotsplit_cli.hotset.precision_plan import check_checkpoint_precision
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.prompts import read_prompts
 
 from ..built import Built
 from ..cold_split import make_split
 from ..hot_set import choose_hot_set
-from ..precision import check_checkpoint_precision
 from ..ranks import Rank, single_rank
 from .capture import Generation, capture
 from .loader import load_model, load_tokenizer
