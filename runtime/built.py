@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from hotsplit_cli.hotset.rank_hot_set import PlanChoice
+
 from .device import DeviceInfo
 from .engine import Engine
-from .hot_set import PlanChoice
 from .request import RunHeader
 
 
