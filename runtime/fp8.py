@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import torch
 
-from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.sizes import FP8_BLOCK
 
 FP8 = torch.float8_e4m3fn
@@ -38,30 +37,6 @@ class Fp8Format:
 
 
 RELEASE_FP8 = Fp8Format(FP8_BLOCK)  # the format of the fp8 releases, and of recipes' fp8 experts
-
-
-def fp8_format_of(config, where: str) -> Fp8Format | None:
-    """The checkpoint's fp8 format, None when it is not quantised; UsageError for any other
-    quantisation (MXFP4, GPTQ, AWQ, bitsandbytes, static activation scales)."""
-    q = getattr(config, "quantization_config", None)
-    if not q:
-        return None
-    q = q if isinstance(q, dict) else q.to_dict()
-    method = q.get("quant_method", "?")
-    if method != "fp8":
-        raise UsageError(f"{where}: quantised checkpoint ({method}) is not supported",
-                         "use a bf16, block-scaled fp8 or mxfp4 checkpoint")
-    fmt = q.get("fmt", "e4m3")
-    if fmt not in ("e4m3", "float8_e4m3fn"):
-        raise UsageError(f"{where}: fp8 format {fmt!r} is not supported", "only e4m3 weights are read")
-    if q.get("activation_scheme", "dynamic") != "dynamic":
-        raise UsageError(f"{where}: fp8 with static activation scales is not supported")
-    block = q.get("weight_block_size")
-    if block is not None:
-        if len(block) != 2 or not all(isinstance(b, int) and b > 0 for b in block):
-            raise UsageError(f"{where}: weight_block_size must be two positive ints, got {block!r}")
-        block = (int(block[0]), int(block[1]))
-    return Fp8Format(block)
 
 
 def dequantize(w: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format, dtype: torch.dtype) -> torch.Tensor:

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
+from hotsplit_cli.config.checkpoint import stored_experts_of
 from hotsplit_cli.config.knobs import PRECISIONS
 from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.precision_plan import uniform_layer_precisions
 
-from .fp8 import RELEASE_FP8, Fp8Experts, Fp8Format, fp8_format_of
+from .fp8 import RELEASE_FP8, Fp8Experts, Fp8Format
 
 MX_GROUP = 32  # inputs per e8m0 scale
 E8M0_BIAS = 127
@@ -181,11 +182,8 @@ def layer_formats(precision_LE, num_layers: int, num_experts: int) -> list[Store
 
 
 def stored_format_of(config, where: str) -> StoredFormat | None:
-    """How a checkpoint stores its routed experts: block-scaled fp8, MXFP4 (gpt-oss's releases:
-    `quantization_config.quant_method: mxfp4`), or None when not quantised; UsageError naming the
-    format for any other quantisation (GPTQ, AWQ, bitsandbytes)."""
+    """How a checkpoint stores its routed experts (config/checkpoint.py `stored_experts_of`):
+    block-scaled fp8, MXFP4, or None when not quantised."""
     q = getattr(config, "quantization_config", None)
-    q = q if not q or isinstance(q, dict) else q.to_dict()
-    if q and q.get("quant_method") == "mxfp4":
-        return MXFP4
-    return fp8_format_of(config, where)
+    precision, block = stored_experts_of(q if not q or isinstance(q, dict) else q.to_dict(), where)
+    return {"native": None, "mxfp4": MXFP4, "fp8": Fp8Format(block)}[precision]
