@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hotsplit_cli.hotset.verdict import prediction_error
 from hotsplit_cli.hotset.windows import HitRateRecord, RunSummary, layer_rates, ratio
+from hotsplit_cli.placement.algorithm import Placement
 from hotsplit_cli.placement.dispatch import balancedness, window_balancedness
 
 
@@ -152,3 +154,25 @@ def ep_figures(ranks: list[RankTotals], window_steps: int | None = None) -> EPFi
         placement={},
         window_balancedness=None if not window_steps else {
             "steps_per_window": int(window_steps), "balancedness": window_balancedness(loads_SLR, window_steps)})
+
+
+def judged_figures(figures: EPFigures, placement: Placement, rebalances: list[dict] | None, exchange: dict,
+                   predicted: tuple[float | None, np.ndarray | None] | None) -> EPFigures:
+    """The job's figures with what they are judged against: the ledger's `exchange` prediction,
+    the placement, each rebalance (None: not rebalancing) and how far its prediction was from the
+    window after it, and what the run's trace predicts (`predicted`: balancedness and each rank's
+    hit rate, trace_predictions's; None without a trace). A rank's predicted hit rate is kept only
+    where it made no swap: its final hot set is the one it served with."""
+    ranks, balanced = figures.ranks, figures.predicted_balancedness
+    if predicted is not None:
+        balanced, rates = predicted
+        if rates is not None:
+            ranks = [{**d, "predicted_hit_rate": float(rate)} if d["swaps"] == 0 else d
+                     for d, rate in zip(ranks, rates, strict=True)]
+    moves = [(r["predicted_after"], r["achieved_after"]) for r in rebalances or [] if r["skipped"] is None]
+    return dataclasses.replace(
+        figures, ranks=ranks, predicted_balancedness=balanced, exchange={**figures.exchange, **exchange},
+        placement={"method": placement.method, "physical_experts": placement.num_physical,
+                   "slots_per_rank": placement.slots_per_rank},
+        rebalances=rebalances or [], rebalance_error=None if rebalances is None else prediction_error(moves))
+

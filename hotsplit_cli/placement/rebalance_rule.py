@@ -19,7 +19,7 @@ R = ranks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -83,6 +83,25 @@ def decide_rebalance(fit_LE: np.ndarray, judge_LE: np.ndarray, current: Placemen
         return RebalanceDecision(None, f"a new map would reach {cand_held:.3f} on unseen counts, the current one "
                                        f"{cur_held:.3f} (a move needs +{need:.3f})", cur_held, cand_held)
     return RebalanceDecision(place_experts(recent_LE[None], current.layers, geo), None, cur_held, cand_held)
+
+
+@dataclass
+class RebalanceReport:
+    step: int
+    skipped: str | None  # why the map was kept (None: it moved)
+    before: float  # live balancedness of the exchanges since the last rebalance
+    predicted_before: float  # the current map on the latest counts it did not see (evaluation by evaluate.py)
+    predicted_after: float  # the moved map's held-out prediction (kept: the current map's own)
+    achieved_after: float | None  # the next window of exchanges (set when it closes)
+    experts_moved: int  # slots refilled, all ranks
+    bytes_moved_R: list[int]  # real expert bytes each rank copied into its hot slots
+    ms: float  # the rebalance on rank 0: reduce, placement, publication and the copies it waited for
+    steps_disturbed: int = 0
+    worse: bool = False  # a move after which the achieved balancedness fell below `before`
+
+    def to_doc(self) -> dict:
+        return asdict(self)
+
 
 
 @dataclass(frozen=True)

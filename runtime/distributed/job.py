@@ -4,6 +4,7 @@ job's figures to rank 0 (the others get None), leave."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from contextlib import ExitStack
 
@@ -12,8 +13,8 @@ import torch.distributed as dist
 
 from hotsplit_cli.analysis.ledger import exchange_prediction
 from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.hotset.ep_figures import judged_figures
 from hotsplit_cli.hotset.planfile import load_plan, placement_of_plan
-from hotsplit_cli.hotset.verdict import prediction_error
 from hotsplit_cli.placement.algorithm import Placement
 from hotsplit_cli.placement.file import placement_prediction
 from hotsplit_cli.placement.rebalance_rule import trace_predictions
@@ -98,25 +99,19 @@ def _run(group, request: RunRequest, watch: Watch, placement: Placement | None) 
     if out is None:
         return None
     summary, figures = out
-    summary.hit_rate_last_window = records[-1].hit_rate_window if records else None
-    summary.records = records
-    tokens_per_rank = summary.tokens / max(summary.steps, 1) / group.world  # this run's mean
-    figures.exchange.update(exchange_prediction(recipe, knobs.ep_exchange, tokens_per_rank, prepared.hidden,
-                                                prepared.engine.model.banks[0].compute_dtype.itemsize))
-    figures.placement = {"method": placement.method, "physical_experts": placement.num_physical,
-                         "slots_per_rank": placement.slots_per_rank}
-    figures.rebalances = [r.to_doc() for r in rebalancer.reports] if rebalancer else []
-    if rebalancer is not None:  # each move's prediction, judged on the window after it
-        figures.rebalance_error = prediction_error([(r["predicted_after"], r["achieved_after"])
-                                                    for r in figures.rebalances if r["skipped"] is None])
+    rebalances = [r.to_doc() for r in rebalancer.reports] if rebalancer else None
+    predicted = None
     if trace_SLTK is not None:
-        moved = any(r["skipped"] is None for r in figures.rebalances)  # a rebalance that changed the layout
-        figures.predicted_balancedness, rates = trace_predictions(
-            trace_SLTK[:summary.steps], placement, E, hot_RLE.reshape(group.world, engine.model.num_layers, E) > 0.5,
-            knobs.eplb_steps if rebalancer is not None else 0, moved)
-        for r, rate in enumerate([] if rates is None else rates):
-            if figures.ranks[r]["swaps"] == 0:  # its final hot set is the one it served with
-                figures.ranks[r]["predicted_hit_rate"] = float(rate)
+        moved = any(r["skipped"] is None for r in rebalances or [])  # a rebalance that changed the layout
+        predicted = trace_predictions(trace_SLTK[:summary.steps], placement, E,
+                                      hot_RLE.reshape(group.world, engine.model.num_layers, E) > 0.5,
+                                      knobs.eplb_steps if rebalancer is not None else 0, moved)
+    tokens_per_rank = summary.tokens / max(summary.steps, 1) / group.world  # this run's mean
+    exchange = exchange_prediction(recipe, knobs.ep_exchange, tokens_per_rank, prepared.hidden,
+                                   engine.model.banks[0].compute_dtype.itemsize)
+    figures = judged_figures(figures, placement, rebalances, exchange, predicted)
+    summary = dataclasses.replace(summary, records=records,
+                                  hit_rate_last_window=records[-1].hit_rate_window if records else None)
     return RunResult(recipe.name, knobs, header, summary, figures, texts)
 
 

@@ -8,7 +8,6 @@ to the strongest expert it now holds cold, copied from the node's shared cold ba
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -16,27 +15,15 @@ import torch.distributed as dist
 
 from hotsplit_cli.placement.algorithm import Placement
 from hotsplit_cli.placement.dispatch import ReplicaMap, balancedness
-from hotsplit_cli.placement.rebalance_rule import chunk_ends, decide_rebalance, refill_moves, split_chunks
+from hotsplit_cli.placement.rebalance_rule import (
+    RebalanceReport,
+    chunk_ends,
+    decide_rebalance,
+    refill_moves,
+    split_chunks,
+)
 
 from .summary import gather_rows
-
-
-@dataclass
-class RebalanceReport:
-    step: int
-    skipped: str | None  # why the map was kept (None: it moved)
-    before: float  # live balancedness of the exchanges since the last rebalance
-    predicted_before: float  # the current map on the latest counts it did not see (evaluation by evaluate.py)
-    predicted_after: float  # the moved map's held-out prediction (kept: the current map's own)
-    achieved_after: float | None  # the next window of exchanges (set when it closes)
-    experts_moved: int  # slots refilled, all ranks
-    bytes_moved_R: list[int]  # real expert bytes each rank copied into its hot slots
-    ms: float  # the rebalance on rank 0: reduce, placement, publication and the copies it waited for
-    steps_disturbed: int = 0
-    worse: bool = False  # a move after which the achieved balancedness fell below `before`
-
-    def to_doc(self) -> dict:
-        return asdict(self)
 
 
 class Rebalancer:

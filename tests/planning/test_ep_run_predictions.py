@@ -9,6 +9,7 @@ import pytest
 
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.core.errors import InputFileError
+from hotsplit_cli.hotset.ep_figures import EPFigures, judged_figures
 from hotsplit_cli.placement.dispatch import contiguous_placement, predict_trace, stack_rank_traces
 from hotsplit_cli.placement.rebalance_rule import refill_moves, replay_rebalancing, trace_predictions
 from hotsplit_cli.traffic.hist import Histogram, save_hist
@@ -61,3 +62,21 @@ def test_a_recipe_histogram_of_another_shape_is_refused_naming_both_shapes(tmp_p
     shares, name = recipe_shares(hist_recipe)
     assert shares.shape == (m.num_moe_layers, m.num_experts) and name == f"histogram {path}"
     assert recipe_shares(r)[1] == f"synthetic skew {r.traffic.skew:g}"
+
+
+def test_the_job_figures_are_judged_without_writing_into_the_reduced_ones():
+    reduced = EPFigures(ranks=[{"rank": 0, "swaps": 0}, {"rank": 1, "swaps": 2}], balancedness=0.9,
+                        predicted_balancedness=None, bottleneck={}, exchange={"ms_per_layer": 1.0}, placement={})
+    placement = contiguous_placement((0, 1), 8, 2)
+    moves = [{"skipped": None, "predicted_after": 0.9, "achieved_after": 0.8},
+             {"skipped": "kept", "predicted_after": 0.5, "achieved_after": None}]
+    got = judged_figures(reduced, placement, moves, {"predicted_bytes_per_layer": 5.0}, (0.95, np.array([0.5, 0.6])))
+    assert got.ranks == [{"rank": 0, "swaps": 0, "predicted_hit_rate": 0.5}, {"rank": 1, "swaps": 2}]  # rank 1 swapped
+    assert got.predicted_balancedness == 0.95
+    assert got.exchange == {"ms_per_layer": 1.0, "predicted_bytes_per_layer": 5.0}
+    assert got.placement == {"method": placement.method, "physical_experts": 8, "slots_per_rank": 4}
+    assert got.rebalances == moves and got.rebalance_error["count"] == 1
+    assert abs(got.rebalance_error["max_abs"] - 0.1) < 1e-12
+    assert reduced.ranks[0] == {"rank": 0, "swaps": 0} and reduced.exchange == {"ms_per_layer": 1.0}  # untouched
+    plain = judged_figures(reduced, placement, None, {}, None)
+    assert plain.rebalances == [] and plain.rebalance_error is None and plain.predicted_balancedness is None
