@@ -49,8 +49,7 @@ def run(request: RunRequest, watch: Watch | None = None) -> RunResult | None:
 
 
 def _check_before_launch(request: RunRequest) -> None:
-    """What every rank would refuse (the trace against the recipe and --steps, the plan's
-    placement), refused once before any rank starts, naming the input, not a rank."""
+    """What every rank would refuse (trace, plan placement), refused once before any rank starts, naming the input."""
     rec = request.recipe
     trace_file = request.trace or (rec.traffic.path if rec.traffic.kind == "trace" else None)
     if trace_file is not None:

@@ -223,10 +223,8 @@ CALIBRATION_POOL_BYTES = 64 << 20
 
 
 def measure_rates(bank, info: DeviceInfo, zero_copy_gbps: float | None = None) -> tuple[ColdRates, str]:
-    """The cost model's rates measured now on this run's expert shape by the probe's own
-    measurement (probes.cpu_expert): the CPU rate and layer call, the zero-copy read of the cold
-    blobs (on a GPU, unless `zero_copy_gbps` is given) and the per-layer sync. On a CPU the
-    device path is this same CPU (`shared_cpu`)."""
+    """The cost model's rates measured now on this run's expert shape by the probe's measurement
+    (probes.cpu_expert); on a CPU the device path is this same CPU (`shared_cpu`)."""
     from hotsplit_probes.bandwidth import measure_roundtrip_ms
     from hotsplit_probes.cpu_expert import CPU_RUNTIME_THREADS, ExpertShape, measure_cpu_expert
 
@@ -256,9 +254,8 @@ def _zero_copy_gbps(bank, info: DeviceInfo, max_bytes: int = 1 << 30) -> float:
 
 
 def make_split(mode: str, info: DeviceInfo, bank, platform=None) -> ColdSplit | None:
-    """The CPU cold path of `mode` (None for `gpu`), at rates by coldpath.fit_rates (the rule of
-    `plan` and `simulate`): platform.json's when measured on the experts this run allocates,
-    else measured now, the platform's reported as not used."""
+    """The CPU cold path of `mode` (None for `gpu`) at coldpath.fit_rates's rates: platform.json's when
+    measured on the experts this run allocates, else measured now (the platform's reported unused)."""
     if mode == "gpu":
         return None
     if getattr(bank, "fp8_meta", None) is not None:

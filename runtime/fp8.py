@@ -89,10 +89,9 @@ def swiglu_fp8_parts(two_inter: int, hidden: int, fmt: Fp8Format) -> list[tuple]
 
 @dataclass(frozen=True)
 class FP8Meta:
-    """Where a block-scaled fp8 blob keeps its scales, for the kernels (offsets in bytes):
-    w13 e4m3 [2I, H] at 0, w2 e4m3 [H, I] at w2_offset, float32 scales of gate and up
-    [2, s1_rows, s1_cols] at s1_offset and of w2 [.., s2_cols] at s2_offset; a scale covers
-    bm rows x bn columns (a whole matrix for per-tensor scales)."""
+    """Where a block-scaled fp8 blob keeps its parts, for the kernels (byte offsets): w13 e4m3 [2I, H]
+    at 0, w2 e4m3 [H, I] at w2_offset, float32 scales of gate and up [2, s1_rows, s1_cols] at
+    s1_offset and of w2 [.., s2_cols] at s2_offset; a scale covers bm x bn (per tensor: all)."""
 
     bm: int
     bn: int

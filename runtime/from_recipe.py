@@ -88,10 +88,9 @@ class _Experts:
 
 
 def _expert_format(recipe: Recipe, info: DeviceInfo, dtype: torch.dtype, stored) -> _Experts:
-    """How the banks hold the experts. fp8 experts (quantised as the fp8 releases are) stay fp8 where
-    the Triton kernels read them; the CPU torch path would dequantise every expert at every use, so
-    there the banks hold the dequantised values (3x faster). A stored precision asked for
-    (`stored`, the `precision` knob) is what the banks hold on every device."""
+    """How the banks hold the experts: a stored precision asked for (`stored`) on every device; a
+    release's fp8 experts stay fp8 where the Triton kernels read them, dequantised on the CPU torch
+    path (which would dequantise every expert at every use: 3x slower)."""
     if stored is not None:
         return _Experts(stored, stored.describe(), [])
     m = recipe.model

@@ -127,9 +127,8 @@ class _Slab:
 
 @dataclass
 class PinnedAllocator:
-    """Allocates the cold bank's slabs: page-locked and device-mapped when `pin`, NUMA-placed;
-    it does not own them, it remembers where the live ones are. `method`: how the last slab was
-    made, "cudaHostRegister", "torch pinned" (`fallback` says why) or "pageable" (no CUDA)."""
+    """The cold bank's slabs, page-locked and device-mapped when `pin`, NUMA-placed; it remembers the
+    live ones. `method`: "cudaHostRegister", "torch pinned" (`fallback` says why) or "pageable"."""
 
     pin: bool
     numa: NumaPolicy

@@ -54,10 +54,9 @@ def _finite_cap(scale: torch.Tensor) -> torch.Tensor:
 
 
 def mxfp4_quantize(w_RC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(blocks uint8 [R, C/32, 16], scales uint8 [R, C/32]) of W [R, C]: per group of 32 inputs the
-    smallest power-of-two scale that puts the group's largest magnitude within e2m1's 6, each value
-    rounded to the nearest e2m1 value (never past float32's largest). C must be a multiple of 32; W
-    finite."""
+    """(blocks uint8 [R, C/32, 16], scales uint8 [R, C/32]) of finite W [R, C], C a multiple of 32: per
+    group the smallest power-of-two scale putting its largest magnitude within e2m1's 6, each value
+    rounded to the nearest e2m1 value (never past float32's largest)."""
     R, C = w_RC.shape
     if C % MX_GROUP:
         raise ValueError(f"mxfp4 needs the input dimension a multiple of {MX_GROUP}, got {C}")
@@ -93,10 +92,9 @@ def _byte_pairs(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 
 def mxfp4_dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """W [..., R, C] in `dtype` from blocks [..., R, C/32, 16] and scales [..., R, C/32]: each value
-    times its group's power-of-two scale, exact wherever the product is representable. bfloat16
-    and float32 hold every scale (float32's exponent range), so they multiply in `dtype` (2x
-    faster on a CPU than float32 then rounding); other dtypes in float32, then rounded."""
+    """W [..., R, C] in `dtype` from blocks [..., R, C/32, 16] and scales [..., R, C/32], exact where
+    representable. bfloat16 and float32 hold every scale, so they multiply in `dtype` (2x faster on
+    a CPU); other dtypes in float32, then rounded."""
     work = dtype if dtype in (torch.bfloat16, torch.float32) else torch.float32
     pairs = _byte_pairs(work, blocks.device)[blocks.long()].flatten(-2)
     w = pairs * e8m0_scales(scales).to(blocks.device, work)[..., None]

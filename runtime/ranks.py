@@ -80,9 +80,8 @@ class Rank:
         return prompts[token_shard(len(prompts), self.world, self.rank)]
 
     def on_bank(self, build: Callable):
-        """`build(allocator)` over this rank's cold bank. An EP node's bank is shared: local rank 0
-        creates and fills it, then the node's other ranks map it; once all have, its files are
-        unlinked."""
+        """`build(allocator)` over this rank's cold bank. An EP node's bank is shared: local rank 0 creates
+        and fills it, the others then map it, and once all have its files are unlinked."""
         g = self.group
         if g is None:
             return build(self.allocator)

@@ -62,9 +62,8 @@ class RunHeader:
 
 @dataclass
 class RunResult:
-    """A finished run (rank 0's view of a job): its set-up, summary, expert-parallel figures
-    (None on one rank) and a checkpoint's greedy texts in prompt order (None for a synthetic
-    model; none when interrupted)."""
+    """A finished run (rank 0's view of a job): its set-up, summary, EP figures (None on one rank) and
+    a checkpoint's greedy texts in prompt order (None: a synthetic model; none when interrupted)."""
 
     recipe: str
     knobs: Knobs

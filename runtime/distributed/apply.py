@@ -11,12 +11,12 @@ from __future__ import annotations
 from ..hf.steps import CheckpointMoE
 from ..ranks import Rank
 from .checkpoint import EPCheckpoint, Lockstep
-from .dispatch import ExpertParallel, make_exchange
+from .dispatch import EXCHANGES, ExpertParallel
 
 
 def expert_parallel(model, source, rank: Rank):
     """(the expert-parallel model, its routing source) of `rank`, from its one-rank model and source."""
-    exchange = make_exchange(rank.exchange_mode, rank.replicas, rank.rank, rank.world, control=rank.group.control)
+    exchange = EXCHANGES[rank.exchange_mode](rank.replicas, rank.rank, rank.world, control=rank.group.control)
     if isinstance(model, CheckpointMoE):
         ep = EPCheckpoint(model, exchange, rank.group.control)
         return ep, Lockstep(source, ep)

@@ -43,9 +43,8 @@ class RankChannel(Watch):
 
 
 class LauncherTail:
-    """The launcher's side: rank 0's events passed to `watch` as they come. A failure there (the
-    reader of stdout went away) stops the job: SIGTERM to this process, which torch's agent
-    turns into stopping every rank; `error` keeps it for the launcher to raise."""
+    """The launcher's side: rank 0's events passed to `watch`. A failure there (stdout's reader went
+    away) stops the job through SIGTERM to this process; `error` keeps it for the launcher."""
 
     def __init__(self, folder: str | Path, watch: Watch):
         self.folder, self.watch = Path(folder), watch

@@ -1,18 +1,18 @@
-"""A Hugging Face checkpoint expert-parallel (docs/runtime.md, "Checkpoints expert-parallel"):
-attention, dense layers and the KV cache per rank (each rank generates its share of the
-prompts), routed experts reached through the synthetic runs' exchange (dispatch.py).
-
-Lockstep: every rank takes part in every exchange of every step. A step begins with an
-all_reduce of "still generating" (in the first MoE layer of a rank's forward, or before the
-`empty_forward` of a rank whose prompts are done); a done rank sends empty batches through
-every MoE layer until no rank generates. Padding and finished sequences are not sent.
+"""A Hugging Face checkpoint expert-parallel (docs/runtime.md, "Checkpoints expert-parallel"): each
+rank generates its share of the prompts with attention and KV cache of its own, its routed
+experts reached through the synthetic runs' exchange (dispatch.py). Lockstep: every rank takes
+part in every exchange of every step; a step begins with an all_reduce of "still generating",
+and a rank whose prompts are done sends empty batches until no rank generates. Padding and
+finished sequences are not sent.
 
 Shape letters: T = tokens of a forward, K = top_k, H = hidden, A = assignments received,
 L = MoE layers, E = experts, S = steps, R = ranks."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -24,17 +24,6 @@ from ..hf.adapter import install
 from ..hf.steps import CheckpointMoE
 from .dispatch import ExpertParallel
 from .summary import gather_to_rank0
-
-
-class _EPLayer:
-    """One MoE layer's experts on an expert-parallel rank: the adapter's seam (`.forward`)."""
-
-    def __init__(self, row: int, ep: EPCheckpoint):
-        self.row, self.ep = row, ep
-
-    def forward(self, experts: torch.nn.Module, x_TH: torch.Tensor, ids_TK: torch.Tensor,
-                w_TK: torch.Tensor) -> torch.Tensor:
-        return self.ep.layer(self.row, experts, x_TH, ids_TK, w_TK)
 
 
 class EPCheckpoint(ExpertParallel):
@@ -49,7 +38,9 @@ class EPCheckpoint(ExpertParallel):
         self.step_LE = torch.zeros(L, E, dtype=torch.int64, device=model.info.device)  # received this step
         self.trace_steps: list[np.ndarray] = []  # per step: the routing this rank sent, int32 [L, T, K]
         self._sent: list[np.ndarray | None] = [None] * L
-        install(model.hm.model, model.hm.counter, [_EPLayer(row, self) for row in range(L)])
+        # The adapter's seam computes each MoE layer through `.forward(experts, x, ids, w)`: here, the exchange.
+        install(model.hm.model, model.hm.counter,
+                [SimpleNamespace(forward=functools.partial(self.layer, row)) for row in range(L)])
 
     # ---- the exchange ----
 
@@ -112,8 +103,7 @@ class EPCheckpoint(ExpertParallel):
 
 
 class Lockstep:
-    """A rank's `Generation` (capture.py) as the routing source of the one loop in an EP job: its
-    forwards, then empty ones until every rank's prompts are done (`EPCheckpoint.lockstep`)."""
+    """A rank's `Generation` as the EP loop's routing source: its forwards, then empty ones until all ranks' end."""
 
     def __init__(self, generation, ep: EPCheckpoint):
         self.generation, self.ep = generation, ep

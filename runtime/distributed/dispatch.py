@@ -59,9 +59,8 @@ class ExchangeStats:
 
 
 class _Exchange:
-    """What both exchanges share: the replica map, this rank's place, the groups (`group`: the
-    device group, gloo on a CPU, NCCL when each rank has its own GPU; `control`: a gloo group for
-    counts and routing) and the timed collectives."""
+    """What both exchanges share: the replica map, this rank's place, the device `group` (gloo on a
+    CPU, NCCL with a GPU per rank), the gloo `control` group for counts and routing, the timing."""
 
     def __init__(self, replicas: ReplicaMap, rank: int, world: int, group=None, control=None):
         self.replicas, self.rank, self.world = replicas, rank, world
@@ -188,19 +187,13 @@ class AllGather(_Exchange):
         return out[:num_tokens]
 
 
-EXCHANGES = {"a2a": AllToAll, "allgather": AllGather}  # the ep_exchange knob's values
-
-
-def make_exchange(mode: str, replicas: ReplicaMap, rank: int, world: int, group=None, control=None) -> _Exchange:
-    """The exchange `ep_exchange` names (validated by the knob)."""
-    return EXCHANGES[mode](replicas, rank, world, group=group, control=control)
+EXCHANGES = {"a2a": AllToAll, "allgather": AllGather}  # the ep_exchange knob's values (validated by the knob)
 
 
 class ExpertParallel:
-    """A rank's built model (model.py `HotColdMoE`), its routed experts reached through `exchange`
-    (a layer around it: the model keeps its banks, swaps and counters, and is handed the exchange
-    as each step's routed computation). Its counters count the assignments this rank receives,
-    so hit rates and dynamic swaps are this rank's; `live_counts_LE` since the last rebalance."""
+    """A rank's built model (model.py `HotColdMoE`) with its routed experts reached through `exchange`:
+    a layer around it, handing each step's routed computation to the model, which keeps its banks,
+    swaps and counters, counting what this rank receives (`live_counts_LE`: since the last rebalance)."""
 
     def __init__(self, model, exchange: AllToAll | AllGather):
         self.model, self.exchange = model, exchange

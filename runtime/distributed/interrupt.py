@@ -48,9 +48,8 @@ def _children(pid: int) -> list[int]:
 
 @contextmanager
 def forward_interrupts():
-    """In our launcher: the first SIGINT is passed to every rank (they stop at the next window);
-    a second raises KeyboardInterrupt here, which stops the job at once. Yields a dict whose
-    "interrupted" says whether a SIGINT came."""
+    """In our launcher: the first SIGINT goes to every rank (they stop at the next window), a second
+    raises KeyboardInterrupt here. Yields {"interrupted": whether a SIGINT came}."""
     state = {"interrupted": False}
 
     def on_sigint(*_):

@@ -1,6 +1,6 @@
-"""Each rank of an expert-parallel job: join the group, settle its `Rank` (rank.py `ep_rank`),
-build it with expert parallelism applied (driver.build, apply.py), step in lockstep, gather the
-job's figures to rank 0 (the others get None), leave."""
+"""Each rank of an expert-parallel job: join the group, settle its `Rank` (rank.py `ep_rank`), build
+it with expert parallelism applied (apply.py), step in lockstep, reduce the job's figures on
+rank 0 (the others get None), leave."""
 
 from __future__ import annotations
 
@@ -33,9 +33,8 @@ from .summary import RankWindow, gather_rows, gather_to_rank0, job_record, job_s
 
 def run_in_group(request: RunRequest, watch: Watch, placement: Placement | None = None,
                  environ=os.environ) -> RunResult | None:
-    """This process as one rank of the job its launcher set up (ours, or torchrun): rank 0's
-    `watch` sees the job's windows, and rank 0 gets the job's result. `placement` overrides the
-    plan's (tests use random ones)."""
+    """This process as one rank of the job its launcher set up (ours, or torchrun): rank 0's `watch`
+    sees the job's windows and gets its result. `placement` overrides the plan's (tests)."""
     ep, world = request.recipe.parallel.ep, int(environ["WORLD_SIZE"])
     if world != ep:  # every rank finds the same mismatch: rank 0 says it for the job
         raise UsageError(f"parallel.ep is {ep} but the launcher started {world} ranks",
@@ -116,9 +115,8 @@ def _run(group, request: RunRequest, watch: Watch, placement: Placement | None) 
 
 
 def _served(prepared, control, interrupted: bool) -> tuple[np.ndarray | None, list[str] | None]:
-    """What the job served, on rank 0 (collective for a checkpoint): the routing, ids [S, L, T, K]
-    (a checkpoint's as each rank sent it, a replayed trace's as read; None for other traffic),
-    and a checkpoint's texts in rank order (None for a synthetic model; none when interrupted)."""
+    """What the job served, on rank 0 (collective for a checkpoint): its routing ids [S, L, T, K] (None
+    for untraced traffic) and a checkpoint's texts in rank order (None for a synthetic model)."""
     sent = getattr(prepared.engine.model, "trace_steps", None)
     if sent is None:
         return (None if prepared.trace is None else prepared.trace.topk_ids_SLTK), None

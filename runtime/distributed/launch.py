@@ -71,13 +71,6 @@ class Group:
         return total.numpy()
 
 
-def backend_for(local_world: int) -> str:
-    """NCCL when each rank of the node has its own GPU, else gloo."""
-    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world:
-        return "nccl"
-    return "gloo"
-
-
 def join(environ=os.environ) -> Group:
     """Join the group the launcher set up (bounded by COLLECTIVE_TIMEOUT_S)."""
     rank, world = int(environ["RANK"]), int(environ["WORLD_SIZE"])
@@ -86,7 +79,8 @@ def join(environ=os.environ) -> Group:
     node = int(environ.get("GROUP_RANK", rank // max(local_world, 1)))
     # Unique per job on a machine (a static rendezvous names every run "none"), the same on every rank.
     job = f"{environ.get('TORCHELASTIC_RUN_ID', 'run')}-{environ['MASTER_ADDR']}-{environ['MASTER_PORT']}"
-    backend = backend_for(local_world)
+    # NCCL when each rank of the node has its own GPU, else gloo.
+    backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= local_world else "gloo"
     timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
@@ -104,9 +98,8 @@ def seconds_since_start(environ=os.environ) -> float:
 
 
 def die_with_launcher(environ=os.environ) -> bool:
-    """In a rank: be killed when the launcher dies (each rank runs in a session of its own, so
-    nothing else reaches it); SIGKILL, since a rank waiting in a collective runs no Python
-    handler. False where prctl is not there (not Linux)."""
+    """In a rank: SIGKILL when the launcher dies (a rank runs in a session of its own, and one waiting
+    in a collective runs no Python handler). False where prctl is not there (not Linux)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
@@ -143,9 +136,8 @@ def is_peer_loss(exc: BaseException) -> bool:
 
 
 def report_rank_error(rank: int, exc: BaseException, environ=os.environ) -> None:
-    """Re-raise `exc` as the CLI would show it, except under this launcher: there the error goes
-    to the launcher's folder. Under torchrun the rank that claims the job's error says it
-    (`_claim_report`); the others exit quietly with their code."""
+    """Re-raise `exc` as the CLI would show it; under this launcher write it to the launcher's folder
+    instead, under torchrun said by the rank that claims it (`_claim_report`), the others quiet."""
     folder = environ.get(ERROR_DIR_ENV)
     if isinstance(exc, StdoutClosed):  # under torchrun, rank 0's reader went away (`| head`): a quiet 141
         _claim_report("error")  # the ranks that lose their peer over it say nothing
@@ -200,10 +192,9 @@ PEER_GRACE_S = 3.0  # a rank that only lost its peers waits this long for the ra
 
 
 def _claim_report(kind: str) -> bool:
-    """Whether this rank says the job's one error line (under torchrun): the first claim counted
-    in the group's store (the agent's, so it outlives a dead rank) says it. A rank that only
-    lost its peers claims PEER_GRACE_S later, so the cause is said rather than its echo. Without
-    an answering store the rank says its line: a repeated line is better than none."""
+    """Whether this rank says the job's error line under torchrun: the first claim counted in the
+    agent's store (it outlives a dead rank), a rank that only lost its peers PEER_GRACE_S late.
+    Without an answering store it says it: a repeated line is better than none."""
     if not dist.is_initialized():
         return True
     try:
@@ -220,9 +211,8 @@ def _claim_report(kind: str) -> bool:
 
 
 def launch_local(nproc: int, request: RunRequest, watch: Watch, started: float | None = None) -> RunResult:
-    """Run `request` as `nproc` local ranks under torch's elastic agent; `watch` sees rank 0's
-    events (channel.py); rank 0's result is returned, a failure raised as one HotsplitError.
-    `started`: when the job started (time.time()), for the ranks' progress lines."""
+    """Run `request` as `nproc` local ranks under torch's elastic agent, rank 0's events to `watch`:
+    rank 0's result, or one HotsplitError. `started`: the job's start (time.time()), for progress."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

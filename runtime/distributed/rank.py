@@ -37,9 +37,8 @@ def ep_rank(request: RunRequest, group: Group, placement: Placement, plan_file: 
 
 
 class RankLoop(LoopHooks):
-    """A rank's part of the one loop (runtime/engine.py `Engine.run`): every `eplb_steps` steps
-    `rebalancer.maybe(step)` (a collective); at every window the ranks agree whether Ctrl-C
-    stops the job there (interrupt.py): a rank cannot stop alone in the middle of collectives."""
+    """A rank's part of the one loop: every `eplb_steps` steps `rebalancer.maybe(step)` (a collective);
+    at every window the ranks agree whether Ctrl-C stops the job there (no rank stops alone)."""
 
     stops_alone = False
 
@@ -63,9 +62,8 @@ class RankLoop(LoopHooks):
 
 def run_rank(engine, steps: int, on_window: Callable, rebalancer=None,
              expected_hit_rate: float | None = None) -> RankTotals:
-    """Step in lockstep with the other ranks through the one loop; at every window's close call
-    `on_window(record, loads_WL)` on every rank (it gathers to rank 0), with the window's loads.
-    `expected_hit_rate`: of this rank's hot set on its placed experts."""
+    """Step in lockstep through the one loop, calling `on_window(record, loads_WL)` on every rank as
+    each window closes; `expected_hit_rate`: of this rank's hot set on its placed experts."""
     stats = engine.model.exchange.stats
     start = 0
 

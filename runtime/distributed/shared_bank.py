@@ -22,17 +22,15 @@ def _job_name(job: str) -> str:
 
 
 def shm_prefix(job: str, node: int) -> str:
-    """Where one node's cold bank files of one job live (`<prefix><slab>`). The name records the
-    job's owner on this node, the ranks' parent (the launcher, or torchrun's agent), so that a
-    later run can tell the files of a job killed during set-up (`leftovers.remove_ended`)."""
+    """Where one node's cold bank files of one job live (`<prefix><slab>`); the name records the
+    job's owner on this node, the ranks' parent, so that a later run finds a killed job's files."""
     return os.path.join(SHM_DIR, f"{_job_name(job)}-node{node}-{owner_tag(os.getppid())}-")
 
 
 @dataclass
 class SharedAllocator(PinnedAllocator):
-    """Allocates cold bank slabs shared by the ranks of one node (see the module docstring).
-    `creator`: this rank creates and fills the files (the node's local rank 0); `pin`: each
-    mapping is registered with CUDA (a GPU run)."""
+    """Cold bank slabs shared by the ranks of one node. `creator`: this rank creates and fills the
+    files (the node's local rank 0); `pin`: each mapping is registered with CUDA."""
 
     prefix: str = ""
     creator: bool = False
@@ -65,9 +63,7 @@ class SharedAllocator(PinnedAllocator):
 
 
 def remove_leftovers(prefix_dir: str, job: str) -> list[str]:
-    """Unlink the cold bank files of every job whose id starts with `job` left in /dev/shm (ranks
-    killed before they were unlinked); returns what was removed. Called by the launcher after
-    its ranks are gone."""
+    """The launcher, once its ranks are gone: unlink the files of every job whose id starts with `job`."""
     removed = []
     for name in names_in(prefix_dir):
         if name.startswith(f"{_job_name(job)}-"):

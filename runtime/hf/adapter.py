@@ -32,9 +32,8 @@ class MoELayerInfo:
 
 
 def find_moe_layers(model: torch.nn.Module) -> list[MoELayerInfo]:
-    """Every experts module that transformers dispatches through the experts interface, in
-    layer order. Dense layers (DeepSeek's first layers, Qwen's `mlp_only_layers`) have none,
-    so the MoE layer ids come out non-contiguous exactly as the model defines them."""
+    """Every experts module transformers dispatches through the experts interface, in layer order;
+    dense layers have none, so the MoE layer ids are exactly the model's (maybe non-contiguous)."""
     found = []
     modules = dict(model.named_modules())
     for name, mod in modules.items():
@@ -54,10 +53,8 @@ def find_moe_layers(model: torch.nn.Module) -> list[MoELayerInfo]:
 
 @dataclass
 class RoutingCounter:
-    """Exact routed-assignment counts [L, E], per step, with an optional trace.
-
-    `token_mask_T` (bool, set by the driver before each forward) marks the tokens to count, in
-    the flattened (batch, sequence) order the experts see; None counts every token."""
+    """Exact routed-assignment counts [L, E], per step, with an optional trace; `token_mask_T` (bool,
+    set by the driver before each forward, in the experts' token order) marks the tokens counted."""
 
     num_layers: int
     num_experts: int
