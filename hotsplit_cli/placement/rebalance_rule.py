@@ -85,7 +85,7 @@ def decide_rebalance(fit_LE: np.ndarray, judge_LE: np.ndarray, current: Placemen
     return RebalanceDecision(place_experts(recent_LE[None], current.layers, geo), None, cur_held, cand_held)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RebalanceReport:
     step: int
     skipped: str | None  # why the map was kept (None: it moved)

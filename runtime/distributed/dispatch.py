@@ -66,6 +66,7 @@ class _Exchange:
         self.replicas, self.rank, self.world = replicas, rank, world
         self.group, self.control = group, control
         self.stats = ExchangeStats()
+        self._loads_L: list[int] = []  # this step's assignments received, per layer
 
     def set_replicas(self, replicas: ReplicaMap) -> None:
         """A new map, between two steps (every rank switches at the same step)."""
@@ -73,6 +74,10 @@ class _Exchange:
 
     def begin_step(self, num_tokens: int) -> None:
         """Before a step's first layer (every rank)."""
+
+    def end_step(self) -> None:
+        self.stats.loads.append(self._loads_L)
+        self._loads_L = []
 
     def _collective(self, fn, out: torch.Tensor, inp: torch.Tensor, *args, group) -> None:
         """`fn(out, inp, *args, group=group)`, timed; device tensors cross a gloo group through the
@@ -115,6 +120,7 @@ class AllToAll(_Exchange):
         self.stats.act_bytes += remote_sent * row
         self.stats.meta_bytes += remote_sent * 8 + (R - 1) * 8
         self.stats.exchanges += 1
+        self._loads_L.append(sum(recv_counts))
         return Sent(order_A, send, recv_counts, x_recv, e_recv)
 
     def combine(self, sent: Sent, y_AH: torch.Tensor, w_TK: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -173,6 +179,7 @@ class AllGather(_Exchange):
         self.stats.act_bytes += (R - 1) * Tm * H * x_TH.element_size()
         self.stats.meta_bytes += (R - 1) * Tm * 2 * K * 4
         self.stats.exchanges += 1
+        self._loads_L.append(len(rows_A))
         return Gathered(rows_A, torch.from_numpy(np.concatenate(weights).astype(np.float32)).to(dev),
                         x_all[rows_A], torch.from_numpy(np.concatenate(experts)).to(dev))
 
@@ -198,7 +205,6 @@ class ExpertParallel:
     def __init__(self, model, exchange: AllToAll | AllGather):
         self.model, self.exchange = model, exchange
         self.live_counts_LE = torch.zeros(model.counts_LE.shape, dtype=torch.int64)
-        self._step_loads: list[int] = []  # this step's assignments received, per layer
 
     def __getattr__(self, name: str):  # the rest (banks, swaps, device, geometry) is the model's
         return getattr(self.__dict__["model"], name)
@@ -221,14 +227,12 @@ class ExpertParallel:
         sent = self.exchange.dispatch(li, x_TH, ids_TK, w_TK)
         e_A = sent.experts_A
         counts_E.scatter_add_(0, e_A, torch.ones_like(e_A))
-        self._step_loads.append(len(e_A))
         y_AH = compute(sent.x_AH, e_A[:, None], torch.ones(len(e_A), 1, dtype=torch.float32, device=x_TH.device))
         return self.exchange.combine(sent, y_AH, w_TK, x_TH.shape[0])
 
     def end_step(self, step_LE: torch.Tensor) -> None:
         self.live_counts_LE += step_LE
-        self.exchange.stats.loads.append(self._step_loads)
-        self._step_loads = []
+        self.exchange.end_step()
 
     def step(self, x_TH, ids_LTK=None, w_LTK=None):
         self.exchange.begin_step(x_TH.shape[0])

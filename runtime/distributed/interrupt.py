@@ -1,8 +1,6 @@
-"""Ctrl-C in an expert-parallel run, as in a single-rank one: the job stops at the next window.
-A rank cannot stop alone (its peers would wait in the next exchange), so SIGINT only raises a
-flag and at every window the ranks agree by one all-reduce whether any has it. Our launcher
-passes a terminal's Ctrl-C on (each rank runs in a session of its own); a second one stops the
-job at once."""
+"""Ctrl-C in an expert-parallel run stops the job at the next window, as on one rank: a rank cannot
+stop alone mid-exchange, so SIGINT raises a flag the ranks all-reduce at every window. Our
+launcher passes a terminal's Ctrl-C on; a second one stops the job at once."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""What a killed expert-parallel job leaves behind, and its removal by the next run: cold bank
-segments in /dev/shm (only a job killed during set-up leaves them) and the launcher's log
-folder. Each name records its owner (the ranks' parent) as `o<pid>.<start time>`, the start
-time telling a reused pid from the owner; a file is a leftover when its owner no longer runs,
-never by its age."""
+"""What a killed expert-parallel job leaves (cold bank segments in /dev/shm, the launcher's log
+folder), removed by the next run: each name records its owner, the ranks' parent, as
+`o<pid>.<start time>`; a file is a leftover when its owner no longer runs, never by its age."""
 
 from __future__ import annotations
 

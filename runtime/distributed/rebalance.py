@@ -1,13 +1,12 @@
 """Live rebalancing (`eplb_steps`; docs/runtime.md, "Live rebalancing"): every `eplb_steps` steps
-the ranks sum the assignments they received and apply `hotsplit_cli.placement.rebalance_rule`
-to the same counts, so every rank takes the same decision and switches map before the same
-step. A rank keeps the slots that do not change; a hot expert it no longer holds gives its slot
-to the strongest expert it now holds cold, copied from the node's shared cold bank like a swap
-(no weight crosses between ranks). `replay_rebalancing` replays a trace under the same rule."""
+the ranks sum what they received and apply `hotsplit_cli.placement.rebalance_rule` to the same
+counts, so all switch map before the same step; a hot expert a rank no longer holds gives its
+slot to the strongest one it now holds cold, copied from the node's cold bank like a swap."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -37,8 +36,8 @@ class Rebalancer:
         self._loads_from = 0  # first step of the exchanges since the last rebalance
         self._local_chunks: list = []  # this rank's counts per chunk since the last rebalance, not yet summed
         self._chunks: list[np.ndarray] = []  # every rank's counts per chunk since the map last moved
-        self._pending: RebalanceReport | None = None  # awaiting its achieved balancedness
-        self._copying: RebalanceReport | None = None  # its copies still in flight
+        self._pending: int | None = None  # the report awaiting its achieved balancedness
+        self._copying: int | None = None  # the report whose copies are still in flight
 
     def maybe(self, step: int) -> RebalanceReport | None:
         t0 = time.perf_counter()
@@ -68,8 +67,8 @@ class Rebalancer:
                               int(moved.sum()), [int(n) * self.expert_bytes for n in moved],
                               (time.perf_counter() - t0) * 1e3)
         self.reports.append(rep)
-        self._pending = rep
-        self._copying = rep if any(b.in_flight for b in self.model.banks) else None
+        self._pending = len(self.reports) - 1
+        self._copying = self._pending if any(b.in_flight for b in self.model.banks) else None
         return rep
 
     def _loads_since(self) -> np.ndarray:
@@ -80,8 +79,8 @@ class Rebalancer:
     def _settle(self, achieved: float) -> None:
         """The last move's achieved balancedness: the exchanges since it."""
         if self._pending is not None:
-            self._pending.achieved_after = achieved
-            self._pending.worse = achieved < self._pending.before
+            rep = self.reports[self._pending]
+            self.reports[self._pending] = replace(rep, achieved_after=achieved, worse=achieved < rep.before)
             self._pending = None
 
     def finish(self) -> None:
@@ -97,5 +96,6 @@ class Rebalancer:
             self._local_chunks.append(self.model.live_counts_LE.clone())
             self.model.live_counts_LE.zero_()
         if self._copying is not None and not any(b.in_flight for b in self.model.banks):
-            self._copying.steps_disturbed = step - self._copying.step
+            rep = self.reports[self._copying]
+            self.reports[self._copying] = replace(rep, steps_disturbed=step - rep.step)
             self._copying = None
