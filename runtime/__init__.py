@@ -17,16 +17,5 @@ Glossary (the words used throughout this package):
 Shape letters: T = tokens of a step, K = top_k, E = routed experts, S = hot slots of a layer,
 H = hidden size, I = expert intermediate size, B = elements of one blob, L = MoE layers.
 
-Layout: device.py chooses the device once; pinned.py allocates page-locked slabs of their own
-size under the `numa_policy` knob (the pages and their lifetime are probes/hostmem.py's); bank.py keeps
-slot bookkeeping (SlotTable) apart from byte movement (BlobBank, BlobLayout; ExpertBank is the
-synthetic SwiGLU layout); fp8.py the block-scaled fp8 format; moe.py holds the router, SwiGLU
-and the all-resident reference; kernels.py the expert compute (Triton on a GPU, its jit kernels
-in triton_kernels.py, imported only where Triton runs; a torch path of the same computation on a
-CPU); model.py stacks layers; engine.py drives steps and the CUDA graph; windows.py the hit-rate
-accounting, dynamic swaps and run summary shared with checkpoint serving (hf/); from_recipe.py
-turns a recipe into a ready engine; api.py is the shell's one door in (request.py: what a run is
-asked and gives back; driver.py: one rank built and stepped; rank.py: a launched rank's entry
-point); log.py the hit-rate records; selftest.py checks the runtime
-on this machine's device; torch_files.py reads tensors-only .pt files.
+Layout, one job per file: docs/architecture.md ("The driver of a run") and docs/runtime.md.
 """

@@ -1,17 +1,9 @@
 """The one door from the command line into the runtime: `hotsplit_cli/commands` import this module
-and no other of `hotsplit_runtime` (an import-linter contract in pyproject.toml).
-
-- `run(request, watch)`: a run on one rank, or an expert-parallel job: started here as local
-  ranks (each `python -m hotsplit_runtime.rank`), or joined when a launcher such as torchrun
-  started this process as one of its ranks. Every path gives back the same `RunResult`.
-- `count_checkpoint_routing`, `count_synthetic_routing`: what `hotsplit balance` counts.
-- `selftest(device)`, `save_tensors` / `load_tensors`: the selftest and tensors-only .pt files.
-- `say_error(line, exit_code)`: a command's one error line, said once for a job's ranks.
-
-Importing this module imports no torch: each function imports the runtime modules it runs
-(torch, and transformers for a checkpoint, take seconds to import), so `hotsplit --help` and the
-planning commands stay instant, and a refusal before a job's launch takes well under a second.
-"""
+and no other of `hotsplit_runtime` (an import-linter contract in pyproject.toml). `run` gives
+back the same `RunResult` on one rank or N (started here as local ranks, or joined under
+torchrun); the rest is what `balance`, `selftest` and tensor files need. Importing it imports no
+torch: each function imports what it runs, so `hotsplit --help`, the planning commands and a
+refusal before a job's launch stay instant."""
 
 from __future__ import annotations
 
@@ -57,9 +49,7 @@ def run(request: RunRequest, watch: Watch | None = None) -> RunResult | None:
 
 
 def _check_before_launch(request: RunRequest) -> None:
-    """What every rank would refuse, refused once by the launcher before any rank starts: the
-    trace against the recipe and --steps, the plan's placement. A refusal names the input, not
-    a rank."""
+    """What every rank would refuse (trace, plan placement), refused once before any rank starts, naming the input."""
     rec = request.recipe
     trace_file = request.trace or (rec.traffic.path if rec.traffic.kind == "trace" else None)
     if trace_file is not None:
@@ -72,9 +62,8 @@ def _check_before_launch(request: RunRequest) -> None:
 
 def count_checkpoint_routing(model_dir, device: str, dtype: str, prompts: list, max_new_tokens: int,
                              batch_size: int, keep_trace: bool, progress=Watch().progress):
-    """The routing counts of greedy generation over `prompts` on a checkpoint (hf/capture.py
-    `CountedRouting`); `dtype`: "auto" (the checkpoint's) or a name in runtime/moe.py DTYPES;
-    `progress(label, total)`: a context giving `advance(n)` (a Watch's)."""
+    """The routing counts of greedy generation over `prompts` on a checkpoint (hf/capture.py);
+    `dtype`: "auto" or a name in runtime/moe.py DTYPES; `progress`: a Watch's."""
     from .device import choose_device  # torch from here on
     from .hf.capture import count_routing
     from .moe import DTYPES

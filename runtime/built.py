@@ -1,14 +1,14 @@
-"""A rank built for the one loop, whichever model source built it (from_recipe.py, hf/run.py):
-its engine, hot set and set-up, described once for the run document and its header lines."""
+"""A rank built for the one loop, whichever model source built it (from_recipe.py, hf/run.py)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
+from hotsplit_cli.hotset.rank_hot_set import PlanChoice
+
 from .device import DeviceInfo
 from .engine import Engine
-from .hot_set import PlanChoice
 from .request import RunHeader
 
 

@@ -1,21 +1,10 @@
-"""The CPU cold path: per MoE layer and step, the distinct cold experts are divided between the
-device (reading their weights in place over PCIe, as ever) and a CPU worker that computes its
-share from the cold bank where it lies in host memory, by the cost model of
-hotsplit_cli/hotset/coldpath.py (`cold_path` = gpu | cpu | split).
-
-Only the CPU's tokens' activations go to the host and only its outputs come back: the weights
-never cross the link. The CPU work is handed to a worker thread first, the device work is
-launched while it runs, and the two partial outputs are summed. Without a GPU the device is this
-CPU: the CPU's share is computed in the calling thread, before the device's (the cost model adds
-the two up), since a worker's own OpenMP thread team beside the caller's left cores idle
-(docs/benchmarks.md, "The CPU cold path's rate").
-Deciding the split reads the step's routing on the host, so a step cannot be captured in a CUDA
-graph in cpu/split mode. Hot experts, swaps and hit accounting are untouched: a CPU-computed
-expert is a cold one.
-
-Counters say, per path, the cold expert bytes served and the time measured and predicted, so a
-run can print predicted vs achieved.
-"""
+"""The CPU cold path (docs/runtime.md, "Cold paths"): per MoE layer and step, the distinct cold
+experts are divided between the device (reading their weights in place, as ever) and a CPU
+worker computing its share from the cold bank in host memory, by the cost model of
+hotsplit_cli/hotset/coldpath.py (`cold_path` = gpu | cpu | split). Only activations cross the
+link. Without a GPU the device is this CPU, and the CPU's share runs in the calling thread first:
+a worker's own OpenMP team beside the caller's left cores idle (docs/benchmarks.md). Deciding the
+split reads the routing on the host, so cpu/split steps are not captured in a CUDA graph."""
 
 from __future__ import annotations
 
@@ -34,6 +23,7 @@ from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.coldpath import ColdRates, describe_rates, fit_rates, split_cold
 
 from .device import DeviceInfo, synchronizer
+from .moe import grouped_experts
 
 # Measured (benchmarks/bench_cpu_fp8.py, docs/benchmarks.md): dequantising a block-scaled fp8 expert on
 # the CPU and computing it streams 25-45x fewer bytes of stored weights per second than bf16.
@@ -155,10 +145,8 @@ class ColdSplit:
         return y_TH.index_add(0, tok_dev, y_cpu.to(dev, y_TH.dtype))
 
     def report(self, real_expert_bytes: int, allocated_expert_bytes: int | None = None) -> dict:
-        """Per path: distinct cold experts, their bytes as allocated and at full size (`bytes`),
-        ms achieved and predicted for the tensors as allocated (the device's with its hot experts
-        where the device is this CPU), the relative spread of the rate each path was predicted
-        at (None: its source records none), and the CPU's share of the cold experts."""
+        """Per path: distinct cold experts, their bytes at full size and as allocated, ms achieved
+        and predicted as allocated, the spread of the rate it was predicted at; the CPU's share."""
         c = self.counters
         c.settle()
         n = c.gpu_experts + c.cpu_experts
@@ -210,12 +198,23 @@ class SplitExperts:
         self.name = f"{inner.name} + CPU cold path ({split.mode})"
 
     def __call__(self, x_TH, ids_TK, w_TK, bank, counts_E=None) -> torch.Tensor:
-        from .moe import grouped_experts
-
         return self.split(
             x_TH, ids_TK, w_TK, bank,
             lambda ids: self.inner(x_TH, ids, w_TK, bank, counts_E),
             lambda x, ids, w: grouped_experts(x, ids, w, bank.host_weights_of, bank.num_experts))
+
+
+class SplitBank:
+    """A checkpoint layer's experts (hf/bank.py `HFExpertBank`) with the cold experts divided by
+    `split`: the adapter's `.forward(experts, x, ids, w)`."""
+
+    def __init__(self, bank, split: ColdSplit):
+        self.bank, self.split = bank, split
+
+    def forward(self, experts, x_TH, ids_TK, w_TK) -> torch.Tensor:
+        b = self.bank
+        return self.split(x_TH, ids_TK, w_TK, b, lambda ids: b.forward(experts, x_TH, ids, w_TK),
+                          lambda x, ids, w: b.forward(experts, x, ids, w, host=True))
 
 
 # A quick measurement at the start of a run: the pool is read 35 times (a warm-up and 5 samples at
@@ -224,12 +223,8 @@ CALIBRATION_POOL_BYTES = 64 << 20
 
 
 def measure_rates(bank, info: DeviceInfo, zero_copy_gbps: float | None = None) -> tuple[ColdRates, str]:
-    """The cost model's rates measured now, on this run's expert shape, by the probe's own
-    measurement (probes.cpu_expert, the runtime's threads): the CPU expert rate on the GPU's node
-    and its layer call for this bank's experts per layer, the zero-copy read of the bank's cold
-    blobs (on a GPU, unless `zero_copy_gbps` is given) and the per-layer sync (hand-off, and the
-    activations' round trip on a GPU). On a CPU the device path is this same CPU (`shared_cpu`),
-    at the CPU's rate and spread."""
+    """The cost model's rates measured now on this run's expert shape by the probe's measurement
+    (probes.cpu_expert); on a CPU the device path is this same CPU (`shared_cpu`)."""
     from hotsplit_probes.bandwidth import measure_roundtrip_ms
     from hotsplit_probes.cpu_expert import CPU_RUNTIME_THREADS, ExpertShape, measure_cpu_expert
 
@@ -250,8 +245,7 @@ def measure_rates(bank, info: DeviceInfo, zero_copy_gbps: float | None = None) -
 
 
 def _zero_copy_gbps(bank, info: DeviceInfo, max_bytes: int = 1 << 30) -> float:
-    """GB/s of a reduction over (up to 1 GiB of) the bank's cold blobs read in place, as the probe
-    reads its buffer: the bytes as float32 words, whatever they hold."""
+    """GB/s of a reduction over (up to 1 GiB of) the cold blobs read in place, as float32 words."""
     flat = bank.cold_read_EB.reshape(-1).view(torch.uint8)
     n = min(flat.numel(), max_bytes) // 4 * 4
     words = flat[:n].view(torch.float32)
@@ -260,10 +254,8 @@ def _zero_copy_gbps(bank, info: DeviceInfo, max_bytes: int = 1 << 30) -> float:
 
 
 def make_split(mode: str, info: DeviceInfo, bank, platform=None) -> ColdSplit | None:
-    """The CPU cold path of `mode` (None for `gpu`). Its rates follow coldpath.fit_rates, the rule
-    `plan` and `simulate` use: platform.json's (the GPU this run uses) when they were measured on
-    the experts this run allocates; else measured now on them (a scaled run, another recipe's
-    probe, or none), the platform's then reported as not used."""
+    """The CPU cold path of `mode` (None for `gpu`) at coldpath.fit_rates's rates: platform.json's when
+    measured on the experts this run allocates, else measured now (the platform's reported unused)."""
     if mode == "gpu":
         return None
     if getattr(bank, "fp8_meta", None) is not None:
@@ -283,12 +275,3 @@ def make_split(mode: str, info: DeviceInfo, bank, platform=None) -> ColdSplit | 
     else:
         rates, where = measure_rates(bank, info)
     return ColdSplit(mode, rates, info, where, not_used)
-
-
-def attach(model, mode: str, info: DeviceInfo, platform=None) -> ColdSplit | None:
-    """Give the synthetic `model` the CPU cold path of `mode`. Before any Engine is made: the
-    engine reads `capturable` to decide on the CUDA graph."""
-    split = make_split(mode, info, model.banks[0], platform)
-    if split is not None:
-        model.compute = SplitExperts(model.compute, split)
-    return split

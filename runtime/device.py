@@ -58,9 +58,8 @@ def _gpu_numa_node(index: int) -> tuple[int | None, str | None]:
 
 
 def choose_device(request: str = "auto", source: str = "run.device") -> DeviceInfo:
-    """`auto` takes cuda:0 when CUDA works, else the CPU. `cpu`, `cuda` and `cuda:N` are honoured
-    or refused (a UsageError, exit 2) when the machine cannot do them; `source` names where the
-    request came from in that message (the recipe key, or a flag such as `--device`)."""
+    """`auto` takes cuda:0 when CUDA works, else the CPU; `cpu`, `cuda`, `cuda:N` are honoured or
+    refused (UsageError) naming `source`, where the request came from (recipe key or flag)."""
     request = (request or "auto").strip().lower()
     fix = "use device: auto or cpu" if source == "run.device" else f"use {source} auto or cpu"
     if request not in ("auto", "cpu", "cuda") and not request.startswith("cuda:"):

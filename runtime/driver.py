@@ -1,7 +1,5 @@
-"""One rank of a run, whichever model source: build it, step it through the one loop
-(`Engine.run`), give back what it ran. A single rank's result is the run's; an expert-parallel
-rank's goes into the job's reduction (runtime/distributed/job.py).
-"""
+"""One rank of a run, whichever model source: build it, step it through the one loop, give back
+what it ran (one rank's result is the run's; an EP rank's goes to distributed/job.py)."""
 
 from __future__ import annotations
 
@@ -18,9 +16,8 @@ from .request import RunRequest, RunResult, Watch
 
 
 def build(request: RunRequest, rank: Rank, watch: Watch, stack: ExitStack, parallel=single_rank):
-    """The rank built from the recipe's model source, `parallel` applied to its model (a
-    checkpoint's progress runs on in `stack`, over its generation), with the CPU's threads set
-    for the device chosen."""
+    """The rank built from the recipe's model source, `parallel` applied to its model (a checkpoint's
+    progress runs on in `stack`), the CPU's threads set for the device chosen."""
     rec = request.recipe
     if rec.model.kind == "hf":
         if importlib.util.find_spec("transformers") is None:  # found, not imported: the loader imports it

@@ -18,11 +18,10 @@ import torch
 from hotsplit_probes.hostmem import release_deferred
 
 from hotsplit_cli.config.knobs import Knobs
+from hotsplit_cli.hotset.windows import HitRateRecord, Propose, RunSummary, WindowBook, moves_by_layer
 from hotsplit_cli.traffic.synthetic import SyntheticTraffic
 
-from .log import HitRateRecord
 from .model import HotColdMoE
-from .windows import Propose, RunSummary, WindowBook, moves_by_layer
 
 
 class RouterSource:

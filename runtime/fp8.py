@@ -1,16 +1,9 @@
-"""Block-scaled fp8 checkpoints (DeepSeek-V3 / R1, Qwen3 "FP8" releases, GLM-4.5-FP8).
-
-Format (config.json `quantization_config`: `quant_method: fp8`, `fmt: e4m3`,
-`weight_block_size: [bm, bn]`): each quantised linear weight `W` [rows, cols] is stored as
-float8_e4m3fn next to `weight_scale_inv` [ceil(rows / bm), ceil(cols / bn)] (float32, or
-float8_e8m0fnu in newer releases), and W = fp8 value x the scale of its block. Without
-`weight_block_size`, one scale per tensor.
-
-hotsplit keeps routed experts in fp8 in the cold bank (half the bytes a bf16 expert crosses
-PCIe with) and dequantises an expert's tiles when it computes; every other quantised weight of
-a checkpoint is dequantised once, at load, to the model's dtype. A synthetic recipe with
-`expert_dtype: fp8` quantises its random experts the same way (`quantize`).
-"""
+"""Block-scaled fp8 checkpoints (DeepSeek-V3 / R1, Qwen3 "FP8", GLM-4.5-FP8; docs/real-models.md):
+each quantised weight W [rows, cols] is float8_e4m3fn next to `weight_scale_inv`
+[ceil(rows / bm), ceil(cols / bn)] (`weight_block_size`; one scale per tensor without it), and W
+= fp8 value x its block's scale. Routed experts stay fp8 in the banks (half the bytes a bf16
+expert crosses PCIe with) and are dequantised per tile as they are computed; every other
+quantised weight is dequantised once, at load. Synthetic fp8 experts are quantised the same way."""
 
 from __future__ import annotations
 
@@ -18,7 +11,6 @@ from dataclasses import dataclass
 
 import torch
 
-from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.sizes import FP8_BLOCK
 
 FP8 = torch.float8_e4m3fn
@@ -45,30 +37,6 @@ class Fp8Format:
 
 
 RELEASE_FP8 = Fp8Format(FP8_BLOCK)  # the format of the fp8 releases, and of recipes' fp8 experts
-
-
-def fp8_format_of(config, where: str) -> Fp8Format | None:
-    """The checkpoint's fp8 format, None when it is not quantised; UsageError for any other
-    quantisation (MXFP4, GPTQ, AWQ, bitsandbytes, static activation scales)."""
-    q = getattr(config, "quantization_config", None)
-    if not q:
-        return None
-    q = q if isinstance(q, dict) else q.to_dict()
-    method = q.get("quant_method", "?")
-    if method != "fp8":
-        raise UsageError(f"{where}: quantised checkpoint ({method}) is not supported",
-                         "use a bf16, block-scaled fp8 or mxfp4 checkpoint")
-    fmt = q.get("fmt", "e4m3")
-    if fmt not in ("e4m3", "float8_e4m3fn"):
-        raise UsageError(f"{where}: fp8 format {fmt!r} is not supported", "only e4m3 weights are read")
-    if q.get("activation_scheme", "dynamic") != "dynamic":
-        raise UsageError(f"{where}: fp8 with static activation scales is not supported")
-    block = q.get("weight_block_size")
-    if block is not None:
-        if len(block) != 2 or not all(isinstance(b, int) and b > 0 for b in block):
-            raise UsageError(f"{where}: weight_block_size must be two positive ints, got {block!r}")
-        block = (int(block[0]), int(block[1]))
-    return Fp8Format(block)
 
 
 def dequantize(w: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format, dtype: torch.dtype) -> torch.Tensor:
@@ -121,10 +89,9 @@ def swiglu_fp8_parts(two_inter: int, hidden: int, fmt: Fp8Format) -> list[tuple]
 
 @dataclass(frozen=True)
 class FP8Meta:
-    """Where a block-scaled fp8 blob keeps its scales, for the kernels (offsets in bytes):
-    w13 e4m3 [2I, H] at 0, w2 e4m3 [H, I] at w2_offset, float32 scales of gate and up
-    [2, s1_rows, s1_cols] at s1_offset and of w2 [.., s2_cols] at s2_offset; a scale covers
-    bm rows x bn columns (a whole matrix for per-tensor scales)."""
+    """Where a block-scaled fp8 blob keeps its parts, for the kernels (byte offsets): w13 e4m3 [2I, H]
+    at 0, w2 e4m3 [H, I] at w2_offset, float32 scales of gate and up [2, s1_rows, s1_cols] at
+    s1_offset and of w2 [.., s2_cols] at s2_offset; a scale covers bm x bn (per tensor: all)."""
 
     bm: int
     bn: int

@@ -1,8 +1,5 @@
-"""From a recipe to a ready engine: device, traffic, plan (with real bytes), banks.
-
-Plans and hit rates always use the recipe's true expert bytes (`expert_bytes_per_rank`);
-`scale` shrinks only the tensors allocated, so a scaled run makes the same decisions.
-"""
+"""From a recipe to a ready engine: device, traffic, plan (at the real expert bytes), banks;
+`scale` shrinks only the tensors allocated, so a scaled run makes the same decisions."""
 
 from __future__ import annotations
 
@@ -15,16 +12,14 @@ import torch
 
 from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
-from hotsplit_cli.core.errors import InputFileError
 from hotsplit_cli.hotset.budget import resolve_hot_budget
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
-from hotsplit_cli.traffic.hist import load_hist
-from hotsplit_cli.traffic.synthetic import SyntheticTraffic, inclusion_probs, zipf_shares
+from hotsplit_cli.traffic.synthetic import SyntheticTraffic, inclusion_probs, recipe_shares
 from hotsplit_cli.traffic.trace import Trace, load_replay
 
-from . import cold_split
 from .bank import expert_blob_layout
 from .built import Built
+from .cold_split import make_split
 from .device import DeviceInfo
 from .engine import Engine, RouterSource, synthetic_source
 from .fp8 import RELEASE_FP8
@@ -53,9 +48,8 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
                 platform_path: str | Path | None = None, rank: Rank | None = None,
                 parallel: Callable = single_rank) -> Built:
     """Build everything a run needs; every check that can refuse happens before allocation.
-    `advance(1)` is called as each MoE layer's weights are made (the slow part of a large recipe).
-    `rank`: the rank being built (runtime/ranks.py; the default is a single rank) and `parallel`
-    the parallelism applied to its built model."""
+    `advance(1)` as each MoE layer's weights are made; `rank`: the rank built (default: a single
+    one), `parallel`: applied to its built model."""
     scale = recipe.run.scale if scale is None else scale
     check_steps_and_scale(steps, scale)
     rank = Rank.single(recipe, knobs, platform_path) if rank is None else rank
@@ -72,11 +66,11 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     blob = expert_blob_layout(2 * geom.inter, geom.hidden, dtype, layers[0].stored)
     _check_memory(geom, len(layers), blob.elems * blob.storage.itemsize, info, int(plan.hot_LE.sum()))
     compute = choose_compute(info, knobs.precision)
-    model = rank.on_bank(lambda allocator: HotColdMoE(layers, geom, plan.hot_LE, info, allocator, compute))
+    model = rank.on_bank(lambda allocator: HotColdMoE(layers, geom, plan.hot_LE, info, allocator, compute,
+                                                      lambda bank: make_split(knobs.cold_path, info, bank, platform)))
     model, source = parallel(model, traffic.source, rank)
     notes = experts.notes + traffic.notes
-    split = cold_split.attach(model, knobs.cold_path, info, platform)
-    if split is not None and info.graphs:
+    if knobs.cold_path != "gpu" and info.graphs:
         notes.append(f"cold_path {knobs.cold_path}: no CUDA graph (the split reads each layer's routing on the host)")
     engine = Engine(model, source, knobs, expert_bytes, seed=rank.seed(recipe.run.seed),
                     expected_hit_rate=plan.expected_hit_rate, use_graph=rank.use_graph)
@@ -94,11 +88,9 @@ class _Experts:
 
 
 def _expert_format(recipe: Recipe, info: DeviceInfo, dtype: torch.dtype, stored) -> _Experts:
-    """fp8 experts are quantised as the fp8 releases are (e4m3, 128x128 block scales). Where the
-    Triton kernels run they stay fp8 in the banks (dequantised per tile as they are read); the
-    CPU torch path would dequantise every expert at every use, so there the banks hold the
-    dequantised values: the same function, 3x faster on a CPU. A stored precision asked for
-    (`stored`, the `precision` knob) is what the banks hold on every device."""
+    """How the banks hold the experts: a stored precision asked for (`stored`) on every device; a
+    release's fp8 experts stay fp8 where the Triton kernels read them, dequantised on the CPU torch
+    path (which would dequantise every expert at every use: 3x slower)."""
     if stored is not None:
         return _Experts(stored, stored.describe(), [])
     m = recipe.model
@@ -145,7 +137,7 @@ def _traffic(recipe: Recipe, rank: Rank, layers, geom: MoEGeometry, trace_path, 
     if trace_file is not None:
         return _trace_traffic(recipe, rank, trace_file, steps)
     if t.kind in ("synthetic", "histogram"):
-        shares, name = _shares(recipe)
+        shares, name = recipe_shares(recipe)
         if t.drift_every:
             name += f", hotspot moves every {t.drift_every} steps"
         sampler = SyntheticTraffic(shares, m.top_k, t.batch, t.drift_every, rank.seed(t.seed))
@@ -162,17 +154,6 @@ def _trace_traffic(recipe: Recipe, rank: Rank, trace_file, steps) -> _Traffic:
     counts_LE = Trace(trace.topk_ids_SLTK[:n_steps], trace.layers).counts_LE(recipe.model.num_experts)  # the replayed
     name = f"trace {trace_file} ({n_steps} of {trace.num_steps} trace steps)"
     return _Traffic(rank.shard_trace(trace), counts_LE, name, n_steps, trace.num_steps, trace=trace)
-
-
-def _shares(recipe: Recipe) -> tuple[np.ndarray, str]:
-    m, t = recipe.model, recipe.traffic
-    if t.kind == "synthetic":
-        return zipf_shares(m.num_moe_layers, m.num_experts, t.skew, t.seed), f"synthetic skew {t.skew:g}"
-    hist = load_hist(t.path)
-    if hist.counts_LE.shape != (m.num_moe_layers, m.num_experts):
-        raise InputFileError(f"{t.path}: histogram is {list(hist.counts_LE.shape)} (layers x experts), "
-                             f"{recipe.name} has [{m.num_moe_layers}, {m.num_experts}]")
-    return hist.counts_LE, f"histogram {t.path}"
 
 
 def _calibrate(layers, geom: MoEGeometry, batch: int, seed: int) -> np.ndarray:

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from .bank import ExpertBank
+from .cold_split import SplitExperts
 from .device import DeviceInfo
 from .moe import LayerWeights, MoEGeometry, Router, rms_norm, swiglu
 from .pinned import PinnedAllocator
@@ -21,7 +22,6 @@ class BankedModel:
     """Banks, swaps and window counters; subclasses set `banks`, `_init_counters`, `_count` each step."""
 
     banks: list
-    held_LE: np.ndarray | None = None  # bool [L, E]: an EP rank's experts with a replica there (its exchange's)
 
     @property
     def num_layers(self) -> int:
@@ -45,14 +45,10 @@ class BankedModel:
 
     def read_counters(self, reset_window: bool = True) -> dict[str, np.ndarray]:
         """Copy the counters to the host (one synchronisation) and clear them for the next window.
-        Copies, because .numpy() of a CPU tensor aliases the memory zeroed below. An EP rank's
-        counts are only of the experts it holds now (`held_LE`), so that a dynamic swap never
-        brings in an expert a rebalance took away."""
+        Copies, because .numpy() of a CPU tensor aliases the memory zeroed below."""
         out = {"counts_LE": self.counts_LE.cpu().numpy().astype(np.float64),
                "hits_L": self.hits_L.cpu().numpy().copy(), "assigned_L": self.assigned_L.cpu().numpy().copy(),
                "cold_reads_L": self.cold_reads_L.cpu().numpy().copy()}
-        if self.held_LE is not None:
-            out["counts_LE"][~self.held_LE] = 0.0
         if reset_window:
             for t in (self.counts_LE, self.hits_L, self.assigned_L, self.cold_reads_L):
                 t.zero_()
@@ -68,10 +64,11 @@ class BankedModel:
 
 class HotColdMoE(BankedModel):
     def __init__(self, layers: list[LayerWeights], geom: MoEGeometry, hot_LE: np.ndarray, info: DeviceInfo,
-                 allocator: PinnedAllocator, compute):
+                 allocator: PinnedAllocator, compute, cold_path=None):
+        """`cold_path(bank)`: the CPU cold path made on the first layer's bank (cold_split.py), or None."""
         dev = info.device
         L, E = len(layers), geom.num_experts
-        self.geom, self.info, self.compute = geom, info, compute
+        self.geom, self.info = geom, info
         self.swap_stream = torch.cuda.Stream(dev) if info.is_cuda else None
         # One [L, E] map so the counters read every layer's map in one operation.
         self.expert2slot_LE = torch.full((L, E), -1, dtype=torch.int32, device=dev)
@@ -81,15 +78,18 @@ class HotColdMoE(BankedModel):
                                else lw.router.bias_E.to(dev), geom) for lw in layers]
         self.shared = [None if lw.shared_w13 is None else (lw.shared_w13.to(dev), lw.shared_w2.to(dev))
                        for lw in layers]
+        split = None if cold_path is None else cold_path(self.banks[0])
+        self.compute = compute if split is None else SplitExperts(compute, split)
         self.step_counts_LE = torch.zeros(L, E, dtype=torch.int64, device=dev)
         self._init_counters(E, dev)
 
     def layer(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor | None = None,
-              w_TK: torch.Tensor | None = None) -> torch.Tensor:
-        """One MoE layer's output [T, H]; counts this step's assignments into step_counts_LE."""
+              w_TK: torch.Tensor | None = None, routed=None) -> torch.Tensor:
+        """One MoE layer's output [T, H]; counts this step's assignments into step_counts_LE.
+        `routed`: how the routed experts are reached (default `_routed`; distributed/apply.py's exchange)."""
         if ids_TK is None:
             ids_TK, w_TK = self.routers[li](x_TH)
-        y = self._routed(li, x_TH, ids_TK, w_TK, self.step_counts_LE[li])
+        y = (routed or self._routed)(li, x_TH, ids_TK, w_TK, self.step_counts_LE[li])
         if self.shared[li] is not None:
             y = y + swiglu(x_TH, *self.shared[li])
         return y
@@ -101,12 +101,12 @@ class HotColdMoE(BankedModel):
         return self.compute(x_TH, ids_TK, w_TK, self.banks[li], counts_E)
 
     def step(self, x_TH: torch.Tensor, ids_LTK: torch.Tensor | None = None,
-             w_LTK: torch.Tensor | None = None) -> torch.Tensor:
+             w_LTK: torch.Tensor | None = None, routed=None) -> torch.Tensor:
         """One engine step through every layer: h = h + moe(rms_norm(h)). Device-only work."""
         self.step_counts_LE.zero_()
         h = x_TH
         for li in range(self.num_layers):
             h = h + self.layer(li, rms_norm(h), None if ids_LTK is None else ids_LTK[li],
-                               None if w_LTK is None else w_LTK[li])
+                               None if w_LTK is None else w_LTK[li], routed)
         self._count(self.step_counts_LE, self.expert2slot_LE >= 0)  # the map this step read
         return h

@@ -1,22 +1,11 @@
-"""The cold bank's host slabs: page-locked and device-mapped on a GPU, NUMA-placed per the
-`numa_policy` knob, with a lifetime that cannot outlive their CUDA registration.
-
-On a GPU a slab is `probes.hostmem.HostPages`: an anonymous mapping of exactly the bytes asked
-for (page-rounded), its pages placed with mbind before the first touch, then registered with
-`cudaHostRegister(Portable | Mapped)`. torch's own pinned allocator rounds every allocation up to
-a power of two: a DeepSeek-V3 layer of fp8 experts (11.3 GB) would lock 16 GiB, 42% more host
-memory than the bank holds. Where registration fails, the slab falls back to torch's pinned
-allocator (power of two, placed by the thread's memory policy) and the reason is recorded.
-Without CUDA a slab is the same kind of mapping, pageable.
-
-A slab lives as long as any tensor or device view of it: dropping a model returns its memory,
-unregistered before it is unmapped (see probes/hostmem.py for why the order matters).
-
-NUMA policy: `preferred` asks the kernel for pages on the GPU's node and falls back elsewhere,
-`bind` insists on it, `off` leaves the default (first touch). Every slab's pages are then
-located (move_pages(2) in query mode, on a sample of pages), so the report says where the cold
-bank really is, policy or not. Whatever cannot be done is recorded with a reason, never raised.
-"""
+"""The cold bank's host slabs (docs/runtime.md, "Layout"): exact-size mappings
+(`probes.hostmem.HostPages`), placed per the `numa_policy` knob with mbind before the first
+touch and registered with `cudaHostRegister` on a GPU, pageable without CUDA. torch's pinned
+allocator rounds up to a power of two (a DeepSeek-V3 layer of fp8 experts, 11.3 GB, would lock
+16 GiB), so it is only the fallback where registration fails, with the reason recorded. A slab
+lives as long as any tensor or device view of it, and is unregistered before it is unmapped.
+Every slab's pages are located (move_pages(2) on a sample), so the report says where the bank
+really is; whatever cannot be done is recorded with a reason, never raised."""
 
 from __future__ import annotations
 
@@ -138,12 +127,8 @@ class _Slab:
 
 @dataclass
 class PinnedAllocator:
-    """Allocates the cold bank's slabs: page-locked and device-mapped when `pin`, NUMA-placed.
-
-    `method` says how the last slab was made: "cudaHostRegister" (exact size), "torch pinned"
-    (power of two, when registration failed: `fallback` says why) or "pageable" (no CUDA).
-    The allocator does not own the memory: each slab lives as long as the tensors made from it, and
-    the allocator only remembers where the live ones are."""
+    """The cold bank's slabs, page-locked and device-mapped when `pin`, NUMA-placed; it remembers the
+    live ones. `method`: "cudaHostRegister", "torch pinned" (`fallback` says why) or "pageable"."""
 
     pin: bool
     numa: NumaPolicy
@@ -197,19 +182,14 @@ class PinnedAllocator:
         return t, _Slab(t.data_ptr(), t.data_ptr(), t.numel(), None, locate(t.data_ptr(), t.numel(), node))
 
     def device_address(self, host_tensor: torch.Tensor) -> int:
-        """Where the device reads `host_tensor` (a view into one of the slabs)."""
-        return slab_device_address(self.slabs, host_tensor)
-
-
-def slab_device_address(slabs: list[_Slab], host_tensor: torch.Tensor) -> int:
-    """Where the device reads `host_tensor`, a view into one of the live `slabs`."""
-    ptr = host_tensor.data_ptr()
-    for s in reversed(slabs):  # the newest first: a freed slab's range may be reused
-        if s.alive and s.host_address <= ptr < s.host_address + s.n_bytes:
-            if s.device_address is None:
-                raise ValueError("the slab is not mapped for a device (pageable memory)")
-            return s.device_address + (ptr - s.host_address)
-    raise ValueError("the tensor is not in a slab of this allocator")
+        """Where the device reads `host_tensor` (a view into one of the live slabs)."""
+        ptr = host_tensor.data_ptr()
+        for s in reversed(self.slabs):  # the newest first: a freed slab's range may be reused
+            if s.alive and s.host_address <= ptr < s.host_address + s.n_bytes:
+                if s.device_address is None:
+                    raise ValueError("the slab is not mapped for a device (pageable memory)")
+                return s.device_address + (ptr - s.host_address)
+        raise ValueError("the tensor is not in a slab of this allocator")
 
 
 def _torch_pinned(size: int) -> torch.Tensor:

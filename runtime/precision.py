@@ -1,15 +1,9 @@
-"""Stored precisions of routed experts: each expert is stored once, at one precision, in the cold
-bank and in its hot copy (the same bytes), and dequantised per expert as it is computed.
-
-- `native`: the model's own dtype.
-- `fp8`: e4m3 with 128x128 block scales, the layout of the fp8 releases (runtime/fp8.py).
-- `mxfp4`: the OCP Microscaling format (OCP MX v1.0, section 6.3: MXFP4 = e2m1 elements, one e8m0
-  shared scale per block of 32), in gpt-oss's release layout: `*_blocks` uint8 [..., out, in/32, 16]
-  (two values per byte, the even input in the low nibble) and `*_scales` uint8 [..., out, in/32]
-  (the scale is 2^(byte - 127); 255 is NaN).
-
-Experts are quantised once, from their native weights, when a bank is filled.
-"""
+"""Stored precisions of routed experts (docs/precision.md): each expert is stored once, at one
+precision, in the cold bank and in its hot copy (the same bytes), quantised once from its native
+weights when a bank is filled and dequantised per expert as it is computed: `native`, `fp8`
+(runtime/fp8.py) or `mxfp4` (OCP MX v1.0 6.3 in gpt-oss's layout: `*_blocks` uint8
+[..., out, in/32, 16], two values per byte, the even input in the low nibble; `*_scales` uint8
+[..., out, in/32], the scale 2^(byte - 127), 255 NaN)."""
 
 from __future__ import annotations
 
@@ -18,10 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
+from hotsplit_cli.config.checkpoint import stored_experts_of
 from hotsplit_cli.config.knobs import PRECISIONS
 from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.hotset.precision_plan import uniform_layer_precisions
 
-from .fp8 import RELEASE_FP8, Fp8Experts, Fp8Format, fp8_format_of
+from .fp8 import RELEASE_FP8, Fp8Experts, Fp8Format
 
 MX_GROUP = 32  # inputs per e8m0 scale
 E8M0_BIAS = 127
@@ -58,10 +54,9 @@ def _finite_cap(scale: torch.Tensor) -> torch.Tensor:
 
 
 def mxfp4_quantize(w_RC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(blocks uint8 [R, C/32, 16], scales uint8 [R, C/32]) of W [R, C]: per group of 32 inputs the
-    smallest power-of-two scale that puts the group's largest magnitude within e2m1's 6, each value
-    rounded to the nearest e2m1 value (never past float32's largest). C must be a multiple of 32; W
-    finite."""
+    """(blocks uint8 [R, C/32, 16], scales uint8 [R, C/32]) of finite W [R, C], C a multiple of 32: per
+    group the smallest power-of-two scale putting its largest magnitude within e2m1's 6, each value
+    rounded to the nearest e2m1 value (never past float32's largest)."""
     R, C = w_RC.shape
     if C % MX_GROUP:
         raise ValueError(f"mxfp4 needs the input dimension a multiple of {MX_GROUP}, got {C}")
@@ -97,10 +92,9 @@ def _byte_pairs(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 
 def mxfp4_dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """W [..., R, C] in `dtype` from blocks [..., R, C/32, 16] and scales [..., R, C/32]: each value
-    times its group's power-of-two scale, exact wherever the product is representable. bfloat16
-    and float32 hold every scale (float32's exponent range), so they multiply in `dtype` (2x
-    faster on a CPU than float32 then rounding); other dtypes in float32, then rounded."""
+    """W [..., R, C] in `dtype` from blocks [..., R, C/32, 16] and scales [..., R, C/32], exact where
+    representable. bfloat16 and float32 hold every scale, so they multiply in `dtype` (2x faster on
+    a CPU); other dtypes in float32, then rounded."""
     work = dtype if dtype in (torch.bfloat16, torch.float32) else torch.float32
     pairs = _byte_pairs(work, blocks.device)[blocks.long()].flatten(-2)
     w = pairs * e8m0_scales(scales).to(blocks.device, work)[..., None]
@@ -179,44 +173,15 @@ def check_precision_dims(precision: str, hidden: int, inter: int, where: str) ->
                          "use precision fp8 or native for this model")
 
 
-def uniform_layer_precisions(precision_LE, num_layers: int, num_experts: int) -> list[str]:
-    """One precision per MoE layer from a per-(layer, expert) precision array [L, E] of names: one
-    bank per layer holds one precision, so every expert of a layer must share it."""
-    rows = [list(map(str, row)) for row in precision_LE]
-    if len(rows) != num_layers or any(len(r) != num_experts for r in rows):
-        raise UsageError(f"per-expert precisions have shape {len(rows)} x {len(rows[0]) if rows else 0}, "
-                         f"want {num_layers} x {num_experts}")
-    for li, row in enumerate(rows):
-        bad = sorted(set(row) - set(PRECISIONS))
-        if bad:
-            raise UsageError(f"layer {li}: precision {bad[0]!r} is not one of {', '.join(PRECISIONS)}")
-        if len(set(row)) > 1:
-            raise UsageError(f"layer {li} mixes precisions {', '.join(sorted(set(row)))}",
-                             "the runtime stores one precision per layer's bank; give each layer one")
-    return [row[0] for row in rows]
-
-
-
 def layer_formats(precision_LE, num_layers: int, num_experts: int) -> list[StoredFormat | None]:
     """Per MoE layer, the format its bank stores (None: native), from a per-(layer, expert)
     precision array [L, E]: what `make_layer_weights(..., stored=)` takes for each layer."""
     return [stored_format(p) for p in uniform_layer_precisions(precision_LE, num_layers, num_experts)]
 
 
-def check_checkpoint_precision(precision: str, recipe_name: str) -> None:
-    """A checkpoint's experts are stored at its own precision: another one asked for is refused,
-    not ignored."""
-    if precision != "native":
-        raise UsageError(f"precision {precision}: recipe {recipe_name!r} runs a checkpoint, whose experts stay at "
-                         "its own precision", "drop --precision / HOTSPLIT_PRECISION / hotsplit.precision for it")
-
-
 def stored_format_of(config, where: str) -> StoredFormat | None:
-    """How a checkpoint stores its routed experts: block-scaled fp8, MXFP4 (gpt-oss's releases:
-    `quantization_config.quant_method: mxfp4`), or None when not quantised; UsageError naming the
-    format for any other quantisation (GPTQ, AWQ, bitsandbytes)."""
+    """How a checkpoint stores its routed experts (config/checkpoint.py `stored_experts_of`):
+    block-scaled fp8, MXFP4, or None when not quantised."""
     q = getattr(config, "quantization_config", None)
-    q = q if not q or isinstance(q, dict) else q.to_dict()
-    if q and q.get("quant_method") == "mxfp4":
-        return MXFP4
-    return fp8_format_of(config, where)
+    precision, block = stored_experts_of(q if not q or isinstance(q, dict) else q.to_dict(), where)
+    return {"native": None, "mxfp4": MXFP4, "fp8": Fp8Format(block)}[precision]

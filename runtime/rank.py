@@ -1,10 +1,6 @@
-"""A rank the plain launcher starts: `python -m hotsplit_runtime.rank REQUEST_FILE`.
-
-The file is the run's `RunRequest` (pickled by runtime/distributed/launch.py `launch_local` in
-the job's folder). The rank joins the group, runs its part of the job, and rank 0 sends what
-the job shows, and its result, to the launcher through that folder (distributed/channel.py).
-A failure is written there for the launcher's one error line; the rank exits with its code.
-"""
+"""A rank the plain launcher starts: `python -m hotsplit_runtime.rank REQUEST_FILE`, the run's
+pickled `RunRequest` in the job's folder, where rank 0 sends what the job shows and its result
+(distributed/channel.py) and a failure is written for the launcher's one error line."""
 
 from __future__ import annotations
 

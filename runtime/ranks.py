@@ -1,11 +1,6 @@
-"""One rank of a run, as a value settled before anything is allocated.
-
-A run is N ranks. `Rank` says which one this process is (rank, world, the group and placement of
-an expert-parallel job), its device, its seed, where its cold bank goes (the allocator: a private
-pinned bank, or the node's shared one) and the platform file read once. `Rank.single` is the
-one-rank run; an expert-parallel rank is settled by runtime/distributed/rank.py `ep_rank`. The
-builders (from_recipe.py, hf/run.py) read it; nothing writes into it.
-"""
+"""One rank of a run, as a value settled before anything is allocated: which rank (and the group
+and placement of an expert-parallel job), its device, seed, cold bank allocator and platform
+file. `Rank.single` is the one-rank run; an EP rank is settled by distributed/rank.py `ep_rank`."""
 
 from __future__ import annotations
 
@@ -85,9 +80,8 @@ class Rank:
         return prompts[token_shard(len(prompts), self.world, self.rank)]
 
     def on_bank(self, build: Callable):
-        """`build(allocator)` over this rank's cold bank. An EP node's bank is shared: local rank 0
-        creates and fills it, then the node's other ranks map it; once all have, its files are
-        unlinked."""
+        """`build(allocator)` over this rank's cold bank. An EP node's bank is shared: local rank 0 creates
+        and fills it, the others then map it, and once all have its files are unlinked."""
         g = self.group
         if g is None:
             return build(self.allocator)

@@ -14,9 +14,7 @@ from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.core.jsonio import schema_tag
 from hotsplit_cli.hotset.planfile import PlanFile
-
-from .log import HitRateRecord
-from .windows import RunSummary
+from hotsplit_cli.hotset.windows import HitRateRecord, RunSummary
 
 
 def check_steps_and_scale(steps: int | None, scale: float | None) -> None:
@@ -64,15 +62,14 @@ class RunHeader:
 
 @dataclass
 class RunResult:
-    """A finished run (rank 0's view of a job): its set-up, summary, expert-parallel figures
-    (None on one rank) and a checkpoint's greedy texts in prompt order (None for a synthetic
-    model; none when interrupted)."""
+    """A finished run (rank 0's view of a job): its set-up, summary, EP figures (None on one rank) and
+    a checkpoint's greedy texts in prompt order (None: a synthetic model; none when interrupted)."""
 
     recipe: str
     knobs: Knobs
     header: RunHeader
     summary: RunSummary
-    figures: object | None = None  # distributed/summary.py EPFigures
+    figures: object | None = None  # hotsplit_cli/hotset/ep_figures.py EPFigures
     texts: list[str] | None = None
 
     def to_doc(self) -> dict:

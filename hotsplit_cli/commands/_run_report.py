@@ -45,7 +45,7 @@ def wrote(log_jsonl: Path | None, records: int, plot: Path | None) -> str:
 
 
 def format_line(r) -> str:
-    """A hit-rate record (runtime/log.py) as `step   600  hit rate: window  71.2%, cumulative  68.9%
+    """A hit-rate record (hotset/windows.py) as `step   600  hit rate: window  71.2%, cumulative  68.9%
     swaps  3  copied  0.56 MiB in  0.21 ms  cold ...` (the plot's words: the last window, and
     everything so far)."""
     line = (f"step {r.step:>7}  hit rate: window {100 * r.hit_rate_window:5.1f}%, cumulative "

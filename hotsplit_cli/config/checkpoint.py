@@ -127,6 +127,30 @@ def quant_method(config: dict) -> str | None:
     return str(q.get("quant_method", "?")) if isinstance(q, dict) else None
 
 
+def stored_experts_of(quantization: dict | None, where: str) -> tuple[str, tuple[int, int] | None]:
+    """How a checkpoint's `quantization_config` stores its routed experts: ("native", None),
+    ("mxfp4", None) (gpt-oss's releases) or ("fp8", its `weight_block_size`, None for one scale
+    per tensor); UsageError naming any other quantisation (GPTQ, AWQ, bitsandbytes, static
+    activation scales)."""
+    if not quantization:
+        return "native", None
+    method = quantization.get("quant_method", "?")
+    if method == "mxfp4":
+        return "mxfp4", None
+    if method != "fp8":
+        raise UsageError(f"{where}: quantised checkpoint ({method}) is not supported",
+                         "use a bf16, block-scaled fp8 or mxfp4 checkpoint")
+    fmt = quantization.get("fmt", "e4m3")
+    if fmt not in ("e4m3", "float8_e4m3fn"):
+        raise UsageError(f"{where}: fp8 format {fmt!r} is not supported", "only e4m3 weights are read")
+    if quantization.get("activation_scheme", "dynamic") != "dynamic":
+        raise UsageError(f"{where}: fp8 with static activation scales is not supported")
+    block = quantization.get("weight_block_size")
+    if block is not None and (len(block) != 2 or not all(isinstance(b, int) and b > 0 for b in block)):
+        raise UsageError(f"{where}: weight_block_size must be two positive ints, got {block!r}")
+    return "fp8", None if block is None else (int(block[0]), int(block[1]))
+
+
 def expert_dtype_of(config: dict, where: str) -> str:
     """How the routed experts are stored: the quantisation when there is one, else the dtype."""
     method = quant_method(config)

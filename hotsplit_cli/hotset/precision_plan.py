@@ -165,3 +165,28 @@ def routed_probs(counts_LE: np.ndarray, top_k: int) -> np.ndarray:
     """pi [L, E]: the chance one token routes to expert e of layer l (top_k x its share in the layer)."""
     row = counts_LE.sum(axis=1, keepdims=True)
     return np.minimum(1.0, top_k * np.divide(counts_LE, row, out=np.zeros_like(counts_LE), where=row > 0))
+
+
+def uniform_layer_precisions(precision_LE, num_layers: int, num_experts: int) -> list[str]:
+    """One precision per MoE layer from a per-(layer, expert) precision array [L, E] of names: one
+    bank per layer holds one precision, so every expert of a layer must share it."""
+    rows = [list(map(str, row)) for row in precision_LE]
+    if len(rows) != num_layers or any(len(r) != num_experts for r in rows):
+        raise UsageError(f"per-expert precisions have shape {len(rows)} x {len(rows[0]) if rows else 0}, "
+                         f"want {num_layers} x {num_experts}")
+    for li, row in enumerate(rows):
+        bad = sorted(set(row) - set(PRECISIONS))
+        if bad:
+            raise UsageError(f"layer {li}: precision {bad[0]!r} is not one of {', '.join(PRECISIONS)}")
+        if len(set(row)) > 1:
+            raise UsageError(f"layer {li} mixes precisions {', '.join(sorted(set(row)))}",
+                             "the runtime stores one precision per layer's bank; give each layer one")
+    return [row[0] for row in rows]
+
+
+def check_checkpoint_precision(precision: str, recipe_name: str) -> None:
+    """A checkpoint's experts are stored at its own precision: another one asked for is refused,
+    not ignored."""
+    if precision != "native":
+        raise UsageError(f"precision {precision}: recipe {recipe_name!r} runs a checkpoint, whose experts stay at "
+                         "its own precision", "drop --precision / HOTSPLIT_PRECISION / hotsplit.precision for it")

@@ -178,7 +178,7 @@ def prediction_error(pairs: list[tuple[float, float | None]]) -> dict:
 
 def gap_flagged(summary) -> bool:
     """The achieved hit rate is more than EXPECTED_GAP_LIMIT from the plan's expectation
-    (`summary`: a run's, runtime/windows.py `RunSummary`)."""
+    (`summary`: a run's, hotset/windows.py `RunSummary`)."""
     gap = summary.expected_gap
     return gap is not None and round(abs(gap), 9) > EXPECTED_GAP_LIMIT  # 0.7 - 0.8 is not over 0.1
 

@@ -152,6 +152,20 @@ def predict_trace(ids_SLTK: np.ndarray, placement: Placement, num_experts: int,
     return TracePrediction(loads, hits, balancedness(loads.reshape(S * L, R)))
 
 
+def stack_rank_traces(ranks_SLTK: list[list[np.ndarray]]) -> np.ndarray:
+    """The routing each rank sent (per rank, per step int32 [L, T, K]) as one trace int32
+    [S, L, R x T_max, K]: step s holds the ranks' batches in rank order, padded with -1 to the
+    step's largest, so `predict_trace` shards it back (padding takes no turn of the replica rule)."""
+    S, R = len(ranks_SLTK[0]), len(ranks_SLTK)
+    L, K = ranks_SLTK[0][0].shape[0], ranks_SLTK[0][0].shape[2]
+    T = max((r[s].shape[1] for r in ranks_SLTK for s in range(S)), default=0)
+    out = np.full((S, L, R * T, K), -1, dtype=np.int32)
+    for r, steps in enumerate(ranks_SLTK):
+        for s, ids_LTK in enumerate(steps):
+            out[s, :, r * T:r * T + ids_LTK.shape[1]] = ids_LTK
+    return out
+
+
 def placed_hit_rates(counts_LE: np.ndarray, placement: Placement, hot_RLE: np.ndarray) -> np.ndarray:
     """Each rank's expected hit rate (float [R]) when traffic `counts_LE` is split evenly over
     the replicas (a histogram's view: no token order) and rank r serves its replicas of the

@@ -19,12 +19,12 @@ R = ranks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from hotsplit_cli.placement.algorithm import Geometry, Placement, place_experts
-from hotsplit_cli.placement.dispatch import ReplicaMap, balancedness, choose_replicas, token_shard
+from hotsplit_cli.placement.dispatch import ReplicaMap, balancedness, choose_replicas, predict_trace, token_shard
 from hotsplit_cli.placement.evaluate import evaluate
 
 EPLB_SKIP_ABOVE = 0.95  # live balancedness at or above which the map is kept without a look
@@ -86,6 +86,25 @@ def decide_rebalance(fit_LE: np.ndarray, judge_LE: np.ndarray, current: Placemen
 
 
 @dataclass(frozen=True)
+class RebalanceReport:
+    step: int
+    skipped: str | None  # why the map was kept (None: it moved)
+    before: float  # live balancedness of the exchanges since the last rebalance
+    predicted_before: float  # the current map on the latest counts it did not see (evaluation by evaluate.py)
+    predicted_after: float  # the moved map's held-out prediction (kept: the current map's own)
+    achieved_after: float | None  # the next window of exchanges (set when it closes)
+    experts_moved: int  # slots refilled, all ranks
+    bytes_moved_R: list[int]  # real expert bytes each rank copied into its hot slots
+    ms: float  # the rebalance on rank 0: reduce, placement, publication and the copies it waited for
+    steps_disturbed: int = 0
+    worse: bool = False  # a move after which the achieved balancedness fell below `before`
+
+    def to_doc(self) -> dict:
+        return asdict(self)
+
+
+
+@dataclass(frozen=True)
 class RebalanceReplay:
     loads_SLR: np.ndarray  # int64: each exchange's rank loads under the map in force at that step
     decisions: list[tuple[int, RebalanceDecision]]  # (step after which it was taken, decision)
@@ -138,3 +157,32 @@ def replay_rebalancing(ids_SLTK: np.ndarray, start: Placement, num_experts: int,
                 placement, replicas, chunks = d.placement, ReplicaMap.of(d.placement, num_experts), []
             since = done
     return RebalanceReplay(loads, decisions)
+
+
+def refill_moves(hot_LE: np.ndarray, held_LE: np.ndarray, share_LE: np.ndarray) -> dict[int, list[tuple[int, int]]]:
+    """A rank's swaps after its map moved: each hot slot of an expert it no longer holds (`held_LE`,
+    bool [L, E] by the new map) goes to the strongest expert (`share_LE`) it holds cold, ties by
+    id; every other slot stays put. {layer: [(out, in), ...]}, layers without a move left out."""
+    moves: dict[int, list[tuple[int, int]]] = {}
+    for li in range(hot_LE.shape[0]):
+        lost = np.flatnonzero(hot_LE[li] & ~held_LE[li])
+        cand = np.flatnonzero(held_LE[li] & ~hot_LE[li])
+        cand = cand[np.lexsort((cand, -share_LE[li, cand]))]  # strongest first, ties by id
+        pairs = [(int(o), int(i)) for o, i in zip(lost, cand, strict=False)]
+        if pairs:
+            moves[li] = pairs
+    return moves
+
+
+def trace_predictions(ids_SLTK: np.ndarray, placement: Placement, num_experts: int, hot_RLE: np.ndarray,
+                      eplb_steps: int, moved: bool) -> tuple[float | None, np.ndarray | None]:
+    """What replaying an EP run's trace predicts: its balancedness (with live rebalancing's moves,
+    replayed by the same rule, when `eplb_steps`) and each rank's hit rate [R] while the layout
+    it began with holds (None once a rebalance `moved` it)."""
+    pred = None if moved else predict_trace(ids_SLTK, placement, num_experts, hot_RLE)
+    if eplb_steps:
+        bal = replay_rebalancing(ids_SLTK, placement, num_experts, eplb_steps).balancedness
+    else:
+        bal = None if pred is None else pred.balancedness
+    return bal, None if pred is None else pred.hit_rate_R
+

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hotsplit_cli.core.errors import PlanError
+from hotsplit_cli.core.errors import InputFileError, PlanError
+from hotsplit_cli.traffic.hist import load_hist
 from hotsplit_cli.traffic.trace import Trace
 
 
@@ -23,6 +24,19 @@ def zipf_shares(num_layers: int, num_experts: int, skew: float, seed: int = 0) -
     base = 1.0 / np.arange(1, num_experts + 1) ** skew
     p = np.stack([base[rng.permutation(num_experts)] for _ in range(num_layers)])
     return p / p.sum(axis=1, keepdims=True)
+
+
+def recipe_shares(recipe) -> tuple[np.ndarray, str]:
+    """(expert shares [L, E], their name) of a recipe's `traffic.kind` synthetic (Zipf of its skew)
+    or histogram (its counts, refused when they are not the recipe's [layers, experts])."""
+    m, t = recipe.model, recipe.traffic
+    if t.kind == "synthetic":
+        return zipf_shares(m.num_moe_layers, m.num_experts, t.skew, t.seed), f"synthetic skew {t.skew:g}"
+    hist = load_hist(t.path)
+    if hist.counts_LE.shape != (m.num_moe_layers, m.num_experts):
+        raise InputFileError(f"{t.path}: histogram is {list(hist.counts_LE.shape)} (layers x experts), "
+                             f"{recipe.name} has [{m.num_moe_layers}, {m.num_experts}]")
+    return hist.counts_LE, f"histogram {t.path}"
 
 
 def inclusion_probs(shares_LE: np.ndarray, top_k: int) -> np.ndarray:

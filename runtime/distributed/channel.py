@@ -1,10 +1,6 @@
-"""Rank 0 to the launcher that started it: the job's notes, set-up, windows and result.
-
-A rank our launcher starts is the runtime's own process (runtime/rank.py), not the command line
-run again, so what the job shows is shown by the launcher's process, through the caller's
-`Watch`. Rank 0 writes each event as one pickled file in the job's folder (written, then
-renamed: whole or not at all); the launcher reads them in order on a thread while the ranks run.
-"""
+"""Rank 0 to the launcher that started it: the job's notes, set-up, windows and result, each
+event one pickled file in the job's folder (written, then renamed), read in order by the
+launcher on a thread and passed to the caller's `Watch`."""
 
 from __future__ import annotations
 
@@ -47,9 +43,8 @@ class RankChannel(Watch):
 
 
 class LauncherTail:
-    """The launcher's side: rank 0's events passed to `watch` as they come. A failure there (the
-    reader of stdout went away) stops the job: SIGTERM to this process, which torch's agent
-    turns into stopping every rank; `error` keeps it for the launcher to raise."""
+    """The launcher's side: rank 0's events passed to `watch`. A failure there (stdout's reader went
+    away) stops the job through SIGTERM to this process; `error` keeps it for the launcher."""
 
     def __init__(self, folder: str | Path, watch: Watch):
         self.folder, self.watch = Path(folder), watch

@@ -1,68 +1,46 @@
-"""A Hugging Face checkpoint expert-parallel: attention, dense layers and the KV cache replicated
-per rank (each rank generates its share of the prompts, DP attention), routed experts
-partitioned by the placement and reached through the synthetic runs' exchange
-(runtime/distributed/dispatch.py `AllToAll` / `AllGather`).
-
-- The node's cold bank is filled from the checkpoint once (runtime/ranks.py `Rank.on_bank`,
-  around hf/run.py's load): the node's local rank 0 loads every tensor, the other ranks
-  map its files and read only the dense tensors.
-- Each MoE layer's experts module computes through `EPExperts.forward` (the adapter's seam,
-  `state.bank.forward(experts, x, ids, w)`): this rank's real tokens (padding and finished
-  sequences are masked, as they are not counted) go to the ranks holding a replica of their
-  experts, each rank computes what it received with its own `HFExpertBank` (hot slot or cold
-  bank, as one rank does: K = 1, weight 1) and the outputs come back and are summed per token.
-- Lockstep: every rank takes part in every exchange of every step. A step begins with an
-  all_reduce of "still generating" (in the first MoE layer of a rank's forward, or before the
-  `empty_forward` of a rank whose prompts are done); a done rank sends empty batches through
-  every MoE layer in layer order until no rank generates (`lockstep`). Collectives are bounded by the
-  group's timeout (launch.COLLECTIVE_TIMEOUT_S), so no rank waits forever on a dead peer.
-- Counters count what this rank receives, against the map each step read, so its hit rate,
-  dynamic swaps and live rebalancing are this rank's, as in a synthetic EP run (`EPMoE`).
+"""A Hugging Face checkpoint expert-parallel (docs/runtime.md, "Checkpoints expert-parallel"): each
+rank generates its share of the prompts with attention and KV cache of its own, its routed
+experts reached through the synthetic runs' exchange (dispatch.py). Lockstep: every rank takes
+part in every exchange of every step; a step begins with an all_reduce of "still generating",
+and a rank whose prompts are done sends empty batches until no rank generates. Padding and
+finished sequences are not sent.
 
 Shape letters: T = tokens of a forward, K = top_k, H = hidden, A = assignments received,
-L = MoE layers, E = experts, S = steps, R = ranks.
-"""
+L = MoE layers, E = experts, S = steps, R = ranks."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..hf.loader import HFModel
+from hotsplit_cli.placement.dispatch import stack_rank_traces
+
+from ..hf.adapter import install
 from ..hf.steps import CheckpointMoE
-from .dispatch import ReceiveCounting
+from .dispatch import ExpertParallel
 from .summary import gather_to_rank0
 
 
-class EPExperts:
-    """One MoE layer's experts on an expert-parallel rank: the seam's `forward`."""
+class EPCheckpoint(ExpertParallel):
+    """A loaded checkpoint (hf/steps.py `CheckpointMoE`, the loop's model) as one rank of an
+    expert-parallel job: its layers' experts reach the exchange through the adapter's seam, its
+    steps go in lockstep, and it counts what this rank receives (`ExpertParallel`)."""
 
-    def __init__(self, row: int, ep: EPCheckpoint):
-        self.row, self.ep = row, ep
-
-    def forward(self, experts: torch.nn.Module, x_TH: torch.Tensor, ids_TK: torch.Tensor,
-                w_TK: torch.Tensor) -> torch.Tensor:
-        return self.ep.layer(self.row, experts, x_TH, ids_TK, w_TK)
-
-
-class EPCheckpoint(ReceiveCounting, CheckpointMoE):
-    """A loaded checkpoint as the model of one rank of an expert-parallel job (the loop's model,
-    as `CheckpointMoE` is one rank's): the layers' exchange, the lockstep of steps, and counters
-    of what this rank receives (`ReceiveCounting`)."""
-
-    def __init__(self, hm: HFModel, info, exchange, control=None):
-        super().__init__(hm, info)
+    def __init__(self, model: CheckpointMoE, exchange, control=None):
+        super().__init__(model, exchange)
         self.control = control
-        L, E = len(hm.banks), hm.num_experts
-        self._init_receiving(exchange, L, E)
-        self.step_LE = torch.zeros(L, E, dtype=torch.int64, device=info.device)  # received this step
+        L, E = model.counts_LE.shape
+        self.step_LE = torch.zeros(L, E, dtype=torch.int64, device=model.info.device)  # received this step
         self.trace_steps: list[np.ndarray] = []  # per step: the routing this rank sent, int32 [L, T, K]
         self._sent: list[np.ndarray | None] = [None] * L
-        for layer in hm.layers:
-            layer.experts._hotsplit.bank = EPExperts(layer.row, self)
+        # The adapter's seam computes each MoE layer through `.forward(experts, x, ids, w)`: here, the exchange.
+        install(model.hm.model, model.hm.counter,
+                [SimpleNamespace(forward=functools.partial(self.layer, row)) for row in range(L)])
 
     # ---- the exchange ----
 
@@ -86,8 +64,9 @@ class EPCheckpoint(ReceiveCounting, CheckpointMoE):
 
     def _exchange(self, row: int, experts, x_TH, ids_TK, w_TK) -> torch.Tensor:
         self._sent[row] = ids_TK.detach().to("cpu", torch.int32).numpy()
-        return self._exchange_layer(row, x_TH, ids_TK, w_TK, self.step_LE[row],
-                                    lambda x, ids, w: self.banks[row].forward(experts, x, ids, w))
+        compute = self.model.experts_L[row]
+        return self.exchange_layer(row, x_TH, ids_TK, w_TK, self.step_LE[row],
+                                   lambda x, ids, w: compute.forward(experts, x, ids, w))
 
     def empty_forward(self) -> None:
         """A done rank's forward (another rank generates): an empty batch through every MoE layer,
@@ -108,21 +87,23 @@ class EPCheckpoint(ReceiveCounting, CheckpointMoE):
 
     # ---- one step of the loop ----
 
+    def step(self, forward) -> None:
+        self.model.step(forward, run=self._run)
+
     def _run(self, forward) -> torch.Tensor:
-        """Run one of `lockstep`'s forwards; what this rank received (counted by `step` against the
-        map it read)."""
+        """Run one of `lockstep`'s forwards; what this rank received (counted by the model against
+        the hot sets it read)."""
         forward()
         step_LE = self.step_LE.cpu().clone()  # a CPU tensor's .cpu() is itself, zeroed below
         self.step_LE.zero_()
-        self._end_receiving(step_LE)
+        self.end_step(step_LE)
         self.trace_steps.append(np.stack(self._sent))  # every layer exchanged this step
-        self._sent = [None] * self.num_layers
+        self._sent = [None] * len(self._sent)
         return step_LE
 
 
 class Lockstep:
-    """A rank's `Generation` (capture.py) as the routing source of the one loop in an EP job: its
-    forwards, then empty ones until every rank's prompts are done (`EPCheckpoint.lockstep`)."""
+    """A rank's `Generation` as the EP loop's routing source: its forwards, then empty ones until all ranks' end."""
 
     def __init__(self, generation, ep: EPCheckpoint):
         self.generation, self.ep = generation, ep
@@ -136,18 +117,6 @@ class Lockstep:
 
 
 def job_trace(trace_steps: list[np.ndarray], control=None) -> np.ndarray | None:
-    """Collective: the job's routing as a trace on rank 0 (None elsewhere), int32 [S, L, R x T_max, K]:
-    step s holds each rank's sent routing in rank order, padded with -1 to the step's largest
-    batch, so `predict_trace` shards it back into the ranks' batches (padding takes no turn of
-    the replica rule)."""
+    """Collective: the job's routing as a trace on rank 0 (None elsewhere), int32 [S, L, R x T_max, K]."""
     ranks = gather_to_rank0(trace_steps, control)
-    if ranks is None:
-        return None
-    S, R = len(ranks[0]), len(ranks)
-    L, K = ranks[0][0].shape[0], ranks[0][0].shape[2]
-    T = max((r[s].shape[1] for r in ranks for s in range(S)), default=0)
-    out = np.full((S, L, R * T, K), -1, dtype=np.int32)
-    for r, steps in enumerate(ranks):
-        for s, ids_LTK in enumerate(steps):
-            out[s, :, r * T:r * T + ids_LTK.shape[1]] = ids_LTK
-    return out
+    return None if ranks is None else stack_rank_traces(ranks)

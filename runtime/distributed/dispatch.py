@@ -1,38 +1,13 @@
-"""Dispatch and combine: each routed assignment to one replica of its expert, computed there on
-the rank's hot slot or cold bank, and its output back to the token's rank. Two exchanges
-(`ep_exchange`), the same replica rule, so the same assignments land on the same ranks and
-loads, hit rates and swaps are the same in both.
-
-**a2a** (`AllToAll`), per MoE layer and step, on every rank at once:
-1. the rank's assignments [T, K] get their physical slots by the replica rule
-   (`hotsplit_cli.placement.dispatch.choose_replicas`, the one every prediction uses) and are
-   sorted by the rank that holds each slot;
-2. the counts per destination go round the control group (an all_to_all_single of R numbers),
-   then the token rows and their logical expert ids go in one uneven all_to_all_single each
-   (the list forms of all_to_all do not work on gloo, so every exchange is the single-tensor one,
-   posted in the same order on every rank);
-3. the receiver computes what it received as A assignments with K = 1 and weight 1 through the
-   rank's own compute (hot slot or cold bank, cold_path gpu / cpu / split as a single rank does);
-4. the outputs come back by the reverse all_to_all_single and the sender sums
-   weight x output per token in float32, as the reference does.
-Bytes leaving a rank: the activation rows it sends to others and the outputs it returns to
-others, what the ledger's All-to-All formula predicts; ids and counts are counted apart.
-
-**allgather** (`AllGather`, vLLM's default):
-1. once per step the ranks' token counts go round the control group; every rank pads its
-   tokens to the largest count (uneven list all_gather does not work on gloo);
-2. per layer the ranks all-gather their routing (ids and weights, one float32 tensor, over the
-   control group) and their token rows (all_gather_single over the device group);
-3. each rank applies the replica rule to every source rank's tokens, as that source would, and
-   computes the assignments routed to the replicas it holds (in source, then (token, k) order:
-   the order a2a delivers them), summing weight x output per token in float32 into a partial
-   output of every rank's tokens;
-4. a reduce_scatter_single (in the activation dtype) sums the partials and hands each rank its
-   own tokens' outputs.
-Bytes leaving a rank: its padded rows to the R - 1 others, and the R - 1 other ranks' partial
-rows back, 2 x T_max x hidden x act_bytes x (R - 1), the ledger's all-gather formula (at the
-largest shard); the routing and counts are counted apart.
-"""
+"""Dispatch and combine (docs/runtime.md, "Expert parallelism"): each routed assignment goes to one
+replica of its expert by the replica rule every prediction uses
+(`hotsplit_cli.placement.dispatch.choose_replicas`), is computed there on the rank's hot slot or
+cold bank, and its output comes back to the token's rank, summed in float32 as the reference does.
+Two exchanges (`ep_exchange`) with the same rule, so loads, hit rates and swaps are the same in
+both: `AllToAll` (uneven all_to_all_single: counts, then rows and expert ids) and `AllGather`
+(vLLM's: routing and rows all-gathered, partial outputs reduce-scattered). Only single-tensor
+collectives, posted in the same order on every rank: the list forms do not work on gloo.
+Activation bytes leaving a rank are what the ledger's formulas predict; ids, weights and counts
+are counted apart."""
 
 from __future__ import annotations
 
@@ -44,8 +19,6 @@ import torch
 import torch.distributed as dist
 
 from hotsplit_cli.placement.dispatch import ReplicaMap, choose_replicas
-
-from ..model import HotColdMoE
 
 # torch 2.13 renamed the single-tensor collectives (the old names warn FutureWarning on every
 # call); the same ops, gloo and NCCL both. Older torch has only the old names.
@@ -86,14 +59,14 @@ class ExchangeStats:
 
 
 class _Exchange:
-    """What both exchanges share: the replica map, this rank's place, the groups (`group`: the
-    device group, gloo on a CPU, NCCL when each rank has its own GPU; `control`: a gloo group for
-    counts and routing) and the timed collectives."""
+    """What both exchanges share: the replica map, this rank's place, the device `group` (gloo on a
+    CPU, NCCL with a GPU per rank), the gloo `control` group for counts and routing, the timing."""
 
     def __init__(self, replicas: ReplicaMap, rank: int, world: int, group=None, control=None):
         self.replicas, self.rank, self.world = replicas, rank, world
         self.group, self.control = group, control
         self.stats = ExchangeStats()
+        self._loads_L: list[int] = []  # this step's assignments received, per layer
 
     def set_replicas(self, replicas: ReplicaMap) -> None:
         """A new map, between two steps (every rank switches at the same step)."""
@@ -101,6 +74,10 @@ class _Exchange:
 
     def begin_step(self, num_tokens: int) -> None:
         """Before a step's first layer (every rank)."""
+
+    def end_step(self) -> None:
+        self.stats.loads.append(self._loads_L)
+        self._loads_L = []
 
     def _collective(self, fn, out: torch.Tensor, inp: torch.Tensor, *args, group) -> None:
         """`fn(out, inp, *args, group=group)`, timed; device tensors cross a gloo group through the
@@ -143,6 +120,7 @@ class AllToAll(_Exchange):
         self.stats.act_bytes += remote_sent * row
         self.stats.meta_bytes += remote_sent * 8 + (R - 1) * 8
         self.stats.exchanges += 1
+        self._loads_L.append(sum(recv_counts))
         return Sent(order_A, send, recv_counts, x_recv, e_recv)
 
     def combine(self, sent: Sent, y_AH: torch.Tensor, w_TK: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -201,6 +179,7 @@ class AllGather(_Exchange):
         self.stats.act_bytes += (R - 1) * Tm * H * x_TH.element_size()
         self.stats.meta_bytes += (R - 1) * Tm * 2 * K * 4
         self.stats.exchanges += 1
+        self._loads_L.append(len(rows_A))
         return Gathered(rows_A, torch.from_numpy(np.concatenate(weights).astype(np.float32)).to(dev),
                         x_all[rows_A], torch.from_numpy(np.concatenate(experts)).to(dev))
 
@@ -215,64 +194,53 @@ class AllGather(_Exchange):
         return out[:num_tokens]
 
 
-EXCHANGES = {"a2a": AllToAll, "allgather": AllGather}  # the ep_exchange knob's values
+EXCHANGES = {"a2a": AllToAll, "allgather": AllGather}  # the ep_exchange knob's values (validated by the knob)
 
 
-def make_exchange(mode: str, replicas: ReplicaMap, rank: int, world: int, group=None, control=None) -> _Exchange:
-    """The exchange `ep_exchange` names (validated by the knob)."""
-    return EXCHANGES[mode](replicas, rank, world, group=group, control=control)
+class ExpertParallel:
+    """A rank's built model (model.py `HotColdMoE`) with its routed experts reached through `exchange`:
+    a layer around it, handing each step's routed computation to the model, which keeps its banks,
+    swaps and counters, counting what this rank receives (`live_counts_LE`: since the last rebalance)."""
 
+    def __init__(self, model, exchange: AllToAll | AllGather):
+        self.model, self.exchange = model, exchange
+        self.live_counts_LE = torch.zeros(model.counts_LE.shape, dtype=torch.int64)
 
-class ReceiveCounting:
-    """The layer exchange of both EP models (`EPMoE`, checkpoint.py `EPCheckpoint`), counting what this rank
-    receives: per step, since the last rebalance (`live_counts_LE`) and per layer (the exchange's loads)."""
+    def __getattr__(self, name: str):  # the rest (banks, swaps, device, geometry) is the model's
+        return getattr(self.__dict__["model"], name)
 
     @property
     def held_LE(self) -> np.ndarray:
         """bool [L, E]: the experts with a replica on this rank, by the map the exchange routes with."""
         return self.exchange.replicas.held_LE(self.exchange.rank)
 
-    def _init_receiving(self, exchange: AllToAll | AllGather, num_layers: int, num_experts: int) -> None:
-        self.exchange, self._step_loads = exchange, []
-        self.live_counts_LE = torch.zeros(num_layers, num_experts, dtype=torch.int64)
+    def read_counters(self, reset_window: bool = True) -> dict[str, np.ndarray]:
+        """The model's counters, its counts only of the experts held here now, so that a dynamic
+        swap never brings in an expert a rebalance took away."""
+        out = self.model.read_counters(reset_window)
+        out["counts_LE"][~self.held_LE] = 0.0
+        return out
 
-    def _exchange_layer(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor,
-                        counts_E: torch.Tensor, compute) -> torch.Tensor:
+    def exchange_layer(self, li: int, x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor,
+                       counts_E: torch.Tensor, compute) -> torch.Tensor:
         """`compute(x_AH, ids_A1, w_A1)` computes the received assignments (K = 1, weight 1)."""
         sent = self.exchange.dispatch(li, x_TH, ids_TK, w_TK)
         e_A = sent.experts_A
         counts_E.scatter_add_(0, e_A, torch.ones_like(e_A))
-        self._step_loads.append(len(e_A))
         y_AH = compute(sent.x_AH, e_A[:, None], torch.ones(len(e_A), 1, dtype=torch.float32, device=x_TH.device))
         return self.exchange.combine(sent, y_AH, w_TK, x_TH.shape[0])
 
-    def _end_receiving(self, step_LE: torch.Tensor) -> None:
+    def end_step(self, step_LE: torch.Tensor) -> None:
         self.live_counts_LE += step_LE
-        self.exchange.stats.loads.append(self._step_loads)
-        self._step_loads = []
-
-
-class EPMoE(ReceiveCounting, HotColdMoE):
-    """The hot/cold stack of one expert-parallel rank: every layer's bank holds the node's cold
-    bank of all E experts (shared, see shared_bank.py) and hot slots for experts placed on this
-    rank; the routed experts of each layer go through the exchange. Counters count the
-    assignments this rank receives, so hit rates and dynamic swaps are this rank's."""
-
-    @classmethod
-    def around(cls, model: HotColdMoE, exchange: AllToAll | AllGather) -> EPMoE:
-        """The built one-rank `model`, its banks and counters as they are, routed through `exchange`
-        (the one-rank model is not used after)."""
-        ep = cls.__new__(cls)
-        vars(ep).update(vars(model))  # the same tensors: nothing is allocated twice
-        ep._init_receiving(exchange, *model.counts_LE.shape)
-        return ep
-
-    def _routed(self, li: int, x_TH, ids_TK, w_TK, counts_E: torch.Tensor) -> torch.Tensor:
-        return self._exchange_layer(li, x_TH, ids_TK, w_TK, counts_E,
-                                    lambda x, ids, w: self.compute(x, ids, w, self.banks[li], counts_E))
+        self.exchange.end_step()
 
     def step(self, x_TH, ids_LTK=None, w_LTK=None):
         self.exchange.begin_step(x_TH.shape[0])
-        h = super().step(x_TH, ids_LTK, w_LTK)
-        self._end_receiving(self.step_counts_LE.cpu())
+        h = self.model.step(x_TH, ids_LTK, w_LTK, routed=self._routed)
+        self.end_step(self.model.step_counts_LE.cpu())
         return h
+
+    def _routed(self, li: int, x_TH, ids_TK, w_TK, counts_E: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        return self.exchange_layer(li, x_TH, ids_TK, w_TK, counts_E,
+                                   lambda x, ids, w: m.compute(x, ids, w, m.banks[li], counts_E))

@@ -1,14 +1,6 @@
-"""Ctrl-C in an expert-parallel run, as in a single-rank one: the job stops at the next window,
-rank 0 prints the summary so far and writes what it was asked to, the interrupted line is said
-once.
-
-A rank cannot stop alone (its peers would wait in the next exchange), so SIGINT only raises a
-flag; at every window the ranks agree through one small all-reduce whether any of them has it,
-and all stop at the same step. The SIGINT reaches the ranks from their launcher: torchrun's
-agent sends its death signal to every rank; ours (`forward_interrupts`) passes a terminal's
-Ctrl-C on, since each rank runs in a session of its own. A second Ctrl-C at our launcher stops
-the job at once.
-"""
+"""Ctrl-C in an expert-parallel run stops the job at the next window, as on one rank: a rank cannot
+stop alone mid-exchange, so SIGINT raises a flag the ranks all-reduce at every window. Our
+launcher passes a terminal's Ctrl-C on; a second one stops the job at once."""
 
 from __future__ import annotations
 
@@ -54,9 +46,8 @@ def _children(pid: int) -> list[int]:
 
 @contextmanager
 def forward_interrupts():
-    """In our launcher: the first SIGINT is passed to every rank (they stop at the next window);
-    a second raises KeyboardInterrupt here, which stops the job at once. Yields a dict whose
-    "interrupted" says whether a SIGINT came."""
+    """In our launcher: the first SIGINT goes to every rank (they stop at the next window), a second
+    raises KeyboardInterrupt here. Yields {"interrupted": whether a SIGINT came}."""
     state = {"interrupted": False}
 
     def on_sigint(*_):

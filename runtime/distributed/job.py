@@ -1,13 +1,10 @@
-"""Each rank of an expert-parallel job: join the group, settle its `Rank` (rank.py `ep_rank`),
-build it with expert parallelism applied (driver.build, apply.py), step in lockstep, gather the
-job's figures to rank 0, leave.
-
-Rank 0 gets every window's `JobRecord` (through `watch.record`) and the job's `RunResult`; the
-other ranks get None. An error on any rank goes to the launcher (launch.report_rank_error).
-"""
+"""Each rank of an expert-parallel job: join the group, settle its `Rank` (rank.py `ep_rank`), build
+it with expert parallelism applied (apply.py), step in lockstep, reduce the job's figures on
+rank 0 (the others get None), leave."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from contextlib import ExitStack
 
@@ -16,12 +13,11 @@ import torch.distributed as dist
 
 from hotsplit_cli.analysis.ledger import exchange_prediction
 from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.hotset.ep_figures import judged_figures
 from hotsplit_cli.hotset.planfile import load_plan, placement_of_plan
-from hotsplit_cli.hotset.verdict import prediction_error
 from hotsplit_cli.placement.algorithm import Placement
-from hotsplit_cli.placement.dispatch import predict_trace
 from hotsplit_cli.placement.file import placement_prediction
-from hotsplit_cli.placement.rebalance_rule import replay_rebalancing
+from hotsplit_cli.placement.rebalance_rule import trace_predictions
 
 from .. import driver
 from ..ranks import Rank
@@ -32,14 +28,13 @@ from .checkpoint import job_trace
 from .leftovers import removed_words
 from .rank import ep_rank, run_rank
 from .rebalance import Rebalancer
-from .summary import EPFigures, RankWindow, gather_rows, gather_to_rank0, job_record, job_summary
+from .summary import RankWindow, gather_rows, gather_to_rank0, job_record, job_summary
 
 
 def run_in_group(request: RunRequest, watch: Watch, placement: Placement | None = None,
                  environ=os.environ) -> RunResult | None:
-    """This process as one rank of the job its launcher set up (ours, or torchrun): rank 0's
-    `watch` sees the job's windows, and rank 0 gets the job's result. `placement` overrides the
-    plan's (tests use random ones)."""
+    """This process as one rank of the job its launcher set up (ours, or torchrun): rank 0's `watch`
+    sees the job's windows and gets its result. `placement` overrides the plan's (tests)."""
     ep, world = request.recipe.parallel.ep, int(environ["WORLD_SIZE"])
     if world != ep:  # every rank finds the same mismatch: rank 0 says it for the job
         raise UsageError(f"parallel.ep is {ep} but the launcher started {world} ranks",
@@ -103,51 +98,30 @@ def _run(group, request: RunRequest, watch: Watch, placement: Placement | None) 
     if out is None:
         return None
     summary, figures = out
-    summary.hit_rate_last_window = records[-1].hit_rate_window if records else None
-    summary.records = records
-    tokens_per_rank = summary.tokens / max(summary.steps, 1) / group.world  # this run's mean
-    figures.exchange.update(exchange_prediction(recipe, knobs.ep_exchange, tokens_per_rank, prepared.hidden,
-                                                prepared.engine.model.banks[0].compute_dtype.itemsize))
-    figures.placement = {"method": placement.method, "physical_experts": placement.num_physical,
-                         "slots_per_rank": placement.slots_per_rank}
-    figures.rebalances = [r.to_doc() for r in rebalancer.reports] if rebalancer else []
-    if rebalancer is not None:  # each move's prediction, judged on the window after it
-        figures.rebalance_error = prediction_error([(r["predicted_after"], r["achieved_after"])
-                                                    for r in figures.rebalances if r["skipped"] is None])
+    rebalances = [r.to_doc() for r in rebalancer.reports] if rebalancer else None
+    predicted = None
     if trace_SLTK is not None:
-        _trace_predictions(figures, trace_SLTK[:summary.steps], placement, E,
-                           hot_RLE.reshape(group.world, engine.model.num_layers, E) > 0.5,
-                           knobs.eplb_steps if rebalancer is not None else 0)
+        moved = any(r["skipped"] is None for r in rebalances or [])  # a rebalance that changed the layout
+        predicted = trace_predictions(trace_SLTK[:summary.steps], placement, E,
+                                      hot_RLE.reshape(group.world, engine.model.num_layers, E) > 0.5,
+                                      knobs.eplb_steps if rebalancer is not None else 0, moved)
+    tokens_per_rank = summary.tokens / max(summary.steps, 1) / group.world  # this run's mean
+    exchange = exchange_prediction(recipe, knobs.ep_exchange, tokens_per_rank, prepared.hidden,
+                                   engine.model.banks[0].compute_dtype.itemsize)
+    figures = judged_figures(figures, placement, rebalances, exchange, predicted)
+    summary = dataclasses.replace(summary, records=records,
+                                  hit_rate_last_window=records[-1].hit_rate_window if records else None)
     return RunResult(recipe.name, knobs, header, summary, figures, texts)
 
 
 def _served(prepared, control, interrupted: bool) -> tuple[np.ndarray | None, list[str] | None]:
-    """What the job served, on rank 0 (collective for a checkpoint): the routing, ids [S, L, T, K]
-    (a checkpoint's as each rank sent it, a replayed trace's as read; None for other traffic),
-    and a checkpoint's texts in rank order (None for a synthetic model; none when interrupted)."""
+    """What the job served, on rank 0 (collective for a checkpoint): its routing ids [S, L, T, K] (None
+    for untraced traffic) and a checkpoint's texts in rank order (None for a synthetic model)."""
     sent = getattr(prepared.engine.model, "trace_steps", None)
     if sent is None:
         return (None if prepared.trace is None else prepared.trace.topk_ids_SLTK), None
     ranks = gather_to_rank0(prepared.texts(interrupted), control)
     return job_trace(sent, control), None if ranks is None else [t for r in ranks for t in r]
-
-
-def _trace_predictions(figures: EPFigures, topk_ids_SLTK, placement: Placement, num_experts: int,
-                       hot_RLE: np.ndarray, eplb_steps: int) -> None:
-    """What replaying the run's trace predicts: the balancedness (with the rebalances' moves,
-    replayed by the same rule), and each rank's hit rate while the layout it began with holds."""
-    moved = any(r["skipped"] is None for r in figures.rebalances)  # a rebalance that changed the layout
-    if eplb_steps:
-        figures.predicted_balancedness = replay_rebalancing(topk_ids_SLTK, placement, num_experts,
-                                                            eplb_steps).balancedness
-    if moved:
-        return
-    pred = predict_trace(topk_ids_SLTK, placement, num_experts, hot_RLE)
-    if not eplb_steps:
-        figures.predicted_balancedness = pred.balancedness
-    for r, rate in enumerate(pred.hit_rate_R):
-        if figures.ranks[r]["swaps"] == 0:  # its final hot set is the one it served with
-            figures.ranks[r]["predicted_hit_rate"] = float(rate)
 
 
 def _placement_prediction(plan_file):

@@ -1,22 +1,9 @@
-"""Joining or launching the ranks of an expert-parallel run, and turning a failure into one line.
-
-- Under torchrun (or any launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
-  MASTER_PORT) a process joins that group: multi-node works the torchrun way (`--nnodes`,
-  `--node-rank`, rendezvous).
-- Started plainly, `hotsplit run` becomes the launcher of its N local ranks through torch's own
-  elastic agent (`torch.distributed.launcher.api.elastic_launch`, what torchrun runs): each rank
-  is the runtime's own entry point, `python -m hotsplit_runtime.rank REQUEST_FILE` (the run's
-  RunRequest), and rank 0 sends what the job shows back to the launcher (channel.py). The
-  agent watches the ranks; when one exits or dies, it stops the others (SIGTERM, then
-  SIGKILL), so no rank is left behind and no rank waits on a dead peer. Ranks other than 0
-  write their output to a log folder; each rank that fails writes its error into that folder
-  instead of printing it, and the launcher prints one line naming the rank and the cause: a
-  rank killed by a signal first, then a rank's own error, then ranks that only lost their peers.
-- Backend: NCCL when every rank of the node has its own GPU, gloo otherwise (a CPU, or ranks
-  sharing one GPU). The counts of each exchange go over a gloo control group beside it. Every
-  collective is bounded by COLLECTIVE_TIMEOUT_S, so a rank that hangs fails the job instead of
-  holding it.
-"""
+"""Joining or launching the ranks of an expert-parallel run, and turning a failure into one line
+(docs/runtime.md, "Expert parallelism" and its "Failures"). Under torchrun a process joins its
+group; started plainly, torch's elastic agent runs N x `python -m hotsplit_runtime.rank
+REQUEST_FILE` and stops every rank when one exits or dies. NCCL when every rank of the node has
+its own GPU, else gloo, with a gloo control group for counts; every collective is bounded by
+COLLECTIVE_TIMEOUT_S."""
 
 from __future__ import annotations
 
@@ -31,9 +18,9 @@ import signal
 import sys
 import time
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import torch
@@ -84,13 +71,6 @@ class Group:
         return total.numpy()
 
 
-def backend_for(local_world: int) -> str:
-    """NCCL when each rank of the node has its own GPU, else gloo."""
-    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world:
-        return "nccl"
-    return "gloo"
-
-
 def join(environ=os.environ) -> Group:
     """Join the group the launcher set up (bounded by COLLECTIVE_TIMEOUT_S)."""
     rank, world = int(environ["RANK"]), int(environ["WORLD_SIZE"])
@@ -99,7 +79,8 @@ def join(environ=os.environ) -> Group:
     node = int(environ.get("GROUP_RANK", rank // max(local_world, 1)))
     # Unique per job on a machine (a static rendezvous names every run "none"), the same on every rank.
     job = f"{environ.get('TORCHELASTIC_RUN_ID', 'run')}-{environ['MASTER_ADDR']}-{environ['MASTER_PORT']}"
-    backend = backend_for(local_world)
+    # NCCL when each rank of the node has its own GPU, else gloo.
+    backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= local_world else "gloo"
     timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
@@ -117,12 +98,8 @@ def seconds_since_start(environ=os.environ) -> float:
 
 
 def die_with_launcher(environ=os.environ) -> bool:
-    """In a rank: be killed (SIGKILL) when the launcher that started it dies. torch's agent starts
-    each rank in a session of its own, so neither a terminal's Ctrl-C nor a kill of the
-    launcher's group reaches a rank; without this a killed launcher leaves its ranks stepping.
-    SIGKILL, not SIGTERM: a rank waiting in a collective runs no Python handler. A launcher that
-    died before this call is found by the parent pid (then this process ends at once). Returns
-    False where prctl is not there (not Linux)."""
+    """In a rank: SIGKILL when the launcher dies (a rank runs in a session of its own, and one waiting
+    in a collective runs no Python handler). False where prctl is not there (not Linux)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
@@ -159,10 +136,8 @@ def is_peer_loss(exc: BaseException) -> bool:
 
 
 def report_rank_error(rank: int, exc: BaseException, environ=os.environ) -> None:
-    """Re-raise `exc` as the CLI would show it, except under this launcher: there the error goes
-    to the launcher's folder and the process exits quietly with its code. Under another launcher
-    (torchrun) the job's first error is said once, by the rank that claims it (`_claim_report`);
-    the other ranks exit quietly with their code."""
+    """Re-raise `exc` as the CLI would show it; under this launcher write it to the launcher's folder
+    instead, under torchrun said by the rank that claims it (`_claim_report`), the others quiet."""
     folder = environ.get(ERROR_DIR_ENV)
     if isinstance(exc, StdoutClosed):  # under torchrun, rank 0's reader went away (`| head`): a quiet 141
         _claim_report("error")  # the ranks that lose their peer over it say nothing
@@ -200,9 +175,8 @@ def _write_report(folder: str, rank: int, line: str, kind: str, exit_code: int) 
 
 
 def _tell_torchelastic(line: str, environ) -> None:
-    """torchrun's failure report names a rank's cause from the file its agent gives the rank
-    (TORCHELASTIC_ERROR_FILE, torch's error-file format): there it reads this line instead of a
-    hint to enable tracebacks."""
+    """This line in torchrun's failure report, instead of its hint to enable tracebacks
+    (TORCHELASTIC_ERROR_FILE, torch's error-file format)."""
     path = environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
@@ -218,13 +192,9 @@ PEER_GRACE_S = 3.0  # a rank that only lost its peers waits this long for the ra
 
 
 def _claim_report(kind: str) -> bool:
-    """Whether this rank says the job's one error line (a launcher of our own does not run it:
-    torchrun, other nodes). The group's store (torchrun's agent holds it, so it outlives a dead
-    rank) counts claims: the first claimant says it. A rank with its own error claims at once;
-    one that only lost its peers waits PEER_GRACE_S first, so the cause is said rather than its
-    echo (and the launcher usually stops it quietly meanwhile). Without a store, or when it
-    does not answer within a few seconds, the rank says its line: a repeated line is better
-    than none."""
+    """Whether this rank says the job's error line under torchrun: the first claim counted in the
+    agent's store (it outlives a dead rank), a rank that only lost its peers PEER_GRACE_S late.
+    Without an answering store it says it: a repeated line is better than none."""
     if not dist.is_initialized():
         return True
     try:
@@ -241,10 +211,8 @@ def _claim_report(kind: str) -> bool:
 
 
 def launch_local(nproc: int, request: RunRequest, watch: Watch, started: float | None = None) -> RunResult:
-    """Run `request` as `nproc` local ranks (`python -m hotsplit_runtime.rank REQUEST_FILE`) under
-    torch's elastic agent; `watch` sees rank 0's events (channel.py) and rank 0's result is
-    returned once all finished. A failed job raises one HotsplitError naming the rank that
-    failed first. `started`: when the job started (time.time()), for the ranks' progress lines."""
+    """Run `request` as `nproc` local ranks under torch's elastic agent, rank 0's events to `watch`:
+    rank 0's result, or one HotsplitError. `started`: the job's start (time.time()), for progress."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -261,7 +229,8 @@ def launch_local(nproc: int, request: RunRequest, watch: Watch, started: float |
     env = {ERROR_DIR_ENV: folder, LAUNCHER_PID_ENV: str(os.getpid()),
            STARTED_ENV: repr(time.time() if started is None else started)}
     try:
-        with _environ(env), LauncherTail(folder, watch) as tail, forward_interrupts():
+        # The ranks inherit the launcher's environment; patch.dict restores it after.
+        with patch.dict(os.environ, env), LauncherTail(folder, watch) as tail, forward_interrupts():
             elastic_launch(config, sys.executable)("-m", "hotsplit_runtime.rank", str(Path(folder) / REQUEST_FILE))
     except ChildFailedError as exc:
         if tail.error is not None:  # the launcher's own output failed (`| head`): it stopped the ranks
@@ -277,21 +246,6 @@ def launch_local(nproc: int, request: RunRequest, watch: Watch, started: float |
     if tail.error is not None:
         raise tail.error
     return tail.result
-
-
-@contextmanager
-def _environ(values: dict):
-    """`values` set in this process's environment (its ranks inherit them), restored after."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def job_failure(failures: dict, folder: str, nproc: int) -> HotsplitError:
@@ -337,7 +291,7 @@ def _last_line(folder: str, rank: int) -> str:
 
 
 def stop_on_signal() -> None:
-    """In a rank: SIGTERM (the agent stopping the job) ends the process at once, quietly; SIGINT
-    (Ctrl-C, passed on by the launcher) stops the job at its next window (interrupt.py)."""
+    """In a rank: SIGTERM (the agent stopping the job) ends it at once, quietly; SIGINT stops the
+    job at its next window (interrupt.py)."""
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
     stop_at_next_window()

@@ -1,13 +1,6 @@
-"""What an expert-parallel job leaves behind when it is killed, and its removal by the next run.
-
-A job owns two kinds of files: its node's cold bank segments in /dev/shm (unlinked once every
-rank has mapped them, so only a job killed during set-up leaves them) and the launcher's log
-folder `/tmp/hotsplit-ep-*` (removed when the launcher ends, so only a killed launcher leaves
-it). Each name records its owner: the process whose life is the job's on that node (the plain
-launcher, or torchrun's agent: the ranks' parent) as `o<pid>.<start time>`; the start time tells
-a reused pid from the owner. A file is a leftover when its owner no longer runs, never by its
-age: the files of other jobs that still run are kept, and so are names without an owner.
-"""
+"""What a killed expert-parallel job leaves (cold bank segments in /dev/shm, the launcher's log
+folder), removed by the next run: each name records its owner, the ranks' parent, as
+`o<pid>.<start time>`; a file is a leftover when its owner no longer runs, never by its age."""
 
 from __future__ import annotations
 

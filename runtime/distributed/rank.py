@@ -1,17 +1,7 @@
-"""One expert-parallel rank: its `Rank` value (`ep_rank`) and its part of the one loop.
-
-Tokens are data-parallel: a trace's step is cut into the ranks' token shards
-(`hotsplit_cli.placement.dispatch.token_shard`), synthetic traffic and generated hidden states
-are drawn per rank (the recipe's seed offset by the rank). Experts are expert-parallel: the
-placement (a plan's recorded `hotsplit.placement/1` file, else the contiguous layout) says which
-rank holds which replica; each rank's hot set is chosen among the experts placed on it
-(runtime/hot_set.py), and the built model is made expert-parallel by apply.py.
-
-The one loop (`Engine.run`, with this module's `RankLoop` hooks) steps every rank in lockstep
-(each step's exchanges are collectives), closes a window every `dyn_steps` steps on every rank
-(dynamic swaps are per rank, as on one rank), and gathers each window's figures to rank 0,
-which prints for the job.
-"""
+"""One expert-parallel rank: its `Rank` value (`ep_rank`) and its part of the one loop. Tokens are
+data-parallel (a trace's steps cut into token shards, synthetic traffic drawn per rank), experts
+expert-parallel by the placement; the loop (`Engine.run` with `RankLoop`) steps every rank in
+lockstep and gathers each window's figures to rank 0."""
 
 from __future__ import annotations
 
@@ -47,9 +37,8 @@ def ep_rank(request: RunRequest, group: Group, placement: Placement, plan_file: 
 
 
 class RankLoop(LoopHooks):
-    """A rank's part of the one loop (runtime/engine.py `Engine.run`): every `eplb_steps` steps
-    `rebalancer.maybe(step)` (a collective); at every window the ranks agree whether Ctrl-C
-    stops the job there (interrupt.py): a rank cannot stop alone in the middle of collectives."""
+    """A rank's part of the one loop: every `eplb_steps` steps `rebalancer.maybe(step)` (a collective);
+    at every window the ranks agree whether Ctrl-C stops the job there (no rank stops alone)."""
 
     stops_alone = False
 
@@ -73,9 +62,8 @@ class RankLoop(LoopHooks):
 
 def run_rank(engine, steps: int, on_window: Callable, rebalancer=None,
              expected_hit_rate: float | None = None) -> RankTotals:
-    """Step in lockstep with the other ranks through the one loop; at every window's close call
-    `on_window(record, loads_WL)` on every rank (it gathers to rank 0), with the window's loads.
-    `expected_hit_rate`: of this rank's hot set on its placed experts."""
+    """Step in lockstep through the one loop, calling `on_window(record, loads_WL)` on every rank as
+    each window closes; `expected_hit_rate`: of this rank's hot set on its placed experts."""
     stats = engine.model.exchange.stats
     start = 0
 

@@ -1,31 +1,12 @@
-"""Live rebalancing (`eplb_steps`): the runtime side of EPLB, with the node's cold bank as the
-source of every expert a rank gains.
-
-Every `eplb_steps` steps, after the same step on every rank:
-1. the ranks sum the per-expert assignments they received (all_reduce: exact integer counts),
-   kept in chunks of half an interval since the map last moved, and gather their loads, so each
-   rank knows the live balancedness (mean / max rank load over those exchanges);
-2. every rank applies the rule of `hotsplit_cli.placement.rebalance_rule` to the same counts (a
-   new map only when one fitted on the earlier chunks beats the current map on the latest ones,
-   counts it did not see, by more than their noise); the same input and deterministic numpy give
-   every rank the same decision and map, and each rank switches to it before the next step, so
-   no step sees mixed maps and dispatch and hit accounting use the map each step read;
-3. each rank keeps the slots that do not change; a hot expert it no longer holds gives its slot
-   to the strongest expert it now holds cold (a gained expert is served from the node's shared
-   cold bank at once, and hot once its copy lands on the swap stream, exactly like a swap). No
-   weight crosses between ranks: every node's cold bank holds every expert.
-
-Each rebalance reports the balancedness before (live), the held-out prediction that moved it,
-the achieved balancedness of the next window of exchanges (flagged `worse` when below the one
-before), the bytes each rank copied, its time and the steps it disturbed (steps until every copy
-landed: 0 on a CPU, where copies are synchronous). `hotsplit_cli.placement.rebalance_rule.
-replay_rebalancing` replays a trace under the same rule, so a prediction takes the same moves.
-"""
+"""Live rebalancing (`eplb_steps`; docs/runtime.md, "Live rebalancing"): every `eplb_steps` steps
+the ranks sum what they received and apply `hotsplit_cli.placement.rebalance_rule` to the same
+counts, so all switch map before the same step; a hot expert a rank no longer holds gives its
+slot to the strongest one it now holds cold, copied from the node's cold bank like a swap."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -33,27 +14,15 @@ import torch.distributed as dist
 
 from hotsplit_cli.placement.algorithm import Placement
 from hotsplit_cli.placement.dispatch import ReplicaMap, balancedness
-from hotsplit_cli.placement.rebalance_rule import chunk_ends, decide_rebalance, split_chunks
+from hotsplit_cli.placement.rebalance_rule import (
+    RebalanceReport,
+    chunk_ends,
+    decide_rebalance,
+    refill_moves,
+    split_chunks,
+)
 
 from .summary import gather_rows
-
-
-@dataclass
-class RebalanceReport:
-    step: int
-    skipped: str | None  # why the map was kept (None: it moved)
-    before: float  # live balancedness of the exchanges since the last rebalance
-    predicted_before: float  # the current map on the latest counts it did not see (evaluation by evaluate.py)
-    predicted_after: float  # the moved map's held-out prediction (kept: the current map's own)
-    achieved_after: float | None  # the next window of exchanges (set when it closes)
-    experts_moved: int  # slots refilled, all ranks
-    bytes_moved_R: list[int]  # real expert bytes each rank copied into its hot slots
-    ms: float  # the rebalance on rank 0: reduce, placement, publication and the copies it waited for
-    steps_disturbed: int = 0
-    worse: bool = False  # a move after which the achieved balancedness fell below `before`
-
-    def to_doc(self) -> dict:
-        return asdict(self)
 
 
 class Rebalancer:
@@ -67,8 +36,8 @@ class Rebalancer:
         self._loads_from = 0  # first step of the exchanges since the last rebalance
         self._local_chunks: list = []  # this rank's counts per chunk since the last rebalance, not yet summed
         self._chunks: list[np.ndarray] = []  # every rank's counts per chunk since the map last moved
-        self._pending: RebalanceReport | None = None  # awaiting its achieved balancedness
-        self._copying: RebalanceReport | None = None  # its copies still in flight
+        self._pending: int | None = None  # the report awaiting its achieved balancedness
+        self._copying: int | None = None  # the report whose copies are still in flight
 
     def maybe(self, step: int) -> RebalanceReport | None:
         t0 = time.perf_counter()
@@ -91,15 +60,15 @@ class Rebalancer:
         self.placement = new
         self.model.exchange.set_replicas(ReplicaMap.of(new, E))
         held = self.model.held_LE  # by the new map
-        moves = self._refill(recent_LE / np.maximum(new.logcnt_LE(E), 1), held)
+        moves = refill_moves(self.model.hot_LE(), held, recent_LE / np.maximum(new.logcnt_LE(E), 1))
         self.model.begin_swaps(moves)  # on a CPU the copies are done here; on a GPU they land later
         moved = gather_rows([sum(len(m) for m in moves.values())], self.control)[:, 0]
         rep = RebalanceReport(step, None, live, d.current_held_out, d.candidate_held_out, None,
                               int(moved.sum()), [int(n) * self.expert_bytes for n in moved],
                               (time.perf_counter() - t0) * 1e3)
         self.reports.append(rep)
-        self._pending = rep
-        self._copying = rep if any(b.in_flight for b in self.model.banks) else None
+        self._pending = len(self.reports) - 1
+        self._copying = self._pending if any(b.in_flight for b in self.model.banks) else None
         return rep
 
     def _loads_since(self) -> np.ndarray:
@@ -110,24 +79,9 @@ class Rebalancer:
     def _settle(self, achieved: float) -> None:
         """The last move's achieved balancedness: the exchanges since it."""
         if self._pending is not None:
-            self._pending.achieved_after = achieved
-            self._pending.worse = achieved < self._pending.before
+            rep = self.reports[self._pending]
+            self.reports[self._pending] = replace(rep, achieved_after=achieved, worse=achieved < rep.before)
             self._pending = None
-
-    def _refill(self, share_LE: np.ndarray, held: np.ndarray) -> dict[int, list[tuple[int, int]]]:
-        """Swaps that give each hot slot of an expert this rank no longer holds (`held`: bool
-        [L, E] of the new placement) to the strongest expert it holds cold; every other slot
-        stays put."""
-        hot = self.model.hot_LE()
-        moves: dict[int, list[tuple[int, int]]] = {}
-        for li in range(hot.shape[0]):
-            lost = np.flatnonzero(hot[li] & ~held[li])
-            if not len(lost):
-                continue
-            cand = np.flatnonzero(held[li] & ~hot[li])
-            cand = cand[np.lexsort((cand, -share_LE[li, cand]))]  # strongest first, ties by id
-            moves[li] = [(int(o), int(i)) for o, i in zip(lost, cand, strict=False)]
-        return {li: m for li, m in moves.items() if m}
 
     def finish(self) -> None:
         """At the end of the run (a collective): the last rebalance's achieved balancedness."""
@@ -142,5 +96,6 @@ class Rebalancer:
             self._local_chunks.append(self.model.live_counts_LE.clone())
             self.model.live_counts_LE.zero_()
         if self._copying is not None and not any(b.in_flight for b in self.model.banks):
-            self._copying.steps_disturbed = step - self._copying.step
+            rep = self.reports[self._copying]
+            self.reports[self._copying] = replace(rep, steps_disturbed=step - rep.step)
             self._copying = None

@@ -1,13 +1,7 @@
-"""Whether a launcher started this process as a rank (read from its environment, no torch), and
-the one error line of a refused flag, knob or recipe value when the command line runs as the N
-ranks of an expert-parallel job under torchrun: rank 0 says it, the others wait until it has
-(bounded), then exit without a line.
-
-This runs before the ranks join a group, so it opens the job's key-value store itself: torch's
-agent store where torchrun's agent holds one, else the store rank 0 hosts at
-MASTER_ADDR:MASTER_PORT, as `init_process_group(init_method="env://")` opens it. torch is
-imported only where a launcher started the process (a refusal elsewhere is printed at once).
-"""
+"""Whether a launcher started this process as a rank (its environment, no torch), and a refused
+flag, knob or recipe value said once for the N ranks of a job under torchrun: rank 0 says it,
+the others wait (bounded) and exit without a line. This runs before the ranks join a group, so
+it opens the job's store itself (torchrun's agent store, else rank 0's at MASTER_ADDR:MASTER_PORT)."""
 
 from __future__ import annotations
 
@@ -44,13 +38,9 @@ def say_error(line: str, exit_code: int, environ=os.environ) -> None:
 
 
 def say_refusal_once(line: str, environ=os.environ) -> None:
-    """A refused flag, knob or recipe value (exit 2) is refused by every rank alike, each being
-    the same command line: rank 0 prints `line` for the job, the others print nothing. They may
-    not exit before rank 0 has printed it (a launcher that sees a rank fail stops the others, and
-    could stop rank 0 before its line): each waits, bounded, for rank 0's mark in the job's store.
-    This runs before the ranks join a group, so it opens the store the launcher holds (torch's
-    agent store), or, without one, the store rank 0 hosts for the group. Without an answering
-    store a rank says the line itself: a repeated line is better than none."""
+    """Rank 0 prints `line` for the job, the others nothing; they may not exit before rank 0 has
+    printed it (a launcher that sees a rank fail could stop rank 0 first), so each waits, bounded,
+    for rank 0's mark in the job's store. Without an answering store a rank says the line itself."""
     rank, world = int(environ.get("RANK", 0)), int(environ.get("WORLD_SIZE", 1))
     try:
         store = _job_store(environ, rank)

@@ -1,17 +1,8 @@
-"""The node-shared cold bank: each expert once per node, in host memory every rank of the node maps.
-
-Every MoE layer's cold bank (all E experts) is one file in /dev/shm, created, sized, NUMA-placed
-and filled by the node's local rank 0 and mapped shared by the node's other ranks
-(`probes.hostmem.HostPages.shared`: the one owner of host pages, their placement, CUDA
-registration and lifetime). Each rank registers its own mapping for its own GPU. Once every rank
-has mapped the files, local rank 0 unlinks them: the pages live while a rank maps them, and
-nothing stays behind in /dev/shm when a rank dies. A rank's private memory holds only its hot
-slots (on the device) and what a single-rank run holds besides the banks.
-
-`SharedAllocator` is a `runtime.pinned.PinnedAllocator` whose slabs are the node's files (the byte
-counters, `device_address` and slab lifetimes are the base's), so the banks build on it unchanged;
-`fills` tells a bank whether this rank writes the weights (local rank 0) or finds them written.
-"""
+"""The node-shared cold bank (docs/runtime.md, "The shared cold bank"): each layer's cold bank is
+one /dev/shm file, created, NUMA-placed and filled by the node's local rank 0 and mapped by its
+other ranks (`probes.hostmem.HostPages.shared`), unlinked once every rank has mapped it so that
+nothing stays behind when a rank dies. `SharedAllocator` is a `PinnedAllocator` whose slabs are
+those files, so the banks build on it unchanged."""
 
 from __future__ import annotations
 
@@ -31,17 +22,15 @@ def _job_name(job: str) -> str:
 
 
 def shm_prefix(job: str, node: int) -> str:
-    """Where one node's cold bank files of one job live (`<prefix><slab>`). The name records the
-    job's owner on this node, the ranks' parent (the launcher, or torchrun's agent), so that a
-    later run can tell the files of a job killed during set-up (`leftovers.remove_ended`)."""
+    """Where one node's cold bank files of one job live (`<prefix><slab>`); the name records the
+    job's owner on this node, the ranks' parent, so that a later run finds a killed job's files."""
     return os.path.join(SHM_DIR, f"{_job_name(job)}-node{node}-{owner_tag(os.getppid())}-")
 
 
 @dataclass
 class SharedAllocator(PinnedAllocator):
-    """Allocates cold bank slabs shared by the ranks of one node (see the module docstring).
-    `creator`: this rank creates and fills the files (the node's local rank 0); `pin`: each
-    mapping is registered with CUDA (a GPU run)."""
+    """Cold bank slabs shared by the ranks of one node. `creator`: this rank creates and fills the
+    files (the node's local rank 0); `pin`: each mapping is registered with CUDA."""
 
     prefix: str = ""
     creator: bool = False
@@ -74,9 +63,7 @@ class SharedAllocator(PinnedAllocator):
 
 
 def remove_leftovers(prefix_dir: str, job: str) -> list[str]:
-    """Unlink the cold bank files of every job whose id starts with `job` left in /dev/shm (ranks
-    killed before they were unlinked); returns what was removed. Called by the launcher after
-    its ranks are gone."""
+    """The launcher, once its ranks are gone: unlink the files of every job whose id starts with `job`."""
     removed = []
     for name in names_in(prefix_dir):
         if name.startswith(f"{_job_name(job)}-"):

@@ -1,16 +1,11 @@
-"""Plug hotsplit into a transformers 5 MoE model through its experts interface.
+"""Plug hotsplit into a transformers 5 MoE model through its experts interface: every experts
+module calls the registered `"hotsplit"` function with `(self, hidden_states [T, H],
+top_k_index [T, K], top_k_weights [T, K])`, which counts routed assignments per (MoE layer,
+expert) for the tokens marked real and computes the experts from the layer's bank (or with
+transformers' eager code for a module without one). transformers keeps attention, the KV cache,
+routers and generation.
 
-transformers keeps attention, the KV cache, routers and generation; every decorated experts
-module calls `ExpertsInterface` with `(self, hidden_states [T, H], top_k_index [T, K],
-top_k_weights [T, K])`. hotsplit registers one function, `"hotsplit"`, that
-
-1. counts routed assignments per (MoE layer, expert) for the tokens the caller marked real
-   (padding and finished sequences are not counted), and
-2. computes the experts from the layer's `HFExpertBank` (hot slots / cold bank), or, for a
-   module without a bank, with transformers' own eager code.
-
-Shape letters: T = tokens of a forward pass, K = top_k, E = experts, L = MoE layers, S = steps.
-"""
+Shape letters: T = tokens of a forward pass, K = top_k, E = experts, L = MoE layers, S = steps."""
 
 from __future__ import annotations
 
@@ -37,9 +32,8 @@ class MoELayerInfo:
 
 
 def find_moe_layers(model: torch.nn.Module) -> list[MoELayerInfo]:
-    """Every experts module that transformers dispatches through the experts interface, in
-    layer order. Dense layers (DeepSeek's first layers, Qwen's `mlp_only_layers`) have none,
-    so the MoE layer ids come out non-contiguous exactly as the model defines them."""
+    """Every experts module transformers dispatches through the experts interface, in layer order;
+    dense layers have none, so the MoE layer ids are exactly the model's (maybe non-contiguous)."""
     found = []
     modules = dict(model.named_modules())
     for name, mod in modules.items():
@@ -59,10 +53,8 @@ def find_moe_layers(model: torch.nn.Module) -> list[MoELayerInfo]:
 
 @dataclass
 class RoutingCounter:
-    """Exact routed-assignment counts [L, E], per step, with an optional trace.
-
-    `token_mask_T` (bool, set by the driver before each forward) marks the tokens to count, in
-    the flattened (batch, sequence) order the experts see; None counts every token."""
+    """Exact routed-assignment counts [L, E], per step, with an optional trace; `token_mask_T` (bool,
+    set by the driver before each forward, in the experts' token order) marks the tokens counted."""
 
     num_layers: int
     num_experts: int

@@ -133,7 +133,6 @@ class HFExpertBank(BlobBank):
         super().__init__(num_experts, self.blob_layout.elems, self.blob_layout.storage, info, allocator,
                          swap_stream=swap_stream)
         self.layout, self.kernel, self.compute_dtype = layout, kernel, dtype
-        self.cold_split = None  # a runtime.cold_split.ColdSplit: cold experts shared with the CPU
         # What the kernels read (the plain layout only): sizes, where w2 starts in a blob, and
         # for fp8 where the scales are.
         self.hidden, self.inter = layout.hidden, layout.inter
@@ -188,19 +187,12 @@ class HFExpertBank(BlobBank):
         """How this bank stores its experts: native, fp8 or mxfp4."""
         return self.layout.precision
 
-    def forward(self, experts: torch.nn.Module, x_TH: torch.Tensor, ids_TK: torch.Tensor,
-                w_TK: torch.Tensor) -> torch.Tensor:
+    def forward(self, experts: torch.nn.Module, x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor,
+                host: bool = False) -> torch.Tensor:
         """The routed experts' output [T, H]. In torch this is transformers' eager experts:
         per expert, gate/up, the module's own `_apply_gate`, down, times the routing weight
-        (fp32 routing weights promote, as in transformers), summed per token. With a CPU cold
-        path, part of the cold experts are computed on the CPU from the host cold bank."""
-        if self.cold_split is not None:
-            return self.cold_split(x_TH, ids_TK, w_TK, self, lambda ids: self._forward(experts, x_TH, ids, w_TK),
-                                   lambda x, ids, w: self._forward(experts, x, ids, w, host=True))
-        return self._forward(experts, x_TH, ids_TK, w_TK)
-
-    def _forward(self, experts: torch.nn.Module, x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor,
-                 host: bool = False) -> torch.Tensor:
+        (fp32 routing weights promote, as in transformers), summed per token. `host`: from the
+        host cold bank, on the CPU (the CPU cold path: runtime/cold_split.py `SplitBank`)."""
         if self.kernel is not None and not host:
             return self.kernel(x_TH, ids_TK, w_TK, self)
         def project(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

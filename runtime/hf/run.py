@@ -15,13 +15,13 @@ from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import InputFileError, UsageError
 from hotsplit_cli.hotset.budget import resolve_hot_budget
+from hotsplit_cli.hotset.precision_plan import check_checkpoint_precision
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.prompts import read_prompts
 
 from ..built import Built
 from ..cold_split import make_split
 from ..hot_set import choose_hot_set
-from ..precision import check_checkpoint_precision
 from ..ranks import Rank, single_rank
 from .capture import Generation, capture
 from .loader import load_model, load_tokenizer
@@ -62,11 +62,8 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
     plan = choose_hot_set(rank, recipe, counts_LE, expert_bytes, plan_path,
                           lambda: resolve_hot_budget(recipe, knobs, rank.platform), f"the prefill routing of {t.path}")
     split = make_split(knobs.cold_path, info, hm.banks[0], rank.platform)
-    for row, bank in enumerate(hm.banks):
-        bank.set_hot(plan.hot_LE[row])
-        bank.cold_split = split
-    model, source = parallel(CheckpointMoE(hm, info), Generation(hm, tok, prompts, t.max_new_tokens, t.batch, advance),
-                             rank)
+    model, source = parallel(CheckpointMoE(hm, info, plan.hot_LE, split),
+                             Generation(hm, tok, prompts, t.max_new_tokens, t.batch, advance), rank)
     engine = CheckpointEngine(model, source, knobs, expert_bytes, expected_hit_rate=plan.expected_hit_rate)
     bank = hm.banks[0]
     dtype = str(bank.compute_dtype).replace("torch.", "")

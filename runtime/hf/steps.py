@@ -10,9 +10,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..cold_split import SplitBank
 from ..device import DeviceInfo
 from ..engine import Engine
 from ..model import BankedModel
+from .adapter import install
 from .capture import Forward
 from .loader import HFModel
 
@@ -24,23 +26,28 @@ class CheckpointCompute:  # how the routed experts are computed, as the loop rea
 
 
 class CheckpointMoE(BankedModel):
-    """A loaded checkpoint (hot sets, CPU cold path set by the caller); counters on the host."""
+    """A loaded checkpoint serving `hot_LE` (None: the banks as they are), its cold experts
+    shared with the CPU by `split` (cold_split.py); counters on the host. `experts_L`: what
+    computes each MoE layer's routed experts (`.forward(experts, x, ids, w)`, the adapter's seam)."""
 
-    def __init__(self, hm: HFModel, info: DeviceInfo):
+    def __init__(self, hm: HFModel, info: DeviceInfo, hot_LE: np.ndarray | None = None, split=None):
         self.hm, self.info, self.banks = hm, info, hm.banks
-        split = hm.banks[0].cold_split
+        if hot_LE is not None:
+            for bank, hot_E in zip(hm.banks, hot_LE, strict=True):
+                bank.set_hot(hot_E)
+        self.experts_L = hm.banks if split is None else [SplitBank(b, split) for b in hm.banks]
+        if split is not None:
+            install(hm.model, hm.counter, self.experts_L)
         kernel = "triton" if hm.banks[0].kernel is not None else "torch per expert"
         self.compute = CheckpointCompute(kernel + (f" + CPU cold path ({split.mode}; {split.rates_source})"
                                                    if split else ""), split)
         self._init_counters(hm.num_experts, "cpu")
 
-    def step(self, forward: Forward) -> None:
+    def step(self, forward: Forward, run=None) -> None:
+        """One forward, counted against the hot sets it read; `run(forward)`: its counts [L, E]
+        (default: its own routing; distributed/apply.py's, what an EP rank received)."""
         hot_LE = torch.from_numpy(np.stack([b.served_hot_E for b in self.banks]))  # what this forward reads
-        self._count(self._run(forward), hot_LE)
-
-    def _run(self, forward: Forward) -> torch.Tensor:
-        """Run the forward; its routing counts [L, E]."""
-        return torch.from_numpy(forward())
+        self._count(torch.from_numpy(forward()) if run is None else run(forward), hot_LE)
 
 
 class CheckpointEngine(Engine):
