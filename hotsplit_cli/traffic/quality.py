@@ -145,3 +145,27 @@ def quality_summary(quality: Quality) -> list[dict]:
                      "agreement": model.get("agreement"), "mean_kl": model.get("mean_kl"),
                      "tokens": model.get("tokens")})
     return rows
+
+
+def measured_quality(measured, where: str) -> Quality:
+    """The block of a measurement on a checkpoint (`measured`: hotsplit_runtime.hf.quality's
+    MeasuredQuality: error_LE, model, native, skipped), `where` naming checkpoint, prompts and
+    tokens; `measured_on` also says which precision is the checkpoint's own and what was left out."""
+    words = [where]
+    if measured.native in MEASURED:
+        words.append(f"experts stored at {measured.native}: its error is 0, not measured")
+    words += [f"{p} not measured: {why}" for p, why in measured.skipped.items()]
+    return Quality("; ".join(words), dict(measured.error_LE), dict(measured.model))
+
+
+def quality_line(row: dict) -> str:
+    """One row of `quality_summary`, for people."""
+    if row["median_error"] is None:
+        errors = "no routed expert measured"
+    else:
+        errors = (f"expert error median {row['median_error']:.3g}, max {row['max_error']:.3g} over "
+                  f"{row['experts']} routed experts")
+    if row["agreement"] is None:
+        return f"{row['precision']}: {errors}"
+    return (f"{row['precision']}: {errors}; next-token agreement {100 * row['agreement']:.1f}%, "
+            f"mean KL {row['mean_kl']:.3g} over {row['tokens']} tokens")
