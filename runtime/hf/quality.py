@@ -38,6 +38,7 @@ from .adapter import install
 from .loader import HFModel
 
 BUFFER_BYTES = 256 << 20  # hidden states kept for the error measurement, all layers together
+CACHE_BYTES = 8 << 30  # experts kept quantised and read back (host memory), all precisions together
 
 
 @dataclass(frozen=True)
@@ -64,26 +65,56 @@ def measurable(hm: HFModel) -> tuple[list[str], dict[str, str]]:
 
 
 def quantised(experts: torch.nn.Module, weights: dict[str, torch.Tensor], precision: str,
-              dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """One expert's weights (as `HFExpertBank.weights_of` gives them) stored at `precision` and
-    read back: w1 and w2 quantised and dequantised in the formats the banks store (gate and up
-    scaled apart for fp8); biases as they are. Native is returned unchanged."""
+              dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """One expert's (w1, w2) (as `HFExpertBank.weights_of` gives them) stored at `precision` and
+    read back, in host memory: quantised and dequantised in the formats the banks store (gate and
+    up scaled apart for fp8), in the model's layout. The codecs work on the host, as a bank is
+    filled, and on [out, in], as they group inputs."""
     fmt = stored_format(precision)
-    if fmt is None:
-        return weights
     transposed = bool(getattr(experts, "is_transposed", False))
     interleaved = not getattr(experts, "is_concatenated", True)
-    device = weights["w1"].device
-    # The codecs quantise on the host, as a bank is filled; [out, in], as they group inputs.
     w1, w2 = (weights["w1"].cpu(), weights["w2"].cpu())
     w1, w2 = (w1.T, w2.T) if transposed else (w1, w2)
     if interleaved:  # gate0, up0, gate1, ... -> [gate; up]
         w1 = torch.cat([w1[0::2], w1[1::2]])
-    q1, q2 = (w[0].to(device) for w in fmt.quantize_experts(w1[None], w2[None]).dequantized(dtype))
+    q1, q2 = (w[0] for w in fmt.quantize_experts(w1[None], w2[None]).dequantized(dtype))
     if interleaved:
         inter = q1.shape[0] // 2
         q1 = torch.stack([q1[:inter], q1[inter:]], dim=1).reshape(q1.shape)
-    return {**weights, "w1": q1.T if transposed else q1, "w2": q2.T if transposed else q2}
+    return (q1.T, q2.T) if transposed else (q1, q2)
+
+
+class QuantisedWeights:
+    """Experts' weights at a precision, each quantised once and kept in host memory while the
+    kept ones fit in CACHE_BYTES (quantising an expert of a real model takes a large fraction of
+    a second on a CPU; reading it back from here, nothing); beyond that, quantised again each
+    time it is needed."""
+
+    def __init__(self, hm: HFModel):
+        self.hm = hm
+        self.kept: dict[tuple[str, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.kept_bytes = 0
+
+    def of(self, row: int, e: int, precision: str) -> dict[str, torch.Tensor]:
+        """Expert e of MoE layer `row` ready to compute with at `precision` (native: as stored)."""
+        bank = self.hm.banks[row]
+        w = bank.weights_of(e)
+        if precision == "native":
+            return w
+        q = self.kept.get((precision, row, e))
+        if q is None:
+            q = quantised(self.hm.layers[row].experts, w, precision, bank.compute_dtype)
+            size = sum(t.numel() * t.element_size() for t in q)
+            if self.kept_bytes + size <= CACHE_BYTES:  # the first that fit stay: no churn on a cyclic walk
+                self.kept[(precision, row, e)], self.kept_bytes = q, self.kept_bytes + size
+        device = w["w1"].device
+        return {**w, "w1": q[0].to(device), "w2": q[1].to(device)}
+
+    def forget(self, precision: str) -> None:
+        """Drop the experts kept at `precision` (no longer needed): room for another."""
+        for key in [k for k in self.kept if k[0] == precision]:
+            q = self.kept.pop(key)
+            self.kept_bytes -= sum(t.numel() * t.element_size() for t in q)
 
 
 def expert_output(experts: torch.nn.Module, w: dict[str, torch.Tensor], x_TH: torch.Tensor) -> torch.Tensor:
@@ -102,8 +133,8 @@ class ExpertErrors(contextlib.AbstractContextManager):
     """Per-expert output errors of the routed tokens, gathered by hooks on the experts modules
     while the model generates (installed on entry, removed on exit)."""
 
-    def __init__(self, hm: HFModel, precisions: list[str]):
-        self.hm, self.precisions = hm, precisions
+    def __init__(self, hm: HFModel, precisions: list[str], weights: QuantisedWeights):
+        self.hm, self.precisions, self.weights = hm, precisions, weights
         L, E = len(hm.layers), hm.num_experts
         self.tokens_LE = np.zeros((L, E), dtype=np.int64)
         self.sq_ref_LE = np.zeros((L, E))
@@ -144,14 +175,14 @@ class ExpertErrors(contextlib.AbstractContextManager):
         x_TH = torch.cat([x for x, _ in self.kept[row]])
         ids_TK = torch.cat([i for _, i in self.kept[row]])
         self.kept[row], self.kept_bytes[row] = [], 0
-        info, bank = self.hm.layers[row], self.hm.banks[row]
-        for e, tok, _ in expert_groups(ids_TK, bank.num_experts):
-            x, w = x_TH[tok], bank.weights_of(e)
-            y = expert_output(info.experts, w, x).double()
+        experts = self.hm.layers[row].experts
+        for e, tok, _ in expert_groups(ids_TK, self.hm.num_experts):
+            x = x_TH[tok]
+            y = expert_output(experts, self.weights.of(row, e, "native"), x).double()
             self.tokens_LE[row, e] += len(tok)
             self.sq_ref_LE[row, e] += float((y * y).sum())
             for p in self.precisions:
-                d = expert_output(info.experts, quantised(info.experts, w, p, bank.compute_dtype), x).double() - y
+                d = expert_output(experts, self.weights.of(row, e, p), x).double() - y
                 self.sq_err_LE[p][row, e] += float((d * d).sum())
 
     def errors(self) -> dict[str, np.ndarray]:
@@ -172,14 +203,14 @@ class AtPrecision:
     (quantised and dequantised per expert as it is computed): what the model would compute with
     its routed experts stored at that precision. Has the bank interface the adapter calls."""
 
-    def __init__(self, bank, precision: str):
-        self.bank, self.precision = bank, precision
+    def __init__(self, weights: QuantisedWeights, row: int, precision: str):
+        self.weights, self.row, self.precision = weights, row, precision
 
     def forward(self, experts, x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor) -> torch.Tensor:
         out_TH = torch.zeros_like(x_TH)
         w_flat = w_TK.reshape(-1)
-        for e, tok, idx in expert_groups(ids_TK, self.bank.num_experts):
-            w = quantised(experts, self.bank.weights_of(e), self.precision, self.bank.compute_dtype)
+        for e, tok, idx in expert_groups(ids_TK, experts.num_experts):
+            w = self.weights.of(self.row, e, self.precision)
             y = expert_output(experts, w, x_TH[tok]) * w_flat[idx, None]
             out_TH.index_add_(0, tok, y.to(out_TH.dtype))
         return out_TH
@@ -205,10 +236,11 @@ def teacher_forced_inputs(tokenizer, texts: list[str], generated: list[list[int]
 
 
 @torch.no_grad()
-def _log_probs(hm: HFModel, precision: str, inputs: dict) -> torch.Tensor:
+def _log_probs(weights: QuantisedWeights, precision: str, inputs: dict) -> torch.Tensor:
     """Next-token log-probabilities [N, V] (float32) at the counted positions, every routed expert
     at `precision`; nothing is counted."""
-    install(hm.model, None, [AtPrecision(bank, precision) for bank in hm.banks])
+    hm = weights.hm
+    install(hm.model, None, [AtPrecision(weights, i.row, precision) for i in hm.layers])
     try:
         args = {k: v for k, v in inputs.items() if k != "counted"}
         logits = hm.model(use_cache=False, **args).logits
@@ -217,25 +249,31 @@ def _log_probs(hm: HFModel, precision: str, inputs: dict) -> torch.Tensor:
     return torch.log_softmax(logits[inputs["counted"]].float(), dim=-1)
 
 
-def model_agreement(hm: HFModel, tokenizer, texts: list[str], generated: list[list[int]], batch_size: int,
-                    precisions: list[str], advance: Callable[[int], None] | None = None) -> dict[str, dict]:
-    """{precision: {"agreement", "mean_kl", "tokens"}}: teacher-forced on every prompt's text and its fed
-    back tokens, in batches of `batch_size`, each precision against native (both computed per
-    expert by `AtPrecision`, so that only the weights differ)."""
+def model_agreement(weights: QuantisedWeights, tokenizer, texts: list[str], generated: list[list[int]],
+                    batch_size: int, precisions: list[str], advance: Callable[[int], None] | None = None
+                    ) -> dict[str, dict]:
+    """{precision: {"agreement", "mean_kl", "tokens"}}: teacher-forced on every prompt's text and
+    its fed back tokens, in batches of `batch_size`, each precision against native (both computed
+    per expert by `AtPrecision`, so that only the weights differ). One precision after the other,
+    native computed again for each: its experts are quantised once while they stay kept."""
+    hm = weights.hm
     device = next(p for p in hm.model.parameters() if p.numel()).device
-    same, kl, tokens = dict.fromkeys(precisions, 0), dict.fromkeys(precisions, 0.0), 0
-    for start in range(0, len(texts), batch_size):
-        inputs = teacher_forced_inputs(tokenizer, texts[start:start + batch_size],
-                                       generated[start:start + batch_size], device)
-        native = _log_probs(hm, "native", inputs)
-        tokens += len(native)
-        for p in precisions:
-            at_p = _log_probs(hm, p, inputs)
-            same[p] += int((at_p.argmax(-1) == native.argmax(-1)).sum())
-            kl[p] += float((native.exp() * (native - at_p)).sum(-1).clamp(min=0).double().sum())
-        if advance is not None:
-            advance(len(inputs["input_ids"]))
-    return {p: {"agreement": same[p] / tokens, "mean_kl": kl[p] / tokens, "tokens": tokens} for p in precisions}
+    out = {}
+    for p in precisions:
+        same, kl, tokens = 0, 0.0, 0
+        for start in range(0, len(texts), batch_size):
+            inputs = teacher_forced_inputs(tokenizer, texts[start:start + batch_size],
+                                           generated[start:start + batch_size], device)
+            native, at_p = _log_probs(weights, "native", inputs), _log_probs(weights, p, inputs)
+            tokens += len(native)
+            same += int((at_p.argmax(-1) == native.argmax(-1)).sum())
+            kl += float((native.exp() * (native - at_p)).sum(-1).clamp(min=0).double().sum())
+            if advance is not None and p == precisions[-1]:
+                advance(len(inputs["input_ids"]))
+        weights.forget(p)
+        if tokens:  # no position to score: nothing to say
+            out[p] = {"agreement": same / tokens, "mean_kl": kl / tokens, "tokens": tokens}
+    return out
 
 
 def measure_quality(hm: HFModel, tokenizer, generate: Callable[[], list[list[int]]], texts: list[str],
@@ -245,7 +283,8 @@ def measure_quality(hm: HFModel, tokenizer, generate: Callable[[], list[list[int
     error hooks on, then the teacher-forced passes over `texts` (the prompts as generation
     tokenised them): (the generated ids, the measurement)."""
     precisions, skipped = measurable(hm)
-    with ExpertErrors(hm, precisions) as meter:
+    weights = QuantisedWeights(hm)
+    with ExpertErrors(hm, precisions, weights) as meter:
         generated = generate()
     errors = meter.errors()
     counts_LE = hm.counter.counts_LE
@@ -253,7 +292,7 @@ def measure_quality(hm: HFModel, tokenizer, generate: Callable[[], list[list[int
         raise RuntimeFailure("the quality measurement saw other routed tokens than the histogram counted")
     model = {}
     if precisions:
-        model = model_agreement(hm, tokenizer, texts, generated, batch_size, precisions, advance)
+        model = model_agreement(weights, tokenizer, texts, generated, batch_size, precisions, advance)
     elif advance is not None:
         advance(len(texts))  # nothing to score: the pass is done
     if any(m["tokens"] != hm.counter.tokens for m in model.values()):

@@ -178,3 +178,23 @@ def test_a_layer_that_fills_its_buffer_is_measured_in_parts_to_the_same_errors(f
     parts = _measure(folders["gpt_oss"], cpu).quality
     for p in ("fp8", "mxfp4"):
         np.testing.assert_allclose(parts.error_LE[p], whole.error_LE[p], rtol=1e-5, equal_nan=True)
+
+
+def test_each_expert_is_quantised_once_per_precision_while_kept(folders, cpu, monkeypatch):
+    """Quantising is what costs: an expert is quantised again only when the kept ones are full,
+    and then the measurement is the same."""
+    import hotsplit_runtime.hf.quality as quality
+
+    calls = []
+    codec = quality.quantised
+    monkeypatch.setattr(quality, "quantised", lambda *a: calls.append(a[2]) or codec(*a))
+    kept = _measure(folders["gpt_oss"], cpu)
+    routed = int((kept.counts_LE > 0).sum())
+    assert sorted(calls) == ["fp8"] * routed + ["mxfp4"] * routed
+    calls.clear()
+    monkeypatch.setattr(quality, "CACHE_BYTES", 0)
+    again = _measure(folders["gpt_oss"], cpu)
+    assert len(calls) > 2 * routed
+    for p in ("fp8", "mxfp4"):
+        np.testing.assert_array_equal(again.quality.error_LE[p], kept.quality.error_LE[p])
+        assert again.quality.model[p] == kept.quality.model[p]
