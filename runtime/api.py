@@ -61,17 +61,18 @@ def _check_before_launch(request: RunRequest) -> None:
 
 
 def count_checkpoint_routing(model_dir, device: str, dtype: str, prompts: list, max_new_tokens: int,
-                             batch_size: int, keep_trace: bool, progress=Watch().progress):
+                             batch_size: int, keep_trace: bool, progress=Watch().progress, quality: bool = False):
     """The routing counts of greedy generation over `prompts` on a checkpoint (hf/capture.py);
-    `dtype`: "auto" or a name in runtime/moe.py DTYPES; `progress`: a Watch's."""
+    `dtype`: "auto" or a name in runtime/moe.py DTYPES; `progress`: a Watch's; `quality`: also
+    measure fp8 and mxfp4 experts' errors (hf/quality.py: a second pass over the prompts)."""
     from .device import choose_device  # torch from here on
     from .hf.capture import count_routing
     from .moe import DTYPES
 
     info = choose_device(device, "--device")
-    with progress("balance", len(prompts)) as advance:
+    with progress("balance", len(prompts) * (2 if quality else 1)) as advance:
         return count_routing(model_dir, info, None if dtype == "auto" else DTYPES[dtype], prompts, max_new_tokens,
-                             batch_size, keep_trace, advance)
+                             batch_size, keep_trace, advance, quality)
 
 
 def count_synthetic_routing(recipe, steps: int, batch: int, keep_trace: bool, progress=Watch().progress):

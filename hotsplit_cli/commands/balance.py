@@ -18,6 +18,7 @@ from hotsplit_cli.options import DeviceOpt, JsonOpt, OutOpt, RecipeOpt, output_o
 from hotsplit_cli.output import Output
 from hotsplit_cli.traffic.hist import Histogram, save_hist
 from hotsplit_cli.traffic.prompts import read_prompts
+from hotsplit_cli.traffic.quality import measured_quality, quality_line, quality_summary
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -67,6 +68,9 @@ def balance_cmd(
     device: DeviceOpt = "auto",
     dtype: Annotated[str, typer.Option("--dtype", metavar="|".join(DTYPES),
                                        help="auto: the checkpoint's.")] = "auto",
+    quality: Annotated[bool, typer.Option("--quality/--no-quality",
+                                          help="With --model: also measure each expert's error at fp8 and mxfp4 "
+                                          "and the model's agreement (a second pass over the prompts).")] = True,
     output: OutOpt = None,
     json: JsonOpt = False,
 ) -> None:
@@ -77,19 +81,10 @@ def balance_cmd(
     recipe_name = recipe_arg or recipe
     windows_steps = _one_spelling(window_steps, windows_steps)
     _check_counts(max_new_tokens, windows_steps, batch_size, steps, dtype)
-    rec = None
-    if recipe_name is not None:
-        from hotsplit_cli.config.recipe import load_recipe
-
-        rec = load_recipe(recipe_name)
-    if model is None and rec is not None and rec.model.kind == "hf":
-        model = rec.model.path
-    if model is None and rec is None:
-        raise UsageError("balance needs --model DIR or a recipe", "e.g. `hotsplit balance --model ./ckpt --prompts "
-                         "p.jsonl -o hist.json` or `hotsplit balance tiny -o hist.json`")
+    rec, model = _recipe_and_model(recipe_name, model)
     if model is not None:
         hist, trace_obj, notes = _from_checkpoint(out, model, rec, prompts, max_new_tokens, batch_size,
-                                                  windows_steps, trace is not None, device, dtype)
+                                                  windows_steps, trace is not None, device, dtype, quality)
     else:
         if prompts is not None:
             raise UsageError(f"recipe {rec.name!r} has a synthetic model: --prompts needs --model DIR")
@@ -101,6 +96,21 @@ def balance_cmd(
 
         save_trace(trace, trace_obj)
     _report(out, hist, output, trace, notes, rec)
+
+
+def _recipe_and_model(recipe_name: str | None, model: Path | None):
+    """(the recipe named, or None; the checkpoint: --model, else the recipe's when it runs one)."""
+    rec = None
+    if recipe_name is not None:
+        from hotsplit_cli.config.recipe import load_recipe
+
+        rec = load_recipe(recipe_name)
+    if model is None and rec is not None and rec.model.kind == "hf":
+        model = rec.model.path
+    if model is None and rec is None:
+        raise UsageError("balance needs --model DIR or a recipe", "e.g. `hotsplit balance --model ./ckpt --prompts "
+                         "p.jsonl -o hist.json` or `hotsplit balance tiny -o hist.json`")
+    return rec, model
 
 
 def _with_recipe(hist: Histogram, output: Path, rec, recipe_name, model, prompts) -> Histogram:
@@ -123,7 +133,7 @@ def _with_recipe(hist: Histogram, output: Path, rec, recipe_name, model, prompts
 
 
 def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, windows_steps, keep_trace,
-                     device, dtype):
+                     device, dtype, quality: bool):
     import importlib.util
 
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
@@ -141,7 +151,7 @@ def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, w
         batch_size = rec.traffic.batch if rec is not None else 8
 
     c = api.count_checkpoint_routing(model_dir, device, dtype, prompt_list, max_new_tokens, batch_size, keep_trace,
-                                     out.progress)
+                                     out.progress, quality)
     if c.tokens == 0:
         raise InputFileError(f"{prompts}: the prompts produced no tokens")
     name = rec.model.name if rec is not None else Path(model_dir).resolve().name
@@ -150,7 +160,9 @@ def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, w
         f"({len(prompt_list)} prompts, max_new_tokens {max_new_tokens}, greedy)",
         top_k=c.top_k, tokens=c.tokens, layers=c.layer_ids, counts_LE=c.counts_LE,
         windows_WLE=windows_of(c.steps_SLE, windows_steps) if windows_steps else None,
-        steps_per_window=windows_steps)
+        steps_per_window=windows_steps,
+        quality=None if c.quality is None else measured_quality(
+            c.quality, f"checkpoint {model_dir}, prompts {prompts}, {c.tokens} tokens"))
     notes = [f"{len(prompt_list)} prompts, {len(c.steps_SLE)} steps, {c.tokens} tokens counted on {c.device_name}"]
     return hist, c.trace, notes
 
@@ -192,12 +204,18 @@ def _report(out: Output, hist: Histogram, output, trace, notes, rec=None) -> Non
     doc = {"output": str(output) if output else None, "trace": str(trace) if trace else None,
            "layers": list(hist.layers), "num_experts": hist.num_experts, "top_k": hist.top_k,
            "tokens": hist.tokens, "notes": notes,
-           "report": report.to_doc()}
+           "report": report.to_doc(),
+           "quality": None if hist.quality is None else {"measured_on": hist.quality.measured_on,
+                                                         "precisions": quality_summary(hist.quality)}}
 
     def render() -> None:
         for n in notes:
             out.print(n)
         render_hist_report(out, report)
+        if hist.quality is not None:
+            out.print(f"quality of stored precisions, measured on {hist.quality.measured_on}:")
+            for row in quality_summary(hist.quality):
+                out.print("  " + quality_line(row))
 
     out.emit(doc, render)
     for p in (output, trace):

@@ -37,6 +37,7 @@ from hotsplit_cli.hotset.budget import resolve_hot_budget
 from hotsplit_cli.hotset.planner import plan_hot_set
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank, uniform_precision
 from hotsplit_cli.traffic.hist import Histogram, load_hist
+from hotsplit_cli.traffic.quality import Quality, filled, reordered
 from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
 
 # Share floor for experts the reference never saw: a zero prior share would make a single
@@ -195,7 +196,7 @@ def rerank(ref: Histogram, mine: Histogram, strength_tokens: float | None = None
     None chooses it by empirical Bayes (`mode` "shared" or "layer"). The result's rows are
     posterior-mean shares scaled to my routed assignments per token (tokens x top_k).
     """
-    mine = align_to(ref, mine)
+    mine_in, mine = mine, align_to(ref, mine)
     top_k = mine.top_k
     q = reference_shares(ref.counts_LE)
     n = mine.counts_LE
@@ -223,12 +224,21 @@ def rerank(ref: Histogram, mine: Histogram, strength_tokens: float | None = None
         tokens=tokens,
         layers=ref.layers,
         counts_LE=p * scale,
+        quality=filled(_in_layer_order(mine_in, ref.layers), ref.quality),  # errors of the experts, mine first
     )
     w = ref_weight(A, N)
     if strength_tokens == 0:
         w = np.where(N > 0, 0.0, 1.0)
     rho = [spearman(ref.counts_LE[i], n[i]) for i in range(L)]
     return Reranked(hist, A, source, rho, N, w)
+
+
+def _in_layer_order(hist: Histogram, layers: tuple[int, ...]) -> Quality | None:
+    """`hist`'s measured errors with its rows in the order of `layers` (the same set)."""
+    if hist.quality is None or hist.layers == layers:
+        return hist.quality
+    pos = {layer: i for i, layer in enumerate(hist.layers)}
+    return reordered(hist.quality, [pos[layer] for layer in layers])
 
 
 def align_to(ref: Histogram, mine: Histogram) -> Histogram:

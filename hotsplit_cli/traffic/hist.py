@@ -17,6 +17,7 @@ from hotsplit_cli.core.checks import NOT_FINITE, check_finite_nonneg, index_str
 from hotsplit_cli.core.errors import HistogramError
 from hotsplit_cli.core.jsonio import TAKEN_BY, read_json, schema_tag, write_json_atomic
 from hotsplit_cli.traffic.predict import MeasuredRecall, measured_recall_from_doc
+from hotsplit_cli.traffic.quality import Quality, quality_from_doc
 
 KIND = "hist"
 
@@ -40,6 +41,7 @@ class Histogram:
     steps_per_window: int | None = None
     recipe: str | None = None  # the recipe it was captured with (a path relative to the histogram's folder, or a name)
     lookahead_recall: MeasuredRecall | None = None  # router lookahead measured on its prompts (traffic/predict.py)
+    quality: Quality | None = None  # fp8 / mxfp4 errors measured on its checkpoint (traffic/quality.py)
 
     @property
     def num_experts(self) -> int:
@@ -65,6 +67,8 @@ class Histogram:
             doc["recipe"] = self.recipe
         if self.lookahead_recall is not None:
             doc["lookahead_recall"] = self.lookahead_recall.to_doc()
+        if self.quality is not None:
+            doc["quality"] = self.quality.to_doc()
         if self.windows_WLE is not None:
             doc["windows"] = {
                 "steps_per_window": int(self.steps_per_window or 0),
@@ -98,7 +102,10 @@ def save_hist(path: str | os.PathLike, hist: Histogram) -> Path:
             raise HistogramError(f"{path}: `windows.counts` must be [windows, layers, experts], "
                                  f"got shape {list(windows.shape)}")
         validate_windows(windows, hist.counts_LE.shape, str(path))
-    return write_json_atomic(path, hist.to_doc())
+    doc = hist.to_doc()
+    if hist.quality is not None:  # by the reader's rules, before anything is written
+        quality_from_doc(doc["quality"], hist.counts_LE.shape, str(path))
+    return write_json_atomic(path, doc)
 
 
 def load_hist(path: str | os.PathLike) -> Histogram:
@@ -170,6 +177,7 @@ def hist_from_doc(doc: object, where: str) -> Histogram:
         lookahead = measured_recall_from_doc(doc.get("lookahead_recall"), where)
     except ValueError as exc:
         raise HistogramError(str(exc)) from None
+    quality = doc.get("quality")
     return Histogram(
         model=doc["model"],
         source=doc["source"],
@@ -182,6 +190,7 @@ def hist_from_doc(doc: object, where: str) -> Histogram:
         steps_per_window=spw,
         recipe=recipe,
         lookahead_recall=lookahead,
+        quality=None if quality is None else quality_from_doc(quality, counts.shape, where),
     )
 
 

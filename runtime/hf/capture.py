@@ -21,6 +21,7 @@ from hotsplit_cli.core.errors import RuntimeFailure
 from hotsplit_cli.traffic.trace import Trace
 
 from .loader import HFModel, load_model, load_tokenizer
+from .quality import measure_quality
 
 
 def prompt_text(tokenizer, prompt: str | list[dict]) -> str:
@@ -154,14 +155,27 @@ class CountedRouting:
     family: str  # the checkpoint's model_type
     device_name: str
     trace: Trace | None  # the routing itself, when asked for
+    quality: object | None = None  # hf/quality.py MeasuredQuality, when asked for
 
 
 def count_routing(model_dir, info, dtype: torch.dtype | None, prompts: list, max_new_tokens: int,
-                  batch_size: int, keep_trace: bool, advance: Callable[[int], None] | None = None) -> CountedRouting:
+                  batch_size: int, keep_trace: bool, advance: Callable[[int], None] | None = None,
+                  quality: bool = False) -> CountedRouting:
     """Load the checkpoint on `info`'s device and count the routing of greedy generation over
-    `prompts`; every layer is checked to have counted tokens x top_k routed assignments."""
+    `prompts`; every layer is checked to have counted tokens x top_k routed assignments.
+    `quality`: also measure what fp8 and mxfp4 experts would cost (hf/quality.py)."""
     hm = load_model(model_dir, info, dtype, keep_trace=keep_trace)
-    capture(hm, load_tokenizer(model_dir), prompts, max_new_tokens, batch_size, advance)
+    tokenizer = load_tokenizer(model_dir)
+
+    def generate() -> list[list[int]]:
+        return capture(hm, tokenizer, prompts, max_new_tokens, batch_size, advance)
+
+    measured = None
+    if quality:
+        texts = [prompt_text(tokenizer, p) for p in prompts]
+        measured = measure_quality(hm, tokenizer, generate, texts, batch_size, advance)[1]
+    else:
+        generate()
     c = hm.counter
     counts = c.counts_LE.astype(np.float64)
     expect = c.tokens * hm.top_k
@@ -171,4 +185,4 @@ def count_routing(model_dir, info, dtype: torch.dtype | None, prompts: list, max
                              f"expected {c.tokens} tokens x top_k {hm.top_k}")
     steps_SLE = np.stack(c.steps_SLE) if c.steps_SLE else np.zeros((0, *counts.shape))
     return CountedRouting(counts, steps_SLE, c.tokens, hm.top_k, hm.layer_ids, hm.family, info.name,
-                          trace_of(hm) if keep_trace else None)
+                          trace_of(hm) if keep_trace else None, measured)
