@@ -36,13 +36,12 @@ def _e2m1_values(dtype: torch.dtype) -> torch.Tensor:
 
 def _nearest_code(mag: torch.Tensor) -> torch.Tensor:
     """Codes 0..7 of the e2m1 magnitudes nearest to `mag` (>= 0, at most E2M1_MAX), ties to the
-    even code (round half to even, as the OCP spec's conversion rounds)."""
-    grid = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32)
-    mids = (grid[1:] + grid[:-1]) / 2
-    mag = mag.contiguous()
-    low = torch.bucketize(mag, mids, right=False)  # at a midpoint: the lower code
-    high = torch.bucketize(mag, mids, right=True)  # ... the upper one
-    return torch.where((low != high) & (high % 2 == 0), high, low).to(torch.uint8)
+    even code (round half to even, as the OCP spec's conversion rounds). The grid's step is 0.5
+    below 2, 1 up to 4 and 2 up to 6, so one rounding per range gives the code; torch.round
+    rounds half to even, which is the even code at every midpoint (0.25 -> 0, 1.75 -> 2.0,
+    2.5 -> 2.0, 3.5 -> 4.0, 5 -> 4.0)."""
+    fine, mid, coarse = torch.round(mag * 2), torch.round(mag) + 2, torch.round(mag / 2) + 4
+    return torch.where(mag < 2, fine, torch.where(mag < 4, mid, coarse)).to(torch.uint8)
 
 
 def _finite_cap(scale: torch.Tensor) -> torch.Tensor:
@@ -73,7 +72,10 @@ def mxfp4_quantize(w_RC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.ldexp(torch.ones_like(amax), exp)
     scaled = w / scale[..., None]
     sign = (scaled < 0).to(torch.uint8) << 3
-    code = _nearest_code(torch.minimum(scaled.abs(), _finite_cap(scale)[..., None])) | sign
+    mag = scaled.abs()  # at most 6 by the choice of scale
+    if bool((exp >= E8M0_BIAS - 1).any()):  # only scales of 2^126 and up can overflow float32
+        mag = torch.minimum(mag, _finite_cap(scale)[..., None])
+    code = _nearest_code(mag) | sign
     blocks = code[..., 0::2] | (code[..., 1::2] << 4)
     return blocks.contiguous(), (exp + E8M0_BIAS).to(torch.uint8)
 
