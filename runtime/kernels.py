@@ -23,9 +23,8 @@ E, B (blob elements), N (blocks of the grouped launch).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -33,6 +32,7 @@ from .bank import ExpertBank
 from .device import DeviceInfo
 from .fp8 import FP8Meta
 from .moe import expert_counts, grouped_experts
+from .precision import MX_GROUP
 
 
 class TorchExperts:
@@ -109,6 +109,16 @@ def split_for(programs: int, h_tiles: int, target: int) -> int:
 _NO_FP8 = FP8Meta(1, 1, 0, 0, 0, 0, 0)  # the scale arguments of a bank in its model dtype (unused)
 
 
+def scale_places(bank) -> FP8Meta:
+    """Where a bank's blobs keep their scales, for the kernels (bytes into a blob): an fp8 bank's
+    block scales; an mxfp4 bank's e8m0 bytes (s1 [2I, H/32] and s2 [H, I/32] of its blob layout,
+    of which the kernels take the offsets); none for experts in the model dtype."""
+    if getattr(bank, "precision", "native") == "mxfp4":
+        offsets = bank.blob_layout.offsets
+        return replace(_NO_FP8, s1_offset=offsets["s1"][0], s2_offset=offsets["s2"][0])
+    return bank.fp8_meta or _NO_FP8
+
+
 class TritonExperts:
     name = "triton"
     capturable = True
@@ -145,6 +155,16 @@ class TritonExperts:
             self._sms = torch.cuda.get_device_properties(device).multi_processor_count
         return split_for(programs, h_tiles, PROGRAMS_PER_SM * self._sms)
 
+    def reads_mxfp4(self, bank) -> bool:
+        """Whether `bank` stores MXFP4 experts. The kernels read those one 32-input group at a time,
+        so a tile along the inputs (block_h for gate/up, block_i_down for down) holds whole groups."""
+        if getattr(bank, "precision", "native") != "mxfp4":
+            return False
+        if min(self.block_h, self.block_i_down) < MX_GROUP:
+            raise ValueError(f"mxfp4 experts are read {MX_GROUP} inputs at a time: block_h and block_i_down must "
+                             f"be >= {MX_GROUP}, got {self.block_h} and {self.block_i_down}")
+        return True
+
     def native_dot(self, dtype: torch.dtype) -> bool:
         """16-bit weights multiply in their own dtype on tensor cores (float32 accumulation; the
         activation is rounded to that dtype before the down projection, as the reference rounds it),
@@ -155,8 +175,6 @@ class TritonExperts:
         return dtype == torch.bfloat16 and not self.kernels.INTERPRET
 
     def __call__(self, x_TH, ids_TK, w_TK, bank: ExpertBank, counts_E=None) -> torch.Tensor:
-        if getattr(bank, "precision", "native") == "mxfp4":
-            raise ValueError("the Triton kernels read no mxfp4 tiles: choose_compute(info, 'mxfp4') picks torch")
         k = self.kernels
         T, K = ids_TK.shape
         H, INTER = bank.hidden, bank.inter
@@ -170,8 +188,8 @@ class TritonExperts:
         blob_stride = bank.hot_SB.stride(0)
         compute_dtype = bank.compute_dtype
         native = self.native_dot(compute_dtype)
-        fp8 = bank.fp8_meta or _NO_FP8  # where a block-scaled fp8 blob keeps its scales
-        f8 = dict(FP8=bank.fp8_meta is not None, BM=fp8.bm, BN=fp8.bn)
+        fp8 = scale_places(bank)  # where an fp8 or mxfp4 blob keeps its scales
+        f8 = dict(FP8=bank.fp8_meta is not None, BM=fp8.bm, BN=fp8.bn, MX=self.reads_mxfp4(bank))
         N = blocks.num_blocks
         i_tiles, h_tiles = -(-INTER // self.block_i), -(-H // self.block_h)
         split = self._split(N * i_tiles, H, x.device)
@@ -196,10 +214,8 @@ class TritonExperts:
         return out.view(T, K, H).sum(dim=1).to(x_TH.dtype)
 
 
-def choose_compute(info: DeviceInfo, precision="native"):
-    """Triton where it can run on the chosen device, else the torch path (decided once).
-    `precision`: the stored precision, one name or a per-(layer, expert) array of names. The
-    kernels read native and fp8 tiles; a model with mxfp4 experts takes the torch path, which
-    dequantises them per expert."""
-    mxfp4 = "mxfp4" in (np.asarray(precision).reshape(-1).tolist())
-    return TritonExperts() if info.triton and not mxfp4 else TorchExperts()
+def choose_compute(info: DeviceInfo):
+    """Triton where it can run on the chosen device, else the torch path (decided once). The
+    kernels read every stored precision (native, fp8 and mxfp4 tiles, dequantised as they are
+    read) and the torch path dequantises per expert, so the choice depends on the device alone."""
+    return TritonExperts() if info.triton else TorchExperts()
