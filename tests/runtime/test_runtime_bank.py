@@ -98,6 +98,10 @@ def test_cold_path_measure_reads_every_expert_once():
     assert n_bytes == 8 * 3 * 32 * 16 * 2  # bf16
     # e4m3 w13 [32, 32] and w2 [32, 16], float32 scales [2, 2, 3] and [4, 2]: 1536 + 48 + 32 bytes
     assert n_bytes8 == 8 * (3 * 32 * 16 + 2 * 2 * 3 * 4 + 4 * 2 * 4)
+    g4 = geom("softmax", shared=False, num_experts=8, top_k=4, hidden=64, inter=32)
+    gbps4, n_bytes4 = cold_path_gbps(CPU, g4, MXFP4, reps=2)
+    # e2m1 pairs of w13 [64, 64] and w2 [64, 32], an e8m0 byte per 32 inputs: 3072 + 96 bytes
+    assert gbps4 > 0 and n_bytes4 == 8 * (3 * 64 * 32 // 2 + 3 * 64 * 32 // 32)
 
 
 def test_bf16_equal_reference_within_dtype_tolerance():
