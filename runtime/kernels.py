@@ -10,8 +10,11 @@ place from the cold bank (zero-copy on a GPU). Two implementations of one comput
   step's cold traffic close to one read per distinct expert. Each program looks up
   `expert2slot` on the device and takes its weight pointer from the hot bank or the cold bank,
   and every size (sort, counts, the grid) is fixed by T, K and E alone, so there is no host
-  synchronisation and a step can be captured in a CUDA graph. With TRITON_INTERPRET=1 the same
-  kernels run on a CPU (how the tests check them).
+  synchronisation and a step can be captured in a CUDA graph. Tiles are read at the bank's
+  stored precision and dequantised as they are read: fp8 values times their block scale, mxfp4
+  codes one 32-input group at a time with the group's scale on its partial sums
+  (docs/precision.md). With TRITON_INTERPRET=1 the same kernels run on a CPU (how the tests
+  check them).
 - `TorchExperts`: tokens grouped by expert on the host, each expert's weights taken from its
   slot or the cold bank; the CPU path (and the GPU fallback without Triton).
 
