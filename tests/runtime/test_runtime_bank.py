@@ -197,6 +197,16 @@ def test_cuda_swaps_in_flight_equal_reference():
         assert check.ok, check.detail
 
 
+@cuda
+def test_cuda_fp8_and_mxfp4_experts_equal_reference():
+    """The kernels' fp8 and mxfp4 tiles on a GPU, in bf16, hot and cold, with swaps."""
+    from hotsplit_runtime.selftest import check_fp8, check_mxfp4
+
+    info = choose_device("cuda")
+    for check in (check_fp8(info, torch.bfloat16), check_mxfp4(info, torch.bfloat16)):
+        assert check.ok, check.detail
+
+
 @pytest.mark.parametrize("block_t", [1, 4, 16])
 @pytest.mark.parametrize("seed", range(3))
 def test_align_blocks_groups_each_assignment_once_by_expert(block_t, seed):
