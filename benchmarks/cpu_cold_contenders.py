@@ -49,7 +49,7 @@ def runtime_path(g: MoEGeometry, precision: str) -> tuple[Compute, int]:
     alloc = PinnedAllocator(pin=False, numa=numa_policy_for("off", None))
     layer = filled_layer(g, DTYPE, stored_format(precision))
     cold = np.zeros((1, g.num_experts), dtype=bool)
-    model = HotColdMoE([layer], g, cold, info, alloc, choose_compute(info, precision))
+    model = HotColdMoE([layer], g, cold, info, alloc, choose_compute(info))
     bank = model.banks[0]
     split = ColdSplit("cpu", ColdRates(None, ((1, 1.0),), shared_cpu=True), info)
     compute = SplitExperts(model.compute, split)

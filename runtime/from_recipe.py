@@ -65,7 +65,7 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
                           lambda: resolve_hot_budget(recipe, knobs, platform), traffic.name)
     blob = expert_blob_layout(2 * geom.inter, geom.hidden, dtype, layers[0].stored)
     _check_memory(geom, len(layers), blob.elems * blob.storage.itemsize, info, int(plan.hot_LE.sum()))
-    compute = choose_compute(info, knobs.precision)
+    compute = choose_compute(info)
     model = rank.on_bank(lambda allocator: HotColdMoE(layers, geom, plan.hot_LE, info, allocator, compute,
                                                       lambda bank: make_split(knobs.cold_path, info, bank, platform)))
     model, source = parallel(model, traffic.source, rank)

@@ -10,8 +10,11 @@ place from the cold bank (zero-copy on a GPU). Two implementations of one comput
   step's cold traffic close to one read per distinct expert. Each program looks up
   `expert2slot` on the device and takes its weight pointer from the hot bank or the cold bank,
   and every size (sort, counts, the grid) is fixed by T, K and E alone, so there is no host
-  synchronisation and a step can be captured in a CUDA graph. With TRITON_INTERPRET=1 the same
-  kernels run on a CPU (how the tests check them).
+  synchronisation and a step can be captured in a CUDA graph. Tiles are read at the bank's
+  stored precision and dequantised as they are read: fp8 values times their block scale, mxfp4
+  codes one 32-input group at a time with the group's scale on its partial sums
+  (docs/precision.md). With TRITON_INTERPRET=1 the same kernels run on a CPU (how the tests
+  check them).
 - `TorchExperts`: tokens grouped by expert on the host, each expert's weights taken from its
   slot or the cold bank; the CPU path (and the GPU fallback without Triton).
 
@@ -23,9 +26,8 @@ E, B (blob elements), N (blocks of the grouped launch).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -33,6 +35,7 @@ from .bank import ExpertBank
 from .device import DeviceInfo
 from .fp8 import FP8Meta
 from .moe import expert_counts, grouped_experts
+from .precision import MX_GROUP
 
 
 class TorchExperts:
@@ -109,6 +112,16 @@ def split_for(programs: int, h_tiles: int, target: int) -> int:
 _NO_FP8 = FP8Meta(1, 1, 0, 0, 0, 0, 0)  # the scale arguments of a bank in its model dtype (unused)
 
 
+def scale_places(bank) -> FP8Meta:
+    """Where a bank's blobs keep their scales, for the kernels (bytes into a blob): an fp8 bank's
+    block scales; an mxfp4 bank's e8m0 bytes (s1 [2I, H/32] and s2 [H, I/32] of its blob layout,
+    of which the kernels take the offsets); none for experts in the model dtype."""
+    if getattr(bank, "precision", "native") == "mxfp4":
+        offsets = bank.blob_layout.offsets
+        return replace(_NO_FP8, s1_offset=offsets["s1"][0], s2_offset=offsets["s2"][0])
+    return bank.fp8_meta or _NO_FP8
+
+
 class TritonExperts:
     name = "triton"
     capturable = True
@@ -153,6 +166,16 @@ class TritonExperts:
         return (fp8.bm % self.block_i == 0 and fp8.bn % self.block_h == 0,
                 fp8.bm % self.block_h == 0 and fp8.bn % self.block_i_down == 0)
 
+    def reads_mxfp4(self, bank) -> bool:
+        """Whether `bank` stores MXFP4 experts. The kernels read those one 32-input group at a time,
+        so a tile along the inputs (block_h for gate/up, block_i_down for down) holds whole groups."""
+        if getattr(bank, "precision", "native") != "mxfp4":
+            return False
+        if min(self.block_h, self.block_i_down) < MX_GROUP:
+            raise ValueError(f"mxfp4 experts are read {MX_GROUP} inputs at a time: block_h and block_i_down must "
+                             f"be >= {MX_GROUP}, got {self.block_h} and {self.block_i_down}")
+        return True
+
     def native_dot(self, dtype: torch.dtype) -> bool:
         """16-bit weights multiply in their own dtype on tensor cores (float32 accumulation; the
         activation is rounded to that dtype before the down projection, as the reference rounds it),
@@ -163,8 +186,6 @@ class TritonExperts:
         return dtype == torch.bfloat16 and not self.kernels.INTERPRET
 
     def __call__(self, x_TH, ids_TK, w_TK, bank: ExpertBank, counts_E=None) -> torch.Tensor:
-        if getattr(bank, "precision", "native") == "mxfp4":
-            raise ValueError("the Triton kernels read no mxfp4 tiles: choose_compute(info, 'mxfp4') picks torch")
         k = self.kernels
         T, K = ids_TK.shape
         H, INTER = bank.hidden, bank.inter
@@ -178,8 +199,8 @@ class TritonExperts:
         blob_stride = bank.hot_SB.stride(0)
         compute_dtype = bank.compute_dtype
         native = self.native_dot(compute_dtype)
-        fp8 = bank.fp8_meta or _NO_FP8  # where a block-scaled fp8 blob keeps its scales
-        f8 = dict(FP8=bank.fp8_meta is not None, BM=fp8.bm, BN=fp8.bn)
+        fp8 = scale_places(bank)  # where an fp8 or mxfp4 blob keeps its scales
+        f8 = dict(FP8=bank.fp8_meta is not None, BM=fp8.bm, BN=fp8.bn, MX=self.reads_mxfp4(bank))
         tile_gu, tile_down = self.tile_scaled(fp8)
         N = blocks.num_blocks
         i_tiles, h_tiles = -(-INTER // self.block_i), -(-H // self.block_h)
@@ -205,10 +226,8 @@ class TritonExperts:
         return out.view(T, K, H).sum(dim=1).to(x_TH.dtype)
 
 
-def choose_compute(info: DeviceInfo, precision="native"):
-    """Triton where it can run on the chosen device, else the torch path (decided once).
-    `precision`: the stored precision, one name or a per-(layer, expert) array of names. The
-    kernels read native and fp8 tiles; a model with mxfp4 experts takes the torch path, which
-    dequantises them per expert."""
-    mxfp4 = "mxfp4" in (np.asarray(precision).reshape(-1).tolist())
-    return TritonExperts() if info.triton and not mxfp4 else TorchExperts()
+def choose_compute(info: DeviceInfo):
+    """Triton where it can run on the chosen device, else the torch path (decided once). The
+    kernels read every stored precision (native, fp8 and mxfp4 tiles, dequantised as they are
+    read) and the torch path dequantises per expert, so the choice depends on the device alone."""
+    return TritonExperts() if info.triton else TorchExperts()

@@ -26,11 +26,12 @@ from .kernels import choose_compute
 from .model import HotColdMoE
 from .moe import LayerWeights, MoEGeometry, ReferenceMoE, Router, make_layer_weights, rms_norm
 from .pinned import PinnedAllocator, numa_policy_for
-from .precision import StoredFormat
+from .precision import MX_GROUP, MXFP4, Mxfp4Experts, Mxfp4Format, StoredExperts, StoredFormat
 
 REFERENCE = "runtime = reference (random hot sets)"
 SWAPS = "runtime = reference (swaps mid-run)"
 FP8_EXPERTS = "runtime = reference (fp8 experts)"
+MXFP4_EXPERTS = "runtime = reference (mxfp4 experts)"
 GRAPH = "CUDA graph replay"
 ZERO_COPY = "zero-copy read"
 STEP_TIME = "step time vs reference (batch 8, 100% hot)"
@@ -187,17 +188,18 @@ def check_reference(info: DeviceInfo, dtype: torch.dtype, seed: int = 0) -> Chec
     return Check(REFERENCE, True, f"max err {worst:.2e}", f"{n} cases, 2 routers")
 
 
-def check_fp8(info: DeviceInfo, dtype: torch.dtype, seed: int = 0) -> Check:
+def check_fp8(info: DeviceInfo, dtype: torch.dtype, seed: int = 0, stored: StoredFormat = RELEASE_FP8,
+              name: str = FP8_EXPERTS) -> Check:
     """Block-scaled fp8 experts (dequantised per tile by the kernels, per expert by the torch
-    path) against the reference on their dequantised values: hot sets, then swaps."""
-    name = FP8_EXPERTS
+    path) against the reference on their dequantised values: hot sets, then swaps. `stored`:
+    experts in another stored format (check_mxfp4)."""
     rng = np.random.default_rng(seed + 3)
     g = _geom(info, "sigmoid", shared=True)
     worst, n = 0.0, 0
     try:
         for frac in (0.0, 0.5):
             model, ref = build_pair(g, 2, random_hot(2, g.num_experts, frac, rng), info, dtype, seed,
-                                    stored=RELEASE_FP8)
+                                    stored=stored)
             for _ in range(3):
                 x = torch.randn(8, g.hidden, generator=torch.Generator().manual_seed(200 + n)).to(info.device, dtype)
                 worst = max(worst, compare_step(model, ref, x, dtype))
@@ -206,8 +208,14 @@ def check_fp8(info: DeviceInfo, dtype: torch.dtype, seed: int = 0) -> Check:
                 n += 1
     except AssertionError as exc:
         return Check(name, False, f"max err {worst:.2e}", str(exc).splitlines()[0])
-    bm, bn = RELEASE_FP8.block
-    return Check(name, True, f"max err {worst:.2e}", f"{n} steps, {bm}x{bn} blocks, swaps between them")
+    return Check(name, True, f"max err {worst:.2e}", f"{n} steps, {stored.describe()}, swaps between them")
+
+
+def check_mxfp4(info: DeviceInfo, dtype: torch.dtype, seed: int = 0) -> Check:
+    """MXFP4 experts (e2m1 pairs and e8m0 scales unpacked per tile by the kernels, dequantised per
+    expert by the torch path) against the reference on their dequantised values: check_fp8's
+    hot sets and swaps."""
+    return check_fp8(info, dtype, seed, MXFP4, MXFP4_EXPERTS)
 
 
 def check_swaps(info: DeviceInfo, dtype: torch.dtype, seed: int = 0, steps: int = 12) -> Check:
@@ -296,20 +304,36 @@ def measure_zero_copy(info: DeviceInfo, n_bytes: int = 1 << 30) -> dict:
             "cold_fp8_vs_raw": fp8_gbps / raw_gbps}
 
 
-def cold_path_gbps(info: DeviceInfo, g: MoEGeometry, fp8: Fp8Format | None = None, reps: int = 5
+def filled_stored(fmt: StoredFormat, g: MoEGeometry) -> StoredExperts:
+    """A layer's experts stored in `fmt` (fp8 or mxfp4), filled with one value (broadcast: no
+    memory until a bank copies them in)."""
+    E, I2, H, inter = g.num_experts, 2 * g.inter, g.hidden, g.inter
+
+    def fill(value, dtype, *shape):
+        return torch.full((), value, dtype=dtype).expand(*shape)
+
+    if isinstance(fmt, Mxfp4Format):  # e2m1 1.0 in both nibbles, scale 2^-10
+        G, u8 = MX_GROUP, torch.uint8
+        return Mxfp4Experts(fill(0x22, u8, E, I2, H // G, G // 2), fill(117, u8, E, I2, H // G),
+                            fill(0x22, u8, E, H, inter // G, G // 2), fill(117, u8, E, H, inter // G))
+    s13, s2 = (E, 2, *fmt.scale_shape(inter, H)), (E, *fmt.scale_shape(H, inter))
+    return Fp8Experts(fmt, fill(0.01, FP8, E, I2, H), fill(1e-3, torch.float32, *s13),
+                      fill(0.01, FP8, E, H, inter), fill(1e-3, torch.float32, *s2))
+
+
+def cold_path_gbps(info: DeviceInfo, g: MoEGeometry, fmt: StoredFormat | None = None, reps: int = 5
                    ) -> tuple[float, int]:
     """GB/s of the expert compute reading every expert of one layer from the cold bank (one
-    assignment each), and the bytes it reads. The values do not matter for bandwidth, so the
-    weights are filled, not drawn, and never materialised in bf16 for an fp8 bank."""
+    assignment each), and the bytes it reads: experts in bf16, or stored in `fmt` (fp8 or
+    mxfp4; the GB/s are of the stored bytes). The values do not matter for bandwidth, so the
+    weights are filled, not drawn, and never materialised in bf16 for a stored bank."""
     bf = torch.bfloat16
     E, I2, H = g.num_experts, 2 * g.inter, g.hidden
-    if fp8 is None:
+    if fmt is None:
         w13, w2, q = torch.full((E, I2, H), 0.01, dtype=bf), torch.full((E, H, g.inter), 0.01, dtype=bf), None
-    else:  # shape-only stand-ins for the bf16 weights: the bank reads the fp8 values and scales
+    else:  # shape-only stand-ins for the bf16 weights: the bank reads the stored values and scales
         w13, w2 = torch.empty((), dtype=bf).expand(E, I2, H), torch.empty((), dtype=bf).expand(E, H, g.inter)
-        s13, s2 = (E, 2, *fp8.scale_shape(g.inter, H)), (E, *fp8.scale_shape(H, g.inter))
-        q = Fp8Experts(fp8, torch.full((E, I2, H), 0.01, dtype=FP8), torch.full(s13, 1e-3),
-                       torch.full((E, H, g.inter), 0.01, dtype=FP8), torch.full(s2, 1e-3))
+        q = filled_stored(fmt, g)
     lw = LayerWeights(w13, w2, Router(torch.zeros(E, H), None, g), None, None, q)
     alloc = PinnedAllocator(pin=info.pinned, numa=numa_policy_for("off", None))
     model = HotColdMoE([lw], g, np.zeros((1, E), dtype=bool), info, alloc, choose_compute(info))
@@ -380,6 +404,7 @@ def run_selftest(info: DeviceInfo, seed: int = 0) -> dict:
         (REFERENCE, lambda: check_reference(info, dtype, seed)),
         (SWAPS, lambda: check_swaps(info, dtype, seed)),
         (FP8_EXPERTS, lambda: check_fp8(info, dtype, seed)),
+        (MXFP4_EXPERTS, lambda: check_mxfp4(info, dtype, seed)),
         (GRAPH, lambda: check_graph(info, dtype, seed)),
         (ZERO_COPY, lambda: check_zero_copy(info, measures)),
         (STEP_TIME, lambda: check_step_time(info, dtype, measures)),

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU check from one short lease, within GPU_CHECKS_BUDGET_S (below): runtime selftest, probe,
-# full-size side-by-side benchmark, the test suite's CUDA tests (all of them: no -x), runtime and
-# probe benchmarks. A step that fails is re-run once with CUDA_LAUNCH_BLOCKING=1 (its first logs
-# kept; for the tests only the failing ids) while the budget allows.
+# the kernels' cold path at fp8 and mxfp4, full-size side-by-side benchmark, the test suite's CUDA
+# tests (all of them: no -x), runtime and probe benchmarks. A step that fails is re-run once with
+# CUDA_LAUNCH_BLOCKING=1 (its first logs kept; for the tests only the failing ids) while the budget
+# allows.
 #
 # Exit code: 1 when any step failed on its first run, else 0.
 # Results: $OUT (default ./gpu_checks_out) receives two files, gpu_checks.tar.gz (every log and
@@ -128,6 +129,13 @@ CUDA_TEST_FILES=(tests/runtime/test_runtime_bank.py tests/runtime/test_runtime_c
                  tests/cli/test_probe_cli.py tests/runtime/test_hf_models.py)
 step_selftest() { run_step selftest "$1" 90 "${HS[@]}" selftest --json; }
 step_probe() { run_step probe "$1" 45 "${HS[@]}" probe --json --recipe recipes/deepseek-v3.yaml; }
+# The kernels' cold path at fp8 and mxfp4 (GB/s of stored bytes vs the raw zero-copy read); the
+# selftest step checks both formats against the reference and measures bf16 and fp8.
+step_cold_formats() {
+  local args=(--json)
+  [ "$HAS_CUDA" = 1 ] || args+=(--scale 0.02 --reps 1)  # a CPU checks the script CPU-sized
+  run_step cold_formats "$1" 30 "$PY" benchmarks/bench_cold_formats.py "${args[@]}"
+}
 step_bench_full() {
   local args=(--full-size --json)
   [ "$HAS_CUDA" = 1 ] || args+=(--scale 0.02)  # a CPU runs the same table CPU-sized
@@ -172,7 +180,7 @@ step_ep_tests() {
     tests/runtime/test_ep.py -k "reference"
 }
 
-STEPS=(selftest probe bench_full cuda_tests bench_runtime bench_probe)
+STEPS=(selftest probe cold_formats bench_full cuda_tests bench_runtime bench_probe)
 [ -f benchmarks/bench_cold_path.py ] && STEPS+=(bench_cold_path)
 STEPS+=(ep_run ep_tests)
 FAILED=()

@@ -11,6 +11,7 @@ CUDA_LAUNCH_BLOCKING=1: `<name>.blocking.out` / `.err`).
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import sys
@@ -140,14 +141,23 @@ def cold_path_lines(work: Path) -> list[str]:
     return out
 
 
-def full_size_lines(work: Path) -> list[str]:
-    doc = _json(work, "bench_full")
+def benchmark_lines(work: Path, step: str, module: str, render: str) -> list[str]:
+    """Step `step`'s JSON document, rendered by its benchmark's own function `render` of
+    benchmarks/`module`.py."""
+    doc = _json(work, step)
     if doc is None:
-        return no_document(work, "bench_full")
+        return no_document(work, step)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    from fullsize import table_lines
+    return getattr(importlib.import_module(module), render)(doc)
 
-    return table_lines(doc)
+
+def cold_formats_lines(work: Path) -> list[str]:
+    """The kernels' cold path per stored precision (benchmarks/bench_cold_formats.py)."""
+    return benchmark_lines(work, "cold_formats", "bench_cold_formats", "report_lines")
+
+
+def full_size_lines(work: Path) -> list[str]:
+    return benchmark_lines(work, "bench_full", "fullsize", "table_lines")
 
 
 def bench_runtime_lines(work: Path) -> list[str]:
@@ -204,6 +214,7 @@ def summary(work: Path) -> str:
         ("env", lambda w: _text(w / "env.out").strip().splitlines()[:3]),
         ("notes", lambda w: _text(w / "notes.txt").strip().splitlines()),
         ("steps", status_lines), ("selftest", selftest_lines), ("cold path", cold_path_lines),
+        ("cold path by precision", cold_formats_lines),
         ("full-size", full_size_lines), ("CUDA tests", cuda_test_lines), ("bench_runtime", bench_runtime_lines),
         ("bench_probe", lambda w: text_lines(w, "bench_probe")),
         ("bench_cold_path", lambda w: text_lines(w, "bench_cold_path")),

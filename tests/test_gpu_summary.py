@@ -164,3 +164,28 @@ def test_a_full_size_document_is_rendered_by_the_benchmarks_own_table(tmp_path):
            "targets": fullsize.TARGETS, "models": [], "rows": [], "errors": 0}
     (tmp_path / "bench_full.out").write_text(json.dumps(doc))
     assert gs.full_size_lines(tmp_path) == fullsize.table_lines(doc)
+
+
+def test_the_kernels_cold_path_by_precision_is_rendered_by_the_benchmarks_own_report(tmp_path):
+    from tests.conftest import load_benchmark
+
+    bench = load_benchmark("bench_cold_formats")
+    doc = {"device": "cuda:0", "kernel": "triton", "hidden": 7168, "inter": 2048, "experts": 32, "raw_gbps": 50.0,
+           "rows": [{"precision": "fp8", "gbps": 40.0, "read_bytes": 1_409_630_208, "vs_raw": 0.8},
+                    {"precision": "mxfp4", "error": "RuntimeError: boom"}]}
+    (tmp_path / "status.tsv").write_text("cold_formats\tfirst\t1\t20\t30\t\n")
+    (tmp_path / "cold_formats.out").write_text(json.dumps(doc))
+    lines = gs.cold_formats_lines(tmp_path)
+    assert lines == bench.report_lines(doc)
+    assert lines[0].endswith("raw zero-copy read 50.0 GB/s")
+    assert lines[1:] == ["  fp8    40 GB/s of stored bytes (1409.6 MB a step) = 80% of the raw read",
+                         "  mxfp4  error: RuntimeError: boom"]
+    assert "\n".join(lines) in gs.summary(tmp_path)
+    (tmp_path / "cold_formats.out").write_text("")
+    assert gs.cold_formats_lines(tmp_path)[0] == "cold_formats: no JSON document (rc 1); its stderr ends:"
+
+
+def test_the_script_measures_the_kernels_cold_path_at_fp8_and_mxfp4():
+    text = SCRIPT.read_text()
+    assert re.search(r"STEPS=\([^)]*\bcold_formats\b", text)
+    assert "benchmarks/bench_cold_formats.py" in text and (ROOT / "benchmarks" / "bench_cold_formats.py").is_file()

@@ -5,6 +5,7 @@ the compiler refuses, so every variant the runtime launches is compiled here too
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -35,11 +36,16 @@ MMA = {"bf16": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
        "fp16": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"}
 
 
-def _check_ptx(kernel, name: str, w: str, dot: bool, fp8: bool, atomic: bool | None = None) -> None:
+# An e8m0 scale byte shifted into a float32's exponent field: how the kernels scale mxfp4 groups.
+E8M0_TO_FLOAT = re.compile(r"shl\.b32\s+%r\d+, %r\d+, 23;")
+
+
+def _check_ptx(kernel, name: str, w: str, dot: bool, fp8: bool, atomic: bool | None = None, mx: bool = False) -> None:
     """The compiled kernel is the variant asked for, read from its PTX: an sm_90 entry of that
     name with a cubin; tensor-core multiplies in the weights' 16-bit dtype exactly when the variant
     takes the native tl.dot path (none for float32 weights, which multiply exactly, nor for the
-    broadcast path of small blocks); fp8 tiles converted from e4m3 as they are read; and, for the
+    broadcast path of small blocks); fp8 tiles converted from e4m3 as they are read, mxfp4 scales
+    made from their e8m0 bytes; and, for the
     gate/up kernel, the partial sums of an H split added atomically (a whole reduction stores).
     What the kernels compute is checked against the torch reference by the interpreter tests of
     test_runtime_bank.py, at these same block sizes."""
@@ -48,6 +54,7 @@ def _check_ptx(kernel, name: str, w: str, dot: bool, fp8: bool, atomic: bool | N
     mma = [op for op in MMA.values() if op in ptx]
     assert mma == ([MMA[w]] if dot and w in MMA else []), mma
     assert ("cvt.rn.f16x2.e4m3x2" in ptx) == fp8
+    assert bool(E8M0_TO_FLOAT.search(ptx)) == mx
     if atomic is not None:
         assert ("atom.global.gpu.acq_rel.add.f32" in ptx) == atomic
 
@@ -78,7 +85,7 @@ def test_gate_up_kernel_compiles_for_hopper(w, native, blocks, split, fp8, tiled
     dot = min(blocks) >= 16
     kernel = _compile(tk.gate_up_kernel, types, dict(K=8, BLOCK_T=bt, BLOCK_I=bi, BLOCK_H=bh, USE_DOT=dot,
                                                      NATIVE=native, SPLIT=split, FP8=fp8, BM=128, BN=128,
-                                                     TILE_SCALE=tiled))
+                                                     TILE_SCALE=tiled, MX=False))
     _check_ptx(kernel, "gate_up_kernel", w, dot and native, fp8, atomic=split > 1)
 
 
@@ -92,5 +99,35 @@ def test_down_kernel_compiles_for_hopper(w, native, blocks, fp8, tiled):
     dot = min(bt, bi, bh) >= 16
     kernel = _compile(tk.down_kernel, types, dict(BLOCK_T=bt, BLOCK_H=bh, BLOCK_I=bi, USE_DOT=dot,
                                                   NATIVE=native, FP8=fp8, BM=128, BN=128, BF16=w == "bf16",
-                                                  TILE_SCALE=tiled))
+                                                  TILE_SCALE=tiled, MX=False))
     _check_ptx(kernel, "down_kernel", w, dot and native, fp8)
+
+
+# mxfp4 weights are read 32 inputs at a time (runtime/triton_kernels.py): tiles along the inputs
+# (BLOCK_H for gate/up, BLOCK_I for down) hold whole groups, so the small variant reads 32 of them.
+MX_VARIANTS = [*VARIANTS[:3], ("bf16", True, (4, 8, 32))]
+
+
+@pytest.mark.parametrize("split", [1, 4])
+@pytest.mark.parametrize("w, native, blocks", MX_VARIANTS)
+def test_mxfp4_gate_up_kernel_compiles_for_hopper(w, native, blocks, split):
+    bt, bi, bh = blocks
+    types = {**_common(w, fp8=True), "x_ptr": WEIGHT[w], "out_ptr": "*fp32"}  # an mxfp4 blob is bytes too
+    dot = min(bt, bi) >= 16  # each dot reduces over one group's 16 input pairs
+    kernel = _compile(tk.gate_up_kernel, types, dict(K=8, BLOCK_T=bt, BLOCK_I=bi, BLOCK_H=bh, USE_DOT=dot,
+                                                     NATIVE=native, SPLIT=split, FP8=False, BM=1, BN=1, MX=True,
+                                                     TILE_SCALE=False))
+    _check_ptx(kernel, "gate_up_kernel", w, dot and native, False, atomic=split > 1, mx=True)
+
+
+@pytest.mark.parametrize("w, native, blocks", MX_VARIANTS)
+def test_mxfp4_down_kernel_compiles_for_hopper(w, native, blocks):
+    bt, _, bh = blocks
+    bi = 64 if min(blocks) >= 16 else 32
+    types = {**_common(w, fp8=True), "act_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "w2_offset": "i32"}
+    del types["s_rows"], types["tiles"]
+    dot = min(bt, bh) >= 16
+    kernel = _compile(tk.down_kernel, types, dict(BLOCK_T=bt, BLOCK_H=bh, BLOCK_I=bi, USE_DOT=dot, NATIVE=native,
+                                                  FP8=False, BM=1, BN=1, BF16=w == "bf16", MX=True,
+                                                  TILE_SCALE=False))
+    _check_ptx(kernel, "down_kernel", w, dot and native, False, mx=True)

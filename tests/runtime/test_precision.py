@@ -141,22 +141,6 @@ def test_per_expert_precisions_give_one_precision_per_layer():
         uniform_layer_precisions([["fp8"] * 3], 2, 3)
 
 
-def test_mxfp4_banks_take_the_torch_path_until_the_kernels_read_mxfp4_tiles():
-    from dataclasses import replace
-
-    from hotsplit_runtime.kernels import TorchExperts, TritonExperts, choose_compute
-
-    triton_device = replace(CPU, triton=True)
-    assert isinstance(choose_compute(triton_device, "mxfp4"), TorchExperts)
-    assert isinstance(choose_compute(triton_device, [["fp8", "fp8"], ["mxfp4", "mxfp4"]]), TorchExperts)
-    assert isinstance(choose_compute(triton_device, [["fp8", "fp8"], ["native", "native"]]), TritonExperts)
-    g = MoEGeometry(hidden=64, inter=32, num_experts=4, top_k=2, shared_inter=0, router="softmax")
-    model, _ = build_pair(g, 1, np.zeros((1, 4), dtype=bool), CPU, torch.float32, stored=MXFP4)
-    with pytest.raises(ValueError, match="no mxfp4 tiles"):  # never a read of mxfp4 bytes as another format
-        TritonExperts.__call__(object.__new__(TritonExperts), torch.zeros(1, 64), torch.zeros(1, 2, dtype=torch.long),
-                               torch.ones(1, 2), model.banks[0])
-
-
 def test_layers_of_one_model_may_store_different_precisions():
     """The runtime takes a per-(layer, expert) precision array: one bank per layer, so one
     precision per layer, each layer's experts stored, swapped and computed at its own."""
@@ -172,7 +156,7 @@ def test_layers_of_one_model_may_store_different_precisions():
     layers = [make_layer_weights(g, li, torch.float32, fmt) for li, fmt in enumerate(formats)]
     rng = np.random.default_rng(0)
     alloc = PinnedAllocator(pin=False, numa=numa_policy_for("off", None))
-    model = HotColdMoE(layers, g, random_hot(3, 8, 0.5, rng), CPU, alloc, choose_compute(CPU, precision_LE))
+    model = HotColdMoE(layers, g, random_hot(3, 8, 0.5, rng), CPU, alloc, choose_compute(CPU))
     ref = ReferenceMoE(layers, CPU.device)
     assert [b.precision for b in model.banks] == ["fp8", "mxfp4", "native"]
     for step in range(3):

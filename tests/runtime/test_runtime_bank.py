@@ -13,6 +13,7 @@ from hotsplit_runtime.device import choose_device
 from hotsplit_runtime.engine import ArraySource, Engine
 from hotsplit_runtime.fp8 import FP8, Fp8Format, dequantize, quantize
 from hotsplit_runtime.moe import MoEGeometry, dense_reference, make_layer_weights
+from hotsplit_runtime.precision import MXFP4
 from hotsplit_runtime.selftest import build_pair, random_hot, random_moves, tolerances
 
 from tests.conftest import STARTED_INTERPRETED, cpu_without_triton, interpreter_mode
@@ -97,6 +98,10 @@ def test_cold_path_measure_reads_every_expert_once():
     assert n_bytes == 8 * 3 * 32 * 16 * 2  # bf16
     # e4m3 w13 [32, 32] and w2 [32, 16], float32 scales [2, 2, 3] and [4, 2]: 1536 + 48 + 32 bytes
     assert n_bytes8 == 8 * (3 * 32 * 16 + 2 * 2 * 3 * 4 + 4 * 2 * 4)
+    g4 = geom("softmax", shared=False, num_experts=8, top_k=4, hidden=64, inter=32)
+    gbps4, n_bytes4 = cold_path_gbps(CPU, g4, MXFP4, reps=2)
+    # e2m1 pairs of w13 [64, 64] and w2 [64, 32], an e8m0 byte per 32 inputs: 3072 + 96 bytes
+    assert gbps4 > 0 and n_bytes4 == 8 * (3 * 64 * 32 // 2 + 3 * 64 * 32 // 32)
 
 
 def test_bf16_equal_reference_within_dtype_tolerance():
@@ -192,6 +197,16 @@ def test_cuda_swaps_in_flight_equal_reference():
         assert check.ok, check.detail
 
 
+@cuda
+def test_cuda_fp8_and_mxfp4_experts_equal_reference():
+    """The kernels' fp8 and mxfp4 tiles on a GPU, in bf16, hot and cold, with swaps."""
+    from hotsplit_runtime.selftest import check_fp8, check_mxfp4
+
+    info = choose_device("cuda")
+    for check in (check_fp8(info, torch.bfloat16), check_mxfp4(info, torch.bfloat16)):
+        assert check.ok, check.detail
+
+
 @pytest.mark.parametrize("block_t", [1, 4, 16])
 @pytest.mark.parametrize("seed", range(3))
 def test_align_blocks_groups_each_assignment_once_by_expert(block_t, seed):
@@ -223,10 +238,10 @@ def test_align_blocks_all_padding_has_no_live_block():
     assert b.count_N.tolist() == [0] * b.num_blocks and b.expert_N.tolist() == [-1] * b.num_blocks
 
 
-def _kernel_case(hot_fraction, dtype=torch.float32, seed=0, fp8=None, hidden=48, inter=24):
+def _kernel_case(hot_fraction, dtype=torch.float32, seed=0, stored=None, hidden=48, inter=24):
     g = geom("softmax", shared=False, hidden=hidden, inter=inter)
     model, ref = build_pair(g, 1, random_hot(1, 8, hot_fraction, np.random.default_rng(seed)), CPU, dtype, seed,
-                            stored=fp8)
+                            stored=stored)
     lw = ref.layers[0]
     return g, model.banks[0], lambda x, ids, w: dense_reference(x, ids, w, lw.w13_EIH, lw.w2_EHI)
 
@@ -298,7 +313,7 @@ def test_triton_grouped_kernels_fp8_dequantise_tiles_as_they_read_them(triton_in
     per-tensor scale) hold whole tiles: one scale per tile, on its partial sums."""
     from hotsplit_runtime.kernels import TritonExperts
 
-    g, bank, reference = _kernel_case(0.5, fp8=fmt)
+    g, bank, reference = _kernel_case(0.5, stored=fmt)
     assert bank.fp8_meta is not None
     gen = torch.Generator().manual_seed(6)
     ids = torch.randint(0, 8, (9, 2), generator=gen)
@@ -327,16 +342,94 @@ def test_triton_grouped_kernels_split_h_sums_every_chunk(triton_interpreted, spl
     torch.testing.assert_close(compute(x, ids, w, bank), reference(x, ids, w), **tolerances(torch.float32))
 
 
-@pytest.mark.parametrize("dtype, fp8", [(torch.float32, None), (torch.float16, None), (torch.float32, FP8_BLOCKS)],
-                         ids=["fp32", "fp16", "fp8"])
-@pytest.mark.parametrize("split_h", [1, 4])
-def test_triton_grouped_kernels_at_the_compiled_block_sizes(triton_interpreted, dtype, fp8, split_h):
-    """The block sizes the runtime launches by default (t/i/h 16/32/128, down I 64) and the H
-    splits test_kernels_compile.py compiles for sm_90, run here in the interpreter: the same
-    variants compute the reference's output."""
+# mxfp4 is read 32 inputs at a time: tiles along the inputs (block_h, block_i_down) hold whole groups.
+MX_BLOCKS = {"small": dict(block_t=4, block_i=8, block_h=32, block_i_down=32),
+             "dot": dict(block_t=16, block_i=16, block_h=32, block_i_down=32)}
+
+
+@pytest.mark.parametrize("blocks, split_h", [("small", 1), ("dot", 1), ("dot", 2)])
+def test_triton_grouped_kernels_mxfp4_unpack_tiles_as_they_read_them(triton_interpreted, blocks, split_h):
+    """MXFP4 tiles (two e2m1 values a byte, one e8m0 scale per 32 inputs) unpacked by the kernels
+    compute the reference on the dequantised weights, hot and cold, on the broadcast and the
+    tl.dot paths, with the H reduction whole and cut in 2."""
     from hotsplit_runtime.kernels import TritonExperts
 
-    g, bank, reference = _kernel_case(0.5, dtype, fp8=fp8, hidden=512, inter=64)  # 4 H tiles of 128
+    g, bank, reference = _kernel_case(0.5, stored=MXFP4, hidden=64, inter=64)  # 2 groups of H and of I
+    assert bank.precision == "mxfp4" and bank.cold_EB.dtype == torch.uint8
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, 8, (9, 2), generator=gen)
+    ids[4, 0] = -1
+    w, x = torch.rand(9, 2, generator=gen), torch.randn(9, g.hidden, generator=gen)
+    compute = TritonExperts(**MX_BLOCKS[blocks], split_h=split_h)
+    assert compute.reads_mxfp4(bank) and compute._split(1, g.hidden, x.device) == split_h
+    torch.testing.assert_close(compute(x, ids, w, bank), reference(x, ids, w), **tolerances(torch.float32))
+    with pytest.raises(ValueError, match="block_h and block_i_down must be >= 32, got 16 and 32"):
+        TritonExperts(block_h=16, block_i_down=32)(x, ids, w, bank)
+
+
+def test_triton_kernels_in_the_interpreter_decode_every_e2m1_code_and_e8m0_byte(triton_interpreted):
+    """The kernels' bit arithmetic gives every e2m1 code's value (the OCP table, negative codes
+    included) and every e8m0 byte's scale: 2^(byte - 127), the subnormal 2^-127 for 0, NaN for 255."""
+    from hotsplit_runtime.precision import E2M1_MAGNITUDES, e8m0_scales
+
+    from tests.runtime.mx_decode_kernel import decode_kernel
+
+    byte = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    values, scales = torch.empty(256), torch.empty(256)
+    decode_kernel[(1,)](byte & 15, byte, values, scales, N=256)
+    mags = torch.tensor(E2M1_MAGNITUDES)
+    want = torch.cat([mags, -mags])[byte.long() & 15]
+    assert torch.equal(values, want) and torch.equal(values.signbit(), want.signbit())
+    torch.testing.assert_close(scales, e8m0_scales(byte), rtol=0, atol=0, equal_nan=True)
+    assert scales[0].item() == 2.0 ** -127 and scales[255].isnan() and scales[127].item() == 1.0
+
+
+def test_triton_kernels_in_the_interpreter_read_every_stored_precision_through_swaps(triton_interpreted):
+    """choose_compute keeps the kernels whatever the experts are stored in: a model whose layers
+    store fp8, mxfp4 and native experts equals the reference on the dequantised weights, step
+    after step with swaps between them (a swapped-in expert's stored bytes read from its slot)."""
+    from dataclasses import replace
+
+    from hotsplit_runtime.kernels import TritonExperts, choose_compute
+    from hotsplit_runtime.model import HotColdMoE
+    from hotsplit_runtime.moe import ReferenceMoE
+    from hotsplit_runtime.pinned import PinnedAllocator, numa_policy_for
+    from hotsplit_runtime.precision import layer_formats
+
+    compute = choose_compute(replace(CPU, triton=True))
+    assert isinstance(compute, TritonExperts)
+    g = geom("sigmoid", hidden=64, inter=32)
+    formats = layer_formats(np.array([["fp8"] * 8, ["mxfp4"] * 8, ["native"] * 8]), 3, 8)
+    layers = [make_layer_weights(g, li, torch.float32, fmt) for li, fmt in enumerate(formats)]
+    rng = np.random.default_rng(3)
+    alloc = PinnedAllocator(pin=False, numa=numa_policy_for("off", None))
+    model = HotColdMoE(layers, g, random_hot(3, 8, 0.5, rng), CPU, alloc, compute)
+    ref = ReferenceMoE(layers, CPU.device)
+    assert [b.precision for b in model.banks] == ["fp8", "mxfp4", "native"]
+    for step in range(3):
+        x = torch.randn(5, g.hidden, generator=torch.Generator().manual_seed(step))
+        torch.testing.assert_close(model.step(x), ref.step(x), **tolerances(torch.float32))
+        model.begin_swaps(random_moves(model, 2, rng))
+
+
+# The dtypes and stored formats the runtime launches at its default block sizes.
+COMPILED_CASES = {"fp32": (torch.float32, None), "fp16": (torch.float16, None), "fp8": (torch.float32, FP8_BLOCKS),
+                  "mxfp4-fp32": (torch.float32, MXFP4), "mxfp4-fp16": (torch.float16, MXFP4),
+                  "mxfp4-bf16": (torch.bfloat16, MXFP4)}
+
+
+@pytest.mark.parametrize("case", COMPILED_CASES)
+@pytest.mark.parametrize("split_h", [1, 4])
+def test_triton_grouped_kernels_at_the_compiled_block_sizes(triton_interpreted, case, split_h):
+    """The block sizes the runtime launches by default (t/i/h 16/32/128, down I 64) and the H
+    splits test_kernels_compile.py compiles for sm_90, run here in the interpreter: the same
+    variants compute the reference's output. (bfloat16 multiplies in float32 here; the tolerance
+    is bfloat16's all the same, which also holds on a GPU, where the kernels keep gate and up in
+    float32 that the reference rounds to bfloat16.)"""
+    from hotsplit_runtime.kernels import TritonExperts
+
+    dtype, stored = COMPILED_CASES[case]
+    g, bank, reference = _kernel_case(0.5, dtype, stored=stored, hidden=512, inter=64)  # 4 H tiles of 128
     compute = TritonExperts(split_h=split_h)
     assert (compute.block_t, compute.block_i, compute.block_h, compute.block_i_down) == (16, 32, 128, 64)
     assert compute._split(1, g.hidden, CPU.device) == split_h

@@ -12,8 +12,8 @@ from hotsplit_runtime import selftest
 from hotsplit_runtime.device import choose_device
 
 CUDA_ERROR = "CUDA error: invalid argument\nSearch for `cudaErrorInvalidValue' in the CUDA runtime API documentation"
-ALL_CHECKS = [selftest.REFERENCE, selftest.SWAPS, selftest.FP8_EXPERTS, selftest.GRAPH, selftest.ZERO_COPY,
-              selftest.STEP_TIME]
+ALL_CHECKS = [selftest.REFERENCE, selftest.SWAPS, selftest.FP8_EXPERTS, selftest.MXFP4_EXPERTS, selftest.GRAPH,
+              selftest.ZERO_COPY, selftest.STEP_TIME]
 
 
 def _raise(exc):
@@ -41,7 +41,7 @@ def test_a_check_raising_a_device_error_is_its_fail_row_and_the_others_run(cli, 
     assert swaps["error"]["type"] == "RuntimeError" and swaps["error"]["message"] == \
         "RuntimeError: CUDA error: invalid argument"
     assert "Traceback" in swaps["error"]["traceback"]
-    for name in (selftest.REFERENCE, selftest.FP8_EXPERTS):  # ran after the failure too
+    for name in (selftest.REFERENCE, selftest.FP8_EXPERTS, selftest.MXFP4_EXPERTS):  # ran after the failure too
         assert checks[name]["ok"] is True and checks[name]["error"] is None
     assert checks[selftest.STEP_TIME]["value"].startswith("x")
     assert "step_time" in doc["measures"]
@@ -57,7 +57,7 @@ def test_human_output_shows_the_fail_row_and_the_error(cli, monkeypatch):
     assert "FAIL" in row and "error" in row
     assert ("FAIL runtime = reference (random hot sets): AcceleratorError: CUDA error: invalid argument "
             "(at tests/runtime/test_selftest.py:") in r.out  # the error on one line below the table
-    assert sum(" pass " in line for line in r.out.splitlines()) == 2  # swaps and fp8 still ran
+    assert sum(" pass " in line for line in r.out.splitlines()) == 3  # swaps, fp8 and mxfp4 still ran
     assert r.err.startswith("error: selftest failed: runtime = reference (random hot sets);")
 
 
@@ -180,3 +180,23 @@ def test_the_kernels_bf16_rounding_passes_and_a_wrong_expert_fails(gpu_sized, mo
     monkeypatch.setattr(selftest, "choose_compute", lambda info, precision="native": KernelNumerics(True))
     wrong = selftest.check_reference(info, torch.bfloat16, seed)
     assert wrong.ok is False and wrong.detail.startswith("runtime differs from the reference")
+
+
+def test_the_mxfp4_check_runs_the_fp8_checks_steps_on_mxfp4_experts_and_catches_a_wrong_read(monkeypatch):
+    """check_mxfp4 builds its banks in mxfp4 and passes where the runtime reads them right; a
+    runtime that reads the wrong nibble of each byte fails it (the reference keeps its weights)."""
+    from hotsplit_runtime.precision import Mxfp4Experts
+
+    info = choose_device("cpu")
+    row = selftest.check_mxfp4(info, torch.float32)
+    assert (row.name, row.ok) == (selftest.MXFP4_EXPERTS, True)
+    assert row.detail == "6 steps, mxfp4 (e2m1, one e8m0 scale per 32 inputs), swaps between them"
+    decode = Mxfp4Experts.decode
+
+    def nibbles_swapped(self, views, dtype):
+        b1, b2, s1, s2 = views
+        return decode(self, ((b1 >> 4) | (b1 << 4), (b2 >> 4) | (b2 << 4), s1, s2), dtype)
+
+    monkeypatch.setattr(Mxfp4Experts, "decode", nibbles_swapped)
+    row = selftest.check_mxfp4(info, torch.float32)
+    assert row.ok is False and row.value.startswith("max err")
