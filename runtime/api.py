@@ -71,10 +71,12 @@ def _check_before_launch(request: RunRequest) -> None:
 
 
 def count_checkpoint_routing(model_dir, device: str, dtype: str, prompts: list, max_new_tokens: int,
-                             batch_size: int, keep_trace: bool, progress=Watch().progress):
+                             batch_size: int, keep_trace: bool, progress=Watch().progress,
+                             guesses: int | None = None):
     """The routing counts of greedy generation over `prompts` on a checkpoint (hf/capture.py
     `CountedRouting`); `dtype`: "auto" (the checkpoint's) or a name in runtime/moe.py DTYPES;
-    `progress(label, total)`: a context giving `advance(n)` (a Watch's)."""
+    `progress(label, total)`: a context giving `advance(n)` (a Watch's); `guesses`: measure
+    router lookahead at that many guesses per token (hf/lookahead.py)."""
     from .device import choose_device  # torch from here on
     from .hf.capture import count_routing
     from .moe import DTYPES
@@ -82,7 +84,7 @@ def count_checkpoint_routing(model_dir, device: str, dtype: str, prompts: list, 
     info = choose_device(device, "--device")
     with progress("balance", len(prompts)) as advance:
         return count_routing(model_dir, info, None if dtype == "auto" else DTYPES[dtype], prompts, max_new_tokens,
-                             batch_size, keep_trace, advance)
+                             batch_size, keep_trace, advance, guesses)
 
 
 def count_synthetic_routing(recipe, steps: int, batch: int, keep_trace: bool, progress=Watch().progress):

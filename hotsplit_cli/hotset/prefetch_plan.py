@@ -25,6 +25,7 @@ from hotsplit_cli.traffic.hist import Histogram
 from hotsplit_cli.traffic.predict import MeasuredRecall
 
 from .budget import ReadRate
+from .lookahead import Lookahead
 
 SLOT_CHOICES = (0, 1, 2, 4, 8)  # slot counts the planner weighs
 MIN_GAIN = 0.01  # the least share of step time slots must save over every batch to be planned
@@ -102,19 +103,36 @@ def _reason(chosen: int, gain: float, link: LinkModel, recall: MeasuredRecall | 
             f"(recall {recall.recall:.2f}, {recall.wasted_per_useful:.2f} wasted per useful)")
 
 
-def prefetch_for_plan(hist: Histogram, knobs: Knobs, rate: ReadRate, budget_bytes: int, cold_for) -> PrefetchPlan:
+def prefetch_for_plan(hist: Histogram, lookahead: Lookahead | None, knobs: Knobs, rate: ReadRate, budget_bytes: int,
+                      cold_for) -> PrefetchPlan:
     """`plan --platform`'s verdict for knob `prefetch_pool`: each slot count of SLOT_CHOICES that
     fits the budget, timed at `rate` (`cold_for(budget_bytes, expert_bytes)` gives the cold
     experts per step at each batch of `cold_for.batches` for the hot set planned there; expert
-    bytes are `cold_for.expert_bytes`). The recall is the histogram's `lookahead_recall`, except
-    for knob `prefetch trace`, whose predictor a histogram cannot judge."""
+    bytes are `cold_for.expert_bytes`). The recall is the one of `predictor_for(lookahead, knobs)`:
+    `lookahead` is the histogram's measured router lookahead (hotset/lookahead.py)."""
     L, size, pool = hist.num_layers, cold_for.expert_bytes, knobs.prefetch_pool
     carved = {s: (s * (L - 1) if pool == "layer" else s) * size for s in SLOT_CHOICES}
     cold = {s: cold_for(budget_bytes - c) for s, c in carved.items() if c <= budget_bytes}
     link = LinkModel(L, size / rate.gbps / 1e6, size / (rate.h2d_gbps or rate.gbps) / 1e6, None)
-    if knobs.prefetch == "trace":
-        recall, unknown = None, ("the trace predictor is judged on a trace (`simulate --prefetch trace`); a plan "
-                                 "reads a histogram")
-    else:
-        recall, unknown = hist.lookahead_recall, "the histogram records no lookahead_recall (`balance --model`)"
+    recall, unknown = predictor_for(lookahead, knobs)
     return plan_prefetch(cold, list(cold_for.batches), link, pool, recall, unknown)
+
+
+NO_LOOKAHEAD = ("the histogram records no router lookahead: measure it on your model with `hotsplit balance "
+                "--model DIR --prompts FILE`")
+TRACE_ON_A_TRACE = ("the trace predictor is judged on a trace (`simulate --prefetch trace`); a plan reads a "
+                    "histogram, which holds no per-token routing")
+
+
+def predictor_for(lookahead: Lookahead | None, knobs: Knobs) -> tuple[MeasuredRecall | None, str]:
+    """The recall staging is priced at, or None and why. Knob `prefetch`: lookahead (and off, to say
+    whether it would pay) takes the histogram's measured router lookahead; trace cannot be judged
+    from a histogram; auto takes the better predictor this plan can judge out of sample, and the
+    only one is router lookahead: it is fitted on nothing, so its recall on the user's prompts is
+    a held-out figure, while the trace predictor's needs a trace."""
+    look = lookahead.measured() if lookahead is not None else None
+    if knobs.prefetch == "trace":
+        return None, TRACE_ON_A_TRACE
+    if knobs.prefetch == "auto" and look is None:
+        return None, f"prefetch auto: {NO_LOOKAHEAD}, and {TRACE_ON_A_TRACE}"
+    return look, NO_LOOKAHEAD

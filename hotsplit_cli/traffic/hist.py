@@ -16,9 +16,11 @@ import numpy as np
 from hotsplit_cli.core.checks import NOT_FINITE, check_finite_nonneg, index_str
 from hotsplit_cli.core.errors import HistogramError
 from hotsplit_cli.core.jsonio import TAKEN_BY, read_json, schema_tag, write_json_atomic
-from hotsplit_cli.traffic.predict import MeasuredRecall, measured_recall_from_doc
 
 KIND = "hist"
+# Optional blocks measured beside the counts, each checked by its own strict reader when used
+# (hotset/lookahead.py, hotset/quality.py): kept as read, written as given.
+MEASURED_BLOCKS = ("lookahead", "quality")
 
 
 def utc_now() -> str:
@@ -39,7 +41,7 @@ class Histogram:
     windows_WLE: np.ndarray | None = None  # float64 [W, L, E]
     steps_per_window: int | None = None
     recipe: str | None = None  # the recipe it was captured with (a path relative to the histogram's folder, or a name)
-    lookahead_recall: MeasuredRecall | None = None  # router lookahead measured on its prompts (traffic/predict.py)
+    blocks: dict = field(default_factory=dict)  # MEASURED_BLOCKS present: name -> its JSON object
 
     @property
     def num_experts(self) -> int:
@@ -63,8 +65,7 @@ class Histogram:
         }
         if self.recipe is not None:
             doc["recipe"] = self.recipe
-        if self.lookahead_recall is not None:
-            doc["lookahead_recall"] = self.lookahead_recall.to_doc()
+        doc.update({k: self.blocks[k] for k in MEASURED_BLOCKS if k in self.blocks})
         if self.windows_WLE is not None:
             doc["windows"] = {
                 "steps_per_window": int(self.steps_per_window or 0),
@@ -166,10 +167,6 @@ def hist_from_doc(doc: object, where: str) -> Histogram:
     recipe = doc.get("recipe")  # optional: older files have none
     if recipe is not None and not isinstance(recipe, str):
         raise HistogramError(f"{where}: `recipe` must be a string")
-    try:
-        lookahead = measured_recall_from_doc(doc.get("lookahead_recall"), where)
-    except ValueError as exc:
-        raise HistogramError(str(exc)) from None
     return Histogram(
         model=doc["model"],
         source=doc["source"],
@@ -181,7 +178,7 @@ def hist_from_doc(doc: object, where: str) -> Histogram:
         windows_WLE=windows_WLE,
         steps_per_window=spw,
         recipe=recipe,
-        lookahead_recall=lookahead,
+        blocks={k: doc[k] for k in MEASURED_BLOCKS if k in doc},
     )
 
 

@@ -21,6 +21,7 @@ from hotsplit_cli.core.errors import RuntimeFailure
 from hotsplit_cli.traffic.trace import Trace
 
 from .loader import HFModel, load_model, load_tokenizer
+from .lookahead import Lookahead, LookaheadCounter
 
 
 def prompt_text(tokenizer, prompt: str | list[dict]) -> str:
@@ -154,13 +155,17 @@ class CountedRouting:
     family: str  # the checkpoint's model_type
     device_name: str
     trace: Trace | None  # the routing itself, when asked for
+    lookahead: Lookahead | None = None  # router lookahead's counters (hf/lookahead.py), when asked for
 
 
 def count_routing(model_dir, info, dtype: torch.dtype | None, prompts: list, max_new_tokens: int,
-                  batch_size: int, keep_trace: bool, advance: Callable[[int], None] | None = None) -> CountedRouting:
+                  batch_size: int, keep_trace: bool, advance: Callable[[int], None] | None = None,
+                  guesses: int | None = None) -> CountedRouting:
     """Load the checkpoint on `info`'s device and count the routing of greedy generation over
-    `prompts`; every layer is checked to have counted tokens x top_k routed assignments."""
+    `prompts`; every layer is checked to have counted tokens x top_k routed assignments. With
+    `guesses`, router lookahead is measured too, widened to that many guesses per token."""
     hm = load_model(model_dir, info, dtype, keep_trace=keep_trace)
+    look = LookaheadCounter(hm, guesses) if guesses and len(hm.layers) > 1 else None
     capture(hm, load_tokenizer(model_dir), prompts, max_new_tokens, batch_size, advance)
     c = hm.counter
     counts = c.counts_LE.astype(np.float64)
@@ -170,5 +175,6 @@ def count_routing(model_dir, info, dtype: torch.dtype | None, prompts: list, max
         raise RuntimeFailure(f"layer {hm.layer_ids[bad]} counted {counts[bad].sum():.0f} routed assignments, "
                              f"expected {c.tokens} tokens x top_k {hm.top_k}")
     steps_SLE = np.stack(c.steps_SLE) if c.steps_SLE else np.zeros((0, *counts.shape))
+    measured_on = f"{hm.family} checkpoint {model_dir}: {c.tokens} tokens of {len(prompts)} prompts, greedy"
     return CountedRouting(counts, steps_SLE, c.tokens, hm.top_k, hm.layer_ids, hm.family, info.name,
-                          trace_of(hm) if keep_trace else None)
+                          trace_of(hm) if keep_trace else None, look.result(measured_on) if look else None)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hotsplit_cli.core.errors import HistogramError, PlanError
+from hotsplit_cli.core.errors import PlanError
 from hotsplit_cli.hotset.prefetch_plan import LinkModel, plan_prefetch, step_ms
-from hotsplit_cli.traffic.hist import hist_from_doc
 from hotsplit_cli.traffic.predict import MeasuredRecall
 
 HALF = MeasuredRecall(0.5, 0.0, 4, 100)
@@ -46,29 +45,6 @@ def test_a_link_bound_step_plans_no_slots_and_says_why():
 def test_cold_counts_must_cover_zero_slots_and_every_batch():
     with pytest.raises(PlanError, match="cold counts at 0 slots"):
         plan_prefetch({1: [4.0]}, [1], LinkModel(2, 1.0, 1.0, 1.0), "layer", HALF)
-
-
-def hist_doc(**extra):
-    return {"schema": "hotsplit.hist/1", "model": "m", "source": "s", "top_k": 1, "tokens": 4, "layers": [0],
-            "num_experts": 2, "counts": [[3, 1]], **extra}
-
-
-def test_the_histogram_records_a_measured_lookahead_recall():
-    field = {"recall": 0.8, "wasted_per_useful": 0.4, "guesses": 8, "tokens": 4}
-    hist = hist_from_doc(hist_doc(lookahead_recall=field), "h.json")
-    assert hist.lookahead_recall == MeasuredRecall(0.8, 0.4, 8, 4)
-    assert hist.to_doc()["lookahead_recall"] == field
-    assert hist_from_doc(hist_doc(), "h.json").lookahead_recall is None
-
-
-@pytest.mark.parametrize("field, message", [
-    ({"recall": 1.5, "wasted_per_useful": 0, "guesses": 8, "tokens": 4}, "recall.recall` must be a number in"),
-    ({"recall": 0.5, "wasted_per_useful": 0, "guesses": 0, "tokens": 4}, "recall.guesses` must be an integer"),
-    ({"recall": 0.5}, "must be an object with exactly recall, wasted_per_useful, guesses and tokens"),
-])
-def test_a_bad_lookahead_recall_is_refused(field, message):
-    with pytest.raises(HistogramError, match=message):
-        hist_from_doc(hist_doc(lookahead_recall=field), "h.json")
 
 
 def test_batch_one_on_a_pcie_link_plans_no_slots_and_long_compute_does():
