@@ -223,9 +223,20 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
     if platform is not None and layout is None and recipe.parallel.ep == 1 and rate.zero_copy_gbps \
             and knobs.precision != "auto":
         prefetch = prefetch_for_plan(hist, lookahead, knobs, rate, budget.budget_bytes,
-                                     ColdAt(hist, recipe, size, rate.gbps, precision=knobs.precision))
+                                     ColdAt(hist, recipe, size, rate.gbps, precision=knobs.precision),
+                                     compute_for_prefetch(platform, recipe, hist, not_cold_LE, size))
     return PlanResult(hist, hist_path, recipe, knobs, plan, budget, rate, costs, platform_path, layout,
                       placement_path, cold_paths, times, held, choice, prefetch)
+
+
+def compute_for_prefetch(platform, recipe: Recipe, hist: Histogram, hot_LE: np.ndarray,
+                         expert_bytes: int) -> list[float] | None:
+    """A layer's compute ms at each planned batch on the platform's slowest GPU (layer_compute.py);
+    None when the platform file records no compute rate."""
+    from hotsplit_cli.hotset.layer_compute import layer_compute_ms, slowest_compute
+
+    gpu, _ = slowest_compute(platform)
+    return None if gpu is None else layer_compute_ms(gpu, recipe, hist, hot_LE, expert_bytes, BATCH_SIZES)
 
 
 @dataclass(frozen=True)

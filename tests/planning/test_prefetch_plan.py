@@ -26,7 +26,8 @@ def test_step_time_by_hand():
 def test_slots_are_planned_where_compute_hides_the_copies():
     link = LinkModel(2, 1.0, 1.0, compute_ms=3.0)
     got = plan_prefetch({0: [4.0, 8.0], 1: [4.2, 8.2]}, [1, 2], link, "layer", HALF)
-    assert got.slots == 1 and got.rows[0] == {"batch": 1, "without_ms": 10.0, "with_ms": 9.2, "best_slots": 1}
+    assert got.slots == 1 and got.rows[0] == {"batch": 1, "compute_ms": 3.0, "without_ms": 10.0, "with_ms": 9.2,
+                                                  "best_slots": 1}
     assert got.reason.startswith("1 staging slots: ") and "at recall 0.50" in got.reason
 
 
