@@ -38,9 +38,9 @@ def test_a_link_bound_step_plans_no_slots_and_says_why():
     assert "no slot count saves 1% of step time: a layer computes for 0.010 ms" in got.reason
     unmeasured = plan_prefetch({0: [4.0], 1: [4.2]}, [1], LinkModel(2, 1.0, 1.0, None), "layer", HALF)
     assert unmeasured.slots == 0 and "compute per layer is not measured" in unmeasured.reason
-    unknown = plan_prefetch({0: [4.0], 1: [4.0]}, [1], link, "layer", None, "no lookahead_recall in the histogram")
+    unknown = plan_prefetch({0: [4.0], 1: [4.0]}, [1], link, "layer", None, "no lookahead in the histogram")
     assert unknown.slots == 0 and unknown.reason == ("0 staging slots: the predictor's recall is unknown "
-                                                     "(no lookahead_recall in the histogram)")
+                                                     "(no lookahead in the histogram)")
 
 
 def test_cold_counts_must_cover_zero_slots_and_every_batch():
