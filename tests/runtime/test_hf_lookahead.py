@@ -15,6 +15,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers", minversion="5.0", reason="transformers>=5 (hotsplit[hf])")
 
+from hotsplit_runtime.hf.capture import count_routing  # noqa: E402
+from hotsplit_runtime.hf.loader import FAMILIES as ALL_FAMILIES  # noqa: E402
+
 from hotsplit_cli.hotset.lookahead import load_lookahead  # noqa: E402
 from hotsplit_cli.traffic.hist import load_hist  # noqa: E402
 from tests.fakes.hf import SENTENCES, build_checkpoint, reference  # noqa: E402
@@ -137,3 +140,20 @@ def test_the_knob_is_refused_in_one_line_before_anything_is_read(cli, ckpts, tmp
     r = cli("balance", "tiny", "--prefetch-guesses", "4", "-o", out)
     assert r.code == 2 and r.err.startswith("error: --prefetch-guesses: router lookahead is measured on a checkpoint;")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_every_family_counts_the_routing_counters_tokens_and_full_width_covers_all(checkpoints, family):
+    """Every supported family: each MoE layer after the first predicted from the one before, over
+    the tokens the routing counter counted (padding and finished sequences excluded); guessing
+    every expert covers every routed one, the router's own top-k alone fewer."""
+    from tests.conftest import cpu_without_triton
+
+    cpu = cpu_without_triton()
+    prompts = [SENTENCES[0], "Hi"]  # batched together: the short one is left-padded
+    full = count_routing(checkpoints[family], cpu, None, prompts, 3, 2, False, guesses=99)
+    assert [x.layer for x in full.lookahead.layers] == list(full.layer_ids[1:])
+    assert {x.tokens for x in full.lookahead.layers} == {full.tokens}
+    assert full.lookahead.guesses_per_token == 8 and full.lookahead.recall == 1.0
+    strict = count_routing(checkpoints[family], cpu, None, prompts, 3, 2, False, guesses=full.top_k)
+    assert strict.lookahead.recall < 1.0 and strict.lookahead.total("useful") <= strict.lookahead.total("routed")
