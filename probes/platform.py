@@ -39,6 +39,8 @@ from .cpu_expert import (
     measure_cpu_expert,
 )
 from .cuda import CudaReport, list_cuda_devices, same_bus
+from .gpu_compute import TOKENS as COMPUTE_TOKENS
+from .gpu_compute import GpuCompute, measure_gpu_compute
 from .gpu_numa import decide_gpu_numa_node
 from .host import HostInfo, probe_host
 from .hostmem import SYS_MBIND
@@ -63,6 +65,7 @@ class Sources:
     host_copy: Callable[..., tuple[HostCopyNode, ...]] = measure_host_copy
     gpu_bandwidth: Callable[..., GpuBandwidth] = measure_gpu
     cpu_expert: Callable[..., CpuExpertRate] = measure_cpu_expert
+    gpu_compute: Callable[..., GpuCompute] = measure_gpu_compute
     link_state: Callable[[str], LinkState] = read_link_state
     machine: str | None = None  # override platform.machine() (mbind support)
 
@@ -138,6 +141,7 @@ class Gpu:
     bandwidth: GpuBandwidth | None
     summary: GpuSummary
     reasons: tuple[Reason, ...] = ()
+    compute: GpuCompute | None = None  # its compute rate through resident weights (prefetch's hiding room)
 
 
 @dataclass(frozen=True)
@@ -275,9 +279,11 @@ class Inventory:
     @property
     def measurement_steps(self) -> int:
         """Progress units: one per (node, size) host copy, three per (GPU, node, size), one per
-        token count of the CPU expert rate (once per GPU node at most)."""
+        (GPU, token count) of its compute rate, one per token count of the CPU expert rate (once
+        per GPU node at most)."""
         host = len(self.bind_nodes) * len(self.host_plan.sizes_bytes)
-        gpu = 3 * self.gpu_count_to_measure * len(self.bind_nodes) * len(self.gpu_plan.sizes_bytes)
+        per_gpu = 3 * len(self.bind_nodes) * len(self.gpu_plan.sizes_bytes) + len(COMPUTE_TOKENS)
+        gpu = self.gpu_count_to_measure * per_gpu
         return host + gpu + len(TOKENS) * max(1, len(self.gpu_nodes))
 
     @property
@@ -413,6 +419,7 @@ def _build_gpu(inv: Inventory, g: GpuDevice, sources: Sources, tick: Callable[[i
             bw = sources.gpu_bandwidth(cuda_index, inv.bind_nodes, node, inv.gpu_plan, sample, tick)
         except Exception as exc:  # noqa: BLE001 - a failed measurement is a reason, not a lost report
             reasons.append(Reason("bandwidth", f"measurement failed: {type(exc).__name__}: {exc}"))
+    compute = _measure_compute(cuda_index, sources, tick, reasons)
     gen_load = bw.link_gen_under_load if bw else None
     width_load = bw.link_width_under_load if bw else None
     if gen_load is None:
@@ -432,7 +439,21 @@ def _build_gpu(inv: Inventory, g: GpuDevice, sources: Sources, tick: Callable[[i
     return Gpu(g.index, cuda_index, g.name, g.uuid, g.pci_bus_id, node, node_source, g.cpu_affinity,
                g.memory_affinity, g.mem_total_bytes, g.mem_free_bytes, g.mem_used_bytes, g.mem_reserved_bytes,
                g.pcie_gen_current, g.pcie_gen_max, g.pcie_gen_gpu_max, g.pcie_width_current, g.pcie_width_max,
-               gen_load, width_load, rate, max_rate, verdict, detail, g.source, bw, summary, tuple(reasons))
+               gen_load, width_load, rate, max_rate, verdict, detail, g.source, bw, summary, tuple(reasons), compute)
+
+
+def _measure_compute(cuda_index: int | None, sources: Sources, tick: Callable[[int], None],
+                     reasons: list[Reason]) -> GpuCompute | None:
+    """The GPU's compute rate (gpu_compute.py), or None with the reason why not."""
+    if cuda_index is None:
+        reasons.append(Reason("compute", "CUDA (torch) cannot see this GPU"))
+        return None
+    try:
+        return sources.gpu_compute(cuda_index, tick)
+    except Exception as exc:  # noqa: BLE001 - a failed measurement is a reason, not a lost report
+        reasons.append(Reason("compute", f"measurement failed: {type(exc).__name__}: {exc}"))
+        tick(len(COMPUTE_TOKENS))
+        return None
 
 
 def _measure_cpu_expert(inv: Inventory, gpus: tuple, sources: Sources, tick: Callable[[int], None],

@@ -61,10 +61,12 @@ def _check_before_launch(request: RunRequest) -> None:
 
 
 def count_checkpoint_routing(model_dir, device: str, dtype: str, prompts: list, max_new_tokens: int,
-                             batch_size: int, keep_trace: bool, progress=Watch().progress, quality: bool = False):
+                             batch_size: int, keep_trace: bool, progress=Watch().progress, quality: bool = False,
+                             guesses: int | None = None):
     """The routing counts of greedy generation over `prompts` on a checkpoint (hf/capture.py);
     `dtype`: "auto" or a name in runtime/moe.py DTYPES; `progress`: a Watch's; `quality`: also
-    measure fp8 and mxfp4 experts' errors (hf/quality.py: a second pass over the prompts)."""
+    measure fp8 and mxfp4 experts' errors (hf/quality.py: a second pass over the prompts);
+    `guesses`: measure router lookahead at that many guesses per token (hf/lookahead.py)."""
     from .device import choose_device  # torch from here on
     from .hf.capture import count_routing
     from .moe import DTYPES
@@ -72,7 +74,7 @@ def count_checkpoint_routing(model_dir, device: str, dtype: str, prompts: list, 
     info = choose_device(device, "--device")
     with progress("balance", len(prompts) * (2 if quality else 1)) as advance:
         return count_routing(model_dir, info, None if dtype == "auto" else DTYPES[dtype], prompts, max_new_tokens,
-                             batch_size, keep_trace, advance, quality)
+                             batch_size, keep_trace, advance, quality, guesses)
 
 
 def count_synthetic_routing(recipe, steps: int, batch: int, keep_trace: bool, progress=Watch().progress):

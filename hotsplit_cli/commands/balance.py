@@ -14,7 +14,8 @@ import typer
 from hotsplit_runtime import api
 
 from hotsplit_cli.core.errors import InputFileError, UsageError
-from hotsplit_cli.options import DeviceOpt, JsonOpt, OutOpt, RecipeOpt, output_option
+from hotsplit_cli.hotset.lookahead import lookahead_guesses
+from hotsplit_cli.options import DeviceOpt, JsonOpt, OutOpt, PrefetchGuessesOpt, RecipeOpt, output_option
 from hotsplit_cli.output import Output
 from hotsplit_cli.traffic.hist import Histogram, save_hist
 from hotsplit_cli.traffic.prompts import read_prompts
@@ -71,6 +72,7 @@ def balance_cmd(
     quality: Annotated[bool, typer.Option("--quality/--no-quality",
                                           help="With --model: also measure each expert's error at fp8 and mxfp4 "
                                           "and the model's agreement (a second pass over the prompts).")] = True,
+    prefetch_guesses: PrefetchGuessesOpt = None,
     output: OutOpt = None,
     json: JsonOpt = False,
 ) -> None:
@@ -84,10 +86,10 @@ def balance_cmd(
     rec, model = _recipe_and_model(recipe_name, model)
     if model is not None:
         hist, trace_obj, notes = _from_checkpoint(out, model, rec, prompts, max_new_tokens, batch_size,
-                                                  windows_steps, trace is not None, device, dtype, quality)
+                                                  windows_steps, trace is not None, device, dtype, quality,
+                                                  prefetch_guesses)
     else:
-        if prompts is not None:
-            raise UsageError(f"recipe {rec.name!r} has a synthetic model: --prompts needs --model DIR")
+        _refuse_checkpoint_flags(rec, prompts, prefetch_guesses)
         hist, trace_obj, notes = _from_synthetic(out, rec, steps, batch_size, windows_steps, trace is not None)
     if output is not None:
         save_hist(output, _with_recipe(hist, output, rec, recipe_name, model, prompts))
@@ -132,9 +134,20 @@ def _with_recipe(hist: Histogram, output: Path, rec, recipe_name, model, prompts
     return dataclasses.replace(hist, recipe=beside.name)
 
 
+def _refuse_checkpoint_flags(rec, prompts, prefetch_guesses) -> None:
+    """Flags of a checkpoint's capture given for a recipe's synthetic model, refused in one line."""
+    if prompts is not None:
+        raise UsageError(f"recipe {rec.name!r} has a synthetic model: --prompts needs --model DIR")
+    if prefetch_guesses is not None:
+        raise UsageError("--prefetch-guesses: router lookahead is measured on a checkpoint",
+                         "give --model DIR (a synthetic model's random routers say nothing about it)")
+
+
 def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, windows_steps, keep_trace,
-                     device, dtype, quality: bool):
+                     device, dtype, quality: bool, prefetch_guesses=None):
     import importlib.util
+
+    guesses = lookahead_guesses(rec.knobs if rec is not None else None, prefetch_guesses)
 
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
@@ -151,7 +164,7 @@ def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, w
         batch_size = rec.traffic.batch if rec is not None else 8
 
     c = api.count_checkpoint_routing(model_dir, device, dtype, prompt_list, max_new_tokens, batch_size, keep_trace,
-                                     out.progress, quality)
+                                     out.progress, quality, guesses)
     if c.tokens == 0:
         raise InputFileError(f"{prompts}: the prompts produced no tokens")
     name = rec.model.name if rec is not None else Path(model_dir).resolve().name
@@ -162,8 +175,10 @@ def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, w
         windows_WLE=windows_of(c.steps_SLE, windows_steps) if windows_steps else None,
         steps_per_window=windows_steps,
         quality=None if c.quality is None else measured_quality(
-            c.quality, f"checkpoint {model_dir}, prompts {prompts}, {c.tokens} tokens"))
+            c.quality, f"checkpoint {model_dir}, prompts {prompts}, {c.tokens} tokens"),
+        blocks={"lookahead": c.lookahead.to_doc()} if c.lookahead is not None else {})
     notes = [f"{len(prompt_list)} prompts, {len(c.steps_SLE)} steps, {c.tokens} tokens counted on {c.device_name}"]
+    notes += [c.lookahead.summary()] if c.lookahead is not None else []
     return hist, c.trace, notes
 
 
@@ -204,7 +219,7 @@ def _report(out: Output, hist: Histogram, output, trace, notes, rec=None) -> Non
     doc = {"output": str(output) if output else None, "trace": str(trace) if trace else None,
            "layers": list(hist.layers), "num_experts": hist.num_experts, "top_k": hist.top_k,
            "tokens": hist.tokens, "notes": notes,
-           "report": report.to_doc(),
+           "report": report.to_doc(), "lookahead": hist.blocks.get("lookahead"),
            "quality": None if hist.quality is None else {"measured_on": hist.quality.measured_on,
                                                          "precisions": quality_summary(hist.quality)}}
 

@@ -181,6 +181,20 @@ def _render_gpus(out: Output, doc: dict[str, Any]) -> None:
                       "-" if not z or z["pct_of_link"] is None else f"{100 * z['pct_of_link']:.0f}%",
                       f"±{(z or h)['spread_gbps'] / 2:.1f}")
         out.print(t)
+    _render_gpu_compute(out, doc["gpus"])
+
+
+def _render_gpu_compute(out: Output, gpus: list[dict[str, Any]]) -> None:
+    """Each GPU's compute rate through resident weights (prefetch's room to hide copies)."""
+    measured = [g for g in gpus if g.get("compute")]
+    if not measured:
+        return
+    c = measured[0]["compute"]
+    t = out.table("tokens", *(f"GPU {g['index']}" for g in measured),
+                  title=f"GPU compute through resident weights, GB/s ({size(c['weight_bytes'])} {c['dtype']} matrix)")
+    for j, (tokens, _) in enumerate(c["by_tokens"]):
+        t.add_row(str(tokens), *(_gbps(g["compute"]["by_tokens"][j][1]["median_gbps"]) for g in measured))
+    out.print(t)
 
 
 def _render_budget(out: Output, doc: dict[str, Any]) -> None:

@@ -1,8 +1,9 @@
 """Read platform.json (`hotsplit.platform/1`, written by `hotsplit probe`) for other commands.
 
-Only the figures planning needs, validated: per GPU free/total memory and the measured
-zero-copy read and host->device copy rates; for CPU-only machines the host copy rate; the CPU
-expert rate per NUMA node and the synchronisation costs of a CPU cold path.
+Only the figures planning needs, validated: per GPU free/total memory, the measured
+zero-copy read and host->device copy rates and the compute rate through resident weights; for
+CPU-only machines the host copy rate; the CPU expert rate per NUMA node and the
+synchronisation costs of a CPU cold path.
 Every number is checked (finite, >= 0, or null) and an error names the file and field.
 """
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from hotsplit_probes.common import gpu_of_cuda
 
 from hotsplit_cli.core.errors import InputFileError
@@ -37,6 +39,17 @@ class GpuInfo:
     link_rate_gbps: float | None  # theoretical PCIe rate the link ran at under load
     roundtrip_ms: float | None = None  # activations to the host and back (a CPU cold path's per-layer cost)
     zero_copy_read_spread: float | None = None  # (max - min) / median of that read (older probes: None)
+    # (tokens, GB/s of resident weights computed through), probes/gpu_compute.py; () when the
+    # file records none (older probes, or not measured: `reasons` says why)
+    compute_points: tuple[tuple[int, float], ...] = ()
+
+    def compute_gbps(self, tokens: float) -> float | None:
+        """The compute rate at `tokens`: log-log interpolated between the measured token counts,
+        the end points' beyond them; None when not measured."""
+        if not self.compute_points:
+            return None
+        t, g = zip(*self.compute_points, strict=True)
+        return float(math.exp(np.interp(math.log(max(tokens, 1e-9)), np.log(t), np.log(g))))
 
 
 @dataclass(frozen=True)
@@ -137,6 +150,7 @@ def load_platform(path: str | os.PathLike) -> PlatformInfo:
             roundtrip_ms=_number((g.get("bandwidth") or {}).get("roundtrip_ms"), f"{where}.bandwidth.roundtrip_ms"),
             zero_copy_read_spread=_number(summary.get("zero_copy_read_spread"),
                                           f"{where}.summary.zero_copy_read_spread"),
+            compute_points=_compute(g.get("compute"), f"{where}.compute"),
         ))
     if not isinstance(doc["reasons"], list):
         raise InputFileError(f"{path}: reasons: must be a list")
@@ -158,6 +172,27 @@ def load_platform(path: str | os.PathLike) -> PlatformInfo:
         reasons=tuple(reasons),
         cpu_expert=_cpu_expert(host.get("cpu_expert"), f"{path}: host.cpu_expert"),
     )
+
+
+def _compute(raw: Any, where: str) -> tuple[tuple[int, float], ...]:
+    """gpus[i].compute (absent in files of older probes, null when not measured): its by_tokens
+    cells [tokens, {"median_gbps": GB/s}], token counts rising, rates > 0."""
+    if raw is None:
+        return ()
+    cells = _object(raw, where).get("by_tokens")
+    if not isinstance(cells, list) or not cells:
+        raise InputFileError(f"{where}.by_tokens: must be a non-empty list of [tokens, measurement]")
+    points = []
+    for j, cell in enumerate(cells):
+        if not (isinstance(cell, list) and len(cell) == 2 and isinstance(cell[1], dict)):
+            raise InputFileError(f"{where}.by_tokens[{j}]: must be [tokens, measurement]")
+        tokens = _number(cell[0], f"{where}.by_tokens[{j}][0]", integer=True)
+        gbps = _number(cell[1].get("median_gbps"), f"{where}.by_tokens[{j}].median_gbps")
+        if not tokens or not gbps or (points and tokens <= points[-1][0]):
+            raise InputFileError(f"{where}.by_tokens[{j}]: tokens must rise from 1 and GB/s be > 0, got "
+                                 f"[{tokens!r}, {gbps!r}]", "re-run `hotsplit probe -o platform.json`")
+        points.append((tokens, float(gbps)))
+    return tuple(points)
 
 
 def _cpu_expert(raw: Any, where: str) -> tuple[CpuExpertInfo, ...]:

@@ -21,6 +21,7 @@ from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.core.jsonio import read_json_doc, schema_tag
 from hotsplit_cli.hotset.budget import HotBudget, ReadRate, check_plan_budget, choose_read_rate, resolve_hot_budget
 from hotsplit_cli.hotset.forecast import Band, HeldOut, rolling_origin
+from hotsplit_cli.hotset.lookahead import load_lookahead
 from hotsplit_cli.hotset.planner import Plan, contiguous_owner, plan_hot_set
 from hotsplit_cli.hotset.precision_plan import (
     PrecisionChoice,
@@ -178,6 +179,7 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
     for warning in check_hist_matches_recipe(hist, recipe, hist_path):
         warn(warning)
     quality = load_quality(hist_path, hist.counts_LE.shape)
+    lookahead = load_lookahead(hist, str(hist_path))
     if knobs.precision == "auto":
         check_auto_inputs(quality, max_error, hist_path, placement_path)
     platform = None
@@ -220,10 +222,21 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
     prefetch = None  # staging slots are priced for one rank at one stored precision
     if platform is not None and layout is None and recipe.parallel.ep == 1 and rate.zero_copy_gbps \
             and knobs.precision != "auto":
-        prefetch = prefetch_for_plan(hist, knobs, rate, budget.budget_bytes,
-                                     ColdAt(hist, recipe, size, rate.gbps, precision=knobs.precision))
+        prefetch = prefetch_for_plan(hist, lookahead, knobs, rate, budget.budget_bytes,
+                                     ColdAt(hist, recipe, size, rate.gbps, precision=knobs.precision),
+                                     compute_for_prefetch(platform, recipe, hist, not_cold_LE, size))
     return PlanResult(hist, hist_path, recipe, knobs, plan, budget, rate, costs, platform_path, layout,
                       placement_path, cold_paths, times, held, choice, prefetch)
+
+
+def compute_for_prefetch(platform, recipe: Recipe, hist: Histogram, hot_LE: np.ndarray,
+                         expert_bytes: int) -> list[float] | None:
+    """A layer's compute ms at each planned batch on the platform's slowest GPU (layer_compute.py);
+    None when the platform file records no compute rate."""
+    from hotsplit_cli.hotset.layer_compute import layer_compute_ms, slowest_compute
+
+    gpu, _ = slowest_compute(platform)
+    return None if gpu is None else layer_compute_ms(gpu, recipe, hist, hot_LE, expert_bytes, BATCH_SIZES)
 
 
 @dataclass(frozen=True)

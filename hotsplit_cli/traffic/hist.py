@@ -16,10 +16,13 @@ import numpy as np
 from hotsplit_cli.core.checks import NOT_FINITE, check_finite_nonneg, index_str
 from hotsplit_cli.core.errors import HistogramError
 from hotsplit_cli.core.jsonio import TAKEN_BY, read_json, schema_tag, write_json_atomic
-from hotsplit_cli.traffic.predict import MeasuredRecall, measured_recall_from_doc
 from hotsplit_cli.traffic.quality import Quality, quality_from_doc
 
 KIND = "hist"
+# Optional blocks measured beside the counts, kept as read and written as given, each checked by
+# its own strict reader when used (hotset/lookahead.py). The `quality` block is read strictly
+# with the histogram (traffic/quality.py): rerank merges it.
+MEASURED_BLOCKS = ("lookahead",)
 
 
 def utc_now() -> str:
@@ -40,8 +43,8 @@ class Histogram:
     windows_WLE: np.ndarray | None = None  # float64 [W, L, E]
     steps_per_window: int | None = None
     recipe: str | None = None  # the recipe it was captured with (a path relative to the histogram's folder, or a name)
-    lookahead_recall: MeasuredRecall | None = None  # router lookahead measured on its prompts (traffic/predict.py)
     quality: Quality | None = None  # fp8 / mxfp4 errors measured on its checkpoint (traffic/quality.py)
+    blocks: dict = field(default_factory=dict)  # MEASURED_BLOCKS present: name -> its JSON object
 
     @property
     def num_experts(self) -> int:
@@ -65,10 +68,9 @@ class Histogram:
         }
         if self.recipe is not None:
             doc["recipe"] = self.recipe
-        if self.lookahead_recall is not None:
-            doc["lookahead_recall"] = self.lookahead_recall.to_doc()
         if self.quality is not None:
             doc["quality"] = self.quality.to_doc()
+        doc.update({k: self.blocks[k] for k in MEASURED_BLOCKS if k in self.blocks})
         if self.windows_WLE is not None:
             doc["windows"] = {
                 "steps_per_window": int(self.steps_per_window or 0),
@@ -173,10 +175,6 @@ def hist_from_doc(doc: object, where: str) -> Histogram:
     recipe = doc.get("recipe")  # optional: older files have none
     if recipe is not None and not isinstance(recipe, str):
         raise HistogramError(f"{where}: `recipe` must be a string")
-    try:
-        lookahead = measured_recall_from_doc(doc.get("lookahead_recall"), where)
-    except ValueError as exc:
-        raise HistogramError(str(exc)) from None
     quality = doc.get("quality")
     return Histogram(
         model=doc["model"],
@@ -189,8 +187,8 @@ def hist_from_doc(doc: object, where: str) -> Histogram:
         windows_WLE=windows_WLE,
         steps_per_window=spw,
         recipe=recipe,
-        lookahead_recall=lookahead,
         quality=None if quality is None else quality_from_doc(quality, counts.shape, where),
+        blocks={k: doc[k] for k in MEASURED_BLOCKS if k in doc},
     )
 
 

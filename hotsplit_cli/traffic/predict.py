@@ -154,39 +154,15 @@ def _drop_hot(rank_NE: np.ndarray, hot_E: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class MeasuredRecall:
-    """hist.json's optional `lookahead_recall`: the next layer's router applied early, measured on
-    the histogram's own prompts (`balance --model` records it):
-    `{"recall": R, "wasted_per_useful": W, "guesses": G, "tokens": N}` = over N tokens, the share R
-    of their next-layer experts within the first G guesses, with W wasted guesses per useful one."""
+    """A predictor's pooled recall as the prefetch planner prices it: the share `recall` of the
+    next layer's routed experts within the first `guesses` guesses per token, over `tokens`
+    tokens, with `wasted_per_useful` wrong guesses per right one (router lookahead's comes from
+    a histogram's `lookahead` block, hotset/lookahead.py)."""
 
     recall: float  # in [0, 1]
-    wasted_per_useful: float  # >= 0
+    wasted_per_useful: float  # >= 0 (inf: no guess was useful)
     guesses: int  # >= 1
     tokens: int  # >= 1
-
-    def to_doc(self) -> dict:
-        return {"recall": self.recall, "wasted_per_useful": self.wasted_per_useful, "guesses": self.guesses,
-                "tokens": self.tokens}
-
-
-def measured_recall_from_doc(raw: object, where: str) -> MeasuredRecall | None:
-    """Parse `lookahead_recall` (None when absent); ValueError names the bad field."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or set(raw) != {"recall", "wasted_per_useful", "guesses", "tokens"}:
-        raise ValueError(f"{where}: `lookahead_recall` must be an object with exactly recall, wasted_per_useful, "
-                         f"guesses and tokens")
-
-    def number(key: str, low: float, high: float, integer: bool = False):
-        x = raw[key]
-        ok = isinstance(x, int) if integer else isinstance(x, int | float)
-        if isinstance(x, bool) or not ok or not low <= x <= high:
-            kind = "an integer" if integer else "a number"
-            raise ValueError(f"{where}: `lookahead_recall.{key}` must be {kind} in [{low:g}, {high:g}], got {x!r}")
-        return x
-
-    return MeasuredRecall(float(number("recall", 0.0, 1.0)), float(number("wasted_per_useful", 0.0, float("inf"))),
-                          int(number("guesses", 1, 1 << 30, True)), int(number("tokens", 1, 1 << 62, True)))
 
 
 def rolling_recall(kind: str, member_NLE: np.ndarray, tokens_per_window: int, guesses: int) -> dict:

@@ -21,6 +21,7 @@ from hotsplit_cli.core.errors import RuntimeFailure
 from hotsplit_cli.traffic.trace import Trace
 
 from .loader import HFModel, load_model, load_tokenizer
+from .lookahead import Lookahead, LookaheadCounter
 from .quality import measure_quality
 
 
@@ -156,19 +157,25 @@ class CountedRouting:
     device_name: str
     trace: Trace | None  # the routing itself, when asked for
     quality: object | None = None  # hf/quality.py MeasuredQuality, when asked for
+    lookahead: Lookahead | None = None  # router lookahead's counters (hf/lookahead.py), when asked for
 
 
 def count_routing(model_dir, info, dtype: torch.dtype | None, prompts: list, max_new_tokens: int,
                   batch_size: int, keep_trace: bool, advance: Callable[[int], None] | None = None,
-                  quality: bool = False) -> CountedRouting:
+                  quality: bool = False, guesses: int | None = None) -> CountedRouting:
     """Load the checkpoint on `info`'s device and count the routing of greedy generation over
     `prompts`; every layer is checked to have counted tokens x top_k routed assignments.
-    `quality`: also measure what fp8 and mxfp4 experts would cost (hf/quality.py)."""
+    `quality`: also measure what fp8 and mxfp4 experts would cost (hf/quality.py). With
+    `guesses`, router lookahead is measured too, widened to that many guesses per token."""
     hm = load_model(model_dir, info, dtype, keep_trace=keep_trace)
     tokenizer = load_tokenizer(model_dir)
+    look = LookaheadCounter(hm, guesses) if guesses and len(hm.layers) > 1 else None
 
     def generate() -> list[list[int]]:
-        return capture(hm, tokenizer, prompts, max_new_tokens, batch_size, advance)
+        ids = capture(hm, tokenizer, prompts, max_new_tokens, batch_size, advance)
+        if look is not None:
+            look.close()  # its counters stay; the quality passes below are not generation's routing
+        return ids
 
     measured = None
     if quality:
@@ -184,5 +191,7 @@ def count_routing(model_dir, info, dtype: torch.dtype | None, prompts: list, max
         raise RuntimeFailure(f"layer {hm.layer_ids[bad]} counted {counts[bad].sum():.0f} routed assignments, "
                              f"expected {c.tokens} tokens x top_k {hm.top_k}")
     steps_SLE = np.stack(c.steps_SLE) if c.steps_SLE else np.zeros((0, *counts.shape))
+    measured_on = f"{hm.family} checkpoint {model_dir}: {c.tokens} tokens of {len(prompts)} prompts, greedy"
     return CountedRouting(counts, steps_SLE, c.tokens, hm.top_k, hm.layer_ids, hm.family, info.name,
-                          trace_of(hm) if keep_trace else None, measured)
+                          trace_of(hm) if keep_trace else None, measured,
+                          look.result(measured_on) if look else None)

@@ -211,6 +211,15 @@ def fake_cpu_expert(shape, node, cpus, pool_bytes=None, samples=None, tick=None,
     return CpuExpertRate(node, cpus, len(cpus or ()) or 2, shape, shape.expert_bytes, 4, cells)
 
 
+def fake_gpu_compute(cuda_index, tick=None):
+    """3000 GB/s of weights up to 64 tokens, compute-bound beyond (an H100's HBM3 and tensor cores)."""
+    from hotsplit_probes.gpu_compute import TOKENS, GpuCompute
+
+    tick(len(TOKENS))
+    return GpuCompute("fake", "bfloat16", 128 << 20, tuple(
+        (t, summarize(128 << 20, 20, [3000.0 * min(1.0, 64 / t)] * 7)) for t in TOKENS))
+
+
 def fake_cuda() -> CudaReport:
     # CUDA enumerates the GPUs in the opposite order to the driver: matched by bus id.
     return CudaReport(True, "2.13.0", "12.8", (
@@ -231,4 +240,4 @@ def fake_gpu_sources(tmp_path: Path) -> Sources:
                    nvidia_smi=lambda: pytest.fail("nvidia-smi must not run when NVML works"),
                    numastat=numastat_from_captures, cuda=fake_cuda, host=fake_host, host_copy=fake_host_copy,
                    gpu_bandwidth=fake_gpu_bandwidth, link_state=lambda bus: LinkState(4, 16), machine="x86_64",
-                   cpu_expert=fake_cpu_expert)
+                   cpu_expert=fake_cpu_expert, gpu_compute=fake_gpu_compute)

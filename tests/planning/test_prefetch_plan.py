@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hotsplit_cli.core.errors import HistogramError, PlanError
+from hotsplit_cli.core.errors import PlanError
 from hotsplit_cli.hotset.prefetch_plan import LinkModel, plan_prefetch, step_ms
-from hotsplit_cli.traffic.hist import hist_from_doc
 from hotsplit_cli.traffic.predict import MeasuredRecall
 
 HALF = MeasuredRecall(0.5, 0.0, 4, 100)
@@ -27,7 +26,8 @@ def test_step_time_by_hand():
 def test_slots_are_planned_where_compute_hides_the_copies():
     link = LinkModel(2, 1.0, 1.0, compute_ms=3.0)
     got = plan_prefetch({0: [4.0, 8.0], 1: [4.2, 8.2]}, [1, 2], link, "layer", HALF)
-    assert got.slots == 1 and got.rows[0] == {"batch": 1, "without_ms": 10.0, "with_ms": 9.2, "best_slots": 1}
+    assert got.slots == 1 and got.rows[0] == {"batch": 1, "compute_ms": 3.0, "without_ms": 10.0, "with_ms": 9.2,
+                                                  "best_slots": 1}
     assert got.reason.startswith("1 staging slots: ") and "at recall 0.50" in got.reason
 
 
@@ -38,37 +38,14 @@ def test_a_link_bound_step_plans_no_slots_and_says_why():
     assert "no slot count saves 1% of step time: a layer computes for 0.010 ms" in got.reason
     unmeasured = plan_prefetch({0: [4.0], 1: [4.2]}, [1], LinkModel(2, 1.0, 1.0, None), "layer", HALF)
     assert unmeasured.slots == 0 and "compute per layer is not measured" in unmeasured.reason
-    unknown = plan_prefetch({0: [4.0], 1: [4.0]}, [1], link, "layer", None, "no lookahead_recall in the histogram")
+    unknown = plan_prefetch({0: [4.0], 1: [4.0]}, [1], link, "layer", None, "no lookahead in the histogram")
     assert unknown.slots == 0 and unknown.reason == ("0 staging slots: the predictor's recall is unknown "
-                                                     "(no lookahead_recall in the histogram)")
+                                                     "(no lookahead in the histogram)")
 
 
 def test_cold_counts_must_cover_zero_slots_and_every_batch():
     with pytest.raises(PlanError, match="cold counts at 0 slots"):
         plan_prefetch({1: [4.0]}, [1], LinkModel(2, 1.0, 1.0, 1.0), "layer", HALF)
-
-
-def hist_doc(**extra):
-    return {"schema": "hotsplit.hist/1", "model": "m", "source": "s", "top_k": 1, "tokens": 4, "layers": [0],
-            "num_experts": 2, "counts": [[3, 1]], **extra}
-
-
-def test_the_histogram_records_a_measured_lookahead_recall():
-    field = {"recall": 0.8, "wasted_per_useful": 0.4, "guesses": 8, "tokens": 4}
-    hist = hist_from_doc(hist_doc(lookahead_recall=field), "h.json")
-    assert hist.lookahead_recall == MeasuredRecall(0.8, 0.4, 8, 4)
-    assert hist.to_doc()["lookahead_recall"] == field
-    assert hist_from_doc(hist_doc(), "h.json").lookahead_recall is None
-
-
-@pytest.mark.parametrize("field, message", [
-    ({"recall": 1.5, "wasted_per_useful": 0, "guesses": 8, "tokens": 4}, "recall.recall` must be a number in"),
-    ({"recall": 0.5, "wasted_per_useful": 0, "guesses": 0, "tokens": 4}, "recall.guesses` must be an integer"),
-    ({"recall": 0.5}, "must be an object with exactly recall, wasted_per_useful, guesses and tokens"),
-])
-def test_a_bad_lookahead_recall_is_refused(field, message):
-    with pytest.raises(HistogramError, match=message):
-        hist_from_doc(hist_doc(lookahead_recall=field), "h.json")
 
 
 def test_batch_one_on_a_pcie_link_plans_no_slots_and_long_compute_does():

@@ -177,6 +177,9 @@ def test_cli_renders_gpu_tables_and_budget(cli, fake_machine, tmp_path):
                  "hot budget", "downtrained", "NUMA nodes (from numastat)"):
         assert text in r.out, text
     assert "40.0*" in r.out  # local node marked in the GPU x node matrix
+    compute = r.out.splitlines().index("GPU compute through resident weights, GB/s (128 MiB bfloat16 matrix)")
+    assert r.out.splitlines()[compute + 2].split() == ["1", "3000.0", "3000.0"]  # the fake's rate, both GPUs
+    assert load_platform(out).gpus[0].compute_gbps(256) == pytest.approx(750.0)  # written, read back
     # the host's "available" next to a smaller node "free" is explained right under the NUMA table
     lines = r.out.splitlines()
     legend = lines.index(next(x for x in lines if x.startswith("node free:")))
