@@ -25,7 +25,7 @@ from hotsplit_cli.placement.rebalance_rule import replay_rebalancing
 
 from .. import driver
 from ..ranks import Rank
-from ..request import RunHeader, RunRequest, RunResult, Watch
+from ..request import Agreement, PrecisionReport, RunHeader, RunRequest, RunResult, Watch
 from . import launch
 from .apply import expert_parallel
 from .checkpoint import job_trace
@@ -118,7 +118,9 @@ def _run(group, request: RunRequest, watch: Watch, placement: Placement | None) 
         _trace_predictions(figures, trace_SLTK[:summary.steps], placement, E,
                            hot_RLE.reshape(group.world, engine.model.num_layers, E) > 0.5,
                            knobs.eplb_steps if rebalancer is not None else 0)
-    return RunResult(recipe.name, knobs, header, summary, figures, texts)
+    check = None if m.kind != "hf" else lambda: Agreement(None, 0, "not compared under expert parallelism")
+    return RunResult(recipe.name, knobs, header, summary, figures, texts,
+                     PrecisionReport.of_run(knobs.precision, plan_file, check, totals.summary.interrupted))
 
 
 def _served(prepared, control, interrupted: bool) -> tuple[np.ndarray | None, list[str] | None]:
