@@ -296,3 +296,29 @@ def test_run_at_mxfp4_on_dims_it_cannot_group_is_refused_in_one_line_and_writes_
     assert r.code == 2 and r.out == "" and not log.exists()
     assert r.err.strip() == ("error: recipe 'tiny-ckpt': precision mxfp4 needs expert input dims divisible by 32, got "
                              "hidden 32 and moe_intermediate 16; use precision fp8 or native for this model")
+
+
+def test_the_host_memory_checks_count_a_checkpoints_stored_bytes(plain, tmp_path, cli, monkeypatch):
+    """Cold banks of 2 layers x 8 experts: 192 KiB at float32, 25.5 KiB at mxfp4. The loader's check
+    (the host's available memory) and run's (the recipe's host memory) refuse the first only."""
+    import psutil
+    import yaml
+
+    from hotsplit_cli.core.errors import RuntimeFailure
+    from tests.cli.test_run_hf import _geometry, _recipe
+
+    folder = plain["qwen3_moe"]
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("VM", (), {"available": 40_000})())
+    with pytest.raises(RuntimeFailure, match="the cold banks need 192.00 KiB of host memory"):
+        load_model(folder, cpu_without_triton(), torch.float32)
+    hm = load_model(folder, cpu_without_triton(), torch.float32, precision="mxfp4")
+    assert sum(b.cold_EB.numel() for b in hm.banks) == 2 * 8 * 1632 <= 0.8 * 40_000
+    monkeypatch.undo()
+    lines = tmp_path / "p.jsonl"
+    lines.write_text('{"prompt": "Hi"}\n')
+    recipe = _recipe(tmp_path, folder, lines, 2, _geometry(folder))
+    doc = yaml.safe_load(recipe.read_text())  # fp32 as the checkpoint: 192 KiB native, 25.5 KiB mxfp4
+    recipe.write_text(yaml.safe_dump({**doc, "hardware": {"host_mem_gib": 60_000 / 2**30}}))
+    refused = cli("run", str(recipe), "--precision", "native")
+    assert refused.code == 1 and "the cold banks need 0.00 GiB page-locked per node" in refused.err
+    assert cli("run", str(recipe), "--precision", "mxfp4").code == 0
