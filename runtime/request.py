@@ -5,6 +5,7 @@ ranks a launcher starts as a file, and rank 0's result comes back to the launche
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -96,8 +97,7 @@ class PrecisionReport:
         return cls(stored, expected, *(Agreement(None, 0, "interrupted: not compared") if interrupted else check()))
 
     def to_doc(self) -> dict:
-        return {"stored": self.stored, "expected_error": self.expected_error, "agreement": self.agreement,
-                "tokens": self.tokens, "note": self.note}
+        return dataclasses.asdict(self)
 
 
 @dataclass
