@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hotsplit_cli.hotset.rank_hot_set import PlanChoice
 
 from .device import DeviceInfo
 from .engine import Engine
-from .request import RunHeader
+from .request import Agreement, RunHeader
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Built:
     trace: object | None = None  # the replayed Trace, whole (every rank's tokens), for a job's predictions
     family: str | None = None  # a checkpoint's model family
     generates: bool = False  # a checkpoint generates text; a synthetic model none
+    native_check: Callable[[], Agreement] | None = None  # a checkpoint's agreement with its release, after the run
 
     @property
     def hidden(self) -> int:  # allocated (scaled)

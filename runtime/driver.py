@@ -3,6 +3,7 @@ what it ran (one rank's result is the run's; an EP rank's goes to distributed/jo
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 from contextlib import ExitStack
 
@@ -12,7 +13,7 @@ from . import from_recipe
 from .device import tune_cpu_threads
 from .hf import run as hf_run
 from .ranks import Rank, single_rank
-from .request import RunRequest, RunResult, Watch
+from .request import PrecisionReport, RunRequest, RunResult, Watch
 
 
 def build(request: RunRequest, rank: Rank, watch: Watch, stack: ExitStack, parallel=single_rank):
@@ -49,4 +50,9 @@ def run_single(request: RunRequest, watch: Watch) -> RunResult:
         advance = (None if header.steps is None else
                    stack.enter_context(watch.progress(f"{rec.name}: steps", header.steps)))
         summary = prepared.engine.run(prepared.steps, watch.record, advance)
-    return RunResult(rec.name, request.knobs, header, summary, None, prepared.texts(summary.interrupted))
+        texts, check = prepared.texts(summary.interrupted), prepared.native_check
+        del prepared  # the run's banks are freed before a checkpoint is loaded again to compare with
+        gc.collect()
+    return RunResult(rec.name, request.knobs, header, summary, None, texts,
+                     PrecisionReport.of_run(request.knobs.precision, request.plan_file, check,
+                                            summary.interrupted))

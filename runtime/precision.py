@@ -160,6 +160,11 @@ StoredFormat = Fp8Format | Mxfp4Format  # how a bank stores its experts (None: n
 StoredExperts = Fp8Experts | Mxfp4Experts
 
 
+def precision_of(fmt: StoredFormat | None) -> str:
+    """The precision a format stores at: fp8, mxfp4, or native for None."""
+    return "fp8" if isinstance(fmt, Fp8Format) else "mxfp4" if isinstance(fmt, Mxfp4Format) else "native"
+
+
 def stored_format(precision: str) -> StoredFormat | None:
     """The format of a stored precision (None for native)."""
     if precision not in PRECISIONS:
@@ -179,6 +184,21 @@ def layer_formats(precision_LE, num_layers: int, num_experts: int) -> list[Store
     """Per MoE layer, the format its bank stores (None: native), from a per-(layer, expert)
     precision array [L, E]: what `make_layer_weights(..., stored=)` takes for each layer."""
     return [stored_format(p) for p in uniform_layer_precisions(precision_LE, num_layers, num_experts)]
+
+
+def checkpoint_stored_format(released: StoredFormat | None, precision: str, where: str) -> StoredFormat | None:
+    """How a checkpoint's routed experts are stored at `precision`, from how they are released
+    (`released`: None for bf16 / fp16 / fp32). native keeps the release; a bf16 checkpoint is
+    quantised once as its cold bank fills; an fp8 one stays as released at fp8, and at mxfp4 is
+    dequantised then quantised (each value rounded twice: its error is against the fp8 release).
+    An mxfp4 release at fp8 is refused: more bytes, and no accuracy the release does not have."""
+    if precision == "native" or (precision == "fp8" and isinstance(released, Fp8Format)):
+        return released
+    if isinstance(released, Mxfp4Format) and precision == "fp8":
+        raise UsageError(f"{where}: precision fp8: the checkpoint's experts are released in mxfp4, and fp8 would store "
+                         "them in about twice the bytes with no more accuracy than the release",
+                         "run it at precision native or mxfp4 (both: as released)")
+    return stored_format(precision)
 
 
 def stored_format_of(config, where: str) -> StoredFormat | None:

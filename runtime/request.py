@@ -5,9 +5,12 @@ ranks a launcher starts as a file, and rank 0's result comes back to the launche
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
@@ -60,6 +63,41 @@ class RunHeader:
         return {"ep": world, "backend": backend, "nodes": world // local_world}
 
 
+class Agreement(NamedTuple):
+    """A checkpoint run's generated tokens against the checkpoint as released (runtime/hf/agreement.py)."""
+
+    agreement: float | None  # None: not measured (`note` says why)
+    tokens: int  # generated tokens compared
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class PrecisionReport:
+    """The run's stored precision next to what it costs: the plan's expected error (None: the plan
+    has none, or there is no plan file) and, for a checkpoint stored at another precision than it
+    is released in, the teacher-forced next-token agreement of the run's own greedy tokens with
+    the checkpoint as released (runtime/hf/agreement.py); `note` says why it was not measured."""
+
+    stored: str  # the precision knob: native, fp8 or mxfp4
+    expected_error: float | None = None
+    agreement: float | None = None  # fraction of generated tokens the native model also chooses
+    tokens: int = 0  # generated tokens compared
+    note: str | None = None
+
+    @classmethod
+    def of_run(cls, stored: str, plan: PlanFile | None, check: Callable[[], Agreement] | None,
+               interrupted: bool) -> PrecisionReport:
+        """A finished run's report: `plan` the plan file it ran (None: planned here), `check`
+        measures a checkpoint's agreement (None: a synthetic model)."""
+        expected = None if plan is None else plan.expected_error
+        if check is None:
+            return cls(stored, expected, note="a synthetic model has no release to compare with")
+        return cls(stored, expected, *(Agreement(None, 0, "interrupted: not compared") if interrupted else check()))
+
+    def to_doc(self) -> dict:
+        return dataclasses.asdict(self)
+
+
 @dataclass
 class RunResult:
     """A finished run (rank 0's view of a job): its set-up, summary, EP figures (None on one rank) and
@@ -71,14 +109,17 @@ class RunResult:
     summary: RunSummary
     figures: object | None = None  # hotsplit_cli/hotset/ep_figures.py EPFigures
     texts: list[str] | None = None
+    precision: PrecisionReport | None = None  # None: the knob's, nothing measured
 
     def to_doc(self) -> dict:
         """The one `hotsplit.run/1` shape of every run (the shell adds its verdicts and plot)."""
         summary = self.summary.to_doc()
         if self.figures is not None:
             summary.update(self.figures.to_doc())
+        precision = self.precision or PrecisionReport(self.knobs.precision)
         return {"schema": schema_tag("run"), "recipe": self.recipe, "knobs": self.knobs.to_doc(),
-                **self.header.doc, "parallel": self.header.parallel, "summary": summary, "texts": self.texts}
+                **self.header.doc, "parallel": self.header.parallel, "summary": summary, "texts": self.texts,
+                "precision": precision.to_doc()}
 
 
 class Watch:

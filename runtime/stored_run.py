@@ -32,9 +32,18 @@ def stored_run(recipe: Recipe, precision: str, scale: float) -> StoredRun:
     fmt = stored_format(precision)
     if fmt is None:
         return StoredRun(recipe, MoEGeometry.from_recipe(recipe, scale), None)
+    stored = stored_recipe(recipe, precision)
+    multiple = MX_GROUP if precision == "mxfp4" else SCALED_MULTIPLE
+    return StoredRun(stored, MoEGeometry.from_recipe(stored, scale, multiple), fmt)
+
+
+def stored_recipe(recipe: Recipe, precision: str) -> Recipe:
+    """The recipe whose `expert_dtype` says the stored precision (native: the recipe as it is), so
+    that its plan and byte counts are the stored bytes; UsageError where mxfp4's groups of 32
+    inputs do not divide the expert's dims."""
+    if precision == "native":
+        return recipe
     m = recipe.model
     check_precision_dims(precision, m.hidden_size, m.moe_intermediate_size // recipe.parallel.tp,
                          f"recipe {recipe.name!r}")
-    multiple = MX_GROUP if precision == "mxfp4" else SCALED_MULTIPLE
-    stored = dataclasses.replace(recipe, model=dataclasses.replace(m, expert_dtype=precision))
-    return StoredRun(stored, MoEGeometry.from_recipe(stored, scale, multiple), fmt)
+    return dataclasses.replace(recipe, model=dataclasses.replace(m, expert_dtype=precision))

@@ -121,6 +121,18 @@ def verdicts(plan_file, achieved_hit_rate: float, cold_paths: dict | None, balan
     return [v.to_doc() for v in [*out, *(balance or []), *cold_path_verdicts(cold_paths, who)]]
 
 
+def precision_rows(p: dict) -> list[tuple[str, str]]:
+    """The run document's `precision` as a summary row: the stored precision, a checkpoint's
+    next-token agreement with its release, and the plan's expected error (no row at native
+    precision with no expected error)."""
+    if p["stored"] == "native" and p["expected_error"] is None:
+        return []
+    agreement = (f"next-token agreement with native {pct(p['agreement'], 2)} of {p['tokens']} tokens (teacher-forced)"
+                 if p["agreement"] is not None else f"not compared with native ({p['note']})")
+    expected = "none in the plan" if p["expected_error"] is None else f"{p['expected_error']:.4f}"
+    return [(f"precision {p['stored']}", f"{agreement}; expected error {expected}")]
+
+
 def _figure(x: float, unit: str) -> str:
     return {"fraction": lambda: pct(x, 2), "ms": lambda: f"{x:,.4f} ms"}.get(unit, lambda: f"{x:.4f}")()
 

@@ -133,7 +133,8 @@ def _renderer(out: Output, request, result, doc: dict, plot: Path | None):
             ("plan", f"{h.doc['plan']['hot_experts']} hot experts ({h.doc['plan']['source']})"),
             ("cold bank", h.cold_bank["numa"])]
         report.render_summary(out, title, s, first, [("copy time", f"{s.copy_ms:,.2f} ms"),
-                                                     *report.cold_path_rows(s.cold_paths)], origin)
+                                                     *report.cold_path_rows(s.cold_paths),
+                                                     *report.precision_rows(doc["precision"])], origin)
         if plot is not None and synthetic_one:
             out.print(f"plot: {plot}{report.one_window_note(s)}")
         report.print_verdicts(out, doc["verdicts"])

@@ -464,6 +464,7 @@ class PlanFile:
     histogram: dict | None = None  # {"path", "sha256", ...} of the histogram it was fitted on
     precision: str = "native"  # the precision knob it was planned at (plans without one: native)
     precision_by_layer: dict[int, dict[str, tuple[int, ...]]] | None = None  # auto: layer id -> precision -> ids
+    expected_error: float | None = None  # routing-share-weighted expert error at its precisions; None: not measured
 
     @property
     def expected_hit_rate(self) -> float | None:
@@ -553,17 +554,21 @@ def load_plan(path: str | os.PathLike) -> PlanFile:
                     else None, *_precision_of(doc.get("precision"), path))
 
 
-def _precision_of(block: object, path) -> tuple[str, dict[int, dict[str, tuple[int, ...]]] | None]:
-    """(the knob, under auto each model layer's expert ids per precision) of a plan's `precision`
-    block; ("native", None) for plans made before precisions were planned."""
+def _precision_of(block: object, path) -> tuple[str, dict[int, dict[str, tuple[int, ...]]] | None, float | None]:
+    """(the knob, under auto each model layer's expert ids per precision, the expected error) of a
+    plan's `precision` block; ("native", None, None) for plans made before precisions were planned."""
     if block is None:
-        return "native", None
+        return "native", None, None
     knob = block.get("knob") if isinstance(block, dict) else None
     if knob not in PRECISION_KNOBS:
         raise PlanError(f"{path}: `precision.knob` must be one of {', '.join(PRECISION_KNOBS)}",
                         "re-create it with `hotsplit plan`")
+    error = block.get("expected_error")
+    if error is not None and (not isinstance(error, int | float) or isinstance(error, bool) or not error >= 0):
+        raise PlanError(f"{path}: `precision.expected_error` must be a number >= 0 or null, got {error!r}",
+                        "re-create it with `hotsplit plan`")
     if knob != "auto":
-        return knob, None
+        return knob, None, error
     by_layer = block.get("by_layer")
     if not isinstance(by_layer, dict):
         raise PlanError(f"{path}: an auto plan must list each layer's experts per precision in `precision.by_layer`",
@@ -575,7 +580,7 @@ def _precision_of(block: object, path) -> tuple[str, dict[int, dict[str, tuple[i
             raise PlanError(f"{path}: `precision.by_layer[{key}]` must map {', '.join(PRECISIONS)} to expert ids",
                             "re-create it with `hotsplit plan`")
         out[int(key)] = {p: tuple(ids) for p, ids in groups.items()}
-    return knob, out
+    return knob, out, error
 
 
 def check_plan_precision(plan: PlanFile, knobs: Knobs) -> None:

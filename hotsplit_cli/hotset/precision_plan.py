@@ -183,10 +183,3 @@ def uniform_layer_precisions(precision_LE, num_layers: int, num_experts: int) ->
                              "the runtime stores one precision per layer's bank; give each layer one")
     return [row[0] for row in rows]
 
-
-def check_checkpoint_precision(precision: str, recipe_name: str) -> None:
-    """A checkpoint's experts are stored at its own precision: another one asked for is refused,
-    not ignored."""
-    if precision != "native":
-        raise UsageError(f"precision {precision}: recipe {recipe_name!r} runs a checkpoint, whose experts stay at "
-                         "its own precision", "drop --precision / HOTSPLIT_PRECISION / hotsplit.precision for it")

@@ -21,7 +21,7 @@ from hotsplit_cli.placement.rebalance_rule import trace_predictions
 
 from .. import driver
 from ..ranks import Rank
-from ..request import RunHeader, RunRequest, RunResult, Watch
+from ..request import Agreement, PrecisionReport, RunHeader, RunRequest, RunResult, Watch
 from . import launch
 from .apply import expert_parallel
 from .checkpoint import job_trace
@@ -111,7 +111,9 @@ def _run(group, request: RunRequest, watch: Watch, placement: Placement | None) 
     figures = judged_figures(figures, placement, rebalances, exchange, predicted)
     summary = dataclasses.replace(summary, records=records,
                                   hit_rate_last_window=records[-1].hit_rate_window if records else None)
-    return RunResult(recipe.name, knobs, header, summary, figures, texts)
+    check = None if m.kind != "hf" else lambda: Agreement(None, 0, "not compared under expert parallelism")
+    return RunResult(recipe.name, knobs, header, summary, figures, texts,
+                     PrecisionReport.of_run(knobs.precision, plan_file, check, summary.interrupted))
 
 
 def _served(prepared, control, interrupted: bool) -> tuple[np.ndarray | None, list[str] | None]:

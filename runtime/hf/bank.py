@@ -17,6 +17,10 @@ float32 scales), and where Triton runs the bank computes with the same expert-gr
 in torch with the module's own `_apply_gate`. The cold bank is filled one expert part at a time (`load_part`),
 straight from a checkpoint tensor: the weights never sit twice in host memory.
 
+A bank stored at fp8 or mxfp4 keeps its weights as [out, in] (whatever way the model's own are
+transposed) and its biases in the model dtype; native weights are quantised once, as they enter
+the cold bank (`load_native`), so a hot copy and every swap move the same stored bytes.
+
 Shape letters: T = tokens, K = top_k, E = experts, S = hot slots, B = elements of one blob.
 """
 
@@ -32,9 +36,10 @@ from hotsplit_cli.core.errors import UnsupportedModelError
 from ..bank import BlobBank, BlobLayout
 from ..device import DeviceInfo
 from ..fp8 import FP8, Fp8Format, dequantize_swiglu, swiglu_fp8_parts
+from ..fp8 import quantize as fp8_quantize
 from ..moe import expert_groups
 from ..pinned import PinnedAllocator, numa_policy_for
-from ..precision import MX_GROUP, MXFP4, Mxfp4Format, check_precision_dims, mxfp4_dequantize
+from ..precision import MX_GROUP, MXFP4, Mxfp4Format, check_precision_dims, mxfp4_dequantize, mxfp4_quantize
 
 _SUPPORTED = "hotsplit runs experts with a fused gate_up_proj and a down_proj (docs/real-models.md lists the families)"
 
@@ -53,19 +58,18 @@ class ExpertLayout:
     mxfp4: bool = False  # MXFP4 blocks and scales in the release layout (runtime/precision.py)
 
     def blob_layout(self, dtype: torch.dtype) -> BlobLayout:
-        """One expert's blob: its tensors as stored, in `dtype`, or fp8 weights and their scales,
-        or MXFP4 blocks and scales ([out, in/32, 16] and [out, in/32], whatever way the model's
-        own weights are transposed); biases in `dtype`."""
-        if self.fp8 is not None:
-            return BlobLayout.of(swiglu_fp8_parts(self.w1_shape[0], self.hidden, self.fp8))
+        """One expert's blob: its tensors as stored, in `dtype`; or fp8 weights and their scales, or
+        MXFP4 blocks and scales ([out, in/32, 16] and [out, in/32]), then biases in `dtype`."""
+        two_i, H = 2 * self.inter, self.hidden
         parts = [("w1", self.w1_shape, dtype), ("w2", self.w2_shape, dtype)]
+        if self.fp8 is not None:
+            parts = swiglu_fp8_parts(two_i, H, self.fp8)
         if self.mxfp4:
-            two_i, H, u8 = 2 * self.inter, self.hidden, torch.uint8
-            g1, g2 = H // MX_GROUP, self.inter // MX_GROUP
+            g1, g2, u8 = H // MX_GROUP, self.inter // MX_GROUP, torch.uint8
             parts = [("w1", (two_i, g1, MX_GROUP // 2), u8), ("w2", (H, g2, MX_GROUP // 2), u8),
                      ("s1", (two_i, g1), u8), ("s2", (H, g2), u8)]
         if self.has_bias:
-            parts += [("b1", (2 * self.inter,), dtype), ("b2", (self.hidden,), dtype)]
+            parts += [("b1", (two_i,), dtype), ("b2", (H,), dtype)]
         return BlobLayout.of(parts)
 
     @property
@@ -81,13 +85,9 @@ class ExpertLayout:
         return self.fp8.describe() if self.fp8 is not None else MXFP4.describe() if self.mxfp4 else dtype_name
 
     @classmethod
-    def of_module(cls, experts: torch.nn.Module, fp8: Fp8Format | Mxfp4Format | None = None) -> ExpertLayout:
+    def of_module(cls, experts: torch.nn.Module, stored: Fp8Format | Mxfp4Format | None = None) -> ExpertLayout:
         """Read the layout from a transformers experts module (works on a meta-device skeleton);
-        `fp8`: the checkpoint stores the experts block-scaled in fp8, or in MXFP4."""
-        if isinstance(fp8, Mxfp4Format):
-            layout = cls.of_module(experts)
-            check_precision_dims("mxfp4", layout.hidden, layout.inter, type(experts).__name__)
-            return dataclasses.replace(layout, plain_swiglu=False, mxfp4=True)  # the kernels read no mxfp4 tiles
+        `stored`: the experts are stored block-scaled in fp8, or in MXFP4, rather than natively."""
         transposed = bool(getattr(experts, "is_transposed", False))
         has_bias = bool(getattr(experts, "has_bias", False))
         name = type(experts).__name__
@@ -101,10 +101,11 @@ class ExpertLayout:
         hidden = w1[0] if transposed else w1[1]
         plain = (not transposed and not has_bias and bool(getattr(experts, "is_concatenated", True))
                  and _default_gate(experts) and _is_silu(getattr(experts, "act_fn", None)))
-        if fp8 is not None and (transposed or has_bias or not getattr(experts, "is_concatenated", True)):
-            raise UnsupportedModelError(f"{name}: fp8 experts in a transposed, biased or interleaved layout are "
-                                        "not supported", "use the checkpoint's bf16 release")
-        return cls(w1, w2, transposed, has_bias, hidden, plain, fp8)
+        layout = cls(w1, w2, transposed, has_bias, hidden, plain)
+        if isinstance(stored, Mxfp4Format):
+            check_precision_dims("mxfp4", layout.hidden, layout.inter, name)
+            return dataclasses.replace(layout, plain_swiglu=False, mxfp4=True)  # the kernels read no mxfp4 tiles
+        return layout if stored is None else dataclasses.replace(layout, fp8=stored)
 
 
 def _default_gate(experts: torch.nn.Module) -> bool:
@@ -172,15 +173,38 @@ class HFExpertBank(BlobBank):
         return {name: self.blob_layout.view(blob, name) for name in self.blob_layout.offsets}
 
     def weights_of(self, e: int, host: bool = False) -> dict[str, torch.Tensor]:
-        """Expert e's tensors ready to compute with: fp8 weights dequantised (in the model dtype,
-        as transformers does), the rest as stored."""
-        p, fmt = self.parts_of(e, host), self.layout.fp8
-        if fmt is not None:
-            p["w1"], p["w2"] = dequantize_swiglu(p["w1"], p["s1"], p["w2"], p["s2"], fmt, self.compute_dtype)
-        if self.layout.mxfp4:  # stored [out, in]: transposed back where the model's weights are [in, out]
+        """Expert e's tensors ready to compute with: fp8 or mxfp4 weights dequantised (in the model
+        dtype, as transformers does) and turned back to the model's own orientation, the rest as stored."""
+        p, lay = self.parts_of(e, host), self.layout
+        if lay.fp8 is not None:
+            w1, w2 = dequantize_swiglu(p["w1"], p["s1"], p["w2"], p["s2"], lay.fp8, self.compute_dtype)
+        elif lay.mxfp4:
             w1, w2 = (mxfp4_dequantize(p[w], p[s], self.compute_dtype) for w, s in (("w1", "s1"), ("w2", "s2")))
-            p["w1"], p["w2"] = (w1.T, w2.T) if self.layout.transposed else (w1, w2)
+        else:
+            return p
+        p["w1"], p["w2"] = (w1.T, w2.T) if lay.transposed else (w1, w2)
         return p
+
+    def load_native(self, e: int, part: str, tensor: torch.Tensor, rows: slice | None = None) -> None:
+        """Like `load_part`, for a checkpoint tensor at the model's own precision: weights (w1, w2)
+        quantised once to the bank's stored format, gate and up rows of w1 each with their own fp8
+        scales (`rows`: the gate or up rows a per-expert checkpoint gives apart); biases as they are."""
+        lay = self.layout
+        if lay.precision == "native" or part not in ("w1", "w2"):
+            return self.load_part(e, part, tensor, rows)
+        w_RC = tensor.T if lay.transposed else tensor  # stored as [out, in]
+        inter, scales = self.inter, "s1" if part == "w1" else "s2"
+        if rows is None and part == "w1":
+            pieces = [(slice(0, inter), w_RC[:inter]), (slice(inter, 2 * inter), w_RC[inter:])]
+        else:
+            pieces = [(rows, w_RC)]
+        for at, w in pieces:
+            if lay.mxfp4:
+                (values, scale), scale_at = mxfp4_quantize(w), at
+            else:
+                (values, scale), scale_at = fp8_quantize(w, lay.fp8), None if at is None else at.start // inter
+            self.load_part(e, part, values, at)
+            self.load_part(e, scales, scale, scale_at)
 
     @property
     def precision(self) -> str:

@@ -9,6 +9,9 @@ Checkpoint keys are the hub's: per-expert `...experts.{e}.{gate_proj|up_proj|dow
 `..._scales`: they stay mxfp4 in the cold bank, runtime/precision.py). Block-scaled fp8
 (runtime/fp8.py) experts stay fp8 in the cold bank, every other quantised weight is dequantised
 at load. Other quantised checkpoints (bitsandbytes, GPTQ/AWQ) are refused naming the method.
+At another stored precision (`precision`: fp8 or mxfp4) each routed expert is quantised once,
+as its tensors enter the cold bank (runtime/precision.py `checkpoint_stored_format` says which
+releases go to which precision).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from ..fp8 import FP8, Fp8Format, dequantize
 from ..kernels import TritonExperts
 from ..memory import check_device_memory, check_host_memory
 from ..pinned import PinnedAllocator, numa_policy_for
-from ..precision import stored_format_of
+from ..precision import checkpoint_stored_format, precision_of, stored_format_of
 from .adapter import MoELayerInfo, RoutingCounter, find_moe_layers, install
 from .bank import ExpertLayout, HFExpertBank
 
@@ -64,6 +67,7 @@ class HFModel:
     banks: list[HFExpertBank]
     counter: RoutingCounter
     family: str
+    released: str = "native"  # the precision its routed experts are released in: native, fp8 or mxfp4
 
     @property
     def layer_ids(self) -> tuple[int, ...]:
@@ -210,8 +214,10 @@ class _CheckpointReader:
         self.fills = fills  # this process writes the cold banks (a node-shared bank is written by one rank)
         self.layer_of = {i.layer_id: i for i in layers}
         self.bank_of = {i.layer_id: banks[i.row] for i in layers}
-        stored = config.hotsplit_fp8  # fp8 reads scale files beside its weights; mxfp4 keeps its scales in the experts
-        self.fp8 = stored if isinstance(stored, Fp8Format) else None
+        released = config.hotsplit_fp8  # fp8 reads scale files beside its weights; mxfp4 keeps scales in the experts
+        self.fp8 = released if isinstance(released, Fp8Format) else None
+        # Stored at another precision than released: quantised once, here (an fp8 release dequantised first).
+        self.quantises = banks[0].precision != precision_of(released)
         self.scales: _ScaleReader | None = None
         self.fp32 = _fp32_names(model, dtype)
         self.renames = _RENAMES.get(config.model_type, ())
@@ -263,8 +269,12 @@ class _CheckpointReader:
         t = f.get_tensor(key)
         rows = None if half is None else slice(half * t.shape[0], (half + 1) * t.shape[0])
         with self._naming(key):
-            bank.load_part(e, part, t, rows)
-            if self.fp8 is not None:  # the block scales of this projection, kept beside it
+            if self.quantises:  # native weights (an fp8 release's dequantised) to the bank's stored precision
+                native = t if self.fp8 is None else dequantize(t, self.scales.of(key), self.fp8, torch.float32)
+                bank.load_native(e, part, native, rows)
+            else:
+                bank.load_part(e, part, t, rows)
+            if self.fp8 is not None and not self.quantises:  # the block scales of this projection, kept beside it
                 bank.load_part(e, "s1" if part == "w1" else "s2", self.scales.of(key), half)
         self.parts_LE[self.layer_of[lid].row, e] += 1
 
@@ -274,10 +284,11 @@ class _CheckpointReader:
         if self.fp8 is not None:
             raise InputFileError(f"{self.path}: {key}: fused fp8 experts are not supported",
                                  "use a checkpoint with per-expert weights")
-        sl = f.get_slice(key)
+        sl, bank = f.get_slice(key), self.bank_of[lid]
+        load = bank.load_native if self.quantises else bank.load_part
         with self._naming(key):
             for e in range(self.layer_of[lid].num_experts):  # one expert at a time: no full copy
-                self.bank_of[lid].load_part(e, _FUSED_PART[m["name"]], sl[e])
+                load(e, _FUSED_PART[m["name"]], sl[e])
         self.parts_LE[self.layer_of[lid].row] += _FUSED_WEIGHTS.get(m["name"], 0)
 
     def _dense(self, f, key: str, m=None) -> None:
@@ -321,11 +332,12 @@ def _finish(path: Path, model: torch.nn.Module, config, layers: list[MoELayerInf
 
 
 def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = None,
-               keep_trace: bool = False, allocator: PinnedAllocator | None = None) -> HFModel:
+               keep_trace: bool = False, allocator: PinnedAllocator | None = None,
+               precision: str = "native") -> HFModel:
     """Load the checkpoint at `path` with every routed expert in a pinned cold bank (all cold;
-    set hot sets with `bank.set_hot`). `dtype` defaults to the checkpoint's; `allocator` places
-    the cold bank (default: pinned where CUDA is, no NUMA policy); an allocator that does not
-    fill (`fills`: a node-shared bank another rank writes) maps the bank and skips the experts."""
+    set hot sets with `bank.set_hot`), stored at `precision`. `dtype` defaults to the checkpoint's;
+    `allocator` places the cold bank (default: pinned where CUDA is, no NUMA policy); an allocator
+    that does not fill (`fills`: a node-shared bank another rank writes) maps the bank and skips the experts."""
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
@@ -338,7 +350,8 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
     layers = find_moe_layers(model)
     if not layers:
         raise UsageError(f"{path}: no MoE layer found in {type(model).__name__}")
-    layouts = [ExpertLayout.of_module(i.experts, config.hotsplit_fp8) for i in layers]
+    stored = checkpoint_stored_format(config.hotsplit_fp8, precision, str(path))
+    layouts = [ExpertLayout.of_module(i.experts, stored) for i in layers]
     _check_memory(path, model, layers, layouts, dtype, info)
     fills = getattr(allocator, "fills", True)
     allocator = allocator or PinnedAllocator(pin=info.pinned, numa=numa_policy_for("off", None))
@@ -351,7 +364,7 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
     _finish(path, model, config, layers, dtype, info.device)
     counter = RoutingCounter(len(layers), layers[0].num_experts, keep_trace=keep_trace)
     install(model, counter, banks)
-    return HFModel(model, layers, banks, counter, config.model_type)
+    return HFModel(model, layers, banks, counter, config.model_type, precision_of(config.hotsplit_fp8))
 
 
 def load_tokenizer(path: str | Path):

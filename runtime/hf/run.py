@@ -15,7 +15,6 @@ from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import InputFileError, UsageError
 from hotsplit_cli.hotset.budget import resolve_hot_budget
-from hotsplit_cli.hotset.precision_plan import check_checkpoint_precision
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.prompts import read_prompts
 
@@ -23,6 +22,9 @@ from ..built import Built
 from ..cold_split import make_split
 from ..hot_set import choose_hot_set
 from ..ranks import Rank, single_rank
+from ..request import Agreement
+from ..stored_run import stored_recipe
+from .agreement import native_agreement
 from .capture import Generation, capture
 from .loader import load_model, load_tokenizer
 from .steps import CheckpointEngine, CheckpointMoE
@@ -45,16 +47,16 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
     (`rank`: the single-rank default, or an expert-parallel rank; `parallel`: applied to the
     loaded model). An EP node's experts are read from the files once (by the rank that fills
     the node's bank), every other tensor by every rank."""
-    check_checkpoint_precision(knobs.precision, recipe.name)
     m, t = recipe.model, recipe.traffic
     rank = Rank.single(recipe, knobs, platform_path) if rank is None else rank
+    recipe = stored_recipe(recipe, knobs.precision)  # counted at the stored precision, refused where it cannot be
+    expert_bytes = expert_bytes_per_rank(recipe)
     # The banks keep a checkpoint's fp8 experts on every device; refused before gigabytes are loaded.
     rank.check_fp8(recipe, knobs, kept=lambda info: True)
     info = rank.info
-    hm = rank.on_bank(lambda allocator: load_model(m.path, info, allocator=allocator))
+    hm = rank.on_bank(lambda allocator: load_model(m.path, info, allocator=allocator, precision=knobs.precision))
     _check_geometry(recipe, hm)
     tok = load_tokenizer(m.path)
-    expert_bytes = expert_bytes_per_rank(recipe)
     prompts = rank.share(prompts)
     if plan_path is None:  # calibrate on the prefill of the prompts (counts only, no generation)
         capture(hm, tok, prompts, 0, t.batch)
@@ -62,15 +64,25 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
     plan = choose_hot_set(rank, recipe, counts_LE, expert_bytes, plan_path,
                           lambda: resolve_hot_budget(recipe, knobs, rank.platform), f"the prefill routing of {t.path}")
     split = make_split(knobs.cold_path, info, hm.banks[0], rank.platform)
-    model, source = parallel(CheckpointMoE(hm, info, plan.hot_LE, split),
-                             Generation(hm, tok, prompts, t.max_new_tokens, t.batch, advance), rank)
+    generation = Generation(hm, tok, prompts, t.max_new_tokens, t.batch, advance)
+    model, source = parallel(CheckpointMoE(hm, info, plan.hot_LE, split), generation, rank)
     engine = CheckpointEngine(model, source, knobs, expert_bytes, expected_hit_rate=plan.expected_hit_rate)
     bank = hm.banks[0]
     dtype = str(bank.compute_dtype).replace("torch.", "")
     allocated = {"hidden": bank.hidden, "inter": bank.inter, "experts": hm.num_experts, "top_k": hm.top_k,
                  "dtype": dtype, "expert_format": bank.layout.describe(dtype)}
     return Built(engine, math.inf, info, plan, rank.allocator, expert_bytes, f"prompts {t.path}", allocated,
-                 family=hm.family, generates=True)
+                 family=hm.family, generates=True,
+                 native_check=_native_check(hm, m.path, info, prompts, generation.ids))
+
+
+def _native_check(hm, path, info, prompts: list, generated: list[list[int]]) -> Callable[[], Agreement]:
+    """What compares the run's tokens (`generated`, filled as it runs) with the checkpoint as
+    released, once the run is over; it holds no reference to the run's model."""
+    released, dtype = hm.released, hm.banks[0].compute_dtype
+    if hm.banks[0].precision == released:
+        return lambda: Agreement(None, 0, f"stored as released ({released}): the run is the checkpoint itself")
+    return lambda: native_agreement(path, info, dtype, prompts, generated)
 
 
 def _check_geometry(recipe: Recipe, hm) -> None:

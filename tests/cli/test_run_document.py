@@ -38,6 +38,8 @@ RUN_SCHEMA = {
     "parallel": {"ep": int, "backend": (str, NULL), "nodes": int},
     "summary": RANK_SUMMARY,  # and, on N ranks, JOB_FIGURES
     "texts": (list, NULL), "verdicts": list,
+    "precision": {"stored": str, "expected_error": (*NUMBER, NULL), "agreement": (*NUMBER, NULL), "tokens": int,
+                  "note": (str, NULL)},
 }
 RANK_ROW = {"rank", "assignments", "hit_rate", "expected_hit_rate", "cold_reads", "swaps", "cold_paths"}
 

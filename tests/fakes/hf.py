@@ -51,12 +51,13 @@ def build_tokenizer(folder):
     return tok
 
 
-def build_checkpoint(folder, family: str, seed: int = 0):
-    """A random tiny checkpoint of `family` in `folder` (fp32 weights)."""
+def build_checkpoint(folder, family: str, seed: int = 0, **geometry):
+    """A random tiny checkpoint of `family` in `folder` (fp32 weights); `geometry`: config fields
+    that differ from the family's tiny ones."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    config = AutoConfig.for_model(family, **{**COMMON, **FAMILY_KW[family]})
+    config = AutoConfig.for_model(family, **{**COMMON, **FAMILY_KW[family], **geometry})
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # larger router weights: sharper, less tie-prone routing
         for name, p in model.named_parameters():

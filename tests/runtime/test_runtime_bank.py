@@ -472,7 +472,8 @@ def test_triton_kernel_tests_run_in_a_fresh_interpreter_process():
         pytest.skip("this process runs the kernel tests in the interpreter itself")
     pytest.importorskip("triton")
     root = Path(__file__).resolve().parents[2]
-    files = [str(Path(__file__)), *(str(Path(__file__).with_name(f)) for f in ("test_hf_models.py", "test_hf_fp8.py"))]
+    files = [str(Path(__file__)), *(str(Path(__file__).with_name(f)) for f in ("test_hf_models.py", "test_hf_fp8.py",
+                                                                                  "test_hf_stored_precision.py"))]
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *files,
          "-k", "(interpreter or grouped_kernels) and not fresh"],

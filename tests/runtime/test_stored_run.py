@@ -79,18 +79,6 @@ def test_run_stores_the_precision_its_flag_asks_for_and_refuses_a_bad_one_in_one
     assert not log.exists()
 
 
-def test_a_checkpoint_run_refuses_a_stored_precision_rather_than_ignore_it():
-    from types import SimpleNamespace
-
-    from hotsplit_runtime.hf.run import prepare_checkpoint
-
-    knobs = resolve_knobs({}, {"HOTSPLIT_PRECISION": "fp8"})
-    with pytest.raises(UsageError, match=r"^precision fp8: recipe 'mine' runs a checkpoint, whose experts stay at its "
-                                         r"own precision$") as e:
-        prepare_checkpoint(SimpleNamespace(name="mine"), knobs, prompts=[])
-    assert e.value.hint.startswith("drop --precision")
-
-
 def test_the_memory_checks_count_the_blobs_the_banks_allocate(monkeypatch):
     """Host and device memory are checked against the stored blobs (mxfp4: about a quarter of
     float32's bytes on this CPU run), not the compute dtype's."""

@@ -7,7 +7,8 @@ argv: job.json out_dir. job.json: {"checkpoints": {name: folder}, "prompts": [..
 "max_new_tokens": n, "batch": b, "exchange": "a2a" | "allgather", "placement": {name: path} | null
 (null: contiguous),
 "swap_every": n (0: a static hot set), "rebalance_at": n (0: never; else the map moves to
-`placement_after[name]` at that step)}. Writes out_dir/result.json on rank 0.
+`placement_after[name]` at that step), "precision": {name: stored precision} (default native)}.
+Writes out_dir/result.json on rank 0.
 """
 
 import dataclasses
@@ -64,7 +65,8 @@ def _build(group, name, folder, cfg):
     allocator = SharedAllocator(pin=info.pinned, numa=numa, prefix=shm_prefix(group.job, group.node),
                                 creator=group.local_rank == 0)
     loading = Rank(group.rank, group.world, info, numa, allocator, group=group)  # the run's below
-    hm = loading.on_bank(lambda a: load_model(folder, info, allocator=a))
+    precision = cfg.get("precision", {}).get(name, "native")
+    hm = loading.on_bank(lambda a: load_model(folder, info, allocator=a, precision=precision))
     E = hm.num_experts
     placement = (load_placement(cfg["placement"][name]) if cfg.get("placement")
                  else contiguous_placement(hm.layer_ids, E, group.world))
