@@ -20,6 +20,10 @@ class HitRateRecord:
     layer_hit_rate: list[float]  # per MoE layer, this window
     planner_error: str | None = None
     cold_cpu_bytes_per_step: float | None = None  # of cold_bytes_per_step, what the CPU computed (cold_path cpu/split)
+    prefetch: dict | None = None  # this window's staging counters (runtime/prefetch.py); None: prefetch off
 
     def to_doc(self) -> dict:
-        return asdict(self)
+        doc = asdict(self)
+        if self.prefetch is None:
+            doc.pop("prefetch")
+        return doc

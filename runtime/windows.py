@@ -46,6 +46,7 @@ class RunSummary:
     interrupted: bool
     records: list[HitRateRecord] = field(default_factory=list)
     cold_paths: dict | None = None  # cold_path cpu/split: bytes and ms per path, measured and predicted
+    prefetch: dict | None = None  # staging slots' counters (runtime/prefetch.py); None: prefetch off
 
     @property
     def expected_gap(self) -> float | None:
@@ -55,6 +56,8 @@ class RunSummary:
     def to_doc(self) -> dict:
         doc = asdict(self)
         doc.pop("records")
+        if self.prefetch is None:
+            doc.pop("prefetch")
         return {**doc, "expected_gap": self.expected_gap}
 
 
@@ -136,10 +139,12 @@ class WindowBook:
         return swaps, None
 
     def close(self, step: int, hits_L: np.ndarray, assigned_L: np.ndarray, cold_reads: int, swaps: int = 0,
-              copy_ms: float = 0.0, error: str | None = None, cpu_reads_total: int | None = None) -> HitRateRecord:
+              copy_ms: float = 0.0, error: str | None = None, cpu_reads_total: int | None = None,
+              prefetch: dict | None = None) -> HitRateRecord:
         """Close the window ending at `step`: hits and assignments per layer, distinct cold experts
         read (summed over steps), swaps started now and their copy time when already done;
-        `cpu_reads_total`: distinct cold experts the CPU computed since the start (CPU cold path)."""
+        `cpu_reads_total`: distinct cold experts the CPU computed since the start (CPU cold path);
+        `prefetch`: the window's staging counters."""
         n_steps = max(1, step - self.window_start)
         cpu_bytes = None
         if cpu_reads_total is not None:
@@ -162,7 +167,8 @@ class WindowBook:
             step=step, hit_rate_window=ratio(hits, assigned), hit_rate_total=ratio(self.hits, self.assigned),
             swaps=swaps, swaps_total=self.swaps, bytes_copied=swaps * self.expert_bytes, copy_ms=copy_ms,
             cold_bytes_per_step=int(cold_reads) * self.expert_bytes / n_steps,
-            layer_hit_rate=layer_rates(hits_L, assigned_L), planner_error=error, cold_cpu_bytes_per_step=cpu_bytes)
+            layer_hit_rate=layer_rates(hits_L, assigned_L), planner_error=error, cold_cpu_bytes_per_step=cpu_bytes,
+            prefetch=prefetch)
         self.records.append(rec)
         return rec
 
