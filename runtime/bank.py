@@ -261,6 +261,8 @@ class BlobBank:
         if len(experts) > self.staging_rows or self.served_hot_E[experts].any():
             raise ValueError(f"cannot stage {experts}: {self.staging_rows} rows, staged experts must be cold")
         self.staged = list(experts)
+        if not experts:
+            return
         rows = range(self.table.num_slots, self.table.num_slots + len(experts))
         if self.swap_stream is None:
             for e, row in zip(experts, rows, strict=True):

@@ -82,6 +82,7 @@ def run(
                                                   "prefetch": prefetch, "prefetch_slots": prefetch_slots,
                                                   "prefetch_pool": prefetch_pool, "prefetch_guesses": prefetch_guesses})
     _check_options(rec, platform, (trace, steps, scale, prefetch_fit), plot)
+    _check_prefetch_fit(prefetch_fit, knobs)
     request = api.RunRequest(rec, knobs, plan, trace, steps, scale, platform, prefetch_fit=prefetch_fit)
     plan_file = check_run_inputs(rec, plan, trace, knobs)  # before anything is built
     fits = run_fits(plan_file, rec, trace, steps)  # does the run replay the plan's (and placement's) histogram?
@@ -115,6 +116,17 @@ def _check_options(rec, platform: Path | None, synthetic: tuple, plot: Path | No
         from hotsplit_cli.plotting import require_matplotlib
 
         require_matplotlib()
+
+
+def _check_prefetch_fit(fit: Path | None, knobs) -> None:
+    """--prefetch-fit fits the predictor `prefetch trace` stages with: refused without it, or missing."""
+    if fit is None:
+        return
+    if knobs.prefetch != "trace":
+        raise UsageError(f"--prefetch-fit fits the predictor of prefetch trace, but prefetch is {knobs.prefetch} "
+                         f"({knobs.origin('prefetch')})", "add --prefetch trace, or drop --prefetch-fit")
+    if not fit.is_file():
+        raise UsageError(f"--prefetch-fit {fit}: no such file", "give a routing trace (.npz) of the same model")
 
 
 def _verdicts(request, result, fits) -> list[dict]:

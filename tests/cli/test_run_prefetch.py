@@ -41,3 +41,17 @@ def test_run_reports_the_staging_counters(cli, tmp_path, trace):
 def test_run_without_prefetch_reports_no_staging(cli, trace):
     r = cli("run", "tiny", "--trace", trace, "--scale", "0.25", "--json")
     assert r.code == 0 and "prefetch" not in json.loads(r.out)["summary"]
+
+
+@pytest.mark.parametrize("extra, words", [
+    ((), "error: --prefetch-fit fits the predictor of prefetch trace, but prefetch is off (default); add --prefetch "
+         "trace, or drop --prefetch-fit"),
+    (("--prefetch", "trace"), "error: --prefetch-fit {missing}: no such file; give a routing trace (.npz) of the "
+                              "same model"),
+])
+def test_prefetch_fit_is_refused_where_nothing_would_use_it(cli, tmp_path, trace, extra, words):
+    log, missing = tmp_path / "log.jsonl", tmp_path / "none.npz"
+    fit = trace if not extra else missing
+    r = cli("run", "tiny", "--trace", trace, "--scale", "0.25", "--prefetch-fit", fit, *extra, "--log-jsonl", log)
+    assert r.code == 2 and r.out == "" and not log.exists()
+    assert r.err.splitlines() == [words.format(missing=missing)]
