@@ -49,9 +49,14 @@ class RunSummary:
     prefetch: dict | None = None  # staging slots' counters (runtime/prefetch.py); None: prefetch off
 
     @property
+    def hot_hit_rate(self) -> float:
+        """Assignments served by hot experts alone, what a plan predicts: `hit_rate` less staged hits."""
+        return self.hit_rate - (self.prefetch["staged_hit_rate"] if self.prefetch else 0.0)
+
+    @property
     def expected_gap(self) -> float | None:
-        """Achieved minus expected hit rate (a fraction); None when the plan expected nothing."""
-        return None if self.expected_hit_rate is None else self.hit_rate - self.expected_hit_rate
+        """Achieved (hot) minus expected hit rate (a fraction); None when the plan expected nothing."""
+        return None if self.expected_hit_rate is None else self.hot_hit_rate - self.expected_hit_rate
 
     def to_doc(self) -> dict:
         doc = asdict(self)

@@ -175,7 +175,8 @@ def render_summary(out: Output, title: str, s, first: list, extra: list, origin:
                 ("steps", f"{s.steps}"),
                 ("tokens", f"{s.tokens}"),
                 ("tokens/s", f"{s.tokens_per_s:,.1f}"),
-                ("hit rate (overall)", pct(s.hit_rate)),
+                ("hit rate (overall)", pct(s.hit_rate) + (f" ({pct(s.hot_hit_rate)} hot, the rest staged)"
+                                                          if s.prefetch else "")),
                 ("hit rate (last window)", pct(s.hit_rate_last_window)),
                 ("hit rate expected by the plan", expected),
                 ("swaps", f"{s.swaps}"),

@@ -134,7 +134,7 @@ def _verdicts(request, result, fits) -> list[dict]:
     s = result.summary
     if result.figures is not None:
         return ep_verdicts(request.plan_file, s, result.figures, fits)
-    return report.verdicts(request.plan_file, s.hit_rate, s.cold_paths, fit=fits.hit_rate.after(s.swaps))
+    return report.verdicts(request.plan_file, s.hot_hit_rate, s.cold_paths, fit=fits.hit_rate.after(s.swaps))
 
 
 def _renderer(out: Output, request, result, doc: dict, plot: Path | None):

@@ -34,6 +34,7 @@ def test_run_reports_the_staging_counters(cli, tmp_path, trace):
     assert human.code == 0
     assert "2 staging slots (shared pool), 12 guesses per token, co-activation table fitted on" in human.out
     assert f"{p['prefetched']:,} experts: {p['useful']:,} useful, {p['wasted']:,} wasted" in human.out
+    assert "hot, the rest staged)" in human.out
     first = records[0]["prefetch"]
     assert f"staged {first['prefetched']} ({first['useful']} read)" in human.err + human.out  # the window's line
 

@@ -70,6 +70,9 @@ def test_runtime_staging_counters_equal_simulate(tmp_path, trace_path, pool, slo
         assert s.prefetch[key] == pytest.approx(sim[key], rel=1e-12, abs=0), key
     assert s.hit_rate == pytest.approx(sim["hit_rate"], rel=1e-12)
     assert s.swaps == sim["copies"] > 0
+    # What the plan predicts is the hot experts' share: staged hits do not count against it.
+    assert s.hot_hit_rate == pytest.approx(sim["hit_rate"] - sim["staged_hit_rate"], rel=1e-12)
+    assert s.expected_gap == pytest.approx(s.hot_hit_rate - s.expected_hit_rate, rel=1e-12)
     assert (sim["prefetched"] > sim["useful"] > 0) == (slots > 0)
     windows = [rec.prefetch for rec in s.records]
     assert sum(w["prefetched"] for w in windows) == sim["prefetched"]
