@@ -39,8 +39,9 @@ def test_run_reports_the_staging_counters(cli, tmp_path, trace):
     assert f"staged {first['prefetched']} ({first['useful']} read)" in human.err + human.out  # the window's line
 
 
-def test_run_without_prefetch_reports_no_staging(cli, trace):
-    r = cli("run", "tiny", "--trace", trace, "--scale", "0.25", "--json")
+@pytest.mark.parametrize("mode", ["off", "auto"])  # auto: what the plan plans, no staging while it plans none
+def test_run_without_prefetch_reports_no_staging(cli, trace, mode):
+    r = cli("run", "tiny", "--trace", trace, "--scale", "0.25", "--prefetch", mode, "--json")
     assert r.code == 0 and "prefetch" not in json.loads(r.out)["summary"]
 
 
