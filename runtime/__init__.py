@@ -10,6 +10,8 @@ Glossary (the words used throughout this package):
 - **hot**: an expert served from a slot in device memory.
 - **slot**: one expert-sized row of a layer's hot bank. `expert2slot[e]` is the slot of expert
   `e`, or -1 when it is cold; `slot2expert[s]` is its inverse.
+- **staging row**: a row of a layer's hot bank past its hot slots that holds one predicted cold
+  expert for one step (prefetch; prefetch.py), read through `expert2slot` as a slot is.
 - **bank**: one per MoE layer, the cold bank (all experts) plus the hot slots and the map.
 - **blob**: one expert's weights as one contiguous row, `w13` [2I, H] then `w2` [H, I] (for
   block-scaled fp8: the two in e4m3, then their float32 scales), so a swap is a single copy.
@@ -27,6 +29,6 @@ CPU); model.py stacks layers; engine.py drives steps and the CUDA graph; windows
 accounting, dynamic swaps and run summary shared with checkpoint serving (hf/); from_recipe.py
 turns a recipe into a ready engine; api.py is the shell's one door in (request.py: what a run is
 asked and gives back; driver.py: one rank built and stepped; rank.py: a launched rank's entry
-point); log.py the hit-rate records; selftest.py checks the runtime
+point); prefetch.py what each step stages and its counters; log.py the hit-rate records; selftest.py checks the runtime
 on this machine's device; torch_files.py reads tensors-only .pt files.
 """

@@ -2,7 +2,8 @@
 each layer is decided on the host from the routing known while the layer before computes (the
 co-activation table fitted on a trace, `prefetch trace`), by the very code `simulate` replays
 (`analysis/prefetch.stage_step`); the banks copy those experts into their staging rows on the
-swap stream (runtime/bank.py), and the counters are kept under `simulate`'s names.
+swap stream between steps, each layer waiting only for its own copies (runtime/bank.py), and
+the counters are kept under `simulate`'s names.
 
 The staging rows are rows of each predicted layer's bank (layer index >= 1): `slots` of them per
 layer whichever the pool. With a shared pool the decisions keep to `slots` experts staged for two
