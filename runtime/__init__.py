@@ -10,6 +10,8 @@ Glossary (the words used throughout this package):
 - **hot**: an expert served from a slot in device memory.
 - **slot**: one expert-sized row of a layer's hot bank. `expert2slot[e]` is the slot of expert
   `e`, or -1 when it is cold; `slot2expert[s]` is its inverse.
+- **staging row**: a row of a layer's hot bank past its hot slots that holds one predicted cold
+  expert for one step (prefetch; prefetch.py), read through `expert2slot` as a slot is.
 - **bank**: one per MoE layer, the cold bank (all experts) plus the hot slots and the map.
 - **blob**: one expert's weights as one contiguous row, `w13` [2I, H] then `w2` [H, I] (for
   block-scaled fp8: the two in e4m3, then their float32 scales), so a swap is a single copy.

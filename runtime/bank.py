@@ -16,6 +16,13 @@ A swap runs in two phases so that a step never sees a half-applied swap:
    the incoming expert's map entry is set. Map writes are only ever issued between steps, so
    they never land inside a step or a CUDA-graph replay.
 On a CPU both phases happen at once, with the same bookkeeping (hot slots are separate tensors).
+
+Staging slots (prefetch, runtime/prefetch.py) are rows of `hot_SB` past the hot slots, filled for
+one step and emptied after it, by the same two phases: between steps the swap stream waits for
+the compute stream (no earlier step still reads the rows), copies the step's staged experts in
+and records an event; the compute stream waits on that event before the layer runs and only
+then writes their map entries (`publish_staged`), so no read ever sees a half-filled row. After
+the step the entries are cleared (`unstage`). A staged expert is never a hot one.
 """
 
 from __future__ import annotations
@@ -157,6 +164,9 @@ class BlobBank:
                               if expert2slot_E is None else expert2slot_E)
         self.swap_stream = swap_stream
         self.in_flight: list[_InFlight] = []
+        self.staging_rows = 0  # rows of hot_SB past the hot slots, for staged experts (reserve_staging)
+        self.staged: list[int] = []  # this step's staged experts, in row order
+        self._staged_ready = None  # the event their copies recorded; None once published (or on a CPU)
         self.table = SlotTable(np.zeros(E, dtype=bool))
         self.served_E = self.table.expert2slot_E.copy()
         # At least one row so kernels always get a valid pointer, even with no hot expert.
@@ -184,7 +194,8 @@ class BlobBank:
         self.publish_ready(wait=True)
         self.table = SlotTable(hot_E)
         S = self.table.num_slots
-        self.hot_SB = torch.empty(max(S, 1), self.cold_EB.shape[1], dtype=self.dtype, device=self.info.device)
+        self.hot_SB = torch.empty(max(S + self.staging_rows, 1), self.cold_EB.shape[1], dtype=self.dtype,
+                                  device=self.info.device)
         for slot, e in enumerate(self.table.slot2expert_S.tolist()):
             self.hot_SB[slot].copy_(self.cold_EB[e], non_blocking=True)  # pinned source: no staging copy
         if self.info.is_cuda:
@@ -240,6 +251,47 @@ class BlobBank:
         self.in_flight = still
         return published, copy_ms
 
+    def reserve_staging(self, rows: int) -> None:
+        """Give the bank `rows` staging rows past its hot slots (reallocated: before any capture)."""
+        self.staging_rows = rows
+        self.set_hot(self.hot_E)
+
+    def stage(self, experts: list[int]) -> None:
+        """Between steps: copy this step's staged (cold) experts into the staging rows."""
+        if len(experts) > self.staging_rows or self.served_hot_E[experts].any():
+            raise ValueError(f"cannot stage {experts}: {self.staging_rows} rows, staged experts must be cold")
+        self.staged = list(experts)
+        if not experts:
+            return
+        rows = range(self.table.num_slots, self.table.num_slots + len(experts))
+        if self.swap_stream is None:
+            for e, row in zip(experts, rows, strict=True):
+                self.hot_SB[row].copy_(self.cold_EB[e])
+            return
+        self.swap_stream.wait_stream(torch.cuda.current_stream(self.info.device))  # the rows' last readers
+        with torch.cuda.stream(self.swap_stream):
+            for e, row in zip(experts, rows, strict=True):
+                self.hot_SB[row].copy_(self.cold_EB[e], non_blocking=True)
+            self._staged_ready = torch.cuda.Event()
+            self._staged_ready.record()
+
+    def publish_staged(self) -> None:
+        """On the compute stream, before the layer reads: wait for the staging copies, then map the
+        staged experts to their rows (a no-op once done, or with nothing staged)."""
+        if not self.staged or self.served_E[self.staged[0]] >= 0:
+            return
+        if self._staged_ready is not None:
+            torch.cuda.current_stream(self.info.device).wait_event(self._staged_ready)
+            self._staged_ready = None
+        for row, e in enumerate(self.staged, start=self.table.num_slots):
+            self._set_map(e, row)
+
+    def unstage(self) -> None:
+        """After the step: the staged experts are served cold again; their rows are free."""
+        for e in self.staged:
+            self._set_map(e, -1)
+        self.staged, self._staged_ready = [], None
+
     def _set_map(self, e: int, slot: int) -> None:
         """One map entry, on the device and in the host mirror. A slice fill is a kernel on the
         current stream; `tensor[e] = slot` would be a blocking host->device copy."""
@@ -294,7 +346,7 @@ class ExpertBank(BlobBank):
 
     def set_hot(self, hot_E: np.ndarray) -> None:
         super().set_hot(hot_E)  # reallocates the slots: their views are made again
-        self.hot_views = [self._views(self.hot_SB[s]) for s in range(self.table.num_slots)]
+        self.hot_views = [self._views(self.hot_SB[s]) for s in range(self.table.num_slots + self.staging_rows)]
 
     def weights_of(self, e: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [2I, H], w2 [H, I]) of expert e from its slot, or in place from the cold bank;

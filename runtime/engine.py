@@ -22,6 +22,7 @@ from hotsplit_cli.hotset.windows import HitRateRecord, Propose, RunSummary, Wind
 from hotsplit_cli.traffic.synthetic import SyntheticTraffic
 
 from .model import HotColdMoE
+from .prefetch import Stager
 
 
 class RouterSource:
@@ -103,8 +104,9 @@ class Engine:
 
     def __init__(self, model: HotColdMoE, source, knobs: Knobs, expert_bytes: int, seed: int = 0,
                  expected_hit_rate: float | None = None, propose: Propose | None = None,
-                 use_graph: bool | None = None):
+                 use_graph: bool | None = None, stager: Stager | None = None):
         self.model, self.source, self.knobs = model, source, knobs
+        self.stager = stager  # prefetch: what each step stages (runtime/prefetch.py); None: nothing
         self.expert_bytes, self.expected_hit_rate = expert_bytes, expected_hit_rate  # bytes: real, of one expert
         self.book = WindowBook(model.num_layers, knobs, expert_bytes, propose)
         self.step_count = 0
@@ -144,8 +146,22 @@ class Engine:
 
     def step(self, routed) -> None:
         self.book.landed(self.model.publish_ready()[1])  # swaps whose copies landed: publish between steps
+        staged_LE = self._stage(routed)
         self._forward(routed)
+        if staged_LE is not None:
+            self.model.unstage()  # between steps: a staging row holds its expert for one step
+            self.stager.count(routed[0], staged_LE)
         self.step_count += 1
+
+    def _stage(self, routed) -> np.ndarray | None:
+        """Start copying what this step stages (bool [L, E]); None without prefetch."""
+        if self.stager is None or routed is None:
+            return None
+        staged_LE = self.stager.choose(routed[0], self.model.served_hot_LE())
+        self.model.stage(staged_LE)
+        if self.use_graph:  # a replay runs no Python between layers: publish (after the copies) before it
+            self.model.publish_staged()
+        return staged_LE
 
     def _forward(self, routed) -> None:
         self.x_TH.normal_(generator=self.gen)
@@ -169,12 +185,15 @@ class Engine:
         if update:
             swaps, error = self.book.decide(c["counts_LE"], self.model.hot_LE(), self.step_count)
             copy_ms = self.model.begin_swaps(moves_by_layer(swaps))
+        prefetch = None if self.stager is None else self.stager.close_window(
+            self.step_count - self.book.window_start, int(c["cold_reads_L"].sum()), len(swaps),
+            float(c["hits_L"].sum()), float(c["assigned_L"].sum()))
         split = getattr(self.model.compute, "split", None)
         # The window's own counts, kept for a job's reduction (runtime/distributed/summary.py).
         self.window_counts = (c["hits_L"].astype(np.float64), c["assigned_L"].astype(np.float64),
                               int(c["cold_reads_L"].sum()))
         return self.book.close(self.step_count, *self.window_counts, len(swaps), copy_ms, error,
-                               split.counters.cpu_experts if split else None)
+                               split.counters.cpu_experts if split else None, prefetch)
 
     # -- the run --------------------------------------------------------------------------
     def run(self, steps: int, on_record: Callable[[HitRateRecord], None] | None = None,
@@ -206,6 +225,9 @@ class Engine:
         split = getattr(self.model.compute, "split", None)
         if split is not None:
             summary.cold_paths = split.report(self.expert_bytes, self.model.banks[0].expert_bytes)
+        if self.stager is not None:
+            b = self.book
+            summary.prefetch = self.stager.summary(self.step_count, b.cold_reads, b.swaps, b.hits, b.assigned)
         return summary
 
     def _steps(self, steps: int, on_record, advance, hooks: LoopHooks) -> bool:

@@ -13,6 +13,7 @@ import torch
 from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.hotset.budget import resolve_hot_budget
+from hotsplit_cli.hotset.planfile import load_plan
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.synthetic import SyntheticTraffic, inclusion_probs, recipe_shares
 from hotsplit_cli.traffic.trace import Trace, load_replay
@@ -28,6 +29,7 @@ from .kernels import choose_compute
 from .memory import check_device_memory, check_host_memory
 from .model import HotColdMoE
 from .moe import MoEGeometry, make_layer_weights, rms_norm
+from .prefetch import Stager, StagingPool, carve_budget, check_plan_leaves_pool, make_stager, staging_pool
 from .ranks import Rank, single_rank
 from .request import check_steps_and_scale
 from .stored_run import stored_run
@@ -46,10 +48,11 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
                 trace_path: str | Path | None = None, steps: int | None = None, scale: float | None = None,
                 dtype: torch.dtype | None = None, advance: Callable[[int], None] | None = None,
                 platform_path: str | Path | None = None, rank: Rank | None = None,
-                parallel: Callable = single_rank) -> Built:
+                parallel: Callable = single_rank, prefetch_fit: str | Path | None = None) -> Built:
     """Build everything a run needs; every check that can refuse happens before allocation.
     `advance(1)` as each MoE layer's weights are made; `rank`: the rank built (default: a single
-    one), `parallel`: applied to its built model."""
+    one), `parallel`: applied to its built model; `prefetch_fit`: the trace `prefetch trace` is
+    fitted on (else the replayed trace's first window)."""
     scale = recipe.run.scale if scale is None else scale
     check_steps_and_scale(steps, scale)
     rank = Rank.single(recipe, knobs, platform_path) if rank is None else rank
@@ -61,23 +64,35 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     layers = _make_layers(recipe, geom, dtype, experts.fp8, advance)
     traffic = _traffic(recipe, rank, layers, geom, trace_path, steps)
     expert_bytes = expert_bytes_per_rank(recipe)
+    pool = staging_pool(recipe, knobs, expert_bytes)  # carved from the budget the hot set is planned at
     plan = choose_hot_set(rank, recipe, traffic.counts_LE, expert_bytes, plan_path,
-                          lambda: resolve_hot_budget(recipe, knobs, platform), traffic.name)
+                          carve_budget(lambda: resolve_hot_budget(recipe, knobs, platform), pool), traffic.name)
+    check_plan_leaves_pool(pool, plan.hot_bytes, rank.plan_file or (load_plan(plan_path) if plan_path else None))
     blob = expert_blob_layout(2 * geom.inter, geom.hidden, dtype, layers[0].stored)
-    _check_memory(geom, len(layers), blob.elems * blob.storage.itemsize, info, int(plan.hot_LE.sum()))
+    _check_memory(geom, len(layers), blob.elems * blob.storage.itemsize, info,
+                  int(plan.hot_LE.sum()) + (pool.device_rows if pool else 0))
     compute = choose_compute(info)
     model = rank.on_bank(lambda allocator: HotColdMoE(layers, geom, plan.hot_LE, info, allocator, compute,
                                                       lambda bank: make_split(knobs.cold_path, info, bank, platform)))
+    stager = None if pool is None else _stager(model, pool, traffic.trace, prefetch_fit, knobs)
     model, source = parallel(model, traffic.source, rank)
-    notes = experts.notes + traffic.notes
+    notes = experts.notes + traffic.notes + (pool.notes() if pool else [])
     if knobs.cold_path != "gpu" and info.graphs:
         notes.append(f"cold_path {knobs.cold_path}: no CUDA graph (the split reads each layer's routing on the host)")
     engine = Engine(model, source, knobs, expert_bytes, seed=rank.seed(recipe.run.seed),
-                    expected_hit_rate=plan.expected_hit_rate, use_graph=rank.use_graph)
+                    expected_hit_rate=plan.expected_hit_rate, use_graph=rank.use_graph, stager=stager)
     allocated = {"hidden": geom.hidden, "inter": geom.inter, "experts": geom.num_experts, "top_k": geom.top_k,
                  "dtype": str(model.banks[0].compute_dtype).replace("torch.", ""), "expert_format": experts.describe}
     return Built(engine, traffic.steps or steps or recipe.run.steps, info, plan, rank.allocator, expert_bytes,
                  traffic.name, allocated, scale, notes, traffic.trace_steps, traffic.trace)
+
+
+def _stager(model: HotColdMoE, pool: StagingPool, trace: Trace, fit_path, knobs: Knobs) -> Stager:
+    """The staging rows reserved in every predicted layer's bank, and the run's stager."""
+    for bank in model.banks[1:]:
+        bank.reserve_staging(pool.config.slots)
+    return make_stager(trace, None if fit_path is None else Path(fit_path), pool, model.geom.num_experts,
+                       pool.expert_bytes, knobs.dyn_steps)
 
 
 @dataclass

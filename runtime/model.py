@@ -61,6 +61,24 @@ class BankedModel:
         done = [b.publish_ready(wait) for b in self.banks]
         return sum(n for n, _ in done), sum((ms for _, ms in done), 0.0)
 
+    def served_hot_LE(self) -> np.ndarray:
+        """The hot mask the next step reads (swaps in flight not yet published are cold)."""
+        return np.stack([b.served_hot_E for b in self.banks])
+
+    def stage(self, staged_LE: np.ndarray) -> None:
+        """Between steps: start copying each layer's staged experts (bool [L, E]) into its staging rows."""
+        for bank, staged_E in zip(self.banks, staged_LE, strict=True):
+            bank.stage(np.flatnonzero(staged_E).tolist())
+
+    def publish_staged(self) -> None:
+        """Every layer's staged experts published (before a CUDA graph replays the whole step)."""
+        for bank in self.banks:
+            bank.publish_staged()
+
+    def unstage(self) -> None:
+        for bank in self.banks:
+            bank.unstage()
+
 
 class HotColdMoE(BankedModel):
     def __init__(self, layers: list[LayerWeights], geom: MoEGeometry, hot_LE: np.ndarray, info: DeviceInfo,
@@ -87,6 +105,7 @@ class HotColdMoE(BankedModel):
               w_TK: torch.Tensor | None = None, routed=None) -> torch.Tensor:
         """One MoE layer's output [T, H]; counts this step's assignments into step_counts_LE.
         `routed`: how the routed experts are reached (default `_routed`; distributed/apply.py's exchange)."""
+        self.banks[li].publish_staged()  # its staged experts, once their copies have landed
         if ids_TK is None:
             ids_TK, w_TK = self.routers[li](x_TH)
         y = (routed or self._routed)(li, x_TH, ids_TK, w_TK, self.step_counts_LE[li])

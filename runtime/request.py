@@ -38,6 +38,7 @@ class RunRequest:
     scale: float | None = None  # --scale
     platform: Path | None = None  # --platform
     plan_file: PlanFile | None = None  # the --plan file, when the caller has read (and checked) it already
+    prefetch_fit: Path | None = None  # --prefetch-fit: the trace the prefetch predictor is fitted on
 
     def __post_init__(self):
         check_steps_and_scale(self.steps, self.scale)

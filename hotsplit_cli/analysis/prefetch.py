@@ -71,16 +71,36 @@ class StagingRun:
 
     def to_doc(self, expert_bytes: int, assignments: float) -> dict:
         """Totals and per-step rates; bytes are expert bytes moved over PCIe."""
-        S = len(self.cold_S)
-        prefetched, useful = int(self.prefetched_S.sum()), int(self.useful_S.sum())
-        moved = int(self.cold_S.sum()) + prefetched + int(self.copied_S.sum())
-        return {"prefetched": prefetched, "useful": useful, "wasted": prefetched - useful,
-                "staged_hits": float(self.staged_hits_S.sum()), "copies": int(self.copied_S.sum()),
-                "hit_rate": float(self.hits_S.sum()) / assignments if assignments else 0.0,
-                "cold_reads": int(self.cold_S.sum()),
-                "useful_bytes_per_step": useful * expert_bytes / S,
-                "wasted_bytes_per_step": (prefetched - useful) * expert_bytes / S,
-                "pcie_bytes_per_step": moved * expert_bytes / S}
+        return staging_doc(StagingTotals(int(self.prefetched_S.sum()), int(self.useful_S.sum()),
+                                         float(self.staged_hits_S.sum()), int(self.cold_S.sum()),
+                                         int(self.copied_S.sum()), len(self.cold_S)),
+                           float(self.hits_S.sum()), assignments, expert_bytes)
+
+
+@dataclass(frozen=True)
+class StagingTotals:
+    """What staging did over some steps (a replay's, a run's window or whole run)."""
+
+    prefetched: int  # experts staged
+    useful: int  # staged experts read
+    staged_hits: float  # routed assignments served by staged experts
+    cold_reads: int  # distinct experts neither hot nor staged read, summed over steps
+    copies: int  # dynamic swaps' copies
+    steps: int
+
+
+def staging_doc(t: StagingTotals, hits: float, assignments: float, expert_bytes: int) -> dict:
+    """The staging counters under the names `simulate` and `run` both report; `hits` are the
+    assignments served from GPU memory (hot or staged)."""
+    moved = t.cold_reads + t.prefetched + t.copies
+    S = max(t.steps, 1)
+    return {"prefetched": t.prefetched, "useful": t.useful, "wasted": t.prefetched - t.useful,
+            "staged_hits": t.staged_hits, "copies": t.copies,
+            "hit_rate": hits / assignments if assignments else 0.0,
+            "staged_hit_rate": t.staged_hits / assignments if assignments else 0.0, "cold_reads": t.cold_reads,
+            "useful_bytes_per_step": t.useful * expert_bytes / S,
+            "wasted_bytes_per_step": (t.prefetched - t.useful) * expert_bytes / S,
+            "pcie_bytes_per_step": moved * expert_bytes / S}
 
 
 def replay_staging(counts_SLE: np.ndarray, member_NLE: np.ndarray, windows, predictor: NextLayerPredictor,
@@ -119,25 +139,54 @@ def _stage_layer(member_NLE: np.ndarray, hot_SE: np.ndarray, before_SE: np.ndarr
     staged = np.zeros((S, E), dtype=bool)
     for s in range(S):
         rows = slice(s * T, (s + 1) * T)
-        live = live_N[rows]
-        rank, q = rank_NE[rows][live], q_NE[rows][live]
-        keep = ~hot_SE[s][rank]  # the same experts drop from every row
-        candidates = np.unique(rank[keep].reshape(len(rank), -1)[:, :cfg.guesses])
-        p = 1.0 - np.prod(1.0 - q[:, candidates], axis=0)
-        free = cfg.slots - int(before_SE[s].sum()) if cfg.pool == "shared" else cfg.slots
-        order = np.lexsort((candidates, -p))
-        chosen = [int(candidates[i]) for i in order if copy_pays(float(p[i]), cfg.copy_price)][:max(free, 0)]
-        staged[s, chosen] = True
+        staged[s, choose_staged(rank_NE[rows], q_NE[rows], live_N[rows], hot_SE[s], before_SE[s], cfg)] = True
     return staged
 
 
+def choose_staged(rank_TE: np.ndarray, q_TE: np.ndarray, live_T: np.ndarray, hot_E: np.ndarray,
+                  before_E: np.ndarray, cfg: StagingConfig) -> list[int]:
+    """The experts one step stages for a layer, strongest first: the step's tokens' rankings
+    (int [T, E]) and probabilities (float [T, E]) of that layer, which tokens route there
+    (`live_T`: padding excluded), its hot set and the experts staged for the layer before
+    (bool [E], what a shared pool still holds)."""
+    rank, q = rank_TE[live_T], q_TE[live_T]
+    keep = ~hot_E[rank]  # the same experts drop from every row
+    candidates = np.unique(rank[keep].reshape(len(rank), -1)[:, :cfg.guesses])
+    p = 1.0 - np.prod(1.0 - q[:, candidates], axis=0)
+    free = cfg.slots - int(before_E.sum()) if cfg.pool == "shared" else cfg.slots
+    order = np.lexsort((candidates, -p))
+    return [int(candidates[i]) for i in order if copy_pays(float(p[i]), cfg.copy_price)][:max(free, 0)]
+
+
+def stage_step(member_TLE: np.ndarray, hot_LE: np.ndarray, predictor: NextLayerPredictor,
+               cfg: StagingConfig) -> np.ndarray:
+    """bool [L, E]: what one step (its tokens' memberships bool [T, L, E]) stages for each layer,
+    in layer order, as `replay_staging` does for every step (the runtime's staging decisions)."""
+    T, L, E = member_TLE.shape
+    staged_LE = np.zeros((L, E), dtype=bool)
+    if cfg.slots == 0:
+        return staged_LE
+    for layer in range(1, L):
+        q_TE, rank_TE = predictor.probs_NE(member_TLE, layer), predictor.rank_NE(member_TLE, layer)
+        live_T = member_TLE[:, layer].any(axis=1)
+        staged_LE[layer, choose_staged(rank_TE, q_TE, live_T, hot_LE[layer], staged_LE[layer - 1], cfg)] = True
+    return staged_LE
+
+
+def staged_counts(counts_XE: np.ndarray, staged_XE: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(prefetched, useful, staged hits) per row of routed-assignment counts [X, E] and the
+    experts staged for them (bool [X, E]): experts staged, staged ones read, assignments they served."""
+    return (staged_XE.sum(axis=1), (staged_XE & (counts_XE > 0)).sum(axis=1),
+            (counts_XE * staged_XE).sum(axis=1))
+
+
 def _count_layer(run: StagingRun, counts_SE: np.ndarray, hot_SE: np.ndarray, staged_SE: np.ndarray) -> None:
-    active = counts_SE > 0
-    run.prefetched_S += staged_SE.sum(axis=1)
-    run.useful_S += (staged_SE & active).sum(axis=1)
-    run.staged_hits_S += (counts_SE * staged_SE).sum(axis=1)
+    prefetched, useful, staged_hits = staged_counts(counts_SE, staged_SE)
+    run.prefetched_S += prefetched
+    run.useful_S += useful
+    run.staged_hits_S += staged_hits
     run.hits_S += (counts_SE * (hot_SE | staged_SE)).sum(axis=1)
-    run.cold_S += (active & ~hot_SE & ~staged_SE).sum(axis=1)
+    run.cold_S += ((counts_SE > 0) & ~hot_SE & ~staged_SE).sum(axis=1)
 
 
 @dataclass(frozen=True)
@@ -169,14 +218,10 @@ def stage_for_simulate(tr: Trace, fit_path: Path | None, hot_for, sim, knobs: Kn
         raise UsageError("prefetch lookahead: the next layer's router cannot be replayed from a trace",
                          "simulate the trace predictor (--prefetch trace); `balance --model` measures lookahead")
     E, L = int(hot_for(sim.budget_bytes).shape[1]), len(tr.layers)
-    cfg = StagingConfig(knobs.prefetch_slots, knobs.prefetch_pool, min(knobs.prefetch_guesses, E))
-    carved = cfg.carved_slots(L) * sim.expert_bytes
-    if carved > sim.budget_bytes:
-        raise PlanError(f"{cfg.carved_slots(L)} staging slots ({gib(carved)}) exceed the hot budget "
-                        f"of {gib(sim.budget_bytes)}", "lower --prefetch-slots or use --prefetch-pool shared")
+    cfg = staging_config(knobs, E, L)
+    carved = carved_bytes(cfg, L, sim.expert_bytes, sim.budget_bytes)
     member_NLE = token_members_NLE(tr, E)
-    fit_NLE, fit_source = _fit_members(tr, fit_path, member_NLE, sim.window_steps)
-    predictor = fit_predictor("cooccur", fit_NLE)
+    predictor, fit_source = fit_staging_predictor(tr, fit_path, member_NLE, sim.window_steps)
     hot = hot_for(sim.budget_bytes - carved)
     counts_SLE = tr.counts_SLE(E)
     windows = dynamic_windows(counts_SLE, hot, sim.dyn_steps, sim.dyn_max_swaps, sim.dyn_margin, sim.dyn_decay,
@@ -190,14 +235,32 @@ def stage_for_simulate(tr: Trace, fit_path: Path | None, hot_for, sim, knobs: Kn
                          {n: r.to_doc(sim.expert_bytes, assignments) for n, r in rows.items()})
 
 
-def _fit_members(tr: Trace, fit_path: Path | None, member_NLE: np.ndarray, window_steps: int):
-    """The token memberships the predictor is fitted on, and where they came from."""
+def staging_config(knobs: Knobs, num_experts: int, num_layers: int) -> StagingConfig:
+    """The staging slots the prefetch knobs ask for (guesses capped at the experts there are)."""
+    return StagingConfig(knobs.prefetch_slots, knobs.prefetch_pool, min(knobs.prefetch_guesses, num_experts))
+
+
+def carved_bytes(cfg: StagingConfig, num_layers: int, expert_bytes: int, budget_bytes: int) -> int:
+    """Bytes the staging pool takes from the hot budget; PlanError when it exceeds the budget."""
+    carved = cfg.carved_slots(num_layers) * expert_bytes
+    if carved > budget_bytes:
+        raise PlanError(f"{cfg.carved_slots(num_layers)} staging slots ({gib(carved)}) exceed the hot budget "
+                        f"of {gib(budget_bytes)}", "lower --prefetch-slots or use --prefetch-pool shared")
+    return carved
+
+
+def fit_staging_predictor(tr: Trace, fit_path: Path | None, member_NLE: np.ndarray,
+                          window_steps: int) -> tuple[NextLayerPredictor, str]:
+    """The co-activation table staging replays (and the runtime stages with), fitted on
+    `fit_path`'s trace, else on `tr`'s first window; and what it was fitted on, as printed."""
     E = member_NLE.shape[2]
     if fit_path is None:
         T = tr.topk_ids_SLTK.shape[2]
-        return member_NLE[:window_steps * T], f"the trace's first window (steps 0..{window_steps - 1})"
-    fit = load_trace(fit_path, E)
-    if fit.layers != tr.layers:
-        raise PlanError(f"{fit_path}: layers {list(fit.layers)} differ from the replayed trace's {list(tr.layers)}",
-                        "fit the predictor on a trace of the same model")
-    return token_members_NLE(fit, E), str(fit_path)
+        fit_NLE, source = member_NLE[:window_steps * T], f"the trace's first window (steps 0..{window_steps - 1})"
+    else:
+        fit = load_trace(fit_path, E)
+        if fit.layers != tr.layers:
+            raise PlanError(f"{fit_path}: layers {list(fit.layers)} differ from the replayed trace's "
+                            f"{list(tr.layers)}", "fit the predictor on a trace of the same model")
+        fit_NLE, source = token_members_NLE(fit, E), str(fit_path)
+    return fit_predictor("cooccur", fit_NLE), source

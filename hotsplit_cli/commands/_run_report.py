@@ -54,6 +54,9 @@ def format_line(r) -> str:
             f"  cold {r.cold_bytes_per_step / MIB:8.2f} MiB/step")
     if r.cold_cpu_bytes_per_step is not None:
         line += f" ({r.cold_cpu_bytes_per_step / MIB:.2f} on the CPU)"
+    if r.prefetch is not None:
+        p = r.prefetch
+        line += f"  staged {p['prefetched']} ({p['useful']} read)"
     if r.planner_error:
         line += f"  planner failed: {r.planner_error}"
     return line
@@ -107,6 +110,20 @@ def cold_path_rows(paths: dict | None) -> list[tuple[str, str]]:
     if paths.get("rates_not_used"):
         rows.append(("  rates not used", paths["rates_not_used"]))
     return rows
+
+
+def prefetch_rows(prefetch: dict | None) -> list[tuple[str, str]]:
+    """Summary rows of the staging slots (runtime/prefetch.py): the counters `simulate` reports."""
+    if not prefetch:
+        return []
+    p = prefetch
+    return [("prefetch", f"{p['slots']} staging slots ({p['pool']} pool), {p['guesses']} guesses per token, "
+                         f"co-activation table fitted on {p['fit']}"),
+            ("  staged", f"{p['prefetched']:,} experts: {p['useful']:,} useful, {p['wasted']:,} wasted; "
+                         f"{p['staged_hits']:,.0f} routed assignments served staged ({pct(p['staged_hit_rate'])} of "
+                         "all, counted in the hit rate)"),
+            ("  PCIe bytes per step (real)", f"{p['pcie_bytes_per_step'] / MIB:,.2f} MiB (cold reads, staged "
+                                             f"copies and swaps)")]
 
 
 def verdicts(plan_file, achieved_hit_rate: float, cold_paths: dict | None, balance: list | None = None,
@@ -170,7 +187,8 @@ def render_summary(out: Output, title: str, s, first: list, extra: list, origin:
                 ("steps", f"{s.steps}"),
                 ("tokens", f"{s.tokens}"),
                 ("tokens/s", f"{s.tokens_per_s:,.1f}"),
-                ("hit rate (overall)", pct(s.hit_rate)),
+                ("hit rate (overall)", pct(s.hit_rate) + (f" ({pct(s.hot_hit_rate)} hot, the rest staged)"
+                                                          if s.prefetch else "")),
                 ("hit rate (last window)", pct(s.hit_rate_last_window)),
                 ("hit rate expected by the plan", expected),
                 ("swaps", f"{s.swaps}"),

@@ -24,6 +24,10 @@ from hotsplit_cli.options import (
     PlatformOpt,
     PlotOpt,
     PrecisionOpt,
+    PrefetchGuessesOpt,
+    PrefetchOpt,
+    PrefetchPoolOpt,
+    PrefetchSlotsOpt,
     RecipeArg,
     knob_option,
     output_option,
@@ -45,6 +49,9 @@ ScaleOpt = Annotated[float | None, typer.Option("--scale", show_default="1: full
                                                help="Shrink tensors, (0, 1]; plans keep real bytes.")]
 EplbStepsOpt = Annotated[str | None, knob_option("eplb_steps")]
 EpExchangeOpt = Annotated[str | None, knob_option("ep_exchange")]
+PrefetchFitOpt = Annotated[Path | None, typer.Option(
+    "--prefetch-fit", show_default="the replayed trace's first window",
+    help="Fit the prefetch predictor on this trace (prefetch trace).")]
 LogJsonlOpt = Annotated[Path | None, output_option("--log-jsonl", help="Also write each record as a JSON line.",
                                                    show_default="none: not written",
                                                                 suffix=".jsonl")]
@@ -65,13 +72,18 @@ def run(
     eplb_steps: EplbStepsOpt = None,
     ep_exchange: EpExchangeOpt = None,
     precision: PrecisionOpt = None,
+    prefetch: PrefetchOpt = None, prefetch_slots: PrefetchSlotsOpt = None, prefetch_pool: PrefetchPoolOpt = None,
+    prefetch_guesses: PrefetchGuessesOpt = None, prefetch_fit: PrefetchFitOpt = None,
 ) -> None:
     """Run the recipe's MoE on the hot/cold runtime: hit rate per update, then a summary."""
     out, rec = Output(json_out), load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "cold_path": cold_path, "eplb_steps": eplb_steps,
-                                                  "ep_exchange": ep_exchange, "precision": precision})
-    _check_options(rec, platform, (trace, steps, scale), plot)
-    request = api.RunRequest(rec, knobs, plan, trace, steps, scale, platform)
+                                                  "ep_exchange": ep_exchange, "precision": precision,
+                                                  "prefetch": prefetch, "prefetch_slots": prefetch_slots,
+                                                  "prefetch_pool": prefetch_pool, "prefetch_guesses": prefetch_guesses})
+    _check_options(rec, platform, (trace, steps, scale, prefetch_fit), plot)
+    _check_prefetch_fit(prefetch_fit, knobs)
+    request = api.RunRequest(rec, knobs, plan, trace, steps, scale, platform, prefetch_fit=prefetch_fit)
     plan_file = check_run_inputs(rec, plan, trace, knobs)  # before anything is built
     fits = run_fits(plan_file, rec, trace, steps)  # does the run replay the plan's (and placement's) histogram?
     check_host_fits(rec, platform, scale, knobs.precision)  # stored banks vs the host, before allocating
@@ -94,9 +106,9 @@ def run(
 
 def _check_options(rec, platform: Path | None, synthetic: tuple, plot: Path | None) -> None:
     """Refuse bad options before any work (and --plot when matplotlib is missing); `synthetic` is
-    (--trace, --steps, --scale), the options of a synthetic model only."""
+    (--trace, --steps, --scale, --prefetch-fit), the options of a synthetic model only."""
     if rec.model.kind == "hf" and any(x is not None for x in synthetic):
-        raise UsageError("--trace, --steps and --scale apply to synthetic models",
+        raise UsageError("--trace, --steps, --scale and --prefetch-fit apply to synthetic models",
                          "a checkpoint run generates from the recipe's prompts at full size")
     if platform is not None and not platform.is_file():
         raise UsageError(f"--platform {platform}: no such file", "write one with `hotsplit probe -o platform.json`")
@@ -106,12 +118,23 @@ def _check_options(rec, platform: Path | None, synthetic: tuple, plot: Path | No
         require_matplotlib()
 
 
+def _check_prefetch_fit(fit: Path | None, knobs) -> None:
+    """--prefetch-fit fits the predictor `prefetch trace` stages with: refused without it, or missing."""
+    if fit is None:
+        return
+    if knobs.prefetch != "trace":
+        raise UsageError(f"--prefetch-fit fits the predictor of prefetch trace, but prefetch is {knobs.prefetch} "
+                         f"({knobs.origin('prefetch')})", "add --prefetch trace, or drop --prefetch-fit")
+    if not fit.is_file():
+        raise UsageError(f"--prefetch-fit {fit}: no such file", "give a routing trace (.npz) of the same model")
+
+
 def _verdicts(request, result, fits) -> list[dict]:
     """Every prediction the run was given, judged: a job's, or one rank's."""
     s = result.summary
     if result.figures is not None:
         return ep_verdicts(request.plan_file, s, result.figures, fits)
-    return report.verdicts(request.plan_file, s.hit_rate, s.cold_paths, fit=fits.hit_rate.after(s.swaps))
+    return report.verdicts(request.plan_file, s.hot_hit_rate, s.cold_paths, fit=fits.hit_rate.after(s.swaps))
 
 
 def _renderer(out: Output, request, result, doc: dict, plot: Path | None):
@@ -134,6 +157,7 @@ def _renderer(out: Output, request, result, doc: dict, plot: Path | None):
             ("cold bank", h.cold_bank["numa"])]
         report.render_summary(out, title, s, first, [("copy time", f"{s.copy_ms:,.2f} ms"),
                                                      *report.cold_path_rows(s.cold_paths),
+                                                     *report.prefetch_rows(s.prefetch),
                                                      *report.precision_rows(doc["precision"])], origin)
         if plot is not None and synthetic_one:
             out.print(f"plot: {plot}{report.one_window_note(s)}")

@@ -200,10 +200,18 @@ def check_ep_knobs(knobs: Knobs, ep: int, recipe_name: str) -> None:
                          "rank (parallel.ep: 1)", "drop them, or use a recipe with ep > 1 (e.g. tiny-ep4)")
 
 
-def check_prefetch_runs(knobs: Knobs) -> None:
-    """UsageError when a run is asked to stage experts: the runtime has no staging slots yet, and a
-    run that ignored the knob would report figures the user did not ask for."""
-    if knobs.prefetch in ("lookahead", "trace"):
-        raise UsageError(f"{knobs.origin('prefetch')}={knobs.prefetch}: the runtime does not stage experts yet",
-                         "judge prefetch with `hotsplit simulate --prefetch trace` and `hotsplit plan --platform`; "
-                         "run with prefetch off or auto")
+def check_prefetch_runs(knobs: Knobs, model_kind: str, ep: int, replays_trace: bool) -> None:
+    """UsageError when a run is asked to stage experts it cannot: the runtime stages with the trace
+    predictor (`prefetch trace`) on one rank of a synthetic model replaying a trace, the routing it
+    decides from before each step; a run that ignored the knob would report figures the user did
+    not ask for."""
+    where = f"{knobs.origin('prefetch')}={knobs.prefetch}"
+    if knobs.prefetch == "lookahead":
+        raise UsageError(f"{where}: the runtime does not apply the next layer's router early yet",
+                         "stage with the trace predictor (prefetch trace) on a trace replay, or run with prefetch off")
+    if knobs.prefetch != "trace":
+        return
+    if model_kind == "hf" or ep > 1 or not replays_trace:
+        what = "a checkpoint" if model_kind == "hf" else f"ep {ep}" if ep > 1 else "traffic that is not a trace"
+        raise UsageError(f"{where}: the runtime stages from a replayed trace on one rank of a synthetic model, "
+                         f"not {what}", "run a synthetic recipe with ep 1 and --trace, or with prefetch off")

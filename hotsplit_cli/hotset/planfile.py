@@ -624,7 +624,8 @@ def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | 
             raise UsageError(f"run stores every routed expert at one precision; precision auto "
                              f"({knobs.origin('precision')}) is for `plan`",
                              "run at native, fp8 or mxfp4, with a plan made at that precision")
-        check_prefetch_runs(knobs)
+        check_prefetch_runs(knobs, recipe.model.kind, recipe.parallel.ep,
+                            trace_path is not None or recipe.traffic.kind == "trace")
     if plan_path is not None:
         m = recipe.model
         plan = load_plan(plan_path)

@@ -36,9 +36,13 @@ class HitRateRecord:
     layer_hit_rate: list[float]  # per MoE layer, this window
     planner_error: str | None = None
     cold_cpu_bytes_per_step: float | None = None  # of cold_bytes_per_step, what the CPU computed (cold_path cpu/split)
+    prefetch: dict | None = None  # this window's staging counters (runtime/prefetch.py); None: prefetch off
 
     def to_doc(self) -> dict:
-        return asdict(self)
+        doc = asdict(self)
+        if self.prefetch is None:
+            doc.pop("prefetch")
+        return doc
 
 
 MAX_PLANNER_FAILURES = 3
@@ -63,15 +67,23 @@ class RunSummary:
     interrupted: bool
     records: list[HitRateRecord] = field(default_factory=list)
     cold_paths: dict | None = None  # cold_path cpu/split: bytes and ms per path, measured and predicted
+    prefetch: dict | None = None  # staging slots' counters (runtime/prefetch.py); None: prefetch off
+
+    @property
+    def hot_hit_rate(self) -> float:
+        """Assignments served by hot experts alone, what a plan predicts: `hit_rate` less staged hits."""
+        return self.hit_rate - (self.prefetch["staged_hit_rate"] if self.prefetch else 0.0)
 
     @property
     def expected_gap(self) -> float | None:
-        """Achieved minus expected hit rate (a fraction); None when the plan expected nothing."""
-        return None if self.expected_hit_rate is None else self.hit_rate - self.expected_hit_rate
+        """Achieved (hot) minus expected hit rate (a fraction); None when the plan expected nothing."""
+        return None if self.expected_hit_rate is None else self.hot_hit_rate - self.expected_hit_rate
 
     def to_doc(self) -> dict:
         doc = asdict(self)
         doc.pop("records")
+        if self.prefetch is None:
+            doc.pop("prefetch")
         return {**doc, "expected_gap": self.expected_gap}
 
 
@@ -153,10 +165,12 @@ class WindowBook:
         return swaps, None
 
     def close(self, step: int, hits_L: np.ndarray, assigned_L: np.ndarray, cold_reads: int, swaps: int = 0,
-              copy_ms: float = 0.0, error: str | None = None, cpu_reads_total: int | None = None) -> HitRateRecord:
+              copy_ms: float = 0.0, error: str | None = None, cpu_reads_total: int | None = None,
+              prefetch: dict | None = None) -> HitRateRecord:
         """Close the window ending at `step`: hits and assignments per layer, distinct cold experts
         read (summed over steps), swaps started now and their copy time when already done;
-        `cpu_reads_total`: distinct cold experts the CPU computed since the start (CPU cold path)."""
+        `cpu_reads_total`: distinct cold experts the CPU computed since the start (CPU cold path);
+        `prefetch`: the window's staging counters."""
         n_steps = max(1, step - self.window_start)
         cpu_bytes = None
         if cpu_reads_total is not None:
@@ -179,7 +193,8 @@ class WindowBook:
             step=step, hit_rate_window=ratio(hits, assigned), hit_rate_total=ratio(self.hits, self.assigned),
             swaps=swaps, swaps_total=self.swaps, bytes_copied=swaps * self.expert_bytes, copy_ms=copy_ms,
             cold_bytes_per_step=int(cold_reads) * self.expert_bytes / n_steps,
-            layer_hit_rate=layer_rates(hits_L, assigned_L), planner_error=error, cold_cpu_bytes_per_step=cpu_bytes)
+            layer_hit_rate=layer_rates(hits_L, assigned_L), planner_error=error, cold_cpu_bytes_per_step=cpu_bytes,
+            prefetch=prefetch)
         self.records.append(rec)
         return rec
 

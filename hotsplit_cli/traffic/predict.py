@@ -34,8 +34,14 @@ PREDICTORS = ("cooccur", "previous", "frequent")
 def token_members_NLE(trace: Trace, num_experts: int) -> np.ndarray:
     """bool [N, L, E]: whether token n routes to expert e at MoE layer index l (padding: none)."""
     S, L, T, K = trace.topk_ids_SLTK.shape
-    ids_NLK = np.moveaxis(trace.topk_ids_SLTK, 1, 2).reshape(S * T, L, K).astype(np.int64)
-    member = np.zeros((S * T, L, num_experts + 1), dtype=bool)  # column E takes the padding (-1)
+    return members_NLE(np.moveaxis(trace.topk_ids_SLTK, 1, 2).reshape(S * T, L, K), num_experts)
+
+
+def members_NLE(ids_NLK: np.ndarray, num_experts: int) -> np.ndarray:
+    """bool [N, L, E] of expert ids int [N, L, K] (-1 = padding, in no expert)."""
+    N, L, _ = ids_NLK.shape
+    ids_NLK = np.asarray(ids_NLK, dtype=np.int64)
+    member = np.zeros((N, L, num_experts + 1), dtype=bool)  # column E takes the padding (-1)
     np.put_along_axis(member, np.where(ids_NLK < 0, num_experts, ids_NLK), True, axis=2)
     return member[:, :, :num_experts]
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hotsplit_runtime.from_recipe import prepare_run
 
 from hotsplit_cli.analysis.simulate import SimRequest, run_simulation
@@ -22,6 +23,7 @@ ROUTING = next((p / "shared" / "data" / "routing" for p in ROOT.parents[:2] if (
 RECOMMENDED = {"HOTSPLIT_DYN_RULE": "breakeven", "HOTSPLIT_DYN_STEPS": "8", "HOTSPLIT_DYN_MAX_SWAPS": "16",
                "HOTSPLIT_DYNAMIC": "1"}
 HOT_GIB = "6.703125"  # 416 experts of 16.5 MiB
+torch.set_num_threads(1)  # as a run on the CPU sets it (runtime/device.py tune_cpu_threads)
 
 
 def _trace(task: str) -> Path:
@@ -57,3 +59,34 @@ def test_breakeven_run_on_an_esft_trace_equals_simulate_exactly(tmp_path, fit, r
     assert s.bytes_copied == sim.copies * p.expert_bytes == round(sim.copy_bytes_per_step * s.steps)
     assert s.hit_rate == pytest.approx(sim.hit_rate, abs=1e-12)
     assert s.cold_bytes_per_step == pytest.approx(sim.zero_copy_bytes_per_step, rel=1e-12)
+
+
+STAGING_STEPS = 64  # 8 windows of the law trace: swaps, staging and copies all at work, in seconds
+
+
+def test_staging_on_the_esft_law_trace_equals_simulate_exactly(tmp_path):
+    """Staging with the co-activation table fitted on intent, replaying law with dynamic break-even
+    swaps: the runtime's prefetched, useful, wasted, staged hits and PCIe bytes are `simulate`'s."""
+    law, intent = _trace("law"), _trace("intent")
+    with np.load(law) as z:
+        ids, layers = z["topk_ids"][:STAGING_STEPS], z["layers"]
+    head = tmp_path / "law-head.trace.npz"
+    np.savez(head, topk_ids=ids, layers=layers)
+    counts = np.stack([np.bincount(ids[:, i].ravel(), minlength=64) for i in range(ids.shape[1])]).astype(float)
+    hist = tmp_path / "law-head.hist.json"  # what a run without a plan plans on: the replayed counts
+    save_hist(hist, Histogram("deepseek-ai/DeepSeek-V2-Lite", "ESFT law", 6, int(ids.shape[0] * ids.shape[2]),
+                              tuple(int(x) for x in layers), counts))
+    recipe = load_recipe("deepseek-v2-lite")
+    knobs = resolve_knobs(recipe.knobs, {**RECOMMENDED, "HOTSPLIT_HOT_GIB": HOT_GIB, "HOTSPLIT_PREFETCH": "trace"})
+    staging = run_simulation(SimRequest(head, ("dynamic",), fit_path=hist, prefetch_fit_path=intent),
+                             recipe, knobs).staging
+    sim = staging.rows["dynamic"]
+    p = prepare_run(recipe, knobs, trace_path=law, steps=STAGING_STEPS, scale=1 / 64, prefetch_fit=intent)
+    s = p.engine.run(p.steps)
+    assert s.steps == STAGING_STEPS and int(p.plan.hot_LE.sum()) == staging.hot_slots == 412  # 4 shared slots carved
+    got = s.prefetch
+    for key in ("prefetched", "useful", "wasted", "staged_hits", "copies", "cold_reads"):
+        assert got[key] == sim[key], key
+    assert got["pcie_bytes_per_step"] == pytest.approx(sim["pcie_bytes_per_step"], rel=1e-12)
+    assert s.hit_rate == pytest.approx(sim["hit_rate"], rel=1e-12)
+    assert sim["useful"] > 1000 and sim["wasted"] > 0 and sim["copies"] > 0

@@ -1,0 +1,86 @@
+"""The staging slots' CUDA branch on the CPU, against the recording fakes of
+tests/runtime/test_cuda_paths_fake.py: the copies go on the swap stream after it waits for the
+compute stream, and no read ever sees a staging row before the compute stream has waited on
+the copies' event."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from hotsplit_runtime.from_recipe import prepare_run
+
+from hotsplit_cli.config.knobs import resolve_knobs
+from hotsplit_cli.config.recipe import load_recipe
+from hotsplit_cli.traffic.synthetic import synthetic_trace, zipf_shares
+from hotsplit_cli.traffic.trace import save_trace
+from tests.runtime.test_cuda_paths_fake import FakeStream, fake, make_bank  # noqa: F401 - fake: a fixture
+
+torch.set_num_threads(1)
+
+
+def test_staging_copies_wait_for_compute_and_publish_after_their_event(fake):  # noqa: F811
+    bank = make_bank(fake)  # experts 0, 1, 2 hot in slots 0..2
+    bank.reserve_staging(2)
+    fake.log.clear()
+    bank.stage([5, 6])
+    assert [e[0] for e in fake.log] == ["wait_stream", "record"]
+    assert fake.log[0][1:3] == ("swap", "compute") and fake.log[1][1] == "swap"
+    assert torch.equal(bank.hot_SB[3], bank.cold_EB[5]) and torch.equal(bank.hot_SB[4], bank.cold_EB[6])
+    assert bank.expert2slot_E[5] == -1 and bank.served_E[6] == -1, "mapped before its copy's event"
+    event = bank._staged_ready
+    bank.publish_staged()
+    (wait,) = fake.entries("wait_event")
+    _, waiter, waited, map_then = wait
+    assert waiter == "compute" and waited is event
+    assert map_then[5] == map_then[6] == -1, "the map entries must be written after the compute stream waits"
+    assert bank.expert2slot_E[5] == 3 and bank.expert2slot_E[6] == 4 and list(bank.served_E[[5, 6]]) == [3, 4]
+    bank.publish_staged()  # a second call (a graph run's) publishes nothing again
+    assert len(fake.entries("wait_event")) == 1
+    bank.unstage()
+    assert bank.expert2slot_E[5] == bank.expert2slot_E[6] == -1 and bank.staged == []
+    assert np.array_equal(bank.expert2slot_E.numpy(), bank.table.expert2slot_E)
+
+
+@pytest.mark.parametrize("experts", [[1], [4, 5, 6]])
+def test_a_hot_expert_or_more_than_the_rows_is_never_staged(fake, experts):  # noqa: F811
+    bank = make_bank(fake)
+    bank.reserve_staging(2)
+    with pytest.raises(ValueError, match="cannot stage"):
+        bank.stage(experts)
+    assert bank.staged == [] and not fake.entries("wait_stream")
+
+
+def test_no_layer_reads_a_staging_row_before_its_event(fake, tmp_path):  # noqa: F811
+    r = load_recipe("tiny")
+    r = dataclasses.replace(r, run=dataclasses.replace(r.run, scale=0.25))
+    m = r.model
+    trace = save_trace(tmp_path / "t.npz", synthetic_trace(zipf_shares(4, 32, 1.2, 1), m.moe_layer_ids, 6, 8, 4,
+                                                           seed=1))
+    knobs = resolve_knobs(r.knobs, {"HOTSPLIT_PREFETCH": "trace", "HOTSPLIT_PREFETCH_POOL": "layer",
+                                    "HOTSPLIT_DYNAMIC": "0", "HOTSPLIT_HOT_GIB": "0.0035"})
+    p = prepare_run(r, knobs, trace_path=trace)
+    model = p.engine.model
+    for bank in model.banks:
+        bank.swap_stream = FakeStream(fake, "swap")  # the CUDA branch of every bank
+    events, reads = {}, []
+    stage, compute = model.stage, model.compute
+
+    def recording_stage(staged_LE):
+        stage(staged_LE)
+        events.update({li: b._staged_ready for li, b in enumerate(model.banks) if b.staged})
+
+    def recording_compute(x, ids, w, bank, counts):
+        waited = [e[2] for e in fake.entries("wait_event")]
+        reads.append((bank.staged, events.get(model.banks.index(bank)) in waited,
+                      [int(bank.served_E[e]) for e in bank.staged]))
+        return compute(x, ids, w, bank, counts)
+    model.stage, model.compute = recording_stage, recording_compute
+    p.engine.run(p.steps)
+    staged_reads = [r for r in reads if r[0]]
+    assert len(staged_reads) >= 6  # every step staged something
+    for _, waited, rows in staged_reads:
+        assert waited, "a layer read its staging rows before waiting on their copies' event"
+        assert min(rows) >= 0  # and read them from the rows
