@@ -172,7 +172,7 @@ def test_allgather_equals_the_reference_and_a2a_on_uneven_shards(tmp_path):
         assert [r[key] for r in ag["ranks"]] == [r[key] for r in a2a["ranks"]], key
     assert ag["balancedness"] == a2a["balancedness"] == ag["predicted_balancedness"]
     assert [r["ranks"] for r in jobs["allgather"]["records"]] == [r["ranks"] for r in jobs["a2a"]["records"]]
-    row = 32 * 4  # hidden x float32 on a CPU
+    row = 32 * RUN_DTYPE.itemsize  # hidden x the run's dtype (float32 on a CPU, bfloat16 on a GPU)
     assert ag["exchange"]["measured_bytes_per_layer"] == 2 * 4 * row * (2 - 1)  # padded to the larger shard
     assert ag["exchange"]["predicted_bytes_per_layer"] == 2 * 3.5 * row * (2 - 1)  # the ledger at the mean shard
     assert a2a["exchange"]["mode"] == "a2a" and ag["exchange"]["mode"] == "allgather"
