@@ -90,3 +90,33 @@ def test_staging_on_the_esft_law_trace_equals_simulate_exactly(tmp_path):
     assert got["pcie_bytes_per_step"] == pytest.approx(sim["pcie_bytes_per_step"], rel=1e-12)
     assert s.hit_rate == pytest.approx(sim["hit_rate"], rel=1e-12)
     assert sim["useful"] > 1000 and sim["wasted"] > 0 and sim["copies"] > 0
+
+
+@pytest.mark.parametrize("precision", ["fp8", "mxfp4"])
+def test_a_run_at_a_stored_precision_reports_simulates_hit_rate_and_cold_bytes(tmp_path, precision):
+    """The issue's table, run: a static plan fitted on intent at 4 GiB of experts stored at the
+    precision, law replayed (its first 64 steps, at scale 1/64): the runtime's hit rate and cold
+    bytes per step are `simulate`'s, both counting the stored bytes."""
+    law = _trace("law")
+    with np.load(law) as z:
+        head = tmp_path / "law-head.trace.npz"
+        np.savez(head, topk_ids=z["topk_ids"][:STAGING_STEPS], layers=z["layers"])
+    with np.load(_trace("intent")) as z:
+        ids, layers = z["topk_ids"], z["layers"]
+    counts = np.stack([np.bincount(ids[:, i].ravel(), minlength=64) for i in range(ids.shape[1])]).astype(float)
+    hist = tmp_path / "intent.hist.json"
+    save_hist(hist, Histogram("deepseek-ai/DeepSeek-V2-Lite", "ESFT intent", 6, int(ids.shape[0] * ids.shape[2]),
+                              tuple(int(x) for x in layers), counts))
+    plan = tmp_path / "intent.plan.json"
+    assert main(["plan", str(hist), "--recipe", "deepseek-v2-lite", "--hot-gib", "4", "--precision", precision,
+                 "-o", str(plan)]) == 0
+    recipe = load_recipe("deepseek-v2-lite")
+    knobs = resolve_knobs(recipe.knobs, {"HOTSPLIT_PRECISION": precision, "HOTSPLIT_DYNAMIC": "0"})
+    sim = run_simulation(SimRequest(head, ("static",), plan_path=plan), recipe, knobs).sums["static"]
+    p = prepare_run(recipe, knobs, plan_path=plan, trace_path=head, scale=1 / 64)
+    s = p.engine.run(p.steps)
+    assert s.steps == STAGING_STEPS and s.swaps == 0
+    assert s.hit_rate == pytest.approx(sim.hit_rate, abs=1e-12)
+    assert s.cold_bytes_per_step == pytest.approx(sim.zero_copy_bytes_per_step, rel=1e-12)
+    native = load_recipe("deepseek-v2-lite").model
+    assert p.expert_bytes < 3 * native.hidden_size * native.moe_intermediate_size * 2 / 1.9  # stored, not bf16
