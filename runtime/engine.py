@@ -138,7 +138,7 @@ class Engine:
         self.graph, self.out_TH = capture_graph(lambda: self.model.step(self.x_TH, ids_t, w_t), self.model.info.device)
         release_deferred()  # host memory dropped during the capture is unregistered and freed now
         self.model.read_counters(reset_window=True)  # warm-up and capture steps do not count
-        self._stage = None if ids_t is None else StagedUpload(ids_t, w_t, pinned=self.model.info.pinned)
+        self._routing = None if ids_t is None else StagedUpload(ids_t, w_t, pinned=self.model.info.pinned)
 
     @property
     def records(self) -> list[HitRateRecord]:
@@ -169,7 +169,7 @@ class Engine:
             if self.graph is None:
                 self._capture(routed)
             if routed is not None:
-                self._stage(*routed)
+                self._routing(*routed)
             self.graph.replay()
         else:
             ids_t, w_t = self._upload(routed)

@@ -84,3 +84,39 @@ def test_no_layer_reads_a_staging_row_before_its_event(fake, tmp_path):  # noqa:
     for _, waited, rows in staged_reads:
         assert waited, "a layer read its staging rows before waiting on their copies' event"
         assert min(rows) >= 0  # and read them from the rows
+
+
+@pytest.mark.parametrize("prefetch", ["off", "trace"])
+def test_a_graph_run_equals_an_eager_one_step_after_step(fake, tmp_path, monkeypatch, prefetch):  # noqa: F811
+    """The CUDA-graph branch of the step loop on the CPU: capture records the step, each replay
+    computes it again from the static routing buffers (filled by the pinned upload). Every step's
+    output equals the eager run's, prefetch off and on (the upload once shadowed the staging step,
+    so every step after the capture failed on a GPU)."""
+    import hotsplit_runtime.engine as engine
+
+    def capture(step, device):
+        out = step()
+
+        class Replay:
+            def replay(self):
+                out.copy_(step())
+        return Replay(), out
+
+    monkeypatch.setattr(engine, "capture_graph", capture)
+    monkeypatch.setattr(engine, "release_deferred", lambda: None)
+    r = load_recipe("tiny")
+    r = dataclasses.replace(r, run=dataclasses.replace(r.run, scale=0.25))
+    trace = save_trace(tmp_path / "t.npz", synthetic_trace(zipf_shares(4, 32, 1.2, 1), r.model.moe_layer_ids, 6, 8,
+                                                           4, seed=1))
+    knobs = resolve_knobs(r.knobs, {"HOTSPLIT_PREFETCH": prefetch, "HOTSPLIT_PREFETCH_POOL": "layer",
+                                    "HOTSPLIT_DYNAMIC": "0", "HOTSPLIT_HOT_GIB": "0.0035"})
+    outs = {}
+    for graph in (False, True):
+        p = prepare_run(r, knobs, trace_path=trace)
+        e, outs[graph] = p.engine, []
+        e.use_graph = graph
+        for routed in e.source.steps():
+            e.step(routed)
+            outs[graph].append(e.out_TH.clone())
+        assert e.step_count == 6 and (e.graph is not None) == graph
+    assert all(torch.equal(a, b) for a, b in zip(outs[True], outs[False], strict=True))
