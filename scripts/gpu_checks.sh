@@ -180,9 +180,14 @@ step_ep_tests() {
     tests/runtime/test_ep.py -k "reference"
 }
 
-STEPS=(selftest probe cold_formats bench_full cuda_tests bench_runtime bench_probe)
+# Prefetch into staging slots: outputs equal prefetch off (graph and no graph), counters equal simulate's.
+step_prefetch() { run_step prefetch "$1" 30 "$PY" scripts/check_prefetch_gpu.py "$(mktemp -d)"; }
+
+STEPS=(selftest probe cold_formats prefetch bench_full cuda_tests bench_runtime bench_probe)
 [ -f benchmarks/bench_cold_path.py ] && STEPS+=(bench_cold_path)
 STEPS+=(ep_run ep_tests)
+# GPU_CHECKS_STEPS="selftest prefetch" runs only those steps (a re-run after a fix).
+if [ -n "${GPU_CHECKS_STEPS:-}" ]; then read -ra STEPS <<<"$GPU_CHECKS_STEPS"; fi
 FAILED=()
 left=${#STEPS[@]}
 for s in "${STEPS[@]}"; do
