@@ -104,7 +104,7 @@ class ExpertLayout:
         layout = cls(w1, w2, transposed, has_bias, hidden, plain)
         if isinstance(stored, Mxfp4Format):
             check_precision_dims("mxfp4", layout.hidden, layout.inter, name)
-            return dataclasses.replace(layout, plain_swiglu=False, mxfp4=True)  # the kernels read no mxfp4 tiles
+            return dataclasses.replace(layout, mxfp4=True)  # the kernels read mxfp4 tiles of the plain layout
         return layout if stored is None else dataclasses.replace(layout, fp8=stored)
 
 

@@ -131,16 +131,17 @@ def test_greedy_text_at_a_stored_precision_through_dynamic_swaps_equals_transfor
     assert generation.texts() == want
 
 
-def test_triton_kernels_read_the_fp8_experts_quantised_at_load_in_the_interpreter(triton_interpreted, plain,
-                                                                                  references):
+@pytest.mark.parametrize("precision", ["fp8", "mxfp4"])
+def test_triton_kernels_read_the_experts_quantised_at_load_in_the_interpreter(triton_interpreted, plain,
+                                                                              references, precision):
     import dataclasses
 
     batch = _batch(plain["qwen3_moe"])
     with torch.no_grad():
-        want = reference(references["qwen3_moe", "fp8"])(**batch).logits
+        want = reference(references["qwen3_moe", precision])(**batch).logits
     hm = load_model(plain["qwen3_moe"], dataclasses.replace(cpu_without_triton(), triton=True), torch.float32,
-                    precision="fp8")
-    assert all(b.kernel is not None and b.fp8_meta is not None for b in hm.banks)
+                    precision=precision)
+    assert all(b.kernel is not None and b.precision == precision for b in hm.banks)
     for b in hm.banks:
         b.set_hot(np.arange(hm.num_experts) % 3 == 0)
     torch.testing.assert_close(_logits(hm, batch), want, rtol=1e-4, atol=1e-5)
