@@ -126,6 +126,7 @@ run_step() {
 
 # The steps, most needed first. Each takes the run ("first" or "blocking").
 CUDA_TEST_FILES=(tests/runtime/test_runtime_bank.py tests/runtime/test_runtime_core.py tests/cli/test_run_cli.py tests/probes/test_probe_gpu.py
+                 tests/runtime/test_hf_stored_precision.py
                  tests/cli/test_probe_cli.py tests/runtime/test_hf_models.py)
 step_selftest() { run_step selftest "$1" 90 "${HS[@]}" selftest --json; }
 step_probe() { run_step probe "$1" 45 "${HS[@]}" probe --json --recipe recipes/deepseek-v3.yaml; }

@@ -323,3 +323,24 @@ def test_the_host_memory_checks_count_a_checkpoints_stored_bytes(plain, tmp_path
     refused = cli("run", str(recipe), "--precision", "native")
     assert refused.code == 1 and "the cold banks need 0.00 GiB page-locked per node" in refused.err
     assert cli("run", str(recipe), "--precision", "mxfp4").code == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the kernels reading stored experts in place")
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_cuda_kernels_read_a_checkpoint_stored_at_load(tmp_path, precision):
+    """On a GPU the Triton kernels read the quantised experts from the hot slots and, zero-copy,
+    from the pinned cold bank: logits equal transformers on the read-back weights."""
+    from hotsplit_runtime.device import choose_device
+
+    folder = build_checkpoint(tmp_path / "q", "qwen3_moe", moe_intermediate_size=32)
+    want_dir = stored_reference(folder, tmp_path / "ref", precision)
+    info = choose_device("cuda")
+    batch = {k: v.to(info.device) for k, v in _batch(folder).items()}
+    with torch.no_grad():
+        want = reference(want_dir).to(info.device)(**batch).logits
+    hm = load_model(folder, info, torch.float32, precision=precision)
+    assert all(b.kernel is not None and b.precision == precision and b.cold_read_EB.is_cuda for b in hm.banks)
+    for hot in (np.zeros(hm.num_experts, bool), np.arange(hm.num_experts) % 3 == 0):
+        for b in hm.banks:
+            b.set_hot(hot)
+        torch.testing.assert_close(_logits(hm, batch), want, rtol=1e-3, atol=1e-4)
