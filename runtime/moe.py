@@ -196,9 +196,16 @@ class ReferenceMoE:
     def step(self, x_TH: torch.Tensor, ids_LTK: torch.Tensor | None = None,
              w_LTK: torch.Tensor | None = None) -> torch.Tensor:
         """The stack: h = h + moe(rms_norm(h)) per layer."""
-        h = x_TH
+        return self.routed_step(x_TH, ids_LTK, w_LTK)[0]
+
+    def routed_step(self, x_TH: torch.Tensor, ids_LTK: torch.Tensor | None = None,
+                    w_LTK: torch.Tensor | None = None) -> tuple[torch.Tensor, list, list]:
+        """`step`, and the routing each layer used (ids and weights [T, K] per layer)."""
+        h, ids, ws = x_TH, [], []
         for li in range(len(self.layers)):
-            y, _, _ = self.layer(li, rms_norm(h), None if ids_LTK is None else ids_LTK[li],
-                                 None if w_LTK is None else w_LTK[li])
+            y, ids_TK, w_TK = self.layer(li, rms_norm(h), None if ids_LTK is None else ids_LTK[li],
+                                         None if w_LTK is None else w_LTK[li])
+            ids.append(ids_TK)
+            ws.append(w_TK)
             h = h + y
-        return h
+        return h, ids, ws
