@@ -134,7 +134,7 @@ def _stage_layer(member_NLE: np.ndarray, hot_SE: np.ndarray, before_SE: np.ndarr
     S, E = hot_SE.shape
     T = member_NLE.shape[0] // S
     q_NE = predictor.probs_NE(member_NLE, layer)
-    rank_NE = predictor.rank_NE(member_NLE, layer)
+    rank_NE = predictor.rank_NE(member_NLE, layer, q_NE)
     live_N = member_NLE[:, layer].any(axis=1)
     staged = np.zeros((S, E), dtype=bool)
     for s in range(S):
@@ -167,7 +167,8 @@ def stage_step(member_TLE: np.ndarray, hot_LE: np.ndarray, predictor: NextLayerP
     if cfg.slots == 0:
         return staged_LE
     for layer in range(1, L):
-        q_TE, rank_TE = predictor.probs_NE(member_TLE, layer), predictor.rank_NE(member_TLE, layer)
+        q_TE = predictor.probs_NE(member_TLE, layer)
+        rank_TE = predictor.rank_NE(member_TLE, layer, q_TE)
         live_T = member_TLE[:, layer].any(axis=1)
         staged_LE[layer, choose_staged(rank_TE, q_TE, live_T, hot_LE[layer], staged_LE[layer - 1], cfg)] = True
     return staged_LE

@@ -31,7 +31,6 @@ from hotsplit_cli.hotset.precision_plan import (
     uniform_choice,
 )
 from hotsplit_cli.hotset.prefetch_plan import PrefetchPlan, prefetch_for_plan
-from hotsplit_cli.hotset.quality import load_quality
 from hotsplit_cli.hotset.sizes import PRECISIONS, expert_bytes_per_rank
 from hotsplit_cli.traffic.hist import Histogram, file_sha256, load_hist
 from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
@@ -178,7 +177,7 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
     hist = load_hist(hist_path)
     for warning in check_hist_matches_recipe(hist, recipe, hist_path):
         warn(warning)
-    quality = load_quality(hist_path, hist.counts_LE.shape)
+    quality = hist.quality  # read strictly with the histogram
     lookahead = load_lookahead(hist, str(hist_path))
     if knobs.precision == "auto":
         check_auto_inputs(quality, max_error, hist_path, placement_path)

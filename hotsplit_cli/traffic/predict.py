@@ -72,9 +72,10 @@ class NextLayerPredictor:
             return np.where(before, self.stay_LE[layer], self.enter_LE[layer])
         return np.broadcast_to(self.freq_LE[layer], (member_NLE.shape[0], member_NLE.shape[2]))
 
-    def rank_NE(self, member_NLE: np.ndarray, layer: int) -> np.ndarray:
-        """int [N, E]: each token's experts at `layer`, best guess first (ties by frequency, then id)."""
-        q = self.probs_NE(member_NLE, layer)
+    def rank_NE(self, member_NLE: np.ndarray, layer: int, q_NE: np.ndarray | None = None) -> np.ndarray:
+        """int [N, E]: each token's experts at `layer`, best guess first (ties by frequency, then id).
+        `q_NE`: `probs_NE` of the same arguments, when the caller has it already."""
+        q = self.probs_NE(member_NLE, layer) if q_NE is None else q_NE
         N, E = q.shape
         ids = np.broadcast_to(np.arange(E), (N, E))
         freq = np.broadcast_to(-self.freq_LE[layer], (N, E))
