@@ -10,7 +10,8 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("torch")
 
 from hotsplit_runtime.distributed.summary import EPFigures, JobRecord  # noqa: E402
-from hotsplit_runtime.windows import RunSummary  # noqa: E402
+
+from hotsplit_cli.hotset.windows import RunSummary  # noqa: E402
 
 LOADS = [[100, 120, 80, 100], [90, 110, 100, 100]]  # per window, each rank's assignments
 
