@@ -33,6 +33,7 @@ from hotsplit_cli.options import (
     output_option,
 )
 from hotsplit_cli.output import Output
+from hotsplit_cli.traffic.trace import load_run_replay
 
 from . import _run_report as report
 from ._run_ep import ep_verdicts, render_job
@@ -85,9 +86,10 @@ def run(
     _check_prefetch_fit(prefetch_fit, knobs)
     request = api.RunRequest(rec, knobs, plan, trace, steps, scale, platform, prefetch_fit=prefetch_fit)
     plan_file = check_run_inputs(rec, plan, trace, knobs)  # before anything is built
-    fits = run_fits(plan_file, rec, trace, steps)  # does the run replay the plan's (and placement's) histogram?
+    replay = load_run_replay(rec, trace, steps)  # read once: the run replays what is judged here
+    fits = run_fits(plan_file, rec, replay)  # does the run replay the plan's (and placement's) histogram?
     check_host_fits(rec, platform, scale, knobs.precision)  # stored banks vs the host, before allocating
-    request = dataclasses.replace(request, plan_file=plan_file)
+    request = dataclasses.replace(request, plan_file=plan_file, replay=replay)
     watch = RunWatch(out, request)
     result = report.logged(log_jsonl, watch, lambda: api.run(request, watch))
     if result is None:  # another rank of a job: rank 0 reports for it
