@@ -13,6 +13,7 @@ from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.planfile import load_plan, placement_of_plan
 from hotsplit_cli.traffic.trace import load_run_replay
 
+from .distributed.leftovers import removed_words
 from .distributed.refusal import in_group, say_error
 from .request import RunHeader, RunRequest, RunResult, Watch
 
@@ -38,8 +39,7 @@ def run(request: RunRequest, watch: Watch | None = None) -> RunResult | None:
         return run_in_group(request, watch)
     started = time.time()  # the job's start, for the progress lines of its set-up
     _check_before_launch(request)  # before torch is imported
-    from .distributed.launch import launch_local
-    from .distributed.leftovers import removed_words
+    from .distributed.launch import launch_local  # torch from here on
 
     words = removed_words()
     if words:

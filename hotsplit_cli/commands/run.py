@@ -33,6 +33,7 @@ from hotsplit_cli.options import (
     output_option,
 )
 from hotsplit_cli.output import Output
+from hotsplit_cli.plotting import require_matplotlib, save_png
 from hotsplit_cli.traffic.trace import load_run_replay
 
 from . import _run_report as report
@@ -115,8 +116,6 @@ def _check_options(rec, platform: Path | None, synthetic: tuple, plot: Path | No
     if platform is not None and not platform.is_file():
         raise UsageError(f"--platform {platform}: no such file", "write one with `hotsplit probe -o platform.json`")
     if plot is not None:
-        from hotsplit_cli.plotting import require_matplotlib
-
         require_matplotlib()
 
 
@@ -170,8 +169,6 @@ def _renderer(out: Output, request, result, doc: dict, plot: Path | None):
 def _plot(path: Path, result) -> None:
     """Hit rate per window over steps, swap moments marked (a job: with each rank's load);
     written atomically."""
-    from hotsplit_cli.plotting import save_png
-
     if result.figures is not None:
         return plot_ep_run(path, result.summary, result.figures, result.recipe)
     save_png(path, lambda fig, ax: _draw_hit_rates(ax, result.summary, result.recipe), figsize=(8, 4), dpi=100)
