@@ -86,7 +86,7 @@ def e8m0_scales(scales: torch.Tensor) -> torch.Tensor:
     return torch.where(scales == E8M0_NAN, torch.nan, s)
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)  # a cache: one lookup table per (dtype, device), built at its first use
 def _byte_pairs(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """[256, 2]: the two e2m1 values of each byte, the low nibble's first (one lookup per byte)."""
     values, byte = _e2m1_values(torch.float32), torch.arange(256)
