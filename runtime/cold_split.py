@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from hotsplit_probes.bandwidth import measure_roundtrip_ms
-from hotsplit_probes.cpu_expert import CPU_RUNTIME_THREADS, ExpertShape, measure_cpu_expert
+from hotsplit_probes.cpu_expert import CPU_RUNTIME_THREADS, ExpertShape, grouped_experts, measure_cpu_expert
 from hotsplit_probes.sysfs import read_numa_node
 from hotsplit_probes.timing import median_ms
 
@@ -26,7 +26,6 @@ from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.coldpath import ColdRates, describe_rates, fit_rates, split_cold
 
 from .device import DeviceInfo, synchronizer
-from .moe import grouped_experts
 
 # Measured (benchmarks/bench_cpu_fp8.py, docs/benchmarks.md): dequantising a block-scaled fp8 expert on
 # the CPU and computing it streams 25-45x fewer bytes of stored weights per second than bf16.
