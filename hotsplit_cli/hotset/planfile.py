@@ -40,7 +40,7 @@ from hotsplit_cli.placement.dispatch import contiguous_placement, placed_hit_rat
 from hotsplit_cli.placement.file import load_placement
 from hotsplit_cli.traffic.hist import Histogram, file_sha256, load_hist
 from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
-from hotsplit_cli.traffic.trace import check_trace_file
+from hotsplit_cli.traffic.trace import check_trace_file, replay_file
 
 if TYPE_CHECKING:
     from hotsplit_cli.placement.algorithm import Placement
@@ -609,7 +609,7 @@ def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | 
                              f"({knobs.origin('precision')}) is for `plan`",
                              "run at native, fp8 or mxfp4, with a plan made at that precision")
         check_prefetch_runs(knobs, recipe.model.kind, recipe.parallel.ep,
-                            trace_path is not None or recipe.traffic.kind == "trace")
+                            replay_file(recipe, trace_path) is not None)
     if plan_path is not None:
         m = recipe.model
         plan = load_plan(plan_path)
