@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,8 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     scale = recipe.run.scale if scale is None else scale
     check_steps_and_scale(steps, scale)
     rank = Rank.single(recipe, knobs, platform_path) if rank is None else rank
+    if plan_path is not None and rank.plan_file is None:  # read once: for the hot set and the pool's check
+        rank = dataclasses.replace(rank, plan_file=load_plan(plan_path))
     recipe, geom, stored = stored_run(recipe, knobs.precision, scale)
     rank.check_fp8(recipe, knobs, kept=lambda info: info.triton)
     info, platform = rank.info, rank.platform
@@ -69,7 +72,7 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     pool = staging_pool(recipe, knobs, expert_bytes)  # carved from the budget the hot set is planned at
     plan = choose_hot_set(rank, recipe, traffic.counts_LE, expert_bytes, plan_path,
                           carve_budget(lambda: resolve_hot_budget(recipe, knobs, platform), pool), traffic.name)
-    check_plan_leaves_pool(pool, plan.hot_bytes, rank.plan_file or (load_plan(plan_path) if plan_path else None))
+    check_plan_leaves_pool(pool, plan.hot_bytes, rank.plan_file)
     blob = expert_blob_layout(2 * geom.inter, geom.hidden, dtype, layers[0].stored)
     _check_memory(geom, len(layers), blob.elems * blob.storage.itemsize, info,
                   int(plan.hot_LE.sum()) + (pool.device_rows if pool else 0))
