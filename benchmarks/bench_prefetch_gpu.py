@@ -215,6 +215,15 @@ def measure(args) -> dict:
     return doc
 
 
+def row_line(r: dict) -> str:
+    """One row of the table: a batch and step kind, its times side by side or its error."""
+    kind = {True: "graph", False: "eager", None: "-"}[r["graph"]]
+    figures = (f"error: {r['error']}" if "error" in r else
+               f"{spread(r['off_ms'], '.3f'):>26} {spread(r['trace_ms'], '.3f'):>26}  {r['ratio']:.3f} "
+               f"({r['ratio_p10']:.2f}-{r['ratio_p90']:.2f})")
+    return f"  {r['batch']:>5} {kind:6} {figures}"
+
+
 def table_lines(doc: dict) -> list[str]:
     """The report: one line per batch and step kind, then the overlap per row (or why there is none)."""
     p = doc["prefetch"]
@@ -225,13 +234,7 @@ def table_lines(doc: dict) -> list[str]:
              f"rounds of {doc['steps_per_round']}; load average {doc['load_average'][0]:.1f} -> "
              f"{doc['load_average'][-1]:.1f}",
              f"  {'batch':>5} {'steps':6} {'prefetch off':>26} {'prefetch trace':>26}  trace/off (p10-p90)"]
-    for r in doc["rows"]:
-        kind = {True: "graph", False: "eager", None: "-"}[r["graph"]]
-        if "error" in r:
-            lines.append(f"  {r['batch']:>5} {kind:6} error: {r['error']}")
-            continue
-        lines.append(f"  {r['batch']:>5} {kind:6} {spread(r['off_ms'], '.3f'):>26} {spread(r['trace_ms'], '.3f'):>26}"
-                     f"  {r['ratio']:.3f} ({r['ratio_p10']:.2f}-{r['ratio_p90']:.2f})")
+    lines += [row_line(r) for r in doc["rows"]]
     lines.append("  overlap of the staging copies with compute (ms per step, median (min-max)):")
     measured = [r for r in doc["rows"] if r.get("overlap")]
     if not measured:
