@@ -80,11 +80,23 @@ def test_overlap_figures_share_of_the_copy_time_hidden():
     assert bench.overlap_figures([span(1.0)], [[]])["hidden_fraction"] is None  # nothing copied
 
 
-def test_timed_steps_give_each_step_its_own_layers_staging(fake, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("graph", [False, True])
+def test_timed_steps_give_each_step_its_own_layers_staging(fake, tmp_path, monkeypatch, graph):  # noqa: F811
+    """Eager steps publish each layer's staging as it runs; a graph step publishes them all before
+    its replay (the replay: the step run again, as in tests/runtime/test_prefetch_fake_cuda.py)."""
+    import hotsplit_runtime.engine as engine
+
+    def capture(step, device):
+        out = step()
+        return SimpleNamespace(replay=lambda: out.copy_(step())), out
+
+    monkeypatch.setattr(engine, "capture_graph", capture)
+    monkeypatch.setattr(engine, "release_deferred", lambda: None)
     recipe = bench.narrowed(load_recipe("tiny"), 4, "cpu", 0.25)
     trace, fit, _ = bench.traffic(recipe, "synthetic", 8, 10, tmp_path)
     env = {"HOTSPLIT_HOT_GIB": "0.003", "HOTSPLIT_DYNAMIC": "0", "HOTSPLIT_PREFETCH": "trace"}
     t = bench.Timed(recipe, env, trace, fit)
+    t.engine.use_graph = graph
     model = t.engine.model
     for b in model.banks:
         b.swap_stream = FakeStream(fake, "swap")  # every bank's CUDA branch
@@ -106,6 +118,7 @@ def test_timed_steps_give_each_step_its_own_layers_staging(fake, tmp_path):  # n
     # The fake clock ticks 1.5 ms per record: start and ready are one record apart, arrive and resume too.
     assert figures["copy_ms"] == figures["exposed_ms"] == [1.5 * n for n in staged_layers]
     assert figures["hidden_fraction"] == 0.0 and figures["steps"] == 4
+    assert (t.engine.graph is not None) == graph
 
 
 @pytest.mark.parametrize(("argv", "message"), [
