@@ -189,8 +189,15 @@ def batch_rows(recipe: Recipe, batch: int, env: dict, args, doc: dict, folder: P
             rows.append({"batch": batch, "graph": graph, **measure_row(pair, graph, args)})
         except Exception as exc:  # a CUDA error included: this row's error, the others still run
             rows.append({"batch": batch, "graph": graph, "error": error_line(exc)})
-        print(f"batch {batch}, {'graph' if graph else 'eager'} steps: measured", file=sys.stderr)
+        print(progress_line(rows[-1]), file=sys.stderr)  # what a run stopped by a time limit still shows
     return rows
+
+
+def progress_line(r: dict) -> str:
+    """A row as it is measured, on stderr: its times, and the share of the copy time hidden."""
+    o = r.get("overlap")
+    hidden = "" if not o or o["hidden_fraction"] is None else f"; {100 * o['hidden_fraction']:.0f}% of copies hidden"
+    return f"measured: {row_line(r).strip()}{hidden}"
 
 
 def measure(args) -> dict:

@@ -23,7 +23,8 @@ torch.set_num_threads(1)
 
 def test_dry_run_times_both_batches_with_prefetch_off_and_trace(capsys):
     assert bench.main(["--dry", "--rounds", "2", "--steps", "1", "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
     assert (doc["recipe"], doc["device"], doc["layers"], doc["experts"]) == ("tiny", "cpu", 4, 32)
     assert doc["traffic"].startswith("synthetic Zipf(1.1) trace")
     assert doc["prefetch"] == {"slots": 4, "pool": "shared", "guesses": 12}  # the knobs' defaults
@@ -38,6 +39,8 @@ def test_dry_run_times_both_batches_with_prefetch_off_and_trace(capsys):
     assert lines[0].startswith("prefetch timing: tiny at scale 0.25, 4 MoE layers x 32 experts, top-4, 25% hot, on cpu")
     assert lines[2].split()[:2] == ["1", "eager"] and lines[3].split()[:2] == ["32", "eager"]
     assert lines[-1] == f"    {bench.NO_OVERLAP}"
+    # each row on stderr as it is measured: what a run stopped by its time limit still shows
+    assert err.splitlines() == [f"measured: {lines[2].strip()}", f"measured: {lines[3].strip()}"]
 
 
 def test_a_batch_that_fails_is_its_rows_error_and_the_next_still_runs(monkeypatch, capsys):
@@ -78,6 +81,10 @@ def test_overlap_figures_share_of_the_copy_time_hidden():
     assert got["compute_ms"] == [4.5, 2.5]  # the span less the wait
     assert got["hidden_fraction"] == pytest.approx(0.5) and got["layers_staged_per_step"] == 1.5
     assert bench.overlap_figures([span(1.0)], [[]])["hidden_fraction"] is None  # nothing copied
+    row = {"batch": 32, "graph": True, "off_ms": [1.0], "trace_ms": [2.0], "ratio": 2.0, "ratio_p10": 2.0,
+           "ratio_p90": 2.0, "overlap": got}
+    assert bench.progress_line(row) == f"measured: {bench.row_line(row).strip()}; 50% of copies hidden"
+    assert bench.progress_line(row).split()[1:5] == ["32", "graph", "1.000", "(1.000-1.000)"]
 
 
 @pytest.mark.parametrize("graph", [False, True])
