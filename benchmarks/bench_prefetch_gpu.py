@@ -131,18 +131,20 @@ def timed_steps(t: Timed, steps: int) -> tuple[list, list[list]]:
     for b in banks:
         b.staging_times = []
     spans, per_step = [], []
-    for _ in range(steps):
-        marks = [len(b.staging_times) for b in banks]
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        t.steps(1)
-        end.record()
-        spans.append((start, end))
-        per_step.append([x for b, n in zip(banks, marks, strict=True) for x in b.staging_times[n:]])
-    # The last event on the compute stream: every wait for a copy, so every copy, came before it.
-    spans[-1][1].synchronize()
-    for b in banks:
-        b.staging_times = None
+    try:
+        for _ in range(steps):
+            marks = [len(b.staging_times) for b in banks]
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            t.steps(1)
+            end.record()
+            spans.append((start, end))
+            per_step.append([x for b, n in zip(banks, marks, strict=True) for x in b.staging_times[n:]])
+        # The last event on the compute stream: every wait for a copy, so every copy, came before it.
+        spans[-1][1].synchronize()
+    finally:  # later steps, of this engine's next row too, are not timed
+        for b in banks:
+            b.staging_times = None
     return spans, per_step
 
 

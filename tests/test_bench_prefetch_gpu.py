@@ -142,3 +142,15 @@ def test_bad_arguments_are_refused_in_one_line_and_nothing_is_measured(argv, mes
     assert bench.main(argv) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_a_step_that_fails_while_timed_leaves_no_bank_timing(fake):  # noqa: F811
+    banks = [SimpleNamespace(staging_times=None) for _ in range(2)]
+
+    def fail(n):
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    t = SimpleNamespace(engine=SimpleNamespace(model=SimpleNamespace(banks=banks)), steps=fail)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        bench.timed_steps(t, 2)
+    assert [b.staging_times for b in banks] == [None, None]
