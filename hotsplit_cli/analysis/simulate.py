@@ -48,9 +48,16 @@ from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.core.units import gib
 from hotsplit_cli.hotset.budget import HotBudget, ReadRate, choose_read_rate, resolve_hot_budget
 from hotsplit_cli.hotset.coldpath import replay_cold_paths
-from hotsplit_cli.hotset.planfile import PlanFile, check_plan_precision, check_plan_ranks, load_plan, recipe_cold_rates
+from hotsplit_cli.hotset.planfile import (
+    PlanFile,
+    check_plan_precision,
+    check_plan_ranks,
+    load_plan,
+    recipe_cold_rates,
+    stored_sizes,
+)
 from hotsplit_cli.hotset.planner import plan_hot_set
-from hotsplit_cli.hotset.sizes import PRECISIONS, expert_bytes_per_rank, precision_bytes, uniform_precision
+from hotsplit_cli.hotset.sizes import PRECISIONS, expert_bytes_per_rank, uniform_precision
 from hotsplit_cli.traffic.hist import load_hist
 from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
 from hotsplit_cli.traffic.trace import Trace, load_trace
@@ -584,16 +591,6 @@ def check_auto_request(req: SimRequest, knobs: Knobs) -> None:
     if knobs.prefetch != "off":
         raise UsageError(f"prefetch {knobs.prefetch}: staging slots are sized for one stored precision, and "
                          "precision auto stores several", "simulate prefetch with a uniform --precision")
-
-
-def stored_sizes(plan: PlanFile, recipe: Recipe, layers) -> np.ndarray:
-    """int64 [L, E]: each expert's stored bytes per rank at the precision an auto plan chose, rows
-    in the order of `layers`; the one-line reason when the recipe's shape cannot take one of them."""
-    by_precision = precision_bytes(recipe)
-    names_LE = plan.precision_LE(layers, recipe.model.num_experts)
-    for name in sorted(set(names_LE.ravel()) - set(by_precision)):
-        expert_bytes_per_rank(recipe, name)  # raises: says why the shape cannot take it
-    return np.array([[by_precision[n] for n in row] for row in names_LE], dtype=np.int64)
 
 
 def _load_trace(req: SimRequest, recipe: Recipe) -> tuple[Trace, np.ndarray, np.ndarray]:
