@@ -88,3 +88,83 @@ def test_bad_ledger_plan_requests_are_one_line(cli, tmp_path, args, message):
     r = cli("ledger", "tiny", *(str(plan) if a == "PLAN" else a for a in args))
     assert r.code == 2 and message in r.err, r.err
     assert r.err.startswith("error: ") and r.err.count("\n") == 1 and r.out == ""
+
+
+# --- place --platform --plan ---
+
+PLATFORM = {"schema": "hotsplit.platform/1", "created": "2026-01-01T00:00:00Z", "reasons": [],
+            "host": {"numa_nodes": [{}], "copy_gbps": 20.0},
+            "gpus": [{"index": 0, "mem_free_bytes": 1 << 30, "summary": {"zero_copy_read_gbps": 25.0}}]}
+
+
+def _place(cli, tmp_path: Path, recipe: Path, *extra):
+    platform = tmp_path / "pf.json"
+    platform.write_text(json.dumps(PLATFORM))
+    return cli("place", tmp_path / "h.json", "--recipe", recipe, "--ranks", "4", "--redundant", "4",
+               "--platform", platform, "--balance", "tokens", "-o", tmp_path / "pl.json", "--json", *extra)
+
+
+def test_place_times_each_expert_of_an_auto_plan_at_its_stored_bytes(cli, tmp_path, monkeypatch):
+    from hotsplit_cli.placement.file import load_placement
+
+    recipe = _recipe(tmp_path, 4)
+    hist = Path(shutil.copy(FIXTURE, tmp_path / "h.json"))
+    plan = tmp_path / "plan.json"
+    # A budget below the smallest expert: nothing hot, so every slot is read cold at its bytes.
+    assert cli("plan", hist, "--recipe", recipe, "--hot-gib", "0.00001", "--precision", "auto", "--max-error", "0.2",
+               "-o", plan).code == 0
+    monkeypatch.setenv("HOTSPLIT_PRECISION", "auto")
+    r = _place(cli, tmp_path, recipe, "--plan", plan)
+    assert r.code == 0, r.err
+    got = json.loads(r.out)["times"]["layouts"]["tokens"]["fitted"]["step_ms"]
+    # Worked out here: each slot read with chance 1 - (1 - pi / replicas)^16 at 25 GB/s (pi = top-k
+    # x share, at most 1), at the bytes of its logical expert's precision; the step waits for the
+    # slowest rank of each layer.
+    layout = load_placement(tmp_path / "pl.json")
+    counts = np.asarray(json.loads(hist.read_text())["counts"], dtype=float)
+    pi = np.minimum(1.0, 4 * counts / counts.sum(axis=1, keepdims=True))  # a token routes to an expert once
+    sizes = _sizes(plan)
+    step = 0.0
+    for i in range(4):
+        phy = layout.phy2log_LP[i]
+        replicas = np.bincount(phy, minlength=32)
+        ms = (1 - (1 - pi[i, phy] / replicas[phy]) ** 16) * sizes[i, phy] / 25e9 * 1e3
+        step += ms.reshape(4, -1).sum(axis=1).max()
+    assert got == pytest.approx(step, rel=1e-9)
+    monkeypatch.setenv("HOTSPLIT_PRECISION", "native")
+    native = json.loads(_place(cli, tmp_path, recipe, "--hot-gib", "0.00001").out)["times"]["layouts"]["tokens"]
+    assert got < native["fitted"]["step_ms"]
+
+
+def test_place_time_balance_under_an_auto_plan_is_never_slower(cli, tmp_path, monkeypatch):
+    recipe = _recipe(tmp_path, 4)
+    plan = _auto_plan(cli, tmp_path, recipe)
+    monkeypatch.setenv("HOTSPLIT_PRECISION", "auto")
+    r = _place(cli, tmp_path, recipe, "--plan", plan)
+    assert r.code == 0, r.err
+    times = json.loads(r.out)["times"]
+    assert times["budget_bytes"] == json.loads(plan.read_text())["budget_bytes"]
+    rows = times["layouts"]
+    assert rows["time"]["fitted"]["step_ms"] <= rows["tokens"]["fitted"]["step_ms"]
+
+
+@pytest.mark.parametrize("env, args, message", [
+    ("auto", (), "HOTSPLIT_PRECISION auto: place times the precisions an auto plan chose, and no --plan was given"),
+    ("native", ("--plan", "PLAN"), "planned at precision auto, but experts are stored at native (HOTSPLIT_PRECISION)"),
+])
+def test_bad_place_plan_requests_are_one_line_and_write_nothing(cli, tmp_path, monkeypatch, env, args, message):
+    recipe = _recipe(tmp_path, 4)
+    plan = _auto_plan(cli, tmp_path, recipe)
+    monkeypatch.setenv("HOTSPLIT_PRECISION", env)
+    r = _place(cli, tmp_path, recipe, *(str(plan) if a == "PLAN" else a for a in args))
+    assert r.code == 2 and message in r.err, r.err
+    assert r.err.startswith("error: ") and r.err.count("\n") == 1 and r.out == ""
+    assert not (tmp_path / "pl.json").exists()
+
+
+def test_place_plan_without_a_platform_is_refused(cli, tmp_path):
+    plan = _auto_plan(cli, tmp_path, _recipe(tmp_path, 4))
+    r = cli("place", tmp_path / "h.json", "--ranks", "4", "--plan", plan, "-o", tmp_path / "pl.json")
+    assert r.code == 2 and "--plan gives the budget and stored precisions the ranks are timed at and needs " \
+                           "--platform" in r.err and r.out == ""
+    assert not (tmp_path / "pl.json").exists()
