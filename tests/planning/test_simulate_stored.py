@@ -150,3 +150,18 @@ def test_bad_auto_requests_are_one_line_and_write_nothing(cli, auto_plan, trace,
     assert r.code == code and message in r.err, r.err
     assert r.err.startswith("error: ") and r.err.count("\n") == 1 and r.out == ""
     assert not png.exists()
+
+
+def test_the_cold_path_times_of_an_auto_plan_read_each_expert_at_its_bytes(cli, auto_plan, trace, tmp_path):
+    platform = tmp_path / "pf.json"
+    platform.write_text(json.dumps({
+        "schema": "hotsplit.platform/1", "created": "2026-01-01T00:00:00Z", "reasons": [],
+        "host": {"numa_nodes": [{}], "copy_gbps": 20.0},
+        "gpus": [{"index": 0, "mem_free_bytes": 1 << 30, "summary": {"zero_copy_read_gbps": 25.0}}]}))
+    r = cli("simulate", "--trace", trace, "--recipe", "tiny", "--plan", auto_plan, "--precision", "auto",
+            "--platform", platform, "--json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    cold_ms = doc["policies"]["static"]["pcie_bytes_per_step"] / 25e9 * 1e3  # no sync cost measured: bytes / rate
+    assert doc["policies"]["static"]["step_ms"] == pytest.approx(cold_ms, rel=1e-12)
+    assert doc["cold_paths"]["gpu_ms"] == pytest.approx(cold_ms, rel=1e-9)
