@@ -168,3 +168,16 @@ def test_place_plan_without_a_platform_is_refused(cli, tmp_path):
     assert r.code == 2 and "--plan gives the budget and stored precisions the ranks are timed at and needs " \
                            "--platform" in r.err and r.out == ""
     assert not (tmp_path / "pl.json").exists()
+
+
+def test_ledger_of_a_uniform_plan_takes_its_budget_at_its_precision(cli, tmp_path):
+    hist = Path(shutil.copy(FIXTURE, tmp_path / "h.json"))
+    plan = tmp_path / "plan.json"
+    assert cli("plan", hist, "--recipe", "tiny", "--hot-gib", "0.004", "--precision", "fp8", "-o", plan).code == 0
+    r = cli("ledger", "tiny", "--plan", plan, "--precision", "fp8", "--json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    mem = doc["memory"]
+    assert "stored" not in mem and mem["expert_bytes"] == BYTES["fp8"] and mem["hot_source"] == "plan"
+    assert mem["hot_experts"] == json.loads(plan.read_text())["budget_bytes"] // BYTES["fp8"]
+    assert mem["bank_bytes_per_rank"] == 4 * 32 * BYTES["fp8"] and doc["plan"] == str(plan)
