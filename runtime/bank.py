@@ -22,7 +22,9 @@ one step and emptied after it, by the same two phases: between steps the swap st
 the compute stream (no earlier step still reads the rows), copies the step's staged experts in
 and records an event; the compute stream waits on that event before the layer runs and only
 then writes their map entries (`publish_staged`), so no read ever sees a half-filled row. After
-the step the entries are cleared (`unstage`). A staged expert is never a hot one.
+the step the entries are cleared (`unstage`). A staged expert is never a hot one. A bank given a
+`staging_times` list times each step's staging there (`StagingTiming`: the copies on the swap
+stream, the compute stream's wait for them), for benchmarks/bench_prefetch_gpu.py.
 """
 
 from __future__ import annotations
@@ -141,6 +143,33 @@ class _InFlight:
     done: torch.cuda.Event
 
 
+@dataclass(frozen=True)
+class StagingTiming:
+    """Timing events of one layer's staging in one step (a bank's `staging_times`, when timed):
+    `start` and `ready` on the swap stream around its copies, `arrive` and `resume` on the
+    compute stream around its wait for them. Read once every event has completed."""
+
+    start: torch.cuda.Event
+    ready: torch.cuda.Event
+    arrive: torch.cuda.Event
+    resume: torch.cuda.Event
+
+    def copy_ms(self) -> float:
+        """The staging copies' time on the swap stream."""
+        return self.start.elapsed_time(self.ready)
+
+    def exposed_ms(self) -> float:
+        """How long the compute stream waited for them: the copy time it did not hide."""
+        return self.arrive.elapsed_time(self.resume)
+
+
+def _recorded_event() -> torch.cuda.Event:
+    """A timing event recorded now on the current stream."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
 class BlobBank:
     """Cold blobs [E, B] in (pinned) host memory, hot blobs [S, B] on the device, expert2slot [E].
 
@@ -167,6 +196,9 @@ class BlobBank:
         self.staging_rows = 0  # rows of hot_SB past the hot slots, for staged experts (reserve_staging)
         self.staged: list[int] = []  # this step's staged experts, in row order
         self._staged_ready = None  # the event their copies recorded; None once published (or on a CPU)
+        # A list: each step's staging is timed into it (StagingTiming, CUDA only; benchmarks).
+        self.staging_times: list[StagingTiming] | None = None
+        self._staged_start = None  # the timing event before the copies, when timed
         self.table = SlotTable(np.zeros(E, dtype=bool))
         self.served_E = self.table.expert2slot_E.copy()
         # At least one row so kernels always get a valid pointer, even with no hot expert.
@@ -268,11 +300,13 @@ class BlobBank:
             for e, row in zip(experts, rows, strict=True):
                 self.hot_SB[row].copy_(self.cold_EB[e])
             return
+        timed = self.staging_times is not None
         self.swap_stream.wait_stream(torch.cuda.current_stream(self.info.device))  # the rows' last readers
         with torch.cuda.stream(self.swap_stream):
+            self._staged_start = _recorded_event() if timed else None
             for e, row in zip(experts, rows, strict=True):
                 self.hot_SB[row].copy_(self.cold_EB[e], non_blocking=True)
-            self._staged_ready = torch.cuda.Event()
+            self._staged_ready = torch.cuda.Event(enable_timing=timed)
             self._staged_ready.record()
 
     def publish_staged(self) -> None:
@@ -281,8 +315,12 @@ class BlobBank:
         if not self.staged or self.served_E[self.staged[0]] >= 0:
             return
         if self._staged_ready is not None:
+            arrive = _recorded_event() if self._staged_start is not None else None
             torch.cuda.current_stream(self.info.device).wait_event(self._staged_ready)
-            self._staged_ready = None
+            if arrive is not None:
+                self.staging_times.append(StagingTiming(self._staged_start, self._staged_ready, arrive,
+                                                        _recorded_event()))
+            self._staged_ready = self._staged_start = None
         for row, e in enumerate(self.staged, start=self.table.num_slots):
             self._set_map(e, row)
 
@@ -290,7 +328,7 @@ class BlobBank:
         """After the step: the staged experts are served cold again; their rows are free."""
         for e in self.staged:
             self._set_map(e, -1)
-        self.staged, self._staged_ready = [], None
+        self.staged, self._staged_ready, self._staged_start = [], None, None
 
     def _set_map(self, e: int, slot: int) -> None:
         """One map entry, on the device and in the host mirror. A slice fill is a kernel on the

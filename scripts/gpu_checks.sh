@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check from one short lease, within GPU_CHECKS_BUDGET_S (below): runtime selftest, probe,
-# the kernels' cold path at fp8 and mxfp4, full-size side-by-side benchmark, the test suite's CUDA
-# tests (all of them: no -x), runtime and probe benchmarks. A step that fails is re-run once with
+# the kernels' cold path at fp8 and mxfp4, prefetch (outputs and counters; step time at batch 1 and
+# 32 with and without it, and the staging copies hidden under compute), full-size side-by-side
+# benchmark, the test suite's CUDA tests (all of them: no -x), runtime and probe benchmarks. A step that fails is re-run once with
 # CUDA_LAUNCH_BLOCKING=1 (its first logs kept; for the tests only the failing ids) while the budget
 # allows.
 #
@@ -13,12 +14,12 @@
 #   GPU_CHECKS_ALLOW_CPU=1 OUT=/tmp/out bash scripts/gpu_checks.sh   # check the script on a CPU
 #
 # Time: every step runs under its own `timeout`, clipped to what is left of GPU_CHECKS_BUDGET_S
-# (default 340 s, counted from the start and covering set-up, steps and re-runs; the summary and
+# (default 400 s, counted from the start and covering set-up, steps and re-runs; the summary and
 # the tarball follow in seconds), keeping 10 s for each step not yet started while the budget
 # allows. A step or re-run that would get less than 10 s is skipped, and the summary says so.
 set -u
 T0=$SECONDS
-BUDGET_S="${GPU_CHECKS_BUDGET_S:-340}"
+BUDGET_S="${GPU_CHECKS_BUDGET_S:-400}"
 MIN_STEP_S=10
 cd "$(dirname "$0")/.." || exit 1
 OUT_DIR="${OUT:-./gpu_checks_out}"
@@ -183,8 +184,15 @@ step_ep_tests() {
 
 # Prefetch into staging slots: outputs equal prefetch off (graph and no graph), counters equal simulate's.
 step_prefetch() { run_step prefetch "$1" 30 "$PY" scripts/check_prefetch_gpu.py "$(mktemp -d)"; }
+# Prefetch's price: batch-1 and batch-32 steps, prefetch off and trace side by side, and how much of
+# the staging copies' time the compute stream hid.
+step_prefetch_timing() {
+  local args=(--json)
+  [ "$HAS_CUDA" = 1 ] || args+=(--dry)  # a CPU checks the script CPU-sized
+  run_step prefetch_timing "$1" 60 "$PY" benchmarks/bench_prefetch_gpu.py "${args[@]}"
+}
 
-STEPS=(selftest probe cold_formats prefetch bench_full cuda_tests bench_runtime bench_probe)
+STEPS=(selftest probe cold_formats prefetch prefetch_timing bench_full cuda_tests bench_runtime bench_probe)
 [ -f benchmarks/bench_cold_path.py ] && STEPS+=(bench_cold_path)
 STEPS+=(ep_run ep_tests)
 # GPU_CHECKS_STEPS="selftest prefetch" runs only those steps (a re-run after a fix).

@@ -160,6 +160,11 @@ def full_size_lines(work: Path) -> list[str]:
     return benchmark_lines(work, "bench_full", "fullsize", "table_lines")
 
 
+def prefetch_timing_lines(work: Path) -> list[str]:
+    """Step time with prefetch off and trace, and the staging copies hidden (benchmarks/bench_prefetch_gpu.py)."""
+    return benchmark_lines(work, "prefetch_timing", "bench_prefetch_gpu", "table_lines")
+
+
 def bench_runtime_lines(work: Path) -> list[str]:
     doc = _json(work, "bench_runtime")
     if doc is None:
@@ -215,6 +220,7 @@ def summary(work: Path) -> str:
         ("notes", lambda w: _text(w / "notes.txt").strip().splitlines()),
         ("steps", status_lines), ("selftest", selftest_lines), ("cold path", cold_path_lines),
         ("cold path by precision", cold_formats_lines),
+        ("prefetch", lambda w: text_lines(w, "prefetch")), ("prefetch timing", prefetch_timing_lines),
         ("full-size", full_size_lines), ("CUDA tests", cuda_test_lines), ("bench_runtime", bench_runtime_lines),
         ("bench_probe", lambda w: text_lines(w, "bench_probe")),
         ("bench_cold_path", lambda w: text_lines(w, "bench_cold_path")),

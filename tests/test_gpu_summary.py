@@ -189,3 +189,62 @@ def test_the_script_measures_the_kernels_cold_path_at_fp8_and_mxfp4():
     text = SCRIPT.read_text()
     assert re.search(r"STEPS=\([^)]*\bcold_formats\b", text)
     assert "benchmarks/bench_cold_formats.py" in text and (ROOT / "benchmarks" / "bench_cold_formats.py").is_file()
+
+
+def _prefetch_timing_doc() -> dict:
+    """A `prefetch_timing` step's document as a GPU run writes it (figures made up, shapes real)."""
+    def row(batch, graph, off, on, copy, waited, compute):
+        return {"batch": batch, "graph": graph, "off_ms": off, "trace_ms": on, "ratio": on[1] / off[1],
+                "ratio_p10": 0.9, "ratio_p90": 1.2,
+                "overlap": {"steps": 3, "copy_ms": copy, "exposed_ms": waited, "compute_ms": compute,
+                            "layers_staged_per_step": 7.0,
+                            "hidden_fraction": 1 - sum(waited) / sum(copy)}}
+    return {"recipe": "deepseek-v2-lite", "scale": 0.25, "layers": 8, "experts": 64, "top_k": 6,
+            "hot_fraction": 0.25, "rounds": 3, "steps_per_round": 8,
+            "prefetch": {"slots": 4, "pool": "shared", "guesses": 12}, "device": "cuda:0",
+            "traffic": "synthetic Zipf(1.0) trace, predictor fitted on another draw", "overlap_reason": None,
+            "load_average": [0.5, 0.7],
+            "rows": [row(1, False, [1.0, 1.1, 1.2], [0.9, 1.0, 1.4], [0.4, 0.4, 0.4], [0.1, 0.1, 0.1],
+                         [0.8, 0.9, 1.0]),
+                     row(1, True, [0.5, 0.6, 0.7], [0.6, 0.7, 0.8], [0.4, 0.4, 0.4], [0.4, 0.4, 0.4],
+                         [0.3, 0.3, 0.3]),
+                     {"batch": 32, "graph": None, "error": "RuntimeError: CUDA error: out of memory"}]}
+
+
+def test_prefetch_timing_is_rendered_by_the_benchmarks_own_table(tmp_path):
+    from tests.conftest import load_benchmark
+
+    bench = load_benchmark("bench_prefetch_gpu")
+    doc = _prefetch_timing_doc()
+    (tmp_path / "status.tsv").write_text("prefetch_timing\tfirst\t1\t41\t60\t\n")
+    (tmp_path / "prefetch_timing.out").write_text(json.dumps(doc))
+    lines = gs.prefetch_timing_lines(tmp_path)
+    assert lines == bench.table_lines(doc)
+    assert lines[0].startswith("prefetch timing: deepseek-v2-lite at scale 0.25, 8 MoE layers x 64 experts, top-6, "
+                               "25% hot, on cuda:0; synthetic Zipf(1.0) trace")
+    assert lines[2].split() == ["1", "eager", "1.100", "(1.000-1.200)", "1.000", "(0.900-1.400)", "0.909",
+                                "(0.90-1.20)"]
+    assert lines[3].split()[:2] == ["1", "graph"]
+    assert lines[4] == "     32 -      error: RuntimeError: CUDA error: out of memory"
+    assert lines[6] == ("    batch  1 eager: copy 0.400 (0.400-0.400), compute waited 0.100 (0.100-0.100), compute "
+                        "0.900 (0.800-1.000); 75% hidden (7.0 layers staged a step, 3 steps)")
+    assert lines[7].endswith("compute 0.300 (0.300-0.300); 0% hidden (7.0 layers staged a step, 3 steps)")
+    assert "\n".join(lines) in gs.summary(tmp_path)
+    (tmp_path / "prefetch_timing.out").write_text("")
+    (tmp_path / "status.tsv").write_text("prefetch_timing\tfirst\t124\t60\t60\ttimed out after 60 s\n")
+    assert gs.prefetch_timing_lines(tmp_path)[0] == ("prefetch_timing: no JSON document (rc 124, timed out after "
+                                                     "60 s); its stderr ends:")
+
+
+def test_the_prefetch_checks_output_is_in_the_summary(tmp_path):
+    (tmp_path / "status.tsv").write_text("prefetch\tfirst\t0\t12\t30\t\n")
+    (tmp_path / "prefetch.out").write_text("device NVIDIA H200 2.13\nok\n")
+    assert "prefetch:\n  device NVIDIA H200 2.13\n  ok\n" in gs.summary(tmp_path)
+
+
+def test_the_script_times_prefetch_within_its_budget():
+    text = SCRIPT.read_text()
+    assert re.search(r"STEPS=\([^)]*\bprefetch prefetch_timing\b", text)
+    assert re.search(r'run_step prefetch_timing "\$1" 60 "\$PY" benchmarks/bench_prefetch_gpu\.py', text)
+    assert '[ "$HAS_CUDA" = 1 ] || args+=(--dry)' in text
+    assert 'BUDGET_S="${GPU_CHECKS_BUDGET_S:-400}"' in text

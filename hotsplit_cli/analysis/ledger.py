@@ -43,7 +43,15 @@ import numpy as np
 from hotsplit_cli.config.recipe import GIB, ParallelSpec, Recipe
 from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.host_memory import HostFit
-from hotsplit_cli.hotset.sizes import bank_bytes_per_rank, dense_bytes_per_rank, expert_bytes_per_rank, over_gpu
+from hotsplit_cli.hotset.planner import contiguous_owner
+from hotsplit_cli.hotset.sizes import (
+    PRECISIONS,
+    bank_bytes_per_rank,
+    dense_bytes_per_rank,
+    expert_bytes_per_rank,
+    over_gpu,
+    precision_bytes,
+)
 from hotsplit_cli.traffic.hist import Histogram
 from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
 
@@ -80,8 +88,8 @@ class MemoryLedger:
     ep: int
     num_moe_layers: int
     num_experts: int  # routed experts per MoE layer
-    expert_bytes: int  # one expert as one rank holds it (1/tp slice, + scales)
-    expert_bytes_full: int  # one whole expert (tp = 1)
+    expert_bytes: int | None  # one expert as one rank holds it (1/tp slice, + scales); None under auto
+    expert_bytes_full: int | None  # one whole expert (tp = 1); None under auto
     bank_bytes_total: int  # every routed expert of the model, whole
     bank_bytes_per_rank: int  # the routed experts one rank is responsible for
     host_bytes_all_ranks: int  # page-locked host memory of every rank's cold bank together
@@ -95,14 +103,37 @@ class MemoryLedger:
     hot_source: str  # flag | env | recipe | auto | unknown
     hot_experts: int | None  # experts the hot budget holds on one rank
     hot_fraction: float | None  # hot_experts / experts_per_rank
-    precision: str = "native"  # the stored precision every expert byte figure counts (sizes.PRECISIONS)
+    precision: str = "native"  # the stored precision every expert byte figure counts (sizes.PRECISIONS, or auto)
+    # auto: per precision, one expert's bytes per rank and whole, and how many experts it stores
+    # (expert_bytes and expert_bytes_full are then None: no one figure fits every expert)
+    stored: dict[str, dict[str, int]] | None = None
 
     @property
     def ranks(self) -> int:
         return self.tp * self.ep
 
     def to_doc(self) -> dict:
-        return {**dataclasses.asdict(self), "ranks": self.ranks}
+        doc = {**dataclasses.asdict(self), "ranks": self.ranks}
+        if self.stored is None:  # uniform ledgers keep their shape
+            del doc["stored"]
+        return doc
+
+
+@dataclass(frozen=True)
+class StoredExperts:
+    """An auto plan's experts as the ledger counts them: each at the precision the plan chose."""
+
+    precision_LE: np.ndarray  # str [L, E]: native, fp8 or mxfp4, rows the recipe's MoE layers
+    hot_experts: int  # the plan's hot experts on rank 0
+
+    def sizes_LE(self, recipe: Recipe) -> np.ndarray:
+        """int64 [L, E]: each expert's stored bytes as one rank of `recipe` holds it."""
+        table = precision_bytes(recipe)
+        return np.array([[table[p] for p in row] for row in self.precision_LE], dtype=np.int64)
+
+    def node_bank_bytes(self, recipe: Recipe) -> int:
+        """Every routed expert once, whole, at its stored precision: one node's cold bank."""
+        return int(self.sizes_LE(_whole(recipe)).sum())
 
 
 @dataclass(frozen=True)
@@ -187,15 +218,13 @@ def with_ep(recipe: Recipe, ep: int) -> Recipe:
 
 def memory_ledger(
     recipe: Recipe, reserve_gib: float, hot_gib: float | None = None, hot_source: str = "auto",
-    precision: str = "native",
+    precision: str = "native", stored: StoredExperts | None = None,
 ) -> MemoryLedger:
-    """Per-rank memory ledger, experts counted at their stored `precision`. `hot_gib` None = auto:
-    GPU - dense - KV - reserve, capped at the bank."""
+    """Per-rank memory ledger, experts counted at their stored `precision`, or each at its own
+    (`stored`: an auto plan's, whose hot set it counts). `hot_gib` None = auto: GPU - dense - KV -
+    reserve, capped at the bank."""
     m, par, hw = recipe.model, recipe.parallel, recipe.hardware
-    whole = dataclasses.replace(recipe, parallel=ParallelSpec(tp=1, ep=1))
-    expert_full = expert_bytes_per_rank(whole, precision)
-    expert = expert_bytes_per_rank(recipe, precision)
-    bank_rank = bank_bytes_per_rank(recipe, precision)
+    expert, expert_full, bank_rank, bank_total, host_all = _bank_bytes(recipe, precision, stored)
     experts_per_rank = m.num_experts // par.ep * m.num_moe_layers
     dense_gib = dense_bytes_per_rank(recipe) / GIB
     room = None
@@ -206,7 +235,10 @@ def memory_ledger(
     elif hot_gib is None:
         hot_source = "unknown"
     hot_n = frac = None
-    if hot_gib is not None:
+    if stored is not None:  # the plan's own hot set, its experts of different sizes
+        hot_n = stored.hot_experts
+        frac = hot_n / experts_per_rank
+    elif hot_gib is not None:
         # Whole experts only: a partly resident expert still reads the rest over PCIe.
         hot_n = min(int(hot_gib * GIB // expert), experts_per_rank)
         frac = hot_n / experts_per_rank
@@ -222,9 +254,9 @@ def memory_ledger(
         num_experts=m.num_experts,
         expert_bytes=expert,
         expert_bytes_full=expert_full,
-        bank_bytes_total=expert_full * m.num_experts * m.num_moe_layers,
+        bank_bytes_total=bank_total,
         bank_bytes_per_rank=bank_rank,
-        host_bytes_all_ranks=bank_rank * par.ranks,
+        host_bytes_all_ranks=host_all,
         experts_per_rank=experts_per_rank,
         gpu_mem_gib=hw.gpu_mem_gib,
         dense_gib=dense_gib,
@@ -235,12 +267,42 @@ def memory_ledger(
         hot_source=hot_source,
         hot_experts=hot_n,
         hot_fraction=frac,
-        precision=precision,
+        precision="auto" if stored is not None else precision,
+        stored=None if stored is None else _stored_table(recipe, stored),
     )
 
 
-def a2a_ledger(recipe: Recipe, comm: CommModel) -> A2ALedger:
-    """All-to-All traffic and time per step for the recipe's EP group (see the module docstring)."""
+def _bank_bytes(recipe: Recipe, precision: str, stored: StoredExperts | None) -> tuple:
+    """(one expert per rank, one whole expert, a rank's bank, every expert whole, every rank's
+    banks) in bytes; under an auto plan (`stored`) the two expert figures are None, a rank's bank
+    is the largest rank's and every rank's banks are summed."""
+    m, par = recipe.model, recipe.parallel
+    if stored is None:
+        expert_full = expert_bytes_per_rank(_whole(recipe), precision)
+        bank_rank = bank_bytes_per_rank(recipe, precision)
+        return (expert_bytes_per_rank(recipe, precision), expert_full, bank_rank,
+                expert_full * m.num_experts * m.num_moe_layers, bank_rank * par.ranks)
+    sizes_LE = stored.sizes_LE(recipe)
+    owner_LE = contiguous_owner(m.num_moe_layers, m.num_experts, par.ep)
+    bank_rank = max(int(sizes_LE[owner_LE == r].sum()) for r in range(par.ep))
+    return None, None, bank_rank, stored.node_bank_bytes(recipe), int(sizes_LE.sum()) * par.tp
+
+
+def _whole(recipe: Recipe) -> Recipe:
+    """The recipe on one rank: every expert whole."""
+    return dataclasses.replace(recipe, parallel=ParallelSpec(tp=1, ep=1))
+
+
+def _stored_table(recipe: Recipe, stored: StoredExperts) -> dict[str, dict[str, int]]:
+    per_rank, whole = precision_bytes(recipe), precision_bytes(_whole(recipe))
+    return {p: {"expert_bytes": per_rank[p], "expert_bytes_full": whole[p],
+                "experts": int((stored.precision_LE == p).sum())}
+            for p in PRECISIONS if (stored.precision_LE == p).any()}
+
+
+def a2a_ledger(recipe: Recipe, comm: CommModel, bank_bytes: int | None = None) -> A2ALedger:
+    """All-to-All traffic and time per step for the recipe's EP group (see the module docstring);
+    `bank_bytes`: a card's routed experts at their stored precisions (default: native)."""
     m, ep = recipe.model, recipe.parallel.ep
     _check_comm(comm, ep)
     message_bytes = comm.tokens_per_step * m.top_k * m.hidden_size * comm.act_bytes  # [B]
@@ -256,7 +318,7 @@ def a2a_ledger(recipe: Recipe, comm: CommModel) -> A2ALedger:
         ep=ep,
         tp=recipe.parallel.tp,
         experts_per_card=m.num_experts // ep,
-        expert_bytes_per_card=bank_bytes_per_rank(recipe),
+        expert_bytes_per_card=bank_bytes_per_rank(recipe) if bank_bytes is None else bank_bytes,
         tokens_per_step=comm.tokens_per_step,
         top_k=m.top_k,
         hidden_size=m.hidden_size,
@@ -350,12 +412,13 @@ def build_ledger(
     warn: Callable[[str], None] = lambda message: None,
     host: HostFit | None = None,
     precision: str = "native",
+    stored: StoredExperts | None = None,
 ) -> Ledger:
     """Both ledgers and their flags, experts at their stored `precision`; a routing histogram
     (checked against the recipe, `warn` told each warning; `hist_path` names it) adds the
     hot-expert check."""
-    mem = memory_ledger(recipe, reserve_gib, hot_gib, hot_source, precision)
-    a2a = a2a_ledger(recipe, comm)
+    mem = memory_ledger(recipe, reserve_gib, hot_gib, hot_source, precision, stored)
+    a2a = a2a_ledger(recipe, comm, mem.bank_bytes_per_rank)
     flags: list[Flag] = []
     if mem.room_gib is not None and mem.room_gib <= 0:
         flags.append(

@@ -48,14 +48,22 @@ from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.core.units import gib
 from hotsplit_cli.hotset.budget import HotBudget, ReadRate, choose_read_rate, resolve_hot_budget
 from hotsplit_cli.hotset.coldpath import replay_cold_paths
-from hotsplit_cli.hotset.planfile import PlanFile, check_plan_precision, check_plan_ranks, load_plan, recipe_cold_rates
+from hotsplit_cli.hotset.planfile import (
+    PlanFile,
+    check_plan_precision,
+    check_plan_ranks,
+    load_plan,
+    recipe_cold_rates,
+    stored_sizes,
+)
 from hotsplit_cli.hotset.planner import plan_hot_set
-from hotsplit_cli.hotset.sizes import expert_bytes_per_rank, uniform_precision
+from hotsplit_cli.hotset.sizes import PRECISIONS, expert_bytes_per_rank, uniform_precision
 from hotsplit_cli.traffic.hist import load_hist
 from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
 from hotsplit_cli.traffic.trace import Trace, load_trace
 
 POLICIES = ("static", "dynamic", "lru", "lfu", "oracle", "hindsight")
+STORED_POLICIES = ("static", "dynamic")  # the policies an auto plan's mixed expert sizes replay under
 LAYER_SPLIT = {
     "static": "planner greedy over all layers (share per byte)",
     "dynamic": "static's per-layer slots; swaps keep them",
@@ -82,6 +90,8 @@ class PolicyRun:
     cold_experts_S: np.ndarray  # distinct cold experts read in place (zero-copy)
     copied_experts_S: np.ndarray  # experts copied host->GPU (swaps, fills, switches)
     hot_slots: int  # the most experts it holds hot at once (<= the budget's slots)
+    cold_bytes_S: np.ndarray | None = None  # auto plans: bytes read in place, each expert at its own
+    copied_bytes_S: np.ndarray | None = None  # auto plans: bytes copied, each expert at its own
 
 
 @dataclass(frozen=True)
@@ -117,10 +127,21 @@ def _static_stats(counts_SLE: np.ndarray, hot_LE: np.ndarray) -> tuple[np.ndarra
     return hits, cold
 
 
-def run_static(counts_SLE: np.ndarray, hot_LE: np.ndarray, advance: Advance = _ignore) -> PolicyRun:
+def _cold_bytes(counts_SLE: np.ndarray, hot_LE: np.ndarray, sizes_LE: np.ndarray) -> np.ndarray:
+    """float [S]: the stored bytes of the distinct cold experts each step touches."""
+    return np.einsum("sle,le->s", ((counts_SLE > 0) & ~hot_LE).astype(np.float64), sizes_LE.astype(np.float64))
+
+
+def run_static(counts_SLE: np.ndarray, hot_LE: np.ndarray, advance: Advance = _ignore,
+               sizes_LE: np.ndarray | None = None) -> PolicyRun:
+    """A fixed hot set. `sizes_LE`: each expert's stored bytes [L, E] when they differ (auto plans)."""
     hits, cold = _static_stats(counts_SLE, hot_LE)
     advance(len(hits))
-    return PolicyRun("static", hits, cold, np.zeros(len(hits), dtype=np.int64), int(hot_LE.sum()))
+    zeros = np.zeros(len(hits), dtype=np.int64)
+    if sizes_LE is None:
+        return PolicyRun("static", hits, cold, zeros, int(hot_LE.sum()))
+    return PolicyRun("static", hits, cold, zeros, int(hot_LE.sum()), _cold_bytes(counts_SLE, hot_LE, sizes_LE),
+                     zeros.astype(np.float64))
 
 
 def run_dynamic(counts_SLE: np.ndarray, hot_LE: np.ndarray, dyn_steps: int, max_swaps: int,
@@ -139,6 +160,34 @@ def run_dynamic(counts_SLE: np.ndarray, hot_LE: np.ndarray, dyn_steps: int, max_
         if end < S:
             copied[end] = swapped  # copies land before the next step runs
     return PolicyRun("dynamic", hits, cold, copied, int(hot_LE.sum()))
+
+
+def run_dynamic_stored(counts_SLE: np.ndarray, hot_LE: np.ndarray, precision_LE: np.ndarray,
+                       sizes_LE: np.ndarray, cfg: SimConfig, advance: Advance = _ignore) -> PolicyRun:
+    """`run_dynamic` for experts stored at different precisions (an auto plan, `precision_LE` [L, E]
+    any labels, `sizes_LE` their stored bytes): a swap keeps each expert's precision, so an expert
+    comes in only for a hot one of its layer at its own precision, and the hot bytes never change.
+    Each (layer, precision) is replayed as a layer of its own, holding only that precision's
+    experts (the others count 0 there, and a cold expert without traffic is never swapped in)."""
+    S, L, E = counts_SLE.shape
+    labels = np.unique(precision_LE)
+    member_LPE = np.stack([precision_LE == p for p in labels], axis=1)
+    P = len(labels)
+    split = dynamic_windows((counts_SLE[:, :, None, :] * member_LPE).reshape(S, L * P, E),
+                            (hot_LE[:, None, :] & member_LPE).reshape(L * P, E), cfg.dyn_steps, cfg.dyn_max_swaps,
+                            cfg.dyn_margin, cfg.dyn_decay, cfg.dyn_rule, cfg.dyn_sigmas)
+    hits, cold = np.zeros(S), np.zeros(S, dtype=np.int64)
+    copied, cold_bytes, copied_bytes = np.zeros(S, dtype=np.int64), np.zeros(S), np.zeros(S)
+    before = None
+    for start, end, hot_split, _ in split:
+        hot = hot_split.reshape(L, P, E).any(axis=1)
+        hits[start:end], cold[start:end] = _static_stats(counts_SLE[start:end], hot)
+        cold_bytes[start:end] = _cold_bytes(counts_SLE[start:end], hot, sizes_LE)
+        if before is not None:  # the swaps made after the last window land before this one's first step
+            copied[start], copied_bytes[start] = int((hot & ~before).sum()), float(sizes_LE[hot & ~before].sum())
+        before = hot
+        advance(end - start)
+    return PolicyRun("dynamic", hits, cold, copied, int(hot_LE.sum()), cold_bytes, copied_bytes)
 
 
 def equal_split(num_slots: int, num_layers: int, num_experts: int) -> np.ndarray:
@@ -255,18 +304,22 @@ def swap_cap_bound(counts_SLE: np.ndarray, hot_LE: np.ndarray, window_steps: int
     return total
 
 
-def summarise(run: PolicyRun, assignments_S: np.ndarray, expert_bytes: int, window_steps: int,
+def summarise(run: PolicyRun, assignments_S: np.ndarray, expert_bytes: int | None, window_steps: int,
               read_gbps: float | None = None, h2d_gbps: float | None = None) -> PolicySummary:
     """Rates from a run. Step time = zero-copy bytes / read rate + copy bytes / H2D copy rate
-    (copies share the PCIe link with the reads, so the two are added, not overlapped)."""
+    (copies share the PCIe link with the reads, so the two are added, not overlapped). A run that
+    counted its own bytes (experts of different sizes: `expert_bytes` None) is summed as counted."""
     S = len(assignments_S)
     total = float(assignments_S.sum())
     windows = [
         float(run.hits_S[a:b].sum() / assignments_S[a:b].sum()) if assignments_S[a:b].sum() > 0 else 0.0
         for a, b in window_bounds(S, window_steps)
     ]
-    zc = float(run.cold_experts_S.sum()) * expert_bytes / S
-    cp = float(run.copied_experts_S.sum()) * expert_bytes / S
+    if run.cold_bytes_S is not None:
+        zc, cp = float(run.cold_bytes_S.sum()) / S, float(run.copied_bytes_S.sum()) / S
+    else:
+        zc = float(run.cold_experts_S.sum()) * expert_bytes / S
+        cp = float(run.copied_experts_S.sum()) * expert_bytes / S
     step_ms = None
     if read_gbps:
         step_ms = zc / (read_gbps * 1e9) * 1e3
@@ -290,7 +343,7 @@ def summarise(run: PolicyRun, assignments_S: np.ndarray, expert_bytes: int, wind
 class SimConfig:
     """Budget and knobs shared by every policy."""
 
-    expert_bytes: int  # bytes one rank holds of one expert
+    expert_bytes: int | None  # bytes one rank holds of one expert; None when they differ (auto plans)
     budget_bytes: int  # per rank
     window_steps: int
     dyn_steps: int
@@ -299,10 +352,22 @@ class SimConfig:
     dyn_decay: float = DYN_DECAY
     dyn_rule: str = "credit"
     dyn_sigmas: float = DYN_SIGMAS
+    stored: StoredPrecisions | None = None  # auto plans: each expert's precision and bytes
 
     @property
     def hot_slots(self) -> int:
-        return self.budget_bytes // self.expert_bytes
+        """Experts the budget holds hot: the budget over one expert's bytes, or an auto plan's hot set."""
+        return self.stored.hot_experts if self.stored is not None else self.budget_bytes // self.expert_bytes
+
+
+@dataclass(frozen=True)
+class StoredPrecisions:
+    """An auto plan's stored precisions, as `simulate` replays them: each expert's precision and
+    stored bytes [L, E], rows in the trace's layer order."""
+
+    precision_LE: np.ndarray  # str [L, E]: native, fp8 or mxfp4
+    sizes_LE: np.ndarray  # int64 [L, E]: stored bytes per rank
+    hot_experts: int  # the plan's hot experts (their bytes differ, so the budget gives no one count)
 
 
 def simulate(counts_SLE: np.ndarray, static_hot_LE: np.ndarray, cfg: SimConfig,
@@ -313,10 +378,16 @@ def simulate(counts_SLE: np.ndarray, static_hot_LE: np.ndarray, cfg: SimConfig,
     S, L, E = counts_SLE.shape
     if static_hot_LE.shape != (L, E):
         raise PlanError(f"static hot set has shape {static_hot_LE.shape}, the trace has {(L, E)}")
+    if cfg.stored is not None:
+        check_stored_policies(policies)
     out: dict[str, PolicyRun] = {}
     for name in policies:
         if name == "static":
-            out[name] = run_static(counts_SLE, static_hot_LE, advance)
+            out[name] = run_static(counts_SLE, static_hot_LE, advance,
+                                   None if cfg.stored is None else cfg.stored.sizes_LE)
+        elif name == "dynamic" and cfg.stored is not None:
+            out[name] = run_dynamic_stored(counts_SLE, static_hot_LE, cfg.stored.precision_LE, cfg.stored.sizes_LE,
+                                           cfg, advance)
         elif name == "dynamic":
             out[name] = run_dynamic(counts_SLE, static_hot_LE, cfg.dyn_steps, cfg.dyn_max_swaps, cfg.dyn_margin,
                                     advance, cfg.dyn_decay, cfg.dyn_rule, cfg.dyn_sigmas)
@@ -329,6 +400,23 @@ def simulate(counts_SLE: np.ndarray, static_hot_LE: np.ndarray, cfg: SimConfig,
         else:
             raise PlanError(f"unknown policy {name!r}", f"policies are: {', '.join(POLICIES)}")
     return out
+
+
+def policies_for(text: str | None, precision: str) -> tuple[str, ...]:
+    """The policies `--policies` names, or by default every one (at precision auto, the ones that
+    replay experts of different stored sizes)."""
+    if text is None:
+        return STORED_POLICIES if precision == "auto" else POLICIES
+    return parse_policies(text)
+
+
+def check_stored_policies(policies) -> None:
+    """UsageError unless every policy can replay experts of different stored sizes (an auto plan)."""
+    bad = [name for name in policies if name not in STORED_POLICIES]
+    if bad:
+        raise UsageError(f"--policies {bad[0]}: experts stored at an auto plan's precisions replay under "
+                         f"{' and '.join(STORED_POLICIES)} only (the others choose hot sets of one expert size)",
+                         f"pass --policies {','.join(STORED_POLICIES)}")
 
 
 def rebatch(topk_ids_SLTK: np.ndarray, batch: int) -> np.ndarray:
@@ -409,6 +497,8 @@ class SimResult:
             "platform": {"path": str(platform), "zero_copy_read_gbps": self.rate.zero_copy_gbps,
                          "h2d_gbps": self.rate.h2d_gbps} if platform else None,
         }
+        if cfg.stored is not None:  # an auto plan's experts per precision (uniform docs keep their shape)
+            doc["budget"]["stored"] = stored_counts(cfg.stored, self.static_hot_LE)
         if self.rate.gbps is not None:
             doc["read_rate"] = {"gbps": self.rate.gbps, "source": self.rate.source}
         doc["policies"] = {n: s.to_doc() for n, s in self.sums.items()}
@@ -417,6 +507,13 @@ class SimResult:
         if self.staging is not None:
             doc["prefetch"] = self.staging.to_doc()
         return doc
+
+
+def stored_counts(stored: StoredPrecisions, hot_LE: np.ndarray) -> dict[str, dict[str, int]]:
+    """Experts per stored precision of an auto plan, hot (in the static set) and cold."""
+    names = stored.precision_LE
+    return {p: {"hot": int(((names == p) & hot_LE).sum()), "cold": int(((names == p) & ~hot_LE).sum())}
+            for p in PRECISIONS if (names == p).any()}
 
 
 Warn = Callable[[str], None]
@@ -435,12 +532,17 @@ def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _
     if recipe.parallel.ep > 1:
         raise UsageError(f"recipe {recipe.name!r} uses ep={recipe.parallel.ep}; simulate models one rank of a TP "
                          "deployment", "use a recipe with ep: 1 (EP layouts: `hotsplit place`)")
+    auto = knobs.precision == "auto"
+    if auto:
+        check_auto_request(req, knobs)
     tr, counts_SLE, assignments_S = _load_trace(req, recipe)
-    size, E = expert_bytes_per_rank(recipe, uniform_precision(knobs)), recipe.model.num_experts  # stored bytes
+    E = recipe.model.num_experts
     plan = load_plan(req.plan_path) if req.plan_path is not None else None
     if plan is not None:
         check_plan_ranks(plan, recipe)
         check_plan_precision(plan, knobs)
+    # Stored bytes of one expert, or of each [L, E] under an auto plan.
+    size = stored_sizes(plan, recipe, tr.layers) if auto else expert_bytes_per_rank(recipe, uniform_precision(knobs))
     platform = load_platform(req.platform_path) if req.platform_path is not None else None
     budget = resolve_hot_budget(recipe, knobs, platform, plan)
     wsteps = min(req.window_steps or knobs.dyn_steps, tr.num_steps)
@@ -460,12 +562,13 @@ def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _
         def hot_for(budget_bytes):
             return plan_hot_set(fit_counts, size, budget_bytes).hot_RLE[0]
     static_hot = hot_for(budget.budget_bytes)
-    cfg = SimConfig(size, budget.budget_bytes, wsteps, knobs.dyn_steps, knobs.dyn_max_swaps, knobs.dyn_margin,
-                    knobs.dyn_decay, knobs.dyn_rule, knobs.dyn_sigmas)
+    stored = (StoredPrecisions(plan.precision_LE(tr.layers, E), size, int(static_hot.sum())) if auto else None)
+    cfg = SimConfig(None if auto else size, budget.budget_bytes, wsteps, knobs.dyn_steps, knobs.dyn_max_swaps,
+                    knobs.dyn_margin, knobs.dyn_decay, knobs.dyn_rule, knobs.dyn_sigmas, stored)
     with progress(f"replaying {tr.num_steps} steps x {len(req.policies)} policies",
                   tr.num_steps * len(req.policies)) as advance:
         runs = simulate(counts_SLE, static_hot, cfg, req.policies, advance)
-    sums = {n: summarise(r, assignments_S, size, wsteps, rate.gbps, rate.h2d_gbps) for n, r in runs.items()}
+    sums = {n: summarise(r, assignments_S, cfg.expert_bytes, wsteps, rate.gbps, rate.h2d_gbps) for n, r in runs.items()}
     cold_paths = None
     if platform is not None:
         fitted, time_bytes = recipe_cold_rates(recipe, platform, warn, size)
@@ -474,6 +577,20 @@ def run_simulation(req: SimRequest, recipe: Recipe, knobs: Knobs, warn: Warn = _
     staging = stage_for_simulate(tr, req.prefetch_fit_path, hot_for, cfg, knobs)
     return SimResult(req, recipe.name, tr, recipe.model.num_experts, float(assignments_S.sum()), budget, cfg,
                      static_source, knobs, rate, sums, cold_paths, static_hot, staging)
+
+
+def check_auto_request(req: SimRequest, knobs: Knobs) -> None:
+    """precision auto replays the precisions an auto plan chose for each expert: it needs that
+    plan, and the policies and staging rows that count experts of different sizes."""
+    if req.plan_path is None:
+        raise UsageError(f"{knobs.origin('precision')} auto: simulate replays the precisions an auto plan chose, "
+                         "and no --plan was given",
+                         "pass --plan made with `hotsplit plan --precision auto --max-error E`, or a uniform "
+                         "--precision")
+    check_stored_policies(req.policies)
+    if knobs.prefetch != "off":
+        raise UsageError(f"prefetch {knobs.prefetch}: staging slots are sized for one stored precision, and "
+                         "precision auto stores several", "simulate prefetch with a uniform --precision")
 
 
 def _load_trace(req: SimRequest, recipe: Recipe) -> tuple[Trace, np.ndarray, np.ndarray]:
@@ -495,17 +612,18 @@ def _load_trace(req: SimRequest, recipe: Recipe) -> tuple[Trace, np.ndarray, np.
     return tr, counts_SLE, assignments_S
 
 
-def _plan_hot_set(path: Path, plan: PlanFile, recipe: Recipe, tr: Trace, size: int, budget_bytes: int,
+def _plan_hot_set(path: Path, plan: PlanFile, recipe: Recipe, tr: Trace, size, budget_bytes: int,
                   warn: Warn) -> tuple[np.ndarray, str]:
     """The static hot set [L, E] a plan gives, checked against the trace and the budget."""
     missing = [x for x in tr.layers if x not in plan.layers]
     if missing:
         raise PlanError(f"{path}: has no hot set for trace layer {missing[0]}", "plan on a matching histogram")
-    if plan.expert_bytes is not None and plan.expert_bytes != size:
+    if plan.expert_bytes is not None and np.ndim(size) == 0 and plan.expert_bytes != size:
         warn(f"{path} was planned with {plan.expert_bytes} B experts, recipe {recipe.name!r} has {size} B")
     hot = plan.hot_LE(tr.layers, recipe.model.num_experts, model=recipe.name)
-    if int(hot.sum()) * size > budget_bytes:
-        raise PlanError(f"{path}: its hot set ({gib(int(hot.sum()) * size)}) exceeds the "
+    hot_bytes = int((hot * np.asarray(size, dtype=np.int64)).sum())  # size: one expert's, or each's [L, E]
+    if hot_bytes > budget_bytes:
+        raise PlanError(f"{path}: its hot set ({gib(hot_bytes)}) exceeds the "
                         f"budget of {gib(budget_bytes)}", "pass the plan's --hot-gib")
     return hot, f"plan {path}"
 

@@ -16,14 +16,18 @@ from hotsplit_cli.analysis.ledger import (
     HOT_EXPERT_FACTOR,
     CommModel,
     Ledger,
+    StoredExperts,
     build_ledger,
     with_ep,
 )
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import GIB, load_recipe
+from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.core.jsonio import schema_tag
 from hotsplit_cli.core.units import decimal_bytes, duration
+from hotsplit_cli.hotset.budget import resolve_hot_budget
 from hotsplit_cli.hotset.host_memory import host_fit
+from hotsplit_cli.hotset.planfile import check_plan_precision, check_plan_ranks, load_plan
 from hotsplit_cli.hotset.sizes import uniform_precision
 from hotsplit_cli.options import HotGibOpt, JsonOpt, PlatformOpt, PrecisionOpt, RecipeArg
 from hotsplit_cli.output import Output, gib, pct
@@ -66,6 +70,11 @@ StepOpt = Annotated[
         f"check that comm stays under {100 * COMM_SHARE_LIMIT:.0f}% of the step.",
     ),
 ]
+LedgerPlanOpt = Annotated[
+    Path | None,
+    typer.Option("--plan", show_default="none",
+                 help="plan.json: count its budget, its hot set and (auto) each expert's stored precision."),
+]
 HistOpt = Annotated[
     Path | None,
     typer.Option(
@@ -93,6 +102,7 @@ def ledger(
     cross_ratio: CrossOpt = DEFAULT_CROSS_RATIO,
     step_ms: StepOpt = None,
     hist: HistOpt = None,
+    plan: LedgerPlanOpt = None,
     platform: PlatformOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -104,6 +114,7 @@ def ledger(
     knobs = resolve_knobs(rec.knobs, flags={"hot_gib": hot_gib, "precision": precision})
     if ep is not None:
         rec = with_ep(rec, ep)
+    stored, hot = _plan_inputs(rec, knobs, plan)
     comm = CommModel(
         tokens_per_step=tokens if tokens is not None else rec.traffic.batch,
         act_bytes=act_bytes,
@@ -116,16 +127,44 @@ def ledger(
         rec,
         comm,
         reserve_gib=knobs.vram_reserve_gib,
-        hot_gib=knobs.hot_gib,
-        hot_source=knobs.sources["hot_gib"],
+        hot_gib=hot[0],
+        hot_source=hot[1],
         hist=histogram,
         hist_path=hist,
         warn=out.warn,
-        host=host_fit(rec, platform, precision=uniform_precision(knobs)),
-        precision=uniform_precision(knobs),
+        host=host_fit(rec, platform, precision=knobs.precision if stored is None else "native",
+                      bank_bytes=None if stored is None else stored.node_bank_bytes(rec)),
+        precision=knobs.precision,
+        stored=stored,
     )
     doc = {"schema": schema_tag("ledger"), **result.to_doc(), "histogram": str(hist) if hist else None}
+    if plan is not None:  # ledgers without a plan keep their shape
+        doc["plan"] = str(plan)
     out.emit(doc, lambda: _render(out, result))
+
+
+def _plan_inputs(rec, knobs, plan_path: Path | None):
+    """(an auto plan's stored precisions or None, (hot GiB, its source)): with --plan, the plan's
+    budget and hot set at the precision it was made at; else the knobs' budget, one precision."""
+    if plan_path is None:
+        if knobs.precision == "auto":
+            raise UsageError(f"{knobs.origin('precision')} auto: ledger counts the precisions an auto plan chose, "
+                             "and no --plan was given",
+                             "pass --plan made with `hotsplit plan --precision auto --max-error E`, or a uniform "
+                             "--precision")
+        uniform_precision(knobs)
+        return None, (knobs.hot_gib, knobs.sources["hot_gib"])
+    plan = load_plan(plan_path)
+    check_plan_ranks(plan, rec)
+    check_plan_precision(plan, knobs)
+    budget = resolve_hot_budget(rec, knobs, None, plan)
+    m = rec.model
+    hot = (budget.hot_gib, "plan")
+    if knobs.precision != "auto":
+        return None, hot
+    layers = m.moe_layer_ids
+    return StoredExperts(plan.precision_LE(layers, m.num_experts),
+                         int(plan.hot_LE(layers, m.num_experts, model=rec.name).sum())), hot
 
 
 def _params(n: float | None) -> str:
@@ -162,8 +201,12 @@ def _render_params(out: Output, m) -> None:
 
 def _render_banks(out: Output, m) -> None:
     t = out.table("expert bytes", "value", title="Expert bytes")
-    t.add_row("one expert, whole", gib(m.expert_bytes_full))
-    t.add_row(f"one expert, per rank (1/tp = 1/{m.tp})", gib(m.expert_bytes))
+    if m.stored is None:
+        t.add_row("one expert, whole", gib(m.expert_bytes_full))
+        t.add_row(f"one expert, per rank (1/tp = 1/{m.tp})", gib(m.expert_bytes))
+    for p, row in (m.stored or {}).items():  # auto: each precision the plan stores experts at
+        t.add_row(f"{p}: {row['experts']} experts, each whole / per rank (1/tp = 1/{m.tp})",
+                  f"{gib(row['expert_bytes_full'])} / {gib(row['expert_bytes'])}")
     t.add_row(
         f"all routed experts ({m.num_experts} x {m.num_moe_layers} layers)", gib(m.bank_bytes_total)
     )

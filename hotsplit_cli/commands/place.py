@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from hotsplit_cli.placement.report import PlaceReport
 
 FORMATS = ("native", "sglang")
+PlacePlanOpt = Annotated[Path | None, typer.Option(
+    "--plan", show_default="none",
+    help="With --platform: time at this plan's budget and stored precisions (auto: each expert's).")]
 
 
 def place_cmd(
@@ -47,6 +50,7 @@ def place_cmd(
         "--balance", metavar="tokens|time", show_default="time",
         help="With --platform: write the layout balancing tokens or each rank's predicted time.")
     ] = None,
+    plan: PlacePlanOpt = None,
     json: JsonOpt = False,
 ) -> None:
     """Replicate and place experts on EP ranks, balancing every window, never two replicas on a rank."""
@@ -64,10 +68,10 @@ def place_cmd(
         if rec.parallel.ep > 1 and ranks != rec.parallel.ep:
             raise UsageError(f"--ranks {ranks}: recipe {rec.name!r} has ep={rec.parallel.ep}",
                              f"place with --ranks {rec.parallel.ep}, or use a recipe with ep: {ranks}")
-    req = PlaceRequest(hist_file, ranks, redundant, nodes, groups, eval_hist, seed, fit, platform, balance or "time")
-    if platform is None and (hot_gib is not None or balance is not None):
-        raise UsageError("--hot-gib and --balance time the ranks and need --platform",
-                         "pass --platform platform.json from `hotsplit probe`")
+    req = PlaceRequest(hist_file, ranks, redundant, nodes, groups, eval_hist, seed, fit, platform, balance or "time",
+                       plan)
+    if platform is None:
+        _check_untimed(hot_gib, balance, plan)
     report = place_from_hist(req, rec, out.warn) if platform is None else _place_by_time(req, rec, hot_gib, out)
     fit = _gpu_fit(report, rec, out)
     if output is not None:
@@ -75,6 +79,16 @@ def place_cmd(
     out.emit({**report.to_doc(output, fmt), "gpu_memory": fit}, lambda: _render(out, report))
     if output is not None:
         out.note(f"wrote {output} ({fmt})")
+
+
+def _check_untimed(hot_gib: str | None, balance: str | None, plan: Path | None) -> None:
+    """Without --platform, refuse the options that only time the ranks."""
+    if hot_gib is not None or balance is not None:
+        raise UsageError("--hot-gib and --balance time the ranks and need --platform",
+                         "pass --platform platform.json from `hotsplit probe`")
+    if plan is not None:
+        raise UsageError("--plan gives the budget and stored precisions the ranks are timed at and needs --platform",
+                         "pass --platform platform.json from `hotsplit probe`")
 
 
 def _place_by_time(req, rec, hot_gib: str | None, out: Output) -> PlaceReport:

@@ -11,7 +11,7 @@ import numpy as np
 import typer
 
 from hotsplit_cli.analysis.recommend import recommend_for
-from hotsplit_cli.analysis.simulate import LAYER_SPLIT, SimRequest, parse_policies, run_simulation
+from hotsplit_cli.analysis.simulate import LAYER_SPLIT, SimRequest, policies_for, run_simulation, stored_counts
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.options import (
@@ -44,8 +44,9 @@ def simulate_cmd(
                                                   help="Fit the static plan on this histogram.")] = None,
     plan: Annotated[Path | None, typer.Option("--plan", show_default="fitted (--fit)",
                                                    help="Use this plan.json as the static hot set.")] = None,
-    policies: Annotated[str, typer.Option("--policies", metavar="LIST", help="Comma-separated policies to run.")] = (
-        "static,dynamic,lru,lfu,oracle,hindsight"),
+    policies: Annotated[str | None, typer.Option(
+        "--policies", metavar="LIST", show_default="all; static,dynamic at precision auto",
+        help="Comma-separated policies to run.")] = None,
     batch: Annotated[int | None, typer.Option("--batch", show_default="the trace's steps",
                                                          help="Regroup the trace's tokens into steps of B.")] = None,
     window_steps: Annotated[int | None, typer.Option(
@@ -67,8 +68,7 @@ def simulate_cmd(
 ) -> None:
     """Replay a routing trace under hot-set policies and compare hit rate and PCIe bytes per step."""
     out = Output(json)
-    names = parse_policies(policies)
-    req = SimRequest(trace, names, fit, plan, batch, window_steps, platform, prefetch_fit)
+    policies_for(policies, "native")  # a bad list is refused before the recipe is read
     rec = load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib, "dyn_steps": dyn_steps,
                                                    "dyn_max_swaps": dyn_max_swaps, "dyn_margin": dyn_margin,
@@ -77,12 +77,16 @@ def simulate_cmd(
                                                    "prefetch": prefetch,
                                                    "prefetch_slots": prefetch_slots, "prefetch_pool": prefetch_pool,
                                                    "prefetch_guesses": prefetch_guesses})
+    req = SimRequest(trace, policies_for(policies, knobs.precision), fit, plan, batch, window_steps, platform,
+                     prefetch_fit)
     result = run_simulation(req, rec, knobs, out.warn, out.progress)
-    advice = recommend_for(result, recipe, out.progress)
-    doc = {**result.to_doc(), "recommendation": advice.to_doc()}
+    # `run` stores one precision a layer, so an auto plan has no run to recommend yet.
+    advice = recommend_for(result, recipe, out.progress) if result.config.stored is None else None
+    doc = {**result.to_doc(), "recommendation": advice.to_doc() if advice else None}
     if plot is not None:
         _plot(out, plot, result)
-    out.emit(doc, lambda: (_render(out, result), _render_staging(out, result), _render_advice(out, advice)))
+    out.emit(doc, lambda: (_render(out, result), _render_staging(out, result),
+                           _render_advice(out, advice) if advice else None))
     if plot is not None:
         out.note(f"wrote {plot}")
 
@@ -101,8 +105,14 @@ def _render(out: Output, result: SimResult) -> None:
     tr, cfg, k, rate = result.trace, result.config, result.knobs, result.rate
     out.print(f"trace {result.request.trace_path}: {tr.num_steps} steps x {tr.topk_ids_SLTK.shape[2]} tokens x "
               f"top-{tr.top_k}, {len(tr.layers)} layers x {result.num_experts} experts")
-    out.print(f"budget {gib(cfg.budget_bytes)} per rank (from {result.budget.origin}) = {cfg.hot_slots} hot experts "
-              f"of {cfg.expert_bytes / (1 << 20):.2f} MiB; static {result.static_source}; windows of "
+    if cfg.stored is None:
+        experts = f"{cfg.hot_slots} hot experts of {cfg.expert_bytes / (1 << 20):.2f} MiB"
+    else:
+        counts = stored_counts(cfg.stored, result.static_hot_LE)
+        experts = f"{cfg.hot_slots} hot experts at the plan's precisions (" + ", ".join(
+            f"{p} {n['hot']} hot / {n['cold']} cold" for p, n in counts.items()) + "; swaps keep each one's)"
+    out.print(f"budget {gib(cfg.budget_bytes)} per rank (from {result.budget.origin}) = {experts}; "
+              f"static {result.static_source}; windows of "
               f"{cfg.window_steps} steps; dyn_steps={k.dyn_steps} dyn_max_swaps={k.dyn_max_swaps} "
               f"dyn_margin={k.dyn_margin:g} dyn_decay={k.dyn_decay:g} dyn_rule={k.dyn_rule}"
               + (f" dyn_sigmas={k.dyn_sigmas:g}" if k.dyn_rule == "breakeven" else ""))

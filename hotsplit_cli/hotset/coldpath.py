@@ -268,15 +268,17 @@ def predict_cold_paths(pi_LE: np.ndarray, hot_LE: np.ndarray, expert_bytes: int 
     return out
 
 
-def replay_cold_paths(counts_SLE: np.ndarray, hot_LE: np.ndarray, expert_bytes: int, rates: ColdRates,
+def replay_cold_paths(counts_SLE: np.ndarray, hot_LE: np.ndarray, expert_bytes, rates: ColdRates,
                       batch: int) -> ModeTimes:
     """Mean cold time per step of each cold path over a routing trace with a fixed hot set: each
-    step's distinct cold experts and their token counts, split as the runtime splits them."""
+    step's distinct cold experts and their token counts, split as the runtime splits them.
+    `expert_bytes`: one expert's stored bytes, or each expert's [L, E] (an auto plan's)."""
+    sizes_LE = np.broadcast_to(np.asarray(expert_bytes, dtype=np.float64), hot_LE.shape)
     layers = []
     for counts_LE in counts_SLE:
-        for counts_E, hot_E in zip(counts_LE, hot_LE, strict=True):
-            tokens = counts_E[(counts_E > 0) & ~hot_E]
-            layers.append((np.full(len(tokens), float(expert_bytes)), tokens))
+        for counts_E, hot_E, sizes_E in zip(counts_LE, hot_LE, sizes_LE, strict=True):
+            cold = (counts_E > 0) & ~hot_E
+            layers.append((sizes_E[cold], counts_E[cold]))
     return _times_of(layers, rates, batch, max(len(counts_SLE), 1))
 
 

@@ -48,9 +48,10 @@ def node_bank_bytes(recipe: Recipe, scale: float = 1.0, precision: str = "native
 
 
 def host_fit(recipe: Recipe, platform_path: str | Path | None = None, scale: float = 1.0,
-             precision: str = "native") -> HostFit | None:
+             precision: str = "native", bank_bytes: int | None = None) -> HostFit | None:
     """The recipe's host memory when it gives one, else the probe's, against the banks at their
-    stored `precision`; None when neither gives one."""
+    stored `precision` (or `bank_bytes`, one node's, when experts differ: an auto plan's); None
+    when neither gives one."""
     host, source = None, ""
     if recipe.hardware.host_mem_gib is not None:
         host, source = int(recipe.hardware.host_mem_gib * GIB), "recipe hardware.host_mem_gib"
@@ -58,7 +59,8 @@ def host_fit(recipe: Recipe, platform_path: str | Path | None = None, scale: flo
         available = load_platform(platform_path).host_mem_available_bytes
         if available:
             host, source = available, f"{platform_path}: host memory available"
-    return None if host is None else HostFit(node_bank_bytes(recipe, scale, precision), host, source)
+    banks = node_bank_bytes(recipe, scale, precision) if bank_bytes is None else bank_bytes
+    return None if host is None else HostFit(banks, host, source)
 
 
 def check_host_fits(recipe: Recipe, platform_path: str | Path | None, scale: float | None,

@@ -12,7 +12,7 @@ from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.hotset.budget import choose_read_rate, resolve_hot_budget
-from hotsplit_cli.hotset.planfile import routing_probs
+from hotsplit_cli.hotset.planfile import PlanFile, check_plan_precision, load_plan, routing_probs, stored_sizes
 from hotsplit_cli.hotset.ranktime import TimeModel, balance_time
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank, uniform_precision
 from hotsplit_cli.placement.evaluate import duplicate_count, evaluate
@@ -37,13 +37,29 @@ def check_time_request(req: PlaceRequest, recipe: Recipe | None) -> None:
                          f"use a recipe with tp: 1 and ep: {req.ranks} (e.g. deepseek-v3-ep8 with --ranks 8)")
 
 
+def _plan_of(req: PlaceRequest, recipe: Recipe, knobs: Knobs) -> PlanFile | None:
+    """The plan of --plan, made at the precision knob's value (its budget and, under auto, each
+    expert's stored precision); precision auto without one is refused."""
+    if req.plan_path is None:
+        if knobs.precision == "auto":
+            raise UsageError(f"{knobs.origin('precision')} auto: place times the precisions an auto plan chose, "
+                             "and no --plan was given",
+                             "pass --plan made with `hotsplit plan --precision auto --max-error E`, or a uniform "
+                             "precision")
+        return None
+    plan = load_plan(req.plan_path)
+    check_plan_precision(plan, knobs)
+    return plan
+
+
 def place_by_time(req: PlaceRequest, recipe: Recipe | None, knobs: Knobs,
                   warn: Callable[[str], None] = lambda message: None) -> PlaceReport:
     """`place_from_hist` plus the time-balanced layout; the report's `times` compares both, and
     the layout written is the one `req.balance` names. The request is checked first
     (`check_time_request`, by the command, before the recipe's knobs are resolved)."""
     platform = load_platform(req.platform_path)
-    budget = resolve_hot_budget(recipe, knobs, platform)
+    plan = _plan_of(req, recipe, knobs)
+    budget = resolve_hot_budget(recipe, knobs, platform, plan)
     if budget.over_gpu:
         warn(f"{budget.over_gpu}; timed anyway (for a larger GPU?)")
     rate = choose_read_rate(recipe, platform)
@@ -52,7 +68,10 @@ def place_by_time(req: PlaceRequest, recipe: Recipe | None, knobs: Knobs,
                         "re-run `hotsplit probe -o platform.json` on the serving machine")
     report = place_from_hist(req, recipe, warn)
     hist = report.hist
-    stored = expert_bytes_per_rank(recipe, uniform_precision(knobs))  # HOTSPLIT_PRECISION or the recipe's
+    if plan is not None and plan.precision == "auto":  # each logical expert at its plan's precision
+        stored = stored_sizes(plan, recipe, hist.layers)
+    else:  # HOTSPLIT_PRECISION or the recipe's, as a plan given was made at
+        stored = expert_bytes_per_rank(recipe, uniform_precision(knobs))
     model = TimeModel(hist.counts_LE, routing_probs(hist), stored, budget.budget_bytes,
                       rate.gbps, recipe.traffic.batch)
     layouts = {"tokens": report.placement, "time": balance_time(model, report.placement)}

@@ -35,7 +35,7 @@ from hotsplit_cli.hotset.precision_plan import (
 )
 from hotsplit_cli.hotset.prefetch_plan import PrefetchPlan, prefetch_for_plan
 from hotsplit_cli.hotset.ranktime import hot_slots, physical_plan, rank_times, slot_probs
-from hotsplit_cli.hotset.sizes import PRECISIONS, expert_bytes_per_rank, expert_compute_shape
+from hotsplit_cli.hotset.sizes import PRECISIONS, expert_bytes_per_rank, expert_compute_shape, precision_bytes
 from hotsplit_cli.placement.dispatch import contiguous_placement, placed_hit_rates
 from hotsplit_cli.placement.file import load_placement
 from hotsplit_cli.traffic.hist import Histogram, file_sha256, load_hist
@@ -576,6 +576,17 @@ def check_plan_precision(plan: PlanFile, knobs: Knobs) -> None:
                          f"{knobs.precision} ({where})",
                          f"pass --precision {plan.precision} (or HOTSPLIT_PRECISION={plan.precision}), "
                          f"or re-plan at {knobs.precision}")
+
+
+def stored_sizes(plan: PlanFile, recipe: Recipe, layers) -> np.ndarray:
+    """int64 [L, E]: each expert's stored bytes per rank at the precision `plan` gives it (an auto
+    plan's `precision.by_layer`, else its one precision), rows in the order of `layers`; the
+    one-line reason when the recipe's shape cannot take one of them."""
+    by_precision = precision_bytes(recipe)
+    names_LE = plan.precision_LE(layers, recipe.model.num_experts)
+    for name in sorted(set(names_LE.ravel()) - set(by_precision)):
+        expert_bytes_per_rank(recipe, name)  # raises: says why the shape cannot take it
+    return np.array([[by_precision[n] for n in row] for row in names_LE], dtype=np.int64)
 
 
 def find_beside(plan_path: Path, recorded: str, sha256: str | None) -> Path:

@@ -54,10 +54,20 @@ class RankTimes:
                 "rank_cold_experts": [float(x) for x in self.cold_experts_R]}
 
 
-def physical_plan(counts_LE: np.ndarray, placement: Placement, expert_bytes: int, budget_bytes: int):
-    """Each rank's hot set among the physical experts placed on it (planner.Plan over [R, L, P])."""
+def physical_plan(counts_LE: np.ndarray, placement: Placement, expert_bytes, budget_bytes: int):
+    """Each rank's hot set among the physical experts placed on it (planner.Plan over [R, L, P]).
+    `expert_bytes`: one expert's stored bytes, or each logical expert's [L, E] (an auto plan's)."""
     values_LP, rank_LP = physical_counts(counts_LE, placement)
-    return plan_hot_set(values_LP, expert_bytes, budget_bytes, rank_of_LE=rank_LP, num_ranks=placement.num_ranks)
+    return plan_hot_set(values_LP, slot_bytes(expert_bytes, placement), budget_bytes, rank_of_LE=rank_LP,
+                        num_ranks=placement.num_ranks)
+
+
+def slot_bytes(expert_bytes, placement: Placement):
+    """The stored bytes of each physical expert: one figure for all, or [L, P] from each logical
+    expert's [L, E] (a replica is stored as its expert is)."""
+    if np.ndim(expert_bytes) == 0:
+        return expert_bytes
+    return np.take_along_axis(np.asarray(expert_bytes), placement.phy2log_LP, 1)
 
 
 def slot_probs(pi_LE: np.ndarray, placement: Placement) -> np.ndarray:
@@ -67,15 +77,21 @@ def slot_probs(pi_LE: np.ndarray, placement: Placement) -> np.ndarray:
     return np.take_along_axis(pi_LE, phy, 1) / np.take_along_axis(cnt, phy, 1)
 
 
-def rank_times(pi_LE: np.ndarray, placement: Placement, hot_LP: np.ndarray, expert_bytes: int,
+def rank_times(pi_LE: np.ndarray, placement: Placement, hot_LP: np.ndarray, expert_bytes,
                read_gbps: float, batch: int) -> RankTimes:
     """The cost model of the module docstring. pi_LE: chance one token routes to each logical
-    expert (planfile.routing_probs); hot_LP: bool [L, P], the physical experts held hot."""
+    expert (planfile.routing_probs); hot_LP: bool [L, P], the physical experts held hot;
+    `expert_bytes` as `physical_plan` takes it."""
     L, P = placement.phy2log_LP.shape
     q_LP = np.where(hot_LP, 0.0, 1.0 - (1.0 - slot_probs(pi_LE, placement)) ** batch)
-    q_LRS = q_LP.reshape(L, placement.num_ranks, placement.slots_per_rank)
-    ms_per_read = expert_bytes / (read_gbps * 1e9) * 1e3
-    return RankTimes(batch, q_LRS.sum(axis=2) * ms_per_read, q_LRS.sum(axis=(0, 2)))
+    shape = (L, placement.num_ranks, placement.slots_per_rank)
+    q_LRS = q_LP.reshape(shape)
+    if np.ndim(expert_bytes) == 0:
+        cold_ms_LR = q_LRS.sum(axis=2) * (expert_bytes / (read_gbps * 1e9) * 1e3)
+    else:  # each slot read at its own stored bytes
+        bytes_LRS = slot_bytes(expert_bytes, placement).reshape(shape)
+        cold_ms_LR = (q_LRS * bytes_LRS).sum(axis=2) / (read_gbps * 1e9) * 1e3
+    return RankTimes(batch, cold_ms_LR, q_LRS.sum(axis=(0, 2)))
 
 
 def hot_slots(plan, placement: Placement) -> np.ndarray:
@@ -89,7 +105,7 @@ class TimeModel:
 
     counts_LE: np.ndarray  # routed assignments the hot sets are planned on
     pi_LE: np.ndarray  # chance one token routes to each expert (of the traffic being timed)
-    expert_bytes: int
+    expert_bytes: int | np.ndarray  # one expert's stored bytes, or each logical expert's [L, E]
     budget_bytes: int
     read_gbps: float
     batch: int
@@ -113,7 +129,10 @@ def balance_time(model: TimeModel, start: Placement, rounds: int = TIME_ROUNDS) 
     best, hot = model.timed(start)
     stuck = np.zeros(L, dtype=bool)
     for _ in range(rounds):
-        q_LP = 1.0 - (1.0 - slot_probs(model.pi_LE, Placement(start.layers, R, phy))) ** model.batch
+        layout = Placement(start.layers, R, phy)
+        q_LP = 1.0 - (1.0 - slot_probs(model.pi_LE, layout)) ** model.batch
+        if np.ndim(model.expert_bytes):  # experts of different sizes: weigh each read by its bytes
+            q_LP = q_LP * slot_bytes(model.expert_bytes, layout)
         swaps = _best_swaps(phy.reshape(L, R, S), q_LP.reshape(L, R, S), hot.reshape(L, R, S), stuck,
                             R // start.num_nodes)
         if not swaps:

@@ -42,6 +42,7 @@ class PlaceRequest:
     fit: str = "auto"  # windows | totals | auto
     platform_path: Path | None = None  # platform.json: time each rank (hotset/placetime.py)
     balance: str = "time"  # with a platform: the layout written, tokens | time (docs/placement.md)
+    plan_path: Path | None = None  # with a platform: a plan's budget and stored precisions (hotset/placetime.py)
 
 
 @dataclass(frozen=True)

@@ -67,20 +67,16 @@ def measurable(hm: HFModel) -> tuple[list[str], dict[str, str]]:
 def quantised(experts: torch.nn.Module, weights: dict[str, torch.Tensor], precision: str,
               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """One expert's (w1, w2) (as `HFExpertBank.weights_of` gives them) stored at `precision` and
-    read back, in host memory: quantised and dequantised in the formats the banks store (gate and
-    up scaled apart for fp8), in the model's layout. The codecs work on the host, as a bank is
-    filled, and on [out, in], as they group inputs."""
+    read back, in host memory: the bytes a run at that precision stores (runtime/hf/bank.py
+    `load_native`), so that the error measured is the error a run has. w1's rows are quantised in
+    the module's own order, first and second half apart for fp8, as the bank scales them, even
+    where gate and up rows interleave (gpt-oss). The codecs work on the host, as a bank is filled,
+    and on [out, in], as they group inputs."""
     fmt = stored_format(precision)
     transposed = bool(getattr(experts, "is_transposed", False))
-    interleaved = not getattr(experts, "is_concatenated", True)
     w1, w2 = (weights["w1"].cpu(), weights["w2"].cpu())
     w1, w2 = (w1.T, w2.T) if transposed else (w1, w2)
-    if interleaved:  # gate0, up0, gate1, ... -> [gate; up]
-        w1 = torch.cat([w1[0::2], w1[1::2]])
     q1, q2 = (w[0] for w in fmt.quantize_experts(w1[None], w2[None]).dequantized(dtype))
-    if interleaved:
-        inter = q1.shape[0] // 2
-        q1 = torch.stack([q1[:inter], q1[inter:]], dim=1).reshape(q1.shape)
     return (q1.T, q2.T) if transposed else (q1, q2)
 
 

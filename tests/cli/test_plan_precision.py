@@ -106,12 +106,12 @@ def test_a_plan_made_at_one_precision_is_refused_at_another(cli, qhist, tmp_path
     assert r.code == 2 and "stored at mxfp4 (HOTSPLIT_PRECISION)" in r.err and not (tmp_path / "x.png").exists()
 
 
-def test_simulate_counts_one_stored_precision_and_refuses_auto(cli, tmp_path):
+def test_simulate_counts_one_stored_precision_and_takes_auto_only_with_its_plan(cli, tmp_path):
     trace = tmp_path / "t.npz"
     rng = np.random.default_rng(0)
     np.savez(trace, topk_ids=rng.integers(0, 32, (8, 4, 8, 4)).astype(np.int16), layers=np.arange(1, 5))
     r = cli("simulate", "--trace", trace, "--recipe", "tiny", "--policies", "static", "--precision", "auto")
-    assert r.code == 2 and "--precision auto: each expert's precision is chosen by `hotsplit plan`" in r.err
+    assert r.code == 2 and "--precision auto: simulate replays the precisions an auto plan chose" in r.err
     docs = {p: json.loads(cli("simulate", "--trace", trace, "--recipe", "tiny", "--policies", "static",
                               "--hot-gib", "0.002", "--precision", p, "--json").out) for p in ("native", "mxfp4")}
     assert docs["mxfp4"]["budget"]["precision"] == "mxfp4"

@@ -73,26 +73,21 @@ def _independent_errors(folder, precision: str, fmt=None):
             w1, w2 = mod.gate_up_proj[e].detach(), mod.down_proj[e].detach()
             b1 = mod.gate_up_proj_bias[e].detach() if getattr(mod, "has_bias", False) else None
             b2 = mod.down_proj_bias[e].detach() if getattr(mod, "has_bias", False) else None
-            q1, q2 = _codec(w1, w2, precision, transposed, not getattr(mod, "is_concatenated", True), fmt)
+            q1, q2 = _codec(w1, w2, precision, transposed, fmt)
             y, yq = (_run(mod, x_TH[tok], a, b, b1, b2, transposed) for a, b in ((w1, w2), (q1, q2)))
             err[info.row, e] = math.sqrt(float(((yq - y) ** 2).sum()) / float((y ** 2).sum()))
     return err
 
 
-def _codec(w1, w2, precision, transposed, interleaved, fmt):
-    """The expert's weights through the codec at `precision`, back in the model's layout."""
+def _codec(w1, w2, precision, transposed, fmt):
+    """The expert's weights through the codec at `precision`, back in the model's layout: w1's
+    rows in the module's own order, as a run's bank stores them (interleaved gate/up included)."""
     o1, o2 = (w1.T, w2.T) if transposed else (w1, w2)  # [out, in]
-    if interleaved:
-        o1 = torch.cat([o1[0::2], o1[1::2]])
     if precision == "mxfp4":
         q = Mxfp4Experts.quantize(o1[None], o2[None]).dequantized(torch.float32)
     else:
         q = (fmt or RELEASE_FP8).quantize_experts(o1[None], o2[None]).dequantized(torch.float32)
     q1, q2 = q[0][0], q[1][0]
-    if interleaved:
-        half = q1.shape[0] // 2
-        q1 = torch.empty_like(q1).index_copy_(0, torch.arange(0, 2 * half, 2), q1[:half]).index_copy_(
-            0, torch.arange(1, 2 * half, 2), q1[half:])
     return (q1.T, q2.T) if transposed else (q1, q2)
 
 

@@ -108,6 +108,23 @@ def test_a_checkpoint_stored_at_a_precision_equals_transformers_on_its_read_back
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_balance_measures_the_bytes_a_run_stores(plain, family, precision):
+    """The weights `balance --model` measures an expert's error on are bit for bit the ones a run
+    at that precision reads back (gpt-oss's interleaved gate/up rows included)."""
+    from hotsplit_runtime.hf.quality import quantised
+
+    cpu = cpu_without_triton()
+    stored = load_model(plain[family], cpu, torch.float32, precision=precision)
+    native = load_model(plain[family], cpu, torch.float32)
+    for row, bank in enumerate(native.banks):
+        for e in range(native.num_experts):
+            q1, q2 = quantised(native.layers[row].experts, bank.weights_of(e), precision, torch.float32)
+            run = stored.banks[row].weights_of(e)
+            assert torch.equal(q1, run["w1"].cpu()) and torch.equal(q2, run["w2"].cpu()), (row, e)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v3", "gpt_oss"])
 def test_greedy_text_at_a_stored_precision_through_dynamic_swaps_equals_transformers(plain, references, family,
                                                                                      precision):

@@ -120,3 +120,35 @@ def test_a_graph_run_equals_an_eager_one_step_after_step(fake, tmp_path, monkeyp
             outs[graph].append(e.out_TH.clone())
         assert e.step_count == 6 and (e.graph is not None) == graph
     assert all(torch.equal(a, b) for a, b in zip(outs[True], outs[False], strict=True))
+
+
+def test_timed_staging_records_the_copies_and_the_wait_for_them(fake):  # noqa: F811
+    """With `staging_times`, the copies are bracketed by timing events on the swap stream and the
+    compute stream's wait by two on the compute stream; untimed staging records none of them."""
+    bank = make_bank(fake)
+    bank.reserve_staging(2)
+    bank.stage([5])
+    bank.publish_staged()
+    assert [e[0] for e in fake.log if e[0] == "record"] == ["record"] and bank.staging_times is None
+    bank.unstage()
+    bank.staging_times = []
+    fake.log.clear()
+    bank.stage([5, 6])
+    bank.publish_staged()
+    assert [e[:2] for e in fake.log if e[0] != "wait_stream"] == [
+        ("record", "swap"), ("record", "swap"), ("record", "compute"), ("wait_event", "compute"),
+        ("record", "compute")]
+    (t,) = bank.staging_times
+    assert fake.entries("wait_event")[0][2] is t.ready
+    assert t.start.stream.name == t.ready.stream.name == "swap"
+    assert t.arrive.stream.name == t.resume.stream.name == "compute"
+    t.ready.synchronize()
+    t.resume.synchronize()
+    assert t.copy_ms() == t.ready.t_ms - t.start.t_ms > 0
+    assert t.exposed_ms() == t.resume.t_ms - t.arrive.t_ms > 0
+    bank.publish_staged()  # published once: no second wait, no second record
+    assert len(bank.staging_times) == 1
+    bank.unstage()
+    bank.stage([])  # nothing staged: nothing timed
+    bank.publish_staged()
+    assert len(bank.staging_times) == 1
