@@ -23,12 +23,13 @@ from hotsplit_runtime.cold_split import ColdSplit, SplitExperts
 from hotsplit_runtime.device import choose_device
 from hotsplit_runtime.kernels import choose_compute
 from hotsplit_runtime.model import HotColdMoE
-from hotsplit_runtime.moe import MoEGeometry, scaled_dim
+from hotsplit_runtime.moe import MoEGeometry
 from hotsplit_runtime.pinned import PinnedAllocator, numa_policy_for
 from hotsplit_runtime.precision import stored_format
 from hotsplit_runtime.selftest import error_line
 
 from hotsplit_cli.hotset.coldpath import ColdRates, split_cold
+from hotsplit_cli.hotset.sizes import scaled_dim
 
 ROUTINGS = 4  # calls cycle through this many routings, so no call reads what the last one did
 SAMPLES = 2 * ROUTINGS

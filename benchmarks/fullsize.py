@@ -25,10 +25,12 @@ from hotsplit_runtime.engine import capture_graph
 from hotsplit_runtime.fp8 import FP8, RELEASE_FP8, Fp8Experts, Fp8Format
 from hotsplit_runtime.kernels import choose_compute
 from hotsplit_runtime.model import HotColdMoE
-from hotsplit_runtime.moe import LayerWeights, MoEGeometry, Router, expert_counts, rms_norm, scaled_dim
+from hotsplit_runtime.moe import LayerWeights, MoEGeometry, Router, expert_counts, rms_norm
 from hotsplit_runtime.pinned import PinnedAllocator, numa_policy_for
 from hotsplit_runtime.precision import E8M0_BIAS, MX_GROUP, Mxfp4Experts, Mxfp4Format
 from hotsplit_runtime.selftest import error_line, random_hot, raw_zero_copy_gbps
+
+from hotsplit_cli.hotset.sizes import scaled_dim
 
 
 @dataclass(frozen=True)

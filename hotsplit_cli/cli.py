@@ -18,6 +18,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from click import ClickException as _CliError
 
 from hotsplit_cli import __version__
+from hotsplit_cli.commands.run import say_error
 from hotsplit_cli.core.errors import HotsplitError, one_line_error
 from hotsplit_cli.core.jsonio import forget_written, written_files
 from hotsplit_cli.output import StdoutClosed, Switches
@@ -69,8 +70,9 @@ def _root(
 
 
 def _register() -> None:
-    # Command modules import only numpy/typer at module level; heavy imports (the runtime among
-    # them) live in their functions. Each exposes register(app, hist_app); a module that cannot be
+    # Command modules import the library at module level; torch (behind hotsplit_runtime.api),
+    # matplotlib and pynvml are imported in the functions that use them, with a comment saying so
+    # (tests/test_layers.py). Each exposes register(app, hist_app); a module that cannot be
     # imported is an error, never a command silently left out.
     for name in ("recipe", "plan", "hist_show", "ledger", "probe", "run", "selftest", "balance", "rerank",
                  "simulate", "place", "hist_import", "export"):
@@ -83,8 +85,6 @@ _register()
 def _say_error(line: str, exit_code: int) -> None:
     """Print the one error line (under torchrun, a refusal every rank makes alike is said once
     for the job: the runtime knows the launcher)."""
-    from hotsplit_cli.commands.run import say_error
-
     say_error(line, exit_code)
 
 

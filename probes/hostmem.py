@@ -232,7 +232,7 @@ class _Range:
 # Process-wide on purpose: the exit hook below and the mappings' finalizers (which run with no
 # caller to hand them an object) must reach every mapping the process still owns.
 _LIVE: dict[int, _Range] = {}  # address -> range of every mapping still owned
-_DEFERRED: list[_Range] = []  # released during a CUDA graph capture
+_DEFERRED: list[_Range] = []  # process-wide as _LIVE: released during a CUDA graph capture, freed after it
 
 
 def _capturing() -> bool:

@@ -11,8 +11,9 @@ import time
 
 from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.planfile import load_plan, placement_of_plan
-from hotsplit_cli.traffic.trace import load_replay
+from hotsplit_cli.traffic.trace import load_run_replay
 
+from .distributed.leftovers import removed_words
 from .distributed.refusal import in_group, say_error
 from .request import RunHeader, RunRequest, RunResult, Watch
 
@@ -38,8 +39,7 @@ def run(request: RunRequest, watch: Watch | None = None) -> RunResult | None:
         return run_in_group(request, watch)
     started = time.time()  # the job's start, for the progress lines of its set-up
     _check_before_launch(request)  # before torch is imported
-    from .distributed.launch import launch_local
-    from .distributed.leftovers import removed_words
+    from .distributed.launch import launch_local  # torch from here on
 
     words = removed_words()
     if words:
@@ -51,9 +51,8 @@ def run(request: RunRequest, watch: Watch | None = None) -> RunResult | None:
 def _check_before_launch(request: RunRequest) -> None:
     """What every rank would refuse (trace, plan placement), refused once before any rank starts, naming the input."""
     rec = request.recipe
-    trace_file = request.trace or (rec.traffic.path if rec.traffic.kind == "trace" else None)
-    if trace_file is not None:
-        load_replay(trace_file, rec, request.steps)
+    if request.replay is None:
+        load_run_replay(rec, request.trace, request.steps)
     if request.plan is not None:  # its number of ranks is checked with the single-rank checks
         m = rec.model
         plan_file = request.plan_file or load_plan(request.plan)

@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from hotsplit_probes.bandwidth import measure_roundtrip_ms
+from hotsplit_probes.cpu_expert import CPU_RUNTIME_THREADS, ExpertShape, grouped_experts, measure_cpu_expert
+from hotsplit_probes.sysfs import read_numa_node
 from hotsplit_probes.timing import median_ms
 
 from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.coldpath import ColdRates, describe_rates, fit_rates, split_cold
 
 from .device import DeviceInfo, synchronizer
-from .moe import grouped_experts
 
 # Measured (benchmarks/bench_cpu_fp8.py, docs/benchmarks.md): dequantising a block-scaled fp8 expert on
 # the CPU and computing it streams 25-45x fewer bytes of stored weights per second than bf16.
@@ -65,7 +67,6 @@ def node_cpus(node: int | None) -> tuple[int, ...] | None:
     """The CPUs of NUMA node `node` this process may use (None: unknown node, or none usable)."""
     if node is None:
         return None
-    from hotsplit_probes.sysfs import read_numa_node
 
     cpus = read_numa_node(node).cpus
     allowed = set(cpus or ()) & os.sched_getaffinity(0)
@@ -225,9 +226,6 @@ CALIBRATION_POOL_BYTES = 64 << 20
 def measure_rates(bank, info: DeviceInfo, zero_copy_gbps: float | None = None) -> tuple[ColdRates, str]:
     """The cost model's rates measured now on this run's expert shape by the probe's measurement
     (probes.cpu_expert); on a CPU the device path is this same CPU (`shared_cpu`)."""
-    from hotsplit_probes.bandwidth import measure_roundtrip_ms
-    from hotsplit_probes.cpu_expert import CPU_RUNTIME_THREADS, ExpertShape, measure_cpu_expert
-
     shape = ExpertShape(bank.hidden, bank.inter, str(bank.compute_dtype).replace("torch.", ""))
     cpu = measure_cpu_expert(shape, info.numa_node, node_cpus(info.numa_node), pool_bytes=CALIBRATION_POOL_BYTES,
                              samples=5, threads=None if info.is_cuda else CPU_RUNTIME_THREADS,

@@ -31,6 +31,7 @@ def build(request: RunRequest, rank: Rank, watch: Watch, stack: ExitStack, paral
         layers = rec.model.num_moe_layers
         with watch.progress(f"building {layers} MoE layers", layers) as advance:
             prepared = from_recipe.prepare_run(rec, request.knobs, plan_path=request.plan, trace_path=request.trace,
+                                               replay=request.replay,
                                                steps=request.steps, scale=request.scale, advance=advance,
                                                platform_path=request.platform, rank=rank, parallel=parallel,
                                                prefetch_fit=request.prefetch_fit)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from hotsplit_cli.hotset.budget import resolve_hot_budget
 from hotsplit_cli.hotset.planfile import load_plan
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.synthetic import SyntheticTraffic, inclusion_probs, recipe_shares
-from hotsplit_cli.traffic.trace import Trace, load_replay
+from hotsplit_cli.traffic.trace import Replay, Trace, load_run_replay
 
 from .bank import expert_blob_layout
 from .built import Built
@@ -48,26 +49,30 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
                 trace_path: str | Path | None = None, steps: int | None = None, scale: float | None = None,
                 dtype: torch.dtype | None = None, advance: Callable[[int], None] | None = None,
                 platform_path: str | Path | None = None, rank: Rank | None = None,
-                parallel: Callable = single_rank, prefetch_fit: str | Path | None = None) -> Built:
+                parallel: Callable = single_rank, prefetch_fit: str | Path | None = None,
+                replay: Replay | None = None) -> Built:
     """Build everything a run needs; every check that can refuse happens before allocation.
     `advance(1)` as each MoE layer's weights are made; `rank`: the rank built (default: a single
     one), `parallel`: applied to its built model; `prefetch_fit`: the trace `prefetch trace` is
-    fitted on (else the replayed trace's first window)."""
+    fitted on (else the replayed trace's first window); `replay`: the trace replayed, read already."""
     scale = recipe.run.scale if scale is None else scale
     check_steps_and_scale(steps, scale)
     rank = Rank.single(recipe, knobs, platform_path) if rank is None else rank
+    if plan_path is not None and rank.plan_file is None:  # read once: for the hot set and the pool's check
+        rank = dataclasses.replace(rank, plan_file=load_plan(plan_path))
     recipe, geom, stored = stored_run(recipe, knobs.precision, scale)
     rank.check_fp8(recipe, knobs, kept=lambda info: info.triton)
     info, platform = rank.info, rank.platform
     dtype = dtype or (torch.bfloat16 if info.is_cuda else torch.float32)
     experts = _expert_format(recipe, info, dtype, stored)
     layers = _make_layers(recipe, geom, dtype, experts.fp8, advance)
-    traffic = _traffic(recipe, rank, layers, geom, trace_path, steps)
+    replay = replay or load_run_replay(recipe, trace_path, steps)
+    traffic = _traffic(recipe, rank, layers, geom, replay)
     expert_bytes = expert_bytes_per_rank(recipe)
     pool = staging_pool(recipe, knobs, expert_bytes)  # carved from the budget the hot set is planned at
     plan = choose_hot_set(rank, recipe, traffic.counts_LE, expert_bytes, plan_path,
                           carve_budget(lambda: resolve_hot_budget(recipe, knobs, platform), pool), traffic.name)
-    check_plan_leaves_pool(pool, plan.hot_bytes, rank.plan_file or (load_plan(plan_path) if plan_path else None))
+    check_plan_leaves_pool(pool, plan.hot_bytes, rank.plan_file)
     blob = expert_blob_layout(2 * geom.inter, geom.hidden, dtype, layers[0].stored)
     _check_memory(geom, len(layers), blob.elems * blob.storage.itemsize, info,
                   int(plan.hot_LE.sum()) + (pool.device_rows if pool else 0))
@@ -145,12 +150,12 @@ class _Traffic:
     trace: Trace | None = None  # the replayed trace
 
 
-def _traffic(recipe: Recipe, rank: Rank, layers, geom: MoEGeometry, trace_path, steps) -> _Traffic:
+def _traffic(recipe: Recipe, rank: Rank, layers, geom: MoEGeometry, replay: Replay | None) -> _Traffic:
     """This rank's traffic, and the routing counts the plan is made from."""
     m, t = recipe.model, recipe.traffic
-    trace_file = trace_path or (t.path if t.kind == "trace" else None)
-    if trace_file is not None:
-        return _trace_traffic(recipe, rank, trace_file, steps)
+    if replay is not None:  # the counts of the replayed steps
+        return _Traffic(rank.shard_trace(replay.trace), replay.counts_LE(m.num_experts), replay.describe(),
+                        replay.steps, replay.trace.num_steps, trace=replay.trace)
     if t.kind in ("synthetic", "histogram"):
         shares, name = recipe_shares(recipe)
         if t.drift_every:
@@ -162,13 +167,6 @@ def _traffic(recipe: Recipe, rank: Rank, layers, geom: MoEGeometry, trace_path, 
     return _Traffic(RouterSource(t.batch), _calibrate(layers, geom, t.batch, recipe.run.seed),
                     "router on generated hidden states",
                     notes=["the plan is calibrated on each router's response to random hidden states"])
-
-
-def _trace_traffic(recipe: Recipe, rank: Rank, trace_file, steps) -> _Traffic:
-    trace, n_steps = load_replay(trace_file, recipe, steps)
-    counts_LE = Trace(trace.topk_ids_SLTK[:n_steps], trace.layers).counts_LE(recipe.model.num_experts)  # the replayed
-    name = f"trace {trace_file} ({n_steps} of {trace.num_steps} trace steps)"
-    return _Traffic(rank.shard_trace(trace), counts_LE, name, n_steps, trace.num_steps, trace=trace)
 
 
 def _calibrate(layers, geom: MoEGeometry, batch: int, seed: int) -> np.ndarray:

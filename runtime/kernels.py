@@ -30,11 +30,12 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
+from hotsplit_probes.cpu_expert import grouped_experts
 
 from .bank import ExpertBank
 from .device import DeviceInfo
 from .fp8 import FP8Meta
-from .moe import expert_counts, grouped_experts
+from .moe import expert_counts
 from .precision import MX_GROUP
 
 

@@ -13,8 +13,6 @@ from hotsplit_cli.hotset.host_memory import HOST_MEMORY_SHARE
 
 from .device import DeviceInfo
 
-__all__ = ["HOST_MEMORY_SHARE", "check_device_memory", "check_host_memory"]  # the share: hotset/host_memory.py
-
 
 def check_host_memory(n_bytes: int, what: str, hint: str) -> None:
     """Refuse to pin `n_bytes` beyond HOST_MEMORY_SHARE of the available host memory.

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from hotsplit_probes.cpu_expert import expert_groups, grouped_experts  # noqa: F401 - re-exported: what the probe times
+from hotsplit_probes.cpu_expert import grouped_experts
 
 from hotsplit_cli.config.recipe import Recipe
-from hotsplit_cli.hotset.sizes import scaled_dim  # noqa: F401 - re-exported (benchmarks)
+from hotsplit_cli.hotset.sizes import scaled_dim
 
 from .precision import StoredExperts, StoredFormat
 

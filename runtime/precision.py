@@ -25,7 +25,6 @@ E8M0_NAN = 255
 # e2m1 magnitudes of codes 0..7 (1 sign, 2 exponent, 1 mantissa bit; no inf or NaN); code | 8 negates.
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 E2M1_MAX = 6.0
-E2M1_EMAX = 2  # exponent of the largest e2m1 value
 
 
 def _e2m1_values(dtype: torch.dtype) -> torch.Tensor:
@@ -86,7 +85,7 @@ def e8m0_scales(scales: torch.Tensor) -> torch.Tensor:
     return torch.where(scales == E8M0_NAN, torch.nan, s)
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)  # a cache: one lookup table per (dtype, device), built at its first use
 def _byte_pairs(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """[256, 2]: the two e2m1 values of each byte, the low nibble's first (one lookup per byte)."""
     values, byte = _e2m1_values(torch.float32), torch.arange(256)

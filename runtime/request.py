@@ -18,6 +18,7 @@ from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.core.jsonio import schema_tag
 from hotsplit_cli.hotset.planfile import PlanFile
 from hotsplit_cli.hotset.windows import HitRateRecord, RunSummary
+from hotsplit_cli.traffic.trace import Replay
 
 
 def check_steps_and_scale(steps: int | None, scale: float | None) -> None:
@@ -39,6 +40,7 @@ class RunRequest:
     platform: Path | None = None  # --platform
     plan_file: PlanFile | None = None  # the --plan file, when the caller has read (and checked) it already
     prefetch_fit: Path | None = None  # --prefetch-fit: the trace the prefetch predictor is fitted on
+    replay: Replay | None = None  # the trace replayed, when the caller has read (and checked) it already
 
     def __post_init__(self):
         check_steps_and_scale(self.steps, self.scale)

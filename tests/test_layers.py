@@ -3,7 +3,9 @@ the tree, shown to fail on a deliberate violation, and every module of hotsplit_
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -149,3 +151,97 @@ def test_no_folder_imports_another_that_imports_it_back(monkeypatch):
     edges = {(folder(m), folder(n)) for m in graph.modules for n in graph.find_modules_directly_imported_by(m)}
     edges = {(a, b) for a, b in edges if a and b and a != b}
     assert sorted((a, b) for a, b in edges if (b, a) in edges and a < b) == []
+
+
+LAZY_REASON = re.compile(r"#.*\b(torch|matplotlib|triton|transformers|pynvml|cycle)\b", re.IGNORECASE)
+
+
+def unexplained_lazy_imports(paths) -> list[str]:
+    """`path:line` of each import of hotsplit's own code inside a function that says no reason: a
+    comment on its first line, or on the line above it or above the run of imports it stands in,
+    naming the cost it defers (torch, matplotlib, triton, transformers, pynvml) or the cycle it breaks."""
+    own = tuple(IMPORT_NAMES.values())
+    found = []
+    for path in paths:
+        lines = Path(path).read_text().splitlines()
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for body in (getattr(n, f) for n in ast.walk(fn) for f in ("body", "orelse", "finalbody")
+                         if isinstance(getattr(n, f, None), list)):
+                first = None  # the first line of the run of imports a statement stands in
+                for st in body:
+                    if not isinstance(st, ast.Import | ast.ImportFrom):
+                        first = None
+                        continue
+                    first = first or st.lineno
+                    names = [st.module or ""] if isinstance(st, ast.ImportFrom) else [a.name for a in st.names]
+                    if not (getattr(st, "level", 0) or any(n.split(".")[0] in own for n in names)):
+                        continue
+                    said = [lines[st.lineno - 1], lines[st.lineno - 2], lines[first - 1], lines[first - 2]]
+                    if not any(LAZY_REASON.search(x) for x in said):
+                        found.append(f"{path}:{st.lineno}")
+    return sorted(set(found))
+
+
+def test_every_import_inside_a_function_says_why():
+    """hotsplit's own modules are imported at the top; one imported inside a function says why
+    (the torch, matplotlib, ... cost it defers, or the cycle it breaks) in a comment."""
+    paths = [p for folder in IMPORT_NAMES for p in sorted((ROOT / folder).rglob("*.py"))]
+    assert [str(Path(p).relative_to(ROOT)) for p in unexplained_lazy_imports(paths)] == []
+
+
+def test_the_lazy_import_check_finds_an_unexplained_import(tmp_path):
+    code = ("import numpy as np\n\n\ndef f():\n    import json\n    from hotsplit_cli.core import units\n\n"
+            "    from . import sibling  # here, not at the top: sibling imports this module (a cycle)\n\n"
+            "    from hotsplit_runtime import device  # torch from here on\n    from . import engine\n\n"
+            "    return units\n")
+    (tmp_path / "m.py").write_text(code)
+    assert unexplained_lazy_imports([tmp_path / "m.py"]) == [f"{tmp_path / 'm.py'}:6"]
+
+
+STATE_REASON = re.compile(r"#.*\b(process-wide|cache)\b", re.IGNORECASE)
+MUTATORS = {"append", "extend", "clear", "pop", "popitem", "update", "add", "remove", "discard", "setdefault",
+            "insert"}
+
+
+def unexplained_module_state(paths) -> list[str]:
+    """`path:line` of each module-level value its module changes (a method that mutates it, or an
+    item assigned) and each cached function, with no comment on its line or the comment block
+    above it saying it is process-wide on purpose or a cache."""
+    found = []
+    for path in paths:
+        lines = Path(path).read_text().splitlines()
+        tree = ast.parse("\n".join(lines))
+        names = {t.id: st for st in tree.body if isinstance(st, ast.Assign | ast.AnnAssign)
+                 for t in (st.targets if isinstance(st, ast.Assign) else [st.target]) if isinstance(t, ast.Name)}
+        changed = {n.func.value.id for n in ast.walk(tree) if isinstance(n, ast.Call)
+                   and isinstance(n.func, ast.Attribute) and n.func.attr in MUTATORS
+                   and isinstance(n.func.value, ast.Name)}
+        changed |= {t.value.id for n in ast.walk(tree) if isinstance(n, ast.Assign | ast.AugAssign)
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                    if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)}
+        held = [names[n] for n in changed if n in names]
+        held += [d for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) for d in f.decorator_list
+                 if "cache" in ast.unparse(d)]
+        for st in held:
+            said, i = [lines[st.lineno - 1]], st.lineno - 2
+            while i >= 0 and lines[i].lstrip().startswith("#"):
+                said.append(lines[i])
+                i -= 1
+            if not any(STATE_REASON.search(x) for x in said):
+                found.append(f"{path}:{st.lineno}")
+    return sorted(found)
+
+
+def test_module_level_state_says_it_is_process_wide_or_a_cache():
+    paths = [p for folder in IMPORT_NAMES for p in sorted((ROOT / folder).rglob("*.py"))]
+    assert [str(Path(p).relative_to(ROOT)) for p in unexplained_module_state(paths)] == []
+
+
+def test_the_state_check_finds_unexplained_state(tmp_path):
+    code = ("import functools\n\nTABLE = {'a': 1}  # read only\nSEEN = []\n# process-wide on purpose: a signal "
+            "handler sets it\nASKED = {'stop': False}\n\n\ndef f(x):\n    SEEN.append(x)\n    ASKED['stop'] = True\n"
+            "    return TABLE[x]\n\n\n@functools.cache\ndef g(x):\n    return x\n")
+    (tmp_path / "m.py").write_text(code)
+    assert unexplained_module_state([tmp_path / "m.py"]) == [f"{tmp_path / 'm.py'}:15", f"{tmp_path / 'm.py'}:4"]

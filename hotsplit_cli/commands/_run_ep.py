@@ -11,7 +11,10 @@ from rich.markup import escape
 
 from hotsplit_cli.core.units import duration
 from hotsplit_cli.hotset.ep_layout import layout_words
+from hotsplit_cli.hotset.fitted_traffic import RunFits
+from hotsplit_cli.hotset.verdict import balancedness_verdicts
 from hotsplit_cli.output import Output, gib, pct
+from hotsplit_cli.placement.file import placement_prediction
 
 from . import _run_report as report
 
@@ -34,15 +37,10 @@ def ep_verdicts(plan_file, s, fig, fits=None) -> list[dict]:
     """The plan's hit rates, the placement's balancedness (while its layout held: no rebalance
     moved it) and each rank's cold paths, judged (hotset/verdict.py); `fits`: whether the job
     replayed the routing the plan's and the placement's histograms counted (fitted_traffic.RunFits)."""
-    from hotsplit_cli.hotset.fitted_traffic import RunFits
-    from hotsplit_cli.hotset.verdict import balancedness_verdicts
-
     fits = fits or RunFits()
     balance = []
     moved = any(r["skipped"] is None for r in fig.rebalances)
     if fig.window_balancedness is not None and not moved:
-        from hotsplit_cli.placement.file import placement_prediction
-
         pred = placement_prediction(plan_file.placement["path"])
         w = fig.window_balancedness
         balance = balancedness_verdicts(pred.fitted, pred.out_of_sample, w["balancedness"], w["steps_per_window"],

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hotsplit_cli.plotting import integer_step_ticks, save_png
+
+from . import _run_report as report
+
 HEADROOM = 1.15  # the top of the load bars' axis over the largest bar: room for its label below the title
 
 
 def plot_ep_run(path: Path, s, fig, title: str) -> None:
     """Write the EP run's PNG (`s`: the job's RunSummary, `fig`: its EPFigures)."""
-    from hotsplit_cli.plotting import save_png
-
     def draw(figure, ax):
         ax.remove()
         hits, balance, loads = figure.subplots(1, 3, gridspec_kw={"width_ratios": [3, 3, 2]})
@@ -27,8 +29,6 @@ def plot_ep_run(path: Path, s, fig, title: str) -> None:
 
 
 def draw_ep_axes(hits, balance, loads, s, fig, title: str) -> None:
-    from . import _run_report as report
-
     report.draw_hit_rates(hits, s, title)
     draw_window_balance(balance, s.records)
     applied = [r for r in fig.rebalances if r["skipped"] is None]
@@ -39,8 +39,6 @@ def draw_ep_axes(hits, balance, loads, s, fig, title: str) -> None:
 
 def draw_window_balance(ax, records) -> None:
     """Per window: each rank's load over the window's mean, and the window's balancedness."""
-    from hotsplit_cli.plotting import integer_step_ticks
-
     steps = [r.step for r in records]
     ranks = len(records[0].ranks) if records else 0
     top = 1.0

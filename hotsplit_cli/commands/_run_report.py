@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from hotsplit_cli.core.jsonio import write_atomic
-from hotsplit_cli.hotset.verdict import expectation_warning, gap_flagged
+from hotsplit_cli.hotset.verdict import cold_path_verdicts, expectation_warning, gap_flagged, hit_rate_verdicts
 from hotsplit_cli.output import Output, gib, pct
 from hotsplit_cli.plotting import integer_step_ticks
 
@@ -131,8 +131,6 @@ def verdicts(plan_file, achieved_hit_rate: float, cold_paths: dict | None, balan
     """Every prediction the run was given, judged (hotset/verdict.py): the plan's hit rates (none
     without a plan file; `fit`: whether the run replayed the plan's histogram), the placement's
     `balance` verdicts (EP), the cold paths' times."""
-    from hotsplit_cli.hotset.verdict import cold_path_verdicts, hit_rate_verdicts
-
     out = [] if plan_file is None else hit_rate_verdicts(plan_file.hit_rate, plan_file.out_of_sample,
                                                          achieved_hit_rate, fit)
     return [v.to_doc() for v in [*out, *(balance or []), *cold_path_verdicts(cold_paths, who)]]

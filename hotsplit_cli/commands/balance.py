@@ -13,13 +13,21 @@ import numpy as np
 import typer
 from hotsplit_runtime import api
 
+from hotsplit_cli.config.recipe import load_recipe
+from hotsplit_cli.config.recipe_writer import UNKNOWN_GPU, write_checkpoint_recipe
 from hotsplit_cli.core.errors import InputFileError, UsageError
+from hotsplit_cli.core.jsonio import write_atomic
 from hotsplit_cli.hotset.lookahead import lookahead_guesses
+from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.options import DeviceOpt, JsonOpt, OutOpt, PrefetchGuessesOpt, RecipeOpt, output_option
 from hotsplit_cli.output import Output
 from hotsplit_cli.traffic.hist import Histogram, save_hist
+from hotsplit_cli.traffic.histstats import hist_report
 from hotsplit_cli.traffic.prompts import read_prompts
 from hotsplit_cli.traffic.quality import measured_quality, quality_line, quality_summary
+from hotsplit_cli.traffic.trace import Trace, save_trace
+
+from .hist_show import render_hist_report
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -94,8 +102,6 @@ def balance_cmd(
     if output is not None:
         save_hist(output, _with_recipe(hist, output, rec, recipe_name, model, prompts))
     if trace_obj is not None:
-        from hotsplit_cli.traffic.trace import save_trace
-
         save_trace(trace, trace_obj)
     _report(out, hist, output, trace, notes, rec)
 
@@ -104,8 +110,6 @@ def _recipe_and_model(recipe_name: str | None, model: Path | None):
     """(the recipe named, or None; the checkpoint: --model, else the recipe's when it runs one)."""
     rec = None
     if recipe_name is not None:
-        from hotsplit_cli.config.recipe import load_recipe
-
         rec = load_recipe(recipe_name)
     if model is None and rec is not None and rec.model.kind == "hf":
         model = rec.model.path
@@ -125,8 +129,6 @@ def _with_recipe(hist: Histogram, output: Path, rec, recipe_name, model, prompts
         return dataclasses.replace(hist, recipe=str(given.resolve()) if given.is_file() else recipe_name)
     if model is None:
         return hist
-    from hotsplit_cli.config.recipe_writer import UNKNOWN_GPU, write_checkpoint_recipe
-    from hotsplit_cli.core.jsonio import write_atomic
 
     beside = output.with_name(f"{output.stem}.recipe.yaml")
     written = write_checkpoint_recipe(model, beside, UNKNOWN_GPU, prompts=Path(prompts) if prompts else None)
@@ -183,8 +185,6 @@ def _from_checkpoint(out, model_dir, rec, prompts, max_new_tokens, batch_size, w
 
 
 def _from_synthetic(out, rec, steps, batch_size, windows_steps, keep_trace):
-    from hotsplit_cli.traffic.trace import Trace
-
     steps = steps or rec.run.steps
     batch, step_words = _job_step_tokens(rec, batch_size)
     counts_SLE, ids = api.count_synthetic_routing(rec, steps, batch, keep_trace, out.progress)
@@ -210,10 +210,6 @@ def _job_step_tokens(rec, batch_size: int | None) -> tuple[int, str]:
 
 
 def _report(out: Output, hist: Histogram, output, trace, notes, rec=None) -> None:
-    from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
-    from hotsplit_cli.traffic.histstats import hist_report
-
-    from .hist_show import render_hist_report
 
     report = hist_report(hist, expert_bytes_per_rank(rec) if rec is not None else None)
     doc = {"output": str(output) if output else None, "trace": str(trace) if trace else None,

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from hotsplit_runtime import api
 
-from hotsplit_cli.export.targets import engines_text, recipe_engines
+from hotsplit_cli.core.jsonio import write_atomic, write_json_atomic
+from hotsplit_cli.export.targets import ExportRequest, engines_text, export, recipe_engines
 from hotsplit_cli.options import JsonOpt, output_option
 from hotsplit_cli.output import Output, pct
 
@@ -36,8 +37,6 @@ def export_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Write a plan or placement for another engine, with the flags to start it and what it keeps on the GPU."""
-    from hotsplit_cli.export.targets import ExportRequest, export
-
     out = Output(json)
     result = export(ExportRequest(file, engine, output, recipe, hist, online))
     _write(output, result.payload)
@@ -52,8 +51,6 @@ def export_cmd(
 
 def _write(path: Path, payload) -> None:
     """The engine's file, atomically: JSON, YAML, text, or torch's .pt (written by the runtime, where torch is)."""
-    from hotsplit_cli.core.jsonio import write_atomic, write_json_atomic
-
     suffix = path.suffix
     if suffix == ".json":
         write_json_atomic(path, payload)

@@ -8,9 +8,12 @@ from typing import Annotated
 import typer
 from hotsplit_runtime import api
 
+from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.options import JsonOpt, RecipeOpt, RequiredOutOpt
 from hotsplit_cli.output import Output
+from hotsplit_cli.traffic.hist import save_hist
+from hotsplit_cli.traffic.serving_import import read_serving, to_histogram
 
 FromOpt = Annotated[str, typer.Option("--from", metavar="sglang|vllm", help="The engine that wrote the files.")]
 ModelOpt = Annotated[str | None, typer.Option("--model", show_default="the recipe's model name", metavar="NAME",
@@ -29,16 +32,11 @@ def import_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Import routing counts recorded by SGLang (or saved from vLLM) as a hotsplit histogram."""
-    from hotsplit_cli.traffic.hist import save_hist
-    from hotsplit_cli.traffic.serving_import import read_serving, to_histogram
-
     out = Output(json)
     if top_k is not None and top_k < 1:
         raise UsageError(f"--top-k: must be >= 1, got {top_k}")
     spec = None
     if recipe is not None:
-        from hotsplit_cli.config.recipe import load_recipe
-
         spec = load_recipe(recipe).model
     ec = read_serving(engine, files, _read_pt)
     imp = to_histogram(ec, spec, top_k, model, where=", ".join(map(str, files)))

@@ -7,8 +7,11 @@ from typing import Annotated
 
 import typer
 
+from hotsplit_cli.config.recipe import load_recipe
+from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.options import JsonOpt, PlotOpt, RecipeOpt
 from hotsplit_cli.output import Output, gib, pct
+from hotsplit_cli.plotting import save_png
 from hotsplit_cli.traffic.hist import load_hist
 from hotsplit_cli.traffic.histstats import (
     COVERAGE_TARGETS,
@@ -18,6 +21,7 @@ from hotsplit_cli.traffic.histstats import (
     hist_report,
     top_count,
 )
+from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
 
 
 def hist_show_cmd(
@@ -31,10 +35,6 @@ def hist_show_cmd(
     hist = load_hist(file)
     expert_bytes, ranks = None, 1
     if recipe is not None:
-        from hotsplit_cli.config.recipe import load_recipe
-        from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
-        from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
-
         rec = load_recipe(recipe)
         for warning in check_hist_matches_recipe(hist, rec, file):
             out.warn(warning)
@@ -90,8 +90,6 @@ def render_hist_report(out: Output, report: HistReport) -> None:
 
 
 def plot_coverage(path: Path, report: HistReport) -> None:
-    from hotsplit_cli.plotting import save_png
-
     def draw(fig, ax):
         n = len(report.curve_share)
         if report.curve_bytes is not None:

@@ -16,15 +16,22 @@ from hotsplit_cli.analysis.ledger import (
     HOT_EXPERT_FACTOR,
     CommModel,
     Ledger,
+    StoredExperts,
     build_ledger,
     with_ep,
 )
-from hotsplit_cli.config.recipe import GIB
+from hotsplit_cli.config.knobs import resolve_knobs
+from hotsplit_cli.config.recipe import GIB, load_recipe
 from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.core.jsonio import schema_tag
 from hotsplit_cli.core.units import decimal_bytes, duration
+from hotsplit_cli.hotset.budget import resolve_hot_budget
+from hotsplit_cli.hotset.host_memory import host_fit
+from hotsplit_cli.hotset.planfile import check_plan_precision, check_plan_ranks, load_plan
+from hotsplit_cli.hotset.sizes import uniform_precision
 from hotsplit_cli.options import HotGibOpt, JsonOpt, PlatformOpt, PrecisionOpt, RecipeArg
 from hotsplit_cli.output import Output, gib, pct
+from hotsplit_cli.traffic.hist import load_hist
 
 EpOpt = Annotated[
     int | None, typer.Option("--ep", show_default="the recipe's parallel.ep", help="Expert-parallel size N.")
@@ -102,11 +109,6 @@ def ledger(
     """Memory and expert-parallel All-to-All ledgers of a recipe.
 
     Parameters, expert bytes, what stays on the GPU and what the hot budget holds."""
-    from hotsplit_cli.config.knobs import resolve_knobs
-    from hotsplit_cli.config.recipe import load_recipe
-    from hotsplit_cli.hotset.host_memory import host_fit
-    from hotsplit_cli.traffic.hist import load_hist
-
     out = Output(json_out)
     rec = load_recipe(recipe)
     knobs = resolve_knobs(rec.knobs, flags={"hot_gib": hot_gib, "precision": precision})
@@ -144,11 +146,6 @@ def ledger(
 def _plan_inputs(rec, knobs, plan_path: Path | None):
     """(an auto plan's stored precisions or None, (hot GiB, its source)): with --plan, the plan's
     budget and hot set at the precision it was made at; else the knobs' budget, one precision."""
-    from hotsplit_cli.analysis.ledger import StoredExperts
-    from hotsplit_cli.hotset.budget import resolve_hot_budget
-    from hotsplit_cli.hotset.planfile import check_plan_precision, check_plan_ranks, load_plan
-    from hotsplit_cli.hotset.sizes import uniform_precision
-
     if plan_path is None:
         if knobs.precision == "auto":
             raise UsageError(f"{knobs.origin('precision')} auto: ledger counts the precisions an auto plan chose, "

@@ -7,9 +7,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from hotsplit_cli.config.knobs import resolve_knobs
+from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.hotset.gpu_fit import gpu_fit, placement_expert_bytes
+from hotsplit_cli.hotset.placetime import check_time_request, place_by_time
 from hotsplit_cli.options import HotGibOpt, JsonOpt, OutOpt, PlatformOpt, RecipeOpt
 from hotsplit_cli.output import Output, gib
+from hotsplit_cli.placement.file import save_placement
+from hotsplit_cli.placement.report import PlaceRequest, place_from_hist
 
 if TYPE_CHECKING:
     from hotsplit_cli.placement.report import PlaceReport
@@ -48,9 +54,6 @@ def place_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Replicate and place experts on EP ranks, balancing every window, never two replicas on a rank."""
-    from hotsplit_cli.placement.file import save_placement
-    from hotsplit_cli.placement.report import PlaceRequest, place_from_hist
-
     out = Output(json)
     if fmt not in FORMATS:
         raise UsageError(f"--format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -61,8 +64,6 @@ def place_cmd(
         raise UsageError("--format sglang needs -o FILE")
     rec = None
     if recipe is not None:
-        from hotsplit_cli.config.recipe import load_recipe
-
         rec = load_recipe(recipe)
         if rec.parallel.ep > 1 and ranks != rec.parallel.ep:
             raise UsageError(f"--ranks {ranks}: recipe {rec.name!r} has ep={rec.parallel.ep}",
@@ -94,8 +95,6 @@ def _place_by_time(req, rec, hot_gib: str | None, out: Output) -> PlaceReport:
     """`place --platform`: the budget knob resolved (flag > env > recipe > auto), then the library."""
     import os
 
-    from hotsplit_cli.config.knobs import resolve_knobs
-    from hotsplit_cli.hotset.placetime import check_time_request, place_by_time
 
     check_time_request(req, rec)
     return place_by_time(req, rec, resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib}), out.warn)
@@ -105,7 +104,6 @@ def _gpu_fit(report: PlaceReport, rec, out: Output) -> dict | None:
     """With a recipe: each rank's expert slots against its GPU's memory, warned when they cannot fit."""
     if rec is None:
         return None
-    from hotsplit_cli.hotset.gpu_fit import gpu_fit, placement_expert_bytes
 
     fit = gpu_fit(placement_expert_bytes(report.placement, rec), rec)
     if fit.warning():

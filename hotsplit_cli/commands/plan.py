@@ -10,6 +10,7 @@ import typer
 
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
+from hotsplit_cli.core.jsonio import write_json_atomic
 from hotsplit_cli.hotset.coldpath import fastest_spans
 from hotsplit_cli.hotset.host_memory import host_fit
 from hotsplit_cli.hotset.planfile import PlanResult, make_plan, plan_doc
@@ -51,8 +52,6 @@ def plan_cmd(
         out.warn(host.explain())
     doc = plan_doc(result)
     if output is not None:
-        from hotsplit_cli.core.jsonio import write_json_atomic
-
         write_json_atomic(output, doc)
     out.emit(doc, lambda: _render(out, result, doc))
     if output is not None:

@@ -13,11 +13,14 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
+from hotsplit_probes.cpu_expert import ExpertShape
+from hotsplit_probes.platform import Sources, measure_platform, take_inventory
 
 from hotsplit_cli import __version__
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import GIB, Recipe, load_recipe
 from hotsplit_cli.core.errors import PlanError, UsageError
+from hotsplit_cli.core.jsonio import write_json_atomic
 from hotsplit_cli.core.units import size
 from hotsplit_cli.hotset.sizes import (
     dense_bytes_per_rank,
@@ -228,8 +231,6 @@ def scaled_shape(shape: tuple[int, int, str], scale: float | None) -> tuple[int,
 
 def _sources() -> Any:
     """Where the probes read from (tests replace this with scenario fakes)."""
-    from hotsplit_probes.platform import Sources
-
     return Sources()
 
 
@@ -253,8 +254,6 @@ def probe_cmd(
     if recipe is not None:
         rec = load_recipe(recipe)
         knobs = resolve_knobs(rec.knobs, os.environ)
-    from hotsplit_probes.cpu_expert import ExpertShape
-    from hotsplit_probes.platform import measure_platform, take_inventory
 
     sources = _sources()
     shape = ExpertShape(*scaled_shape(expert_compute_shape(rec), scale)) if rec else None
@@ -272,8 +271,6 @@ def probe_cmd(
         hot_budgets(doc, rec, knobs.vram_reserve_gib)
         doc["reasons"] = doc.pop("reasons")  # keep reasons last
     if output is not None:
-        from hotsplit_cli.core.jsonio import write_json_atomic
-
         write_json_atomic(output, doc)
     out.emit(doc, lambda: _render(out, doc))
     if output is not None:

@@ -7,7 +7,9 @@ from typing import Annotated
 
 import typer
 
+from hotsplit_cli.config.recipe_writer import hardware_of, write_checkpoint_recipe
 from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.core.jsonio import write_atomic
 from hotsplit_cli.options import JsonOpt, PlatformOpt, writable_output
 from hotsplit_cli.output import Output
 
@@ -36,9 +38,6 @@ def recipe_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Write a recipe from a Hugging Face checkpoint's config.json and safetensors headers."""
-    from hotsplit_cli.config.recipe_writer import hardware_of, write_checkpoint_recipe
-    from hotsplit_cli.core.jsonio import write_atomic
-
     out = Output(json)
     if prompts is not None and not prompts.is_file():
         raise UsageError(f"--prompts {prompts}: no such file")

@@ -8,7 +8,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from hotsplit_cli.config.knobs import resolve_knobs
+from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.hotset.rerank import RerankRequest, rerank_files
 from hotsplit_cli.options import HotGibOpt, JsonOpt, OutOpt, RecipeOpt
 from hotsplit_cli.output import Output, pct
 from hotsplit_cli.traffic.hist import save_hist
@@ -40,17 +43,12 @@ def rerank_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Re-rank REF for my traffic: a Dirichlet prior from REF, updated with MINE's counts."""
-    from hotsplit_cli.hotset.rerank import RerankRequest, rerank_files
-
     out = Output(json)
     req = RerankRequest(ref_file, mine_file, strength, hot_frac)
     if hot_gib is not None and recipe is None:
         raise UsageError("--hot-gib needs --recipe to know the expert sizes", "pass --recipe NAME")
     rec = knobs = None
     if recipe is not None:
-        from hotsplit_cli.config.knobs import resolve_knobs
-        from hotsplit_cli.config.recipe import load_recipe
-
         rec = load_recipe(recipe)
         knobs = resolve_knobs(rec.knobs, os.environ, {"hot_gib": hot_gib})
     report = rerank_files(req, rec, knobs, out.warn)

@@ -33,6 +33,8 @@ from hotsplit_cli.options import (
     output_option,
 )
 from hotsplit_cli.output import Output
+from hotsplit_cli.plotting import require_matplotlib, save_png
+from hotsplit_cli.traffic.trace import load_run_replay
 
 from . import _run_report as report
 from ._run_ep import ep_verdicts, render_job
@@ -85,9 +87,10 @@ def run(
     _check_prefetch_fit(prefetch_fit, knobs)
     request = api.RunRequest(rec, knobs, plan, trace, steps, scale, platform, prefetch_fit=prefetch_fit)
     plan_file = check_run_inputs(rec, plan, trace, knobs)  # before anything is built
-    fits = run_fits(plan_file, rec, trace, steps)  # does the run replay the plan's (and placement's) histogram?
+    replay = load_run_replay(rec, trace, steps)  # read once: the run replays what is judged here
+    fits = run_fits(plan_file, rec, replay)  # does the run replay the plan's (and placement's) histogram?
     check_host_fits(rec, platform, scale, knobs.precision)  # stored banks vs the host, before allocating
-    request = dataclasses.replace(request, plan_file=plan_file)
+    request = dataclasses.replace(request, plan_file=plan_file, replay=replay)
     watch = RunWatch(out, request)
     result = report.logged(log_jsonl, watch, lambda: api.run(request, watch))
     if result is None:  # another rank of a job: rank 0 reports for it
@@ -113,8 +116,6 @@ def _check_options(rec, platform: Path | None, synthetic: tuple, plot: Path | No
     if platform is not None and not platform.is_file():
         raise UsageError(f"--platform {platform}: no such file", "write one with `hotsplit probe -o platform.json`")
     if plot is not None:
-        from hotsplit_cli.plotting import require_matplotlib
-
         require_matplotlib()
 
 
@@ -168,8 +169,6 @@ def _renderer(out: Output, request, result, doc: dict, plot: Path | None):
 def _plot(path: Path, result) -> None:
     """Hit rate per window over steps, swap moments marked (a job: with each rank's load);
     written atomically."""
-    from hotsplit_cli.plotting import save_png
-
     if result.figures is not None:
         return plot_ep_run(path, result.summary, result.figures, result.recipe)
     save_png(path, lambda fig, ax: _draw_hit_rates(ax, result.summary, result.recipe), figsize=(8, 4), dpi=100)

@@ -10,6 +10,10 @@ from typing import TYPE_CHECKING, Annotated
 import numpy as np
 import typer
 
+from hotsplit_cli.analysis.recommend import recommend_for
+from hotsplit_cli.analysis.simulate import LAYER_SPLIT, SimRequest, policies_for, run_simulation, stored_counts
+from hotsplit_cli.config.knobs import resolve_knobs
+from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.options import (
     HotGibOpt,
     JsonOpt,
@@ -24,7 +28,7 @@ from hotsplit_cli.options import (
     knob_option,
 )
 from hotsplit_cli.output import Output, gib, pct
-from hotsplit_cli.plotting import integer_step_ticks
+from hotsplit_cli.plotting import integer_step_ticks, save_png
 
 if TYPE_CHECKING:
     from hotsplit_cli.analysis.recommend import Recommendation
@@ -63,11 +67,6 @@ def simulate_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Replay a routing trace under hot-set policies and compare hit rate and PCIe bytes per step."""
-    from hotsplit_cli.analysis.recommend import recommend_for
-    from hotsplit_cli.analysis.simulate import SimRequest, policies_for, run_simulation
-    from hotsplit_cli.config.knobs import resolve_knobs
-    from hotsplit_cli.config.recipe import load_recipe
-
     out = Output(json)
     policies_for(policies, "native")  # a bad list is refused before the recipe is read
     rec = load_recipe(recipe)
@@ -93,8 +92,6 @@ def simulate_cmd(
 
 
 def _plot(out: Output, plot: Path, result: SimResult) -> None:
-    from hotsplit_cli.plotting import save_png
-
     cfg, sums = result.config, result.sums
     title = f"{result.recipe}: {gib(cfg.budget_bytes)} hot, {cfg.hot_slots} slots"
     save_png(plot, lambda fig, ax: draw_policies(ax, sums, cfg.window_steps, title))
@@ -105,8 +102,6 @@ def _plot(out: Output, plot: Path, result: SimResult) -> None:
 
 def _render(out: Output, result: SimResult) -> None:
     """The human report of a `SimResult`."""
-    from hotsplit_cli.analysis.simulate import LAYER_SPLIT, stored_counts
-
     tr, cfg, k, rate = result.trace, result.config, result.knobs, result.rate
     out.print(f"trace {result.request.trace_path}: {tr.num_steps} steps x {tr.topk_ids_SLTK.shape[2]} tokens x "
               f"top-{tr.top_k}, {len(tr.layers)} layers x {result.num_experts} experts")

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from hotsplit_cli.config.checkpoint import check_against_checkpoint
+from hotsplit_cli.config.knobs import KNOB_NAMES, resolve_knobs
 from hotsplit_cli.core.errors import RecipeError
 
 GIB = 1 << 30
@@ -299,8 +301,6 @@ def _knobs_of(root: _Section) -> dict:
         raise RecipeError("hotsplit: must be a mapping")
     root.done()
     # Knob values are validated in knobs.resolve_knobs (with env and flags); unknown names here.
-    from hotsplit_cli.config.knobs import KNOB_NAMES, resolve_knobs
-
     for k in knobs_raw:
         if k not in KNOB_NAMES:
             raise RecipeError(f"hotsplit.{k}: unknown key", f"knobs are: {', '.join(KNOB_NAMES)}")
@@ -376,8 +376,6 @@ def _parse_model(m: _Section, base: Path, recipe_name: str) -> ModelSpec:
     )
     m.done()
     if kind == "hf":  # before anything else reads the recipe: the checkpoint's config.json is the truth
-        from hotsplit_cli.config.checkpoint import check_against_checkpoint
-
         check_against_checkpoint(spec)
     if spec.total_params and spec.total_params < spec.routed_expert_params:
         raise RecipeError(

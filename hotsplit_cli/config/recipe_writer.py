@@ -23,6 +23,7 @@ from hotsplit_cli.config.checkpoint import (
     read_checkpoint_config,
 )
 from hotsplit_cli.config.checkpoint_params import ParamCount, count_params
+from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.config.recipe import GIB, Recipe, parse_recipe
 from hotsplit_cli.core.errors import UsageError
 
@@ -57,8 +58,6 @@ def hardware_of(gpu_mem_gib: float | None, platform_path: Path | None) -> Hardwa
         raise UsageError(f"--gpu-mem-gib: must be > 0, got {gpu_mem_gib}")
     host, host_source, gpu = None, "", "unknown"
     if platform_path is not None:
-        from hotsplit_cli.config.platform_file import load_platform
-
         info = load_platform(platform_path)
         if info.host_mem_available_bytes:
             host, host_source = info.host_mem_available_bytes / GIB, f"{platform_path}: host memory available"

@@ -23,7 +23,7 @@ from hotsplit_cli.core.jsonio import read_json_doc
 from hotsplit_cli.hotset.planfile import PlanFile, find_beside
 from hotsplit_cli.hotset.verdict import Fit
 from hotsplit_cli.traffic.hist import load_hist
-from hotsplit_cli.traffic.trace import Trace, load_replay
+from hotsplit_cli.traffic.trace import Replay
 
 UNKNOWN = Fit(None)
 
@@ -37,31 +37,28 @@ class RunFits:
     balancedness: Fit = UNKNOWN
 
 
-def run_fits(plan: PlanFile | None, recipe: Recipe, trace_path: Path | None, steps: int | None) -> RunFits:
-    """What a run of `recipe` (with --trace `trace_path`, --steps `steps`) routes, against the
-    histograms `plan` and its placement were fitted on; UNKNOWN where a file names none."""
+def run_fits(plan: PlanFile | None, recipe: Recipe, replay: Replay | None) -> RunFits:
+    """What a run of `recipe` (replaying `replay`, None: no trace) routes, against the histograms
+    `plan` and its placement were fitted on; UNKNOWN where a file names none."""
     if plan is None:
         return RunFits()
     made = plan.histogram or {}
-    fits = [_fit(find_beside(plan.path, made["path"], made.get("sha256")) if made else None, recipe, trace_path,
-                 steps)]
+    fits = [_fit(find_beside(plan.path, made["path"], made.get("sha256")) if made else None, recipe, replay)]
     if plan.placement is not None:
         where = Path(plan.placement["path"])
         source = read_json_doc(where, "placement").get("source") or {}
         hist = source.get("histogram")
-        fits.append(_fit(find_beside(where, hist, None) if isinstance(hist, str) else None, recipe, trace_path,
-                         steps))
+        fits.append(_fit(find_beside(where, hist, None) if isinstance(hist, str) else None, recipe, replay))
     return RunFits(*fits)
 
 
-def _fit(hist_path: Path | None, recipe: Recipe, trace_path: Path | None, steps: int | None) -> Fit:
+def _fit(hist_path: Path | None, recipe: Recipe, replay: Replay | None) -> Fit:
     """Whether the run routes exactly what the histogram at `hist_path` counted."""
     if hist_path is None or recipe.model.kind == "hf":
         return UNKNOWN
     t = recipe.traffic
-    trace_file = trace_path or (t.path if t.kind == "trace" else None)
-    if trace_file is not None:
-        return _trace_fit(hist_path, recipe, Path(trace_file), steps)
+    if replay is not None:
+        return _trace_fit(hist_path, recipe, replay)
     if t.kind == "synthetic":
         return Fit(False, f"synthetic traffic of skew {t.skew:g}")
     if t.kind == "histogram":
@@ -69,16 +66,15 @@ def _fit(hist_path: Path | None, recipe: Recipe, trace_path: Path | None, steps:
     return Fit(False, "the router on random hidden states")
 
 
-def _trace_fit(hist_path: Path, recipe: Recipe, trace_file: Path, steps: int | None) -> Fit:
+def _trace_fit(hist_path: Path, recipe: Recipe, replay: Replay) -> Fit:
     """The trace's replayed steps counted per (layer, expert) against the histogram's counts."""
     if not hist_path.is_file():  # moved away: nothing to compare with
         return UNKNOWN
-    trace, n_steps = load_replay(trace_file, recipe, steps)
-    counts_LE = Trace(trace.topk_ids_SLTK[:n_steps], trace.layers).counts_LE(recipe.model.num_experts)
+    counts_LE = replay.counts_LE(recipe.model.num_experts)
     hist = load_hist(hist_path)
     if counts_LE.shape == hist.counts_LE.shape and np.array_equal(counts_LE, hist.counts_LE):
-        return Fit(True, f"trace {trace_file}")
-    words = f"trace {trace_file}, {n_steps} of its {trace.num_steps} steps"
+        return Fit(True, f"trace {replay.path}")
+    words = f"trace {replay.path}, {replay.steps} of its {replay.trace.num_steps} steps"
     if counts_LE.shape == hist.counts_LE.shape and np.all(counts_LE <= hist.counts_LE):
         share = counts_LE.sum() / hist.counts_LE.sum()
         return Fit(False, f"{words}: {100 * share:.0f}% of the routed assignments the histogram counted", part=True)

@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.config.recipe import GIB, ParallelSpec, Recipe
 from hotsplit_cli.core.errors import RuntimeFailure
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
@@ -55,8 +56,6 @@ def host_fit(recipe: Recipe, platform_path: str | Path | None = None, scale: flo
     if recipe.hardware.host_mem_gib is not None:
         host, source = int(recipe.hardware.host_mem_gib * GIB), "recipe hardware.host_mem_gib"
     elif platform_path is not None:
-        from hotsplit_cli.config.platform_file import load_platform
-
         available = load_platform(platform_path).host_mem_available_bytes
         if available:
             host, source = available, f"{platform_path}: host memory available"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.core.errors import HistogramError
 from hotsplit_cli.traffic.hist import Histogram
 from hotsplit_cli.traffic.predict import MeasuredRecall
@@ -93,7 +94,6 @@ def lookahead_guesses(recipe_knobs: dict | None, flag: str | None) -> int:
     lookahead is measured at; UsageError names a bad value."""
     import os
 
-    from hotsplit_cli.config.knobs import resolve_knobs
 
     return resolve_knobs(recipe_knobs, os.environ, {"prefetch_guesses": flag}).prefetch_guesses
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from hotsplit_cli.config.knobs import Knobs
+from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.hotset.budget import choose_read_rate, resolve_hot_budget
@@ -56,8 +57,6 @@ def place_by_time(req: PlaceRequest, recipe: Recipe | None, knobs: Knobs,
     """`place_from_hist` plus the time-balanced layout; the report's `times` compares both, and
     the layout written is the one `req.balance` names. The request is checked first
     (`check_time_request`, by the command, before the recipe's knobs are resolved)."""
-    from hotsplit_cli.config.platform_file import load_platform
-
     platform = load_platform(req.platform_path)
     plan = _plan_of(req, recipe, knobs)
     budget = resolve_hot_budget(recipe, knobs, platform, plan)

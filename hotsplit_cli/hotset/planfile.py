@@ -16,11 +16,14 @@ import numpy as np
 
 from hotsplit_cli.config.knobs import PRECISIONS as PRECISION_KNOBS
 from hotsplit_cli.config.knobs import Knobs, check_ep_knobs, check_prefetch_runs
+from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.config.recipe import Recipe, recipe_file
 from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.core.jsonio import read_json_doc, schema_tag
 from hotsplit_cli.hotset.budget import HotBudget, ReadRate, check_plan_budget, choose_read_rate, resolve_hot_budget
+from hotsplit_cli.hotset.coldpath import fit_rates, predict_cold_paths
 from hotsplit_cli.hotset.forecast import Band, HeldOut, rolling_origin
+from hotsplit_cli.hotset.layer_compute import layer_compute_ms, slowest_compute
 from hotsplit_cli.hotset.lookahead import load_lookahead
 from hotsplit_cli.hotset.planner import Plan, contiguous_owner, plan_hot_set
 from hotsplit_cli.hotset.precision_plan import (
@@ -31,9 +34,13 @@ from hotsplit_cli.hotset.precision_plan import (
     uniform_choice,
 )
 from hotsplit_cli.hotset.prefetch_plan import PrefetchPlan, prefetch_for_plan
-from hotsplit_cli.hotset.sizes import PRECISIONS, expert_bytes_per_rank, precision_bytes
+from hotsplit_cli.hotset.ranktime import hot_slots, physical_plan, rank_times, slot_probs
+from hotsplit_cli.hotset.sizes import PRECISIONS, expert_bytes_per_rank, expert_compute_shape, precision_bytes
+from hotsplit_cli.placement.dispatch import contiguous_placement, placed_hit_rates
+from hotsplit_cli.placement.file import load_placement
 from hotsplit_cli.traffic.hist import Histogram, file_sha256, load_hist
 from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
+from hotsplit_cli.traffic.trace import check_trace_file, replay_file
 
 if TYPE_CHECKING:
     from hotsplit_cli.placement.algorithm import Placement
@@ -71,8 +78,6 @@ def physical_plan_for(hist: Histogram, recipe: Recipe, budget_bytes: int, placem
     """EP with a placement (replicas): each rank plans among the physical experts placed on it, a
     logical expert's traffic split evenly over its replicas; hot_RLE is [R, L, P] (logical_plan
     names the hot sets by logical ids). `hist` is already checked against the recipe (make_plan)."""
-    from hotsplit_cli.hotset.ranktime import physical_plan
-
     check_placement_fits(hist, recipe, placement)
     return physical_plan(hist.counts_LE, placement, expert_bytes_per_rank(recipe, precision), budget_bytes)
 
@@ -108,8 +113,6 @@ def check_placement_fits(hist: Histogram, recipe: Recipe, placement) -> None:
 def plan_on_placement(counts_LE: np.ndarray, placement, expert_bytes: int, budget_bytes: int) -> Plan:
     """Each rank's hot set among the physical experts placed on it, `counts_LE` split evenly over
     the replicas; hot_RLE in logical ids (e hot on rank r when r's replica of e is hot)."""
-    from hotsplit_cli.hotset.ranktime import physical_plan
-
     return logical_plan(physical_plan(counts_LE, placement, expert_bytes, budget_bytes), placement,
                         np.shape(counts_LE)[1])
 
@@ -183,16 +186,12 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
         check_auto_inputs(quality, max_error, hist_path, placement_path)
     platform = None
     if platform_path is not None:
-        from hotsplit_cli.config.platform_file import load_platform
-
         platform = load_platform(platform_path)
     budget = resolve_hot_budget(recipe, knobs, platform)
     if budget.over_gpu:
         warn(f"{budget.over_gpu}; planned anyway (for a larger GPU?)")
     layout = None
     if placement_path is not None:
-        from hotsplit_cli.placement.file import load_placement
-
         layout = load_placement(placement_path)
     plan, phys, choice = _plan_precision(hist, recipe, knobs.precision, budget.budget_bytes, layout,
                                          (quality, max_error))
@@ -232,8 +231,6 @@ def compute_for_prefetch(platform, recipe: Recipe, hist: Histogram, hot_LE: np.n
                          expert_bytes: int) -> list[float] | None:
     """A layer's compute ms at each planned batch on the platform's slowest GPU (layer_compute.py);
     None when the platform file records no compute rate."""
-    from hotsplit_cli.hotset.layer_compute import layer_compute_ms, slowest_compute
-
     gpu, _ = slowest_compute(platform)
     return None if gpu is None else layer_compute_ms(gpu, recipe, hist, hot_LE, expert_bytes, BATCH_SIZES)
 
@@ -281,7 +278,6 @@ def held_out_hit_rates(hist: Histogram, recipe: Recipe, budget_bytes: int, place
     if placement is None:
         return rolling_origin(hist.windows_WLE,
                               lambda c: plan_counts_for_recipe(c, recipe, budget_bytes, precision).hot_RLE)
-    from hotsplit_cli.placement.dispatch import placed_hit_rates
 
     size = expert_bytes_per_rank(recipe, precision)
     return rolling_origin(hist.windows_WLE, lambda c: plan_on_placement(c, placement, size, budget_bytes).hot_RLE,
@@ -290,8 +286,6 @@ def held_out_hit_rates(hist: Histogram, recipe: Recipe, budget_bytes: int, place
 
 def rank0_slots(hist: Histogram, placement, phys: Plan) -> tuple[np.ndarray, np.ndarray]:
     """Rank 0's physical slots [L, S]: the chance one token reaches each, and whether it is hot."""
-    from hotsplit_cli.hotset.ranktime import hot_slots, slot_probs
-
     S = placement.slots_per_rank
     return slot_probs(routing_probs(hist), placement)[:, :S], hot_slots(phys, placement)[:, :S]
 
@@ -299,8 +293,6 @@ def rank0_slots(hist: Histogram, placement, phys: Plan) -> tuple[np.ndarray, np.
 def placement_times(hist: Histogram, placement, phys: Plan, expert_bytes: int, read_gbps: float,
                     batches=BATCH_SIZES) -> list:
     """ranktime.RankTimes of every rank at each batch size, for a physical plan of `placement`."""
-    from hotsplit_cli.hotset.ranktime import hot_slots, rank_times
-
     hot_LP, pi_LE = hot_slots(phys, placement), routing_probs(hist)
     return [rank_times(pi_LE, placement, hot_LP, expert_bytes, read_gbps, b) for b in batches]
 
@@ -382,8 +374,6 @@ def plan_doc(result: PlanResult) -> dict:
         doc["placement"] = {"path": str(result.placement_path), "sha256": file_sha256(result.placement_path),
                             "physical_experts": placement.num_physical}
         # What each rank is expected to serve hot of what it receives (traffic split evenly over replicas).
-        from hotsplit_cli.placement.dispatch import placed_hit_rates
-
         for r, rate in enumerate(placed_hit_rates(hist.counts_LE, placement, plan.hot_RLE)):
             ranks[r]["hit_rate"] = float(rate)
             if result.held_out is not None and result.held_out.ranks:
@@ -415,9 +405,6 @@ def recipe_cold_rates(recipe: Recipe, platform, warn: Callable[[str], None], sto
     """platform.json's cold-path rates for the recipe's experts (coldpath.fit_rates) and the bytes
     of one expert they time (the probe's, else `stored_bytes`: one figure or [L, E], else the
     native bytes); `warn` is told, in one line, when the probe timed other experts."""
-    from hotsplit_cli.hotset.coldpath import fit_rates
-    from hotsplit_cli.hotset.sizes import expert_compute_shape
-
     fitted = fit_rates(platform, *expert_compute_shape(recipe))
     if fitted.mismatch:
         warn(f"{fitted.mismatch}: the cpu and split times are for other experts; re-probe with "
@@ -433,8 +420,6 @@ def cold_path_prediction(hist: Histogram, hot_LE: np.ndarray, recipe: Recipe, pl
     """plan.json's `cold_paths`: predicted cold time per decode step of gpu / cpu / split at each
     batch size, from platform.json's measured rates (coldpath.fit_rates), and the fastest path at
     each. `warn` is told when the probe timed experts of another shape than the recipe's."""
-    from hotsplit_cli.hotset.coldpath import predict_cold_paths
-
     fitted, size = recipe_cold_rates(recipe, platform, warn, stored_bytes)
     pi = routing_probs(hist) if pi_LE is None else pi_LE  # [L, E], or [L, slots] of a placed rank
     times = predict_cold_paths(pi, hot_LE, size, fitted.rates, BATCH_SIZES)
@@ -635,7 +620,7 @@ def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | 
                              f"({knobs.origin('precision')}) is for `plan`",
                              "run at native, fp8 or mxfp4, with a plan made at that precision")
         check_prefetch_runs(knobs, recipe.model.kind, recipe.parallel.ep,
-                            trace_path is not None or recipe.traffic.kind == "trace")
+                            replay_file(recipe, trace_path) is not None)
     if plan_path is not None:
         m = recipe.model
         plan = load_plan(plan_path)
@@ -647,8 +632,6 @@ def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | 
             check_plan_budget(knobs, plan)
             check_plan_precision(plan, knobs)
     if trace_path is not None:
-        from hotsplit_cli.traffic.trace import check_trace_file
-
         check_trace_file(trace_path)
     return plan
 
@@ -687,9 +670,6 @@ def placement_of_plan(plan: PlanFile | None, layers, num_experts: int, ep: int) 
     """The placement an EP plan was made on (its recorded file, unchanged), else (or without a
     plan) the contiguous layout. One-line errors when the file is gone, changed, or does not fit
     the recipe."""
-    from hotsplit_cli.placement.dispatch import contiguous_placement
-    from hotsplit_cli.placement.file import load_placement
-
     if plan is None or plan.placement is None:
         return contiguous_placement(layers, num_experts, ep)
     where = plan.placement["path"]

@@ -15,7 +15,7 @@ from hotsplit_cli.core.errors import PlanError, UsageError
 from hotsplit_cli.hotset.joint import JointPlan, make_problem, plan_joint
 from hotsplit_cli.hotset.planner import Plan, check_counts, contiguous_owner
 from hotsplit_cli.hotset.quality import Quality, expected_error
-from hotsplit_cli.hotset.sizes import PRECISIONS, precision_bytes
+from hotsplit_cli.hotset.sizes import PRECISIONS, expert_bytes_per_rank, precision_bytes
 
 MEASURE_HINT = "measure them with `hotsplit balance --model DIR --prompts FILE -o HIST`"
 
@@ -93,8 +93,6 @@ def uniform_choice(counts_LE: np.ndarray, recipe: Recipe, precision: str, qualit
     it exceeds `max_error`, and when a budget is given for errors that were not measured."""
     sizes = precision_bytes(recipe)
     if precision not in sizes:
-        from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
-
         expert_bytes_per_rank(recipe, precision)  # says in one line why the shape cannot take it
     index = PRECISIONS.index(precision)
     share = counts_LE / counts_LE.sum()

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from hotsplit_cli.core.checks import NOT_FINITE, check_finite_nonneg, index_str
-from hotsplit_cli.core.errors import HistogramError
+from hotsplit_cli.core.errors import HistogramError, UsageError
 from hotsplit_cli.core.jsonio import TAKEN_BY, read_json, schema_tag, write_json_atomic
 from hotsplit_cli.traffic.quality import Quality, quality_from_doc
 
@@ -261,8 +261,6 @@ def validate_counts(counts_LE: np.ndarray, layers, where: str) -> None:
 def recorded_recipe(path: str | os.PathLike) -> str:
     """The recipe a histogram records (a path resolved against its folder, or a shipped name);
     UsageError when it records none."""
-    from hotsplit_cli.core.errors import UsageError
-
     hist = load_hist(path)
     if hist.recipe is None:
         raise UsageError(f"{path} records no recipe: plan needs --recipe to know the expert sizes and parallelism",

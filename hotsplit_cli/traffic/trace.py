@@ -60,10 +60,38 @@ def check_trace_file(path: str | os.PathLike) -> None:
                              "capture a trace with `hotsplit balance RECIPE --trace FILE.npz`")
 
 
-def load_replay(path: str | os.PathLike, recipe, steps: int | None) -> tuple[Trace, int]:
+@dataclass(frozen=True)
+class Replay:
+    """The trace a run replays, checked against its recipe and --steps: its first `steps` steps."""
+
+    path: str | os.PathLike  # as the run was given it
+    trace: Trace
+    steps: int
+
+    def counts_LE(self, num_experts: int) -> np.ndarray:
+        """Routed assignments per (layer, expert) over the replayed steps (what a run's plan is made from)."""
+        return Trace(self.trace.topk_ids_SLTK[:self.steps], self.trace.layers).counts_LE(num_experts)
+
+    def describe(self) -> str:
+        return f"trace {self.path} ({self.steps} of {self.trace.num_steps} trace steps)"
+
+
+def replay_file(recipe, trace_path: str | os.PathLike | None) -> str | os.PathLike | None:
+    """The trace a run of `recipe` replays: --trace (`trace_path`), else a trace recipe's own, else None."""
+    t = recipe.traffic
+    return trace_path or (t.path if t.kind == "trace" else None)
+
+
+def load_run_replay(recipe, trace_path: str | os.PathLike | None, steps: int | None) -> Replay | None:
+    """The trace a run of `recipe` replays, read and checked (`load_replay`); None: it replays none."""
+    path = replay_file(recipe, trace_path)
+    return None if path is None else load_replay(path, recipe, steps)
+
+
+def load_replay(path: str | os.PathLike, recipe, steps: int | None) -> Replay:
     """The trace a run of `recipe` replays, checked against the recipe's MoE layers and experts
-    and against --steps (`steps`, None: the whole trace); returns it with the steps to run. One
-    check for every run: a single rank's, and the expert-parallel launcher's before its ranks."""
+    and against --steps (`steps`, None: the whole trace), with the steps to run. One check for
+    every run: a single rank's, and the expert-parallel launcher's before its ranks."""
     m = recipe.model
     trace = load_trace(path, m.num_experts)
     if len(trace.layers) != m.num_moe_layers:
@@ -72,7 +100,7 @@ def load_replay(path: str | os.PathLike, recipe, steps: int | None) -> tuple[Tra
     if steps is not None and steps > trace.num_steps:
         raise UsageError(f"--steps {steps}: the trace {path} has {trace.num_steps} steps",
                          f"pass --steps {trace.num_steps} or less, or drop --steps to replay the whole trace")
-    return trace, steps or trace.num_steps  # the whole trace unless --steps
+    return Replay(path, trace, steps or trace.num_steps)  # the whole trace unless --steps
 
 
 def load_trace(path: str | os.PathLike, num_experts: int | None = None) -> Trace:

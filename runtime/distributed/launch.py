@@ -8,6 +8,7 @@ COLLECTIVE_TIMEOUT_S."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import datetime
 import json
 import logging
@@ -221,7 +222,8 @@ def launch_local(nproc: int, request: RunRequest, watch: Watch, started: float |
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.CRITICAL)  # the agent's own chatter; failures are ours to say
     job, folder = f"hotsplit-{os.getpid()}-{uuid.uuid4().hex[:8]}", log_folder(os.getpid())
-    (Path(folder) / REQUEST_FILE).write_bytes(pickle.dumps(request))
+    ranks = dataclasses.replace(request, replay=None)  # each rank reads the trace itself, not through the file
+    (Path(folder) / REQUEST_FILE).write_bytes(pickle.dumps(ranks))
     logs = DefaultLogsSpecs(log_dir=folder, redirects={r: Std.ALL for r in range(1, nproc)})
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=job, rdzv_backend="c10d",
                           rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1, logs_specs=logs,

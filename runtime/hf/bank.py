@@ -30,6 +30,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
+from hotsplit_probes.cpu_expert import expert_groups
 
 from hotsplit_cli.core.errors import UnsupportedModelError
 
@@ -37,7 +38,6 @@ from ..bank import BlobBank, BlobLayout
 from ..device import DeviceInfo
 from ..fp8 import FP8, Fp8Format, dequantize_swiglu, swiglu_fp8_parts
 from ..fp8 import quantize as fp8_quantize
-from ..moe import expert_groups
 from ..pinned import PinnedAllocator, numa_policy_for
 from ..precision import MX_GROUP, MXFP4, Mxfp4Format, check_precision_dims, mxfp4_dequantize, mxfp4_quantize
 

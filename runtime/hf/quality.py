@@ -28,11 +28,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from hotsplit_probes.cpu_expert import expert_groups
 
 from hotsplit_cli.core.errors import RuntimeFailure
 from hotsplit_cli.traffic.quality import MEASURED
 
-from ..moe import expert_groups
 from ..precision import MX_GROUP, stored_format
 from .adapter import install
 from .loader import HFModel

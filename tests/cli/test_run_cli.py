@@ -272,9 +272,8 @@ def test_gap_to_the_plans_expectation_is_flagged_with_both_sources(capsys, misma
 
 
 def test_expectation_warning_threshold():
-    from hotsplit_runtime.windows import RunSummary
-
     from hotsplit_cli.hotset.verdict import expectation_warning
+    from hotsplit_cli.hotset.windows import RunSummary
 
     def summary(hit, expected):
         return RunSummary(10, 80, 1.0, 80.0, hit, None, expected, 0, 0, 0.0, 0.0, [], False)
@@ -337,9 +336,8 @@ def test_ctrl_c_mid_run_without_output_files_says_nothing_was_written(capsys, mo
 def test_a_gap_from_drifting_traffic_names_the_drift_and_dynamic_mode():
     """The Quickstart's run warns 13 points below the plan: say that the traffic drifted after the
     plan was made, and that following it is dynamic mode's job."""
-    from hotsplit_runtime.windows import RunSummary
-
     from hotsplit_cli.hotset.verdict import expectation_warning
+    from hotsplit_cli.hotset.windows import RunSummary
 
     s = RunSummary(steps=600, tokens=9600, elapsed_s=1.0, tokens_per_s=1.0, hit_rate=0.68, hit_rate_last_window=0.7,
                    expected_hit_rate=0.816, swaps=70, bytes_copied=0, copy_ms=0.0, cold_bytes_per_step=0.0,

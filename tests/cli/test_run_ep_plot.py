@@ -10,7 +10,8 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("torch")
 
 from hotsplit_runtime.distributed.summary import EPFigures, JobRecord  # noqa: E402
-from hotsplit_runtime.windows import RunSummary  # noqa: E402
+
+from hotsplit_cli.hotset.windows import RunSummary  # noqa: E402
 
 LOADS = [[100, 120, 80, 100], [90, 110, 100, 100]]  # per window, each rank's assignments
 
@@ -44,7 +45,7 @@ def drawn(monkeypatch, tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hotsplit_cli import plotting
+    from hotsplit_cli.commands import _run_ep_plot
     from hotsplit_cli.commands._run_ep_plot import plot_ep_run
 
     kept = {}
@@ -56,7 +57,7 @@ def drawn(monkeypatch, tmp_path):
         figure.canvas.draw()
         kept["figure"] = figure
 
-    monkeypatch.setattr(plotting, "save_png", save_png)
+    monkeypatch.setattr(_run_ep_plot, "save_png", save_png)
     plot_ep_run(tmp_path / "ep.png", *_run(), "tiny-ep4")
     yield kept["figure"].axes
     plt.close(kept["figure"])

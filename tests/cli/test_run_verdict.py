@@ -9,7 +9,7 @@ from hotsplit_cli.hotset.forecast import Band
 from hotsplit_cli.hotset.verdict import Fit, hit_rate_verdicts
 from hotsplit_cli.traffic.hist import Histogram, save_hist
 from hotsplit_cli.traffic.synthetic import synthetic_trace, zipf_shares
-from hotsplit_cli.traffic.trace import save_trace
+from hotsplit_cli.traffic.trace import load_run_replay, save_trace
 
 
 def _trace_and_hist(tmp_path, seed, windows=True):
@@ -105,10 +105,10 @@ def test_a_plan_whose_histogram_is_gone_is_not_judged_on_its_traffic(cli, tmp_pa
     plan = tmp_path / "plan.json"
     assert cli("plan", hist, "--recipe", "tiny", "--hot-gib", "0.004", "-o", plan).code == 0
     tiny = load_recipe("tiny")
-    assert run_fits(load_plan(plan), tiny, fitted, None) == RunFits(Fit(True, f"trace {fitted}"))
-    assert run_fits(None, tiny, fitted, None) == RunFits()
+    assert run_fits(load_plan(plan), tiny, load_run_replay(tiny, fitted, None)) == RunFits(Fit(True, f"trace {fitted}"))
+    assert run_fits(None, tiny, load_run_replay(tiny, fitted, None)) == RunFits()
     hist.unlink()
-    assert run_fits(load_plan(plan), tiny, fitted, None).hit_rate is UNKNOWN
+    assert run_fits(load_plan(plan), tiny, load_run_replay(tiny, fitted, None)).hit_rate is UNKNOWN
 
 
 def test_an_ep_plans_placement_is_judged_on_its_own_histogram(cli, tmp_path):
@@ -121,6 +121,23 @@ def test_an_ep_plans_placement_is_judged_on_its_own_histogram(cli, tmp_path):
     placement, plan = tmp_path / "placement.json", tmp_path / "plan.json"
     assert cli("place", other, "--recipe", "tiny-ep4", "--ranks", "4", "-o", placement).code == 0
     assert cli("plan", hist, "--recipe", "tiny-ep4", "--placement", placement, "-o", plan).code == 0
-    fits = run_fits(load_plan(plan), load_recipe("tiny-ep4"), fitted, None)
+    ep4 = load_recipe("tiny-ep4")
+    fits = run_fits(load_plan(plan), ep4, load_run_replay(ep4, fitted, None))
     assert fits.hit_rate.same is True  # the plan's histogram is the trace's
     assert fits.balancedness.same is False and "differ from the histogram's" in fits.balancedness.traffic
+
+
+def test_a_run_reads_its_trace_once(cli, tmp_path, monkeypatch):
+    """The trace a run replays is read once, judged against the plan's histogram and replayed from that one read."""
+    from hotsplit_cli.traffic import trace as trace_module
+
+    fitted, hist = _trace_and_hist(tmp_path, 3)
+    plan = tmp_path / "plan.json"
+    assert cli("plan", hist, "--recipe", "tiny", "--hot-gib", "0.004", "-o", plan).code == 0
+    reads = []
+    real = trace_module.load_trace
+    monkeypatch.setattr(trace_module, "load_trace", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    r = cli("run", "tiny", "--trace", fitted, "--plan", plan, "--steps", "12", "--json")
+    assert r.code == 0, r.err
+    assert reads == [fitted]
+    assert json.loads(r.out)["trace_steps"] == 48

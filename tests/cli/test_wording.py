@@ -28,9 +28,8 @@ def test_a_misspelt_recipe_key_is_named_with_its_near_match(cli, tmp_path):
 
 
 def test_progress_lines_put_labels_before_values_as_the_plot_words_them():
-    from hotsplit_runtime.log import HitRateRecord
-
     from hotsplit_cli.commands._run_report import format_line
+    from hotsplit_cli.hotset.windows import HitRateRecord
 
     r = HitRateRecord(step=50, hit_rate_window=0.82, hit_rate_total=0.815, swaps=0, swaps_total=0, bytes_copied=0,
                       copy_ms=0.0, cold_bytes_per_step=0.0, layer_hit_rate=[0.82])

@@ -346,7 +346,7 @@ def _drawn_axes(monkeypatch):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hotsplit_cli import plotting
+    from hotsplit_cli.commands import simulate as simulate_cmd
 
     drawn = []
 
@@ -356,7 +356,7 @@ def _drawn_axes(monkeypatch):
         drawn.append(ax)
         open(path, "wb").close()
 
-    monkeypatch.setattr(plotting, "save_png", save_png)
+    monkeypatch.setattr(simulate_cmd, "save_png", save_png)
     return drawn
 
 

@@ -26,10 +26,12 @@ def test_the_probe_computes_the_runtime_expert():
 
 def test_the_probe_times_the_runtimes_grouped_compute():
     """One grouped compute: what the probe times is what the runtime computes experts with."""
-    import hotsplit_runtime.moe as moe
     from hotsplit_probes import cpu_expert
+    from hotsplit_runtime import cold_split, kernels, moe
+    from hotsplit_runtime.hf import bank, quality
 
-    assert moe.grouped_experts is cpu_expert.grouped_experts and moe.expert_groups is cpu_expert.expert_groups
+    assert all(m.grouped_experts is cpu_expert.grouped_experts for m in (moe, kernels, cold_split))
+    assert all(m.expert_groups is cpu_expert.expert_groups for m in (bank, quality))
 
 
 def test_two_tokens_are_measured_not_interpolated():

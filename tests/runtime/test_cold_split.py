@@ -220,10 +220,8 @@ def test_the_cpu_worker_runs_on_the_gpu_nodes_cpus(monkeypatch):
     import os
     from types import SimpleNamespace
 
-    from hotsplit_probes import sysfs
-
     first = min(os.sched_getaffinity(0))
-    monkeypatch.setattr(sysfs, "read_numa_node", lambda node: SimpleNamespace(cpus=(first, 4096)))
+    monkeypatch.setattr(cold_split, "read_numa_node", lambda node: SimpleNamespace(cpus=(first, 4096)))
     before = os.sched_getaffinity(0)
     split = ColdSplit("split", EQUAL, dataclasses.replace(CPU, numa_node=0))
     assert split.cpus == (first,)  # the node's CPUs this process may use

@@ -48,7 +48,9 @@ def test_ep2_greedy_texts_equal_transformers_for_every_family_and_fp8(tmp_path, 
     """ep 2 on a placement with replicas, a static hot set: the texts of every family and of a
     block-scaled fp8 checkpoint equal transformers'; the ranks finish their prompts at different
     steps and the done one keeps exchanging; each rank's loads and hits equal what the routing the
-    job sent predicts through the replica rule (`predict_trace`)."""
+    job sent predicts through the replica rule (`predict_trace`). Rank 1 checks late that its bank
+    files are gone, while rank 0 would already fill the next checkpoint's (was: a file left behind
+    under load)."""
     from hotsplit_runtime.hf.loader import load_model
 
     from tests.conftest import cpu_without_triton
@@ -57,7 +59,7 @@ def test_ep2_greedy_texts_equal_transformers_for_every_family_and_fp8(tmp_path, 
     folders = {**checkpoints, "fp8": fp8_dir}
     placements = {n: _placement(tmp_path / f"{n}.json", load_model(f, cpu_without_triton()).layer_ids, 2, 2, seed=3)
                   for n, f in folders.items()}  # 2 replicas more than the 8 experts: 10 slots, 5 per rank
-    job = _run(tmp_path, 2, folders, placement=placements)
+    job = _run(tmp_path, 2, folders, placement=placements, slow_check_rank=1)  # rank 1 checks its files late
     for name, got in job.items():
         folder, weights = (fp8_dir, deq_dir) if name == "fp8" else (checkpoints[name], None)
         want = reference_texts(folder, PROMPTS, NEW_TOKENS, weights)

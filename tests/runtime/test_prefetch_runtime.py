@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from hotsplit_runtime import from_recipe, hot_set
 from hotsplit_runtime.from_recipe import prepare_run
 
 from hotsplit_cli.analysis.simulate import SimRequest, run_simulation
@@ -125,7 +126,7 @@ def test_a_staged_expert_is_never_hot_and_its_rows_hold_its_weights(trace_path):
     assert model.banks[0].staging_rows == 0 and all(b.staging_rows == 3 for b in model.banks[1:])
 
 
-def test_a_plan_that_fills_the_budget_leaves_no_room_for_the_pool(tmp_path, trace_path, cli):
+def test_a_plan_that_fills_the_budget_leaves_no_room_for_the_pool(tmp_path, trace_path, cli, monkeypatch):
     r = tiny()
     plan = tmp_path / "plan.json"
     with np.load(trace_path) as z:
@@ -133,5 +134,10 @@ def test_a_plan_that_fills_the_budget_leaves_no_room_for_the_pool(tmp_path, trac
     hist = tmp_path / "h.json"
     save_hist(hist, make_hist(tr.counts_LE(32), tr.layers, 4, "tiny"))
     assert cli("plan", hist, "--recipe", "tiny", "--hot-gib", "0.0035", "-o", plan).code == 0
+    reads = []
+    real = from_recipe.load_plan
+    for module in (from_recipe, hot_set):  # where a build would read it
+        monkeypatch.setattr(module, "load_plan", lambda path: reads.append(path) or real(path))
     with pytest.raises(PlanError, match="fills the budget the staging slots are carved from"):
         prepare_run(r, knobs(r, prefetch="trace"), plan_path=plan, trace_path=trace_path)
+    assert reads == [plan]  # read once, for the hot set and for this check

@@ -145,7 +145,7 @@ class KernelNumerics:
         self.wrong_cold = wrong_cold
 
     def __call__(self, x, ids, w, bank, counts_E=None):
-        from hotsplit_runtime.moe import expert_groups
+        from hotsplit_probes.cpu_expert import expert_groups
 
         slots, E = bank.served_E.tolist(), bank.num_experts
         out, w_A = torch.zeros(ids.shape[0], x.shape[1]), w.reshape(-1).float()

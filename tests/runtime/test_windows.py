@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hotsplit_runtime.log import HitRateRecord
-from hotsplit_runtime.windows import RunSummary, WindowBook, moves_by_layer, validate_swaps
 
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.core.errors import PlanError, RuntimeFailure
 from hotsplit_cli.hotset.planner import Swap, SwapRule
 from hotsplit_cli.hotset.verdict import expectation_warning
+from hotsplit_cli.hotset.windows import HitRateRecord, RunSummary, WindowBook, moves_by_layer, validate_swaps
 
 KNOBS = resolve_knobs({"dyn_steps": 4, "dyn_max_swaps": 1}, env={})
 

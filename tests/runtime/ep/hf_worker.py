@@ -7,7 +7,8 @@ argv: job.json out_dir. job.json: {"checkpoints": {name: folder}, "prompts": [..
 "max_new_tokens": n, "batch": b, "exchange": "a2a" | "allgather", "placement": {name: path} | null
 (null: contiguous),
 "swap_every": n (0: a static hot set), "rebalance_at": n (0: never; else the map moves to
-`placement_after[name]` at that step), "precision": {name: stored precision} (default native)}.
+`placement_after[name]` at that step), "precision": {name: stored precision} (default native),
+"slow_check_rank": r (that rank checks its bank files 2 s late; default none)}.
 Writes out_dir/result.json on rank 0.
 """
 
@@ -15,6 +16,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -101,13 +103,17 @@ def _generate(group, name, folder, cfg) -> dict | None:
             if steps == at:
                 rebalancer.maybe(steps)
     counters = ep.read_counters()
+    # Every rank mapped the node's bank files and the filler then unlinked them. Checked before the
+    # collectives below: past them rank 0 may already fill the next checkpoint's files, of the same names.
+    if group.rank == cfg.get("slow_check_rank"):
+        time.sleep(2.0)  # the slowest rank of a loaded machine, made deterministic
+    paths = ctx.allocator.paths
+    assert paths and not any(os.path.exists(p) for p in paths), paths
     texts = gather_to_rank0(source.texts(), group.control)
     hits = gather_rows([counters["hits_L"].sum(), counters["assigned_L"].sum(), own, swaps], group.control)
     loads = gather_rows(np.asarray(ep.exchange.stats.loads, dtype=np.float64), group.control)
     hot_RLE = gather_rows(hot_start.astype(np.float64), group.control) > 0.5
     trace = job_trace(ep.trace_steps, group.control)
-    paths = ctx.allocator.paths  # every rank mapped the node's bank files, the filler then unlinked them
-    assert paths and not any(os.path.exists(p) for p in paths), paths
     if trace is None:
         return None
     pred = predict_trace(trace, placement, ep.hm.num_experts, hot_RLE.reshape(group.world, *hot_start.shape))

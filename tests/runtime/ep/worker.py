@@ -15,12 +15,12 @@ from hotsplit_runtime import cold_split
 from hotsplit_runtime.api import RunRequest, Watch
 from hotsplit_runtime.distributed.job import run_in_group
 from hotsplit_runtime.engine import Engine
-from hotsplit_runtime.windows import WindowBook
 
 from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
 from hotsplit_cli.hotset.coldpath import ColdRates
 from hotsplit_cli.hotset.planner import Swap
+from hotsplit_cli.hotset.windows import WindowBook
 from hotsplit_cli.placement.file import load_placement
 from tests.runtime.ep.harness import assert_group_gone
 
