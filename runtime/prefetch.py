@@ -72,7 +72,7 @@ class StagingPool:
 
 def staging_pool(recipe: Recipe, knobs: Knobs, expert_bytes: int) -> StagingPool | None:
     """The staging pool the prefetch knobs ask of a run (None: prefetch off or auto, nothing staged)."""
-    if knobs.prefetch != "trace":
+    if knobs.prefetch not in ("trace", "lookahead"):
         return None
     m = recipe.model
     return StagingPool(staging_config(knobs, m.num_experts, m.num_moe_layers), m.num_moe_layers, expert_bytes)
@@ -102,12 +102,27 @@ def check_plan_leaves_pool(pool: StagingPool | None, hot_bytes: int, plan: PlanF
 class Stager:
     """The staging decisions of a run, and its counters per window and in all."""
 
-    def __init__(self, pool: StagingPool, predictor: NextLayerPredictor, fit_source: str, num_experts: int,
+    def __init__(self, pool: StagingPool, predictor: NextLayerPredictor | None, fit_source: str, num_experts: int,
                  expert_bytes: int):
         self.pool, self.predictor, self.fit_source = pool, predictor, fit_source  # fit: as printed
         self.num_experts, self.expert_bytes = num_experts, expert_bytes  # real bytes of one expert
         self._window = np.zeros(3)  # prefetched, useful, staged hits: this window's
         self._total = np.zeros(3)
+
+    def before_step(self, model, routed, use_graph: bool) -> np.ndarray | None:
+        """Start copying what the step of `routed` (ids [L, T, K], weights) stages (bool [L, E]),
+        decided from its routing before it runs; with a CUDA graph published before the replay."""
+        if routed is None:
+            return None
+        staged_LE = self.choose(routed[0], model.served_hot_LE())
+        model.stage(staged_LE)
+        if use_graph:  # a replay runs no Python between layers: publish (after the copies) before it
+            model.publish_staged()
+        return staged_LE
+
+    def after_step(self, model, routed, staged_LE: np.ndarray) -> None:
+        """Count the step's staged experts against the routing it read."""
+        self.count(routed[0], staged_LE)
 
     def choose(self, ids_LTK: np.ndarray, hot_LE: np.ndarray) -> np.ndarray:
         """bool [L, E]: what the step of routing `ids_LTK` (-1 = padding) stages, given the hot set it reads."""
@@ -117,7 +132,10 @@ class Stager:
     def count(self, ids_LTK: np.ndarray, staged_LE: np.ndarray) -> None:
         """Add one step's staged experts against the routing it then read."""
         ids = np.asarray(ids_LTK, dtype=np.int64).reshape(len(staged_LE), -1)
-        counts_LE = np.stack([np.bincount(row[row >= 0], minlength=self.num_experts) for row in ids])
+        self.count_LE(np.stack([np.bincount(row[row >= 0], minlength=self.num_experts) for row in ids]), staged_LE)
+
+    def count_LE(self, counts_LE: np.ndarray, staged_LE: np.ndarray) -> None:
+        """Add one step's staged experts against its routed assignments per layer and expert [L, E]."""
         self._window += [x.sum() for x in staged_counts(counts_LE, staged_LE)]
 
     def close_window(self, steps: int, cold_reads: int, copies: int, hits: float, assigned: float) -> dict:

@@ -15,18 +15,22 @@ from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import InputFileError, UsageError
 from hotsplit_cli.hotset.budget import resolve_hot_budget
+from hotsplit_cli.hotset.planfile import load_plan
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.prompts import read_prompts
 
 from ..built import Built
 from ..cold_split import make_split
 from ..hot_set import choose_hot_set
+from ..lookahead_stage import LookaheadStager, lookahead_stager
+from ..prefetch import StagingPool, carve_budget, check_plan_leaves_pool, staging_pool
 from ..ranks import Rank, single_rank
 from ..request import Agreement
 from ..stored_run import stored_recipe
 from .agreement import native_agreement
 from .capture import Generation, capture
 from .loader import load_model, load_tokenizer
+from .lookahead import LookaheadCounter
 from .steps import CheckpointEngine, CheckpointMoE
 
 
@@ -61,12 +65,16 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
     if plan_path is None:  # calibrate on the prefill of the prompts (counts only, no generation)
         capture(hm, tok, prompts, 0, t.batch)
     counts_LE = hm.counter.counts_LE.copy() if rank.group is None else rank.group.summed(hm.counter.counts_LE)
+    pool = staging_pool(recipe, knobs, expert_bytes)  # carved from the budget the hot set is planned at
     plan = choose_hot_set(rank, recipe, counts_LE, expert_bytes, plan_path,
-                          lambda: resolve_hot_budget(recipe, knobs, rank.platform), f"the prefill routing of {t.path}")
+                          carve_budget(lambda: resolve_hot_budget(recipe, knobs, rank.platform), pool),
+                          f"the prefill routing of {t.path}")
+    check_plan_leaves_pool(pool, plan.hot_bytes, rank.plan_file or (load_plan(plan_path) if plan_path else None))
     split = make_split(knobs.cold_path, info, hm.banks[0], rank.platform)
     generation = Generation(hm, tok, prompts, t.max_new_tokens, t.batch, advance)
     model, source = parallel(CheckpointMoE(hm, info, plan.hot_LE, split), generation, rank)
-    engine = CheckpointEngine(model, source, knobs, expert_bytes, expected_hit_rate=plan.expected_hit_rate)
+    engine = CheckpointEngine(model, source, knobs, expert_bytes, expected_hit_rate=plan.expected_hit_rate,
+                              stager=_lookahead(hm, pool, knobs.prefetch))
     bank = hm.banks[0]
     dtype = str(bank.compute_dtype).replace("torch.", "")
     allocated = {"hidden": bank.hidden, "inter": bank.inter, "experts": hm.num_experts, "top_k": hm.top_k,
@@ -74,6 +82,19 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
     return Built(engine, math.inf, info, plan, rank.allocator, expert_bytes, f"prompts {t.path}", allocated,
                  family=hm.family, generates=True,
                  native_check=_native_check(hm, m.path, info, prompts, generation.ids))
+
+
+def _lookahead(hm, pool: StagingPool | None, prefetch: str) -> LookaheadStager | None:
+    """`prefetch lookahead` on a checkpoint: staging rows in every predicted layer's bank, and the
+    hooks `balance --model` measures lookahead with (hf/lookahead.py), staging as they guess."""
+    look = lookahead_stager(pool, prefetch, hm.num_experts, hm.top_k)
+    if look is None:
+        return None
+    for bank in hm.banks[1:]:
+        bank.reserve_staging(pool.config.slots)
+    LookaheadCounter(hm, pool.config.guesses, lambda row, rank_TE, q_TE, mask_T: look.ahead(
+        row, hm.banks[row], rank_TE, q_TE, mask_T), look.book)  # hooked for the model's life
+    return look
 
 
 def _native_check(hm, path, info, prompts: list, generated: list[list[int]]) -> Callable[[], Agreement]:

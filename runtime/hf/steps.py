@@ -49,6 +49,9 @@ class CheckpointMoE(BankedModel):
         hot_LE = torch.from_numpy(np.stack([b.served_hot_E for b in self.banks]))  # what this forward reads
         self._count(torch.from_numpy(forward()) if run is None else run(forward), hot_LE)
 
+    def last_step_counts_LE(self) -> np.ndarray:
+        return self.hm.counter.steps_SLE[-1]  # the counted tokens' (no padding, no finished sequence)
+
 
 class CheckpointEngine(Engine):
     """`CheckpointEngine(CheckpointMoE, Generation, knobs, expert_bytes, expected_hit_rate=...)`: a
