@@ -99,23 +99,26 @@ class LookaheadStager(Stager):
         self.count_LE(model.last_step_counts_LE(), staged_LE)
 
     def ahead(self, row: int, bank, rank_TE: torch.Tensor, q_TE: torch.Tensor,
-              live_T: torch.Tensor | None = None) -> None:
+              live_T: torch.Tensor | None = None, held_E: np.ndarray | None = None) -> None:
         """Layer `row`'s ranking and probabilities per token (from the layer before's output):
-        stage its cold experts into `bank`'s staging rows and keep the first G guesses to count."""
+        stage its cold experts into `bank`'s staging rows and keep the first G guesses to count.
+        `live_T`: the tokens counted (None: all); `held_E`: the experts this rank serves (None: all)."""
         G = self.pool.config.guesses
         self.book.guessed(row, rank_TE[:, :G])
         rank, q = rank_TE.cpu().numpy(), q_TE.cpu().numpy().astype(np.float64)  # the one sync per layer
         live = np.ones(len(rank), dtype=bool) if live_T is None else live_T.cpu().numpy().astype(bool)
-        chosen = choose_staged(rank, q, live, bank.served_hot_E, self.staged_LE[row - 1], self.pool.config)
+        skip_E = bank.served_hot_E if held_E is None else bank.served_hot_E | ~held_E  # never guessed here
+        chosen = choose_staged(rank, q, live, skip_E, self.staged_LE[row - 1], self.pool.config)
         bank.stage(chosen)
         self.staged_LE[row, chosen] = True
 
-    def ahead_router(self, row: int, x_TH: torch.Tensor, router, bank) -> None:
+    def ahead_router(self, row: int, x_TH: torch.Tensor, router, bank, held_E: np.ndarray | None = None) -> None:
         """`ahead` for a synthetic model's layer `row`: its `Router` (moe.py) on `x_TH`, the layer
         before's output through the layer's input norm."""
         chosen_TK, _ = router(x_TH)
         logits_TE = F.linear(x_TH.float(), router.weight_EH)
-        self.ahead(row, bank, *ranked(logits_TE, chosen_TK, router.geom.router == "sigmoid", router.bias_E))
+        rank_TE, q_TE = ranked(logits_TE, chosen_TK, router.geom.router == "sigmoid", router.bias_E)
+        self.ahead(row, bank, rank_TE, q_TE, None, held_E)
 
     def summary(self, steps: int, cold_reads: int, copies: int, hits: float, assigned: float) -> dict:
         return {**super().summary(steps, cold_reads, copies, hits, assigned), "predictor": "lookahead",

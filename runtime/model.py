@@ -127,14 +127,17 @@ class HotColdMoE(BankedModel):
         return self.compute(x_TH, ids_TK, w_TK, self.banks[li], counts_E)
 
     def step(self, x_TH: torch.Tensor, ids_LTK: torch.Tensor | None = None,
-             w_LTK: torch.Tensor | None = None, routed=None) -> torch.Tensor:
-        """One engine step through every layer: h = h + moe(rms_norm(h)). Device-only work."""
+             w_LTK: torch.Tensor | None = None, routed=None, held_LE: np.ndarray | None = None) -> torch.Tensor:
+        """One engine step through every layer: h = h + moe(rms_norm(h)). Device-only work, but
+        for router lookahead's choices. `held_LE` (bool [L, E]): the experts this rank serves (an
+        expert-parallel rank's; None: all), the only ones lookahead stages."""
         self.step_counts_LE.zero_()
         h = x_TH
         for li in range(self.num_layers):
             n_TH = rms_norm(h)
             if self.lookahead is not None and li > 0:  # layer li - 1's output, through layer li's router
-                self.lookahead.ahead_router(li, n_TH, self.routers[li], self.banks[li])
+                self.lookahead.ahead_router(li, n_TH, self.routers[li], self.banks[li],
+                                            None if held_LE is None else held_LE[li])
             h = h + self.layer(li, n_TH, None if ids_LTK is None else ids_LTK[li],
                                None if w_LTK is None else w_LTK[li], routed)
         self._count(self.step_counts_LE, self.expert2slot_LE >= 0)  # the map this step read

@@ -15,13 +15,26 @@ def test_run_refuses_trace_prefetch_without_a_trace_and_writes_nothing(cli, tmp_
                                   "with --trace, or use prefetch lookahead"]
 
 
-@pytest.mark.parametrize("mode", ["trace", "lookahead"])
-def test_run_refuses_prefetch_on_an_ep_recipe(cli, tmp_path, mode):
+def test_run_refuses_trace_prefetch_on_an_ep_recipe(cli, tmp_path):
     log = tmp_path / "log.jsonl"
-    r = cli("run", "tiny-ep4", "--prefetch", mode, "--steps", "4", "--log-jsonl", log)
+    r = cli("run", "tiny-ep4", "--prefetch", "trace", "--steps", "4", "--log-jsonl", log)
     assert r.code == 2 and r.out == "" and not log.exists()
-    assert r.err.splitlines() == [f"error: --prefetch={mode}: the runtime stages experts on one rank, not ep 4; "
-                                  "run with parallel.ep: 1, or with prefetch off"]
+    assert r.err.splitlines() == ["error: --prefetch=trace: the runtime stages with the trace predictor on one rank, "
+                                  "not ep 4; run with parallel.ep: 1, stage a synthetic model with prefetch "
+                                  "lookahead, or prefetch off"]
+
+
+def test_run_refuses_lookahead_on_a_checkpoint_at_ep_2_before_loading_it(cli, tmp_path, checkpoints):
+    pytest.importorskip("transformers", minversion="5.0")
+    from tests.cli.test_run_ep_hf import _recipe
+
+    log = tmp_path / "log.jsonl"
+    recipe = _recipe(tmp_path, checkpoints["olmoe"], ["Hi"], 2)
+    r = cli("run", recipe, "--prefetch", "lookahead", "--log-jsonl", log)
+    assert r.code == 2 and r.out == "" and not log.exists()
+    assert r.err.splitlines() == ["error: --prefetch=lookahead: the runtime stages a checkpoint's experts on one "
+                                  "rank, not ep 2; run with parallel.ep: 1, stage a synthetic model with prefetch "
+                                  "lookahead, or prefetch off"]
 
 
 def test_run_stages_with_lookahead_and_says_so(cli, tmp_path):
