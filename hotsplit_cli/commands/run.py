@@ -17,6 +17,7 @@ from hotsplit_cli.core.errors import Interrupted, UsageError
 from hotsplit_cli.hotset.fitted_traffic import run_fits
 from hotsplit_cli.hotset.host_memory import check_host_fits
 from hotsplit_cli.hotset.planfile import check_run_inputs
+from hotsplit_cli.hotset.prefetch_plan import knobs_from_plan
 from hotsplit_cli.options import (
     ColdPathOpt,
     HotGibOpt,
@@ -85,9 +86,12 @@ def run(
     _check_prefetch_fit(prefetch_fit, knobs)
     request = api.RunRequest(rec, knobs, plan, trace, steps, scale, platform, prefetch_fit=prefetch_fit)
     plan_file = check_run_inputs(rec, plan, trace, knobs)  # before anything is built
+    knobs, staged_by_plan = knobs_from_plan(knobs, plan_file)  # the plan's staging slots, unless a knob says
+    if staged_by_plan:
+        out.note(staged_by_plan)
     fits = run_fits(plan_file, rec, trace, steps)  # does the run replay the plan's (and placement's) histogram?
     check_host_fits(rec, platform, scale, knobs.precision)  # stored banks vs the host, before allocating
-    request = dataclasses.replace(request, plan_file=plan_file)
+    request = dataclasses.replace(request, knobs=knobs, plan_file=plan_file)
     watch = RunWatch(out, request)
     result = report.logged(log_jsonl, watch, lambda: api.run(request, watch))
     if result is None:  # another rank of a job: rank 0 reports for it
