@@ -5,23 +5,18 @@ from __future__ import annotations
 import pytest
 
 
-def test_run_refuses_trace_prefetch_without_a_trace_and_writes_nothing(cli, tmp_path, monkeypatch):
+@pytest.mark.parametrize("recipe, words", [
+    ("tiny", "the trace predictor stages from a replayed trace on a synthetic model, not traffic that is not a "
+             "trace; run a synthetic recipe with --trace, or use prefetch lookahead"),
+    ("tiny-ep4", "the runtime stages with the trace predictor on one rank, not ep 4; run with parallel.ep: 1, "
+                 "stage a synthetic model with prefetch lookahead, or prefetch off"),
+])
+def test_run_refuses_trace_prefetch_it_cannot_do_and_writes_nothing(cli, tmp_path, monkeypatch, recipe, words):
     log = tmp_path / "log.jsonl"
     monkeypatch.setenv("HOTSPLIT_PREFETCH", "trace")
-    r = cli("run", "tiny", "--steps", "4", "--scale", "0.25", "--log-jsonl", log)
+    r = cli("run", recipe, "--steps", "4", "--log-jsonl", log)
     assert r.code == 2 and r.out == "" and not log.exists()
-    assert r.err.splitlines() == ["error: HOTSPLIT_PREFETCH=trace: the trace predictor stages from a replayed trace "
-                                  "on a synthetic model, not traffic that is not a trace; run a synthetic recipe "
-                                  "with --trace, or use prefetch lookahead"]
-
-
-def test_run_refuses_trace_prefetch_on_an_ep_recipe(cli, tmp_path):
-    log = tmp_path / "log.jsonl"
-    r = cli("run", "tiny-ep4", "--prefetch", "trace", "--steps", "4", "--log-jsonl", log)
-    assert r.code == 2 and r.out == "" and not log.exists()
-    assert r.err.splitlines() == ["error: --prefetch=trace: the runtime stages with the trace predictor on one rank, "
-                                  "not ep 4; run with parallel.ep: 1, stage a synthetic model with prefetch "
-                                  "lookahead, or prefetch off"]
+    assert r.err.splitlines() == [f"error: HOTSPLIT_PREFETCH=trace: {words}"]
 
 
 def test_run_refuses_lookahead_on_a_checkpoint_at_ep_2_before_loading_it(cli, tmp_path, checkpoints):

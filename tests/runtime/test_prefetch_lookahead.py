@@ -13,10 +13,12 @@ import pytest
 import torch
 from hotsplit_runtime.from_recipe import prepare_run
 
-from hotsplit_cli.config.knobs import resolve_knobs
 from hotsplit_cli.config.recipe import load_recipe
-from hotsplit_cli.traffic.synthetic import synthetic_trace, zipf_shares
-from hotsplit_cli.traffic.trace import Trace, save_trace
+from tests.runtime.test_prefetch_runtime import (
+    assert_same_outputs_nothing_left_staged,
+    knobs,
+    trace_path,  # noqa: F401 - a fixture
+)
 
 torch.set_num_threads(1)
 
@@ -25,21 +27,6 @@ def tiny(traffic: str = "synthetic"):
     r = load_recipe("tiny")
     return dataclasses.replace(r, run=dataclasses.replace(r.run, scale=0.25),
                                traffic=dataclasses.replace(r.traffic, kind=traffic, batch=8))
-
-
-def knobs(r, **env):
-    return resolve_knobs(r.knobs, {f"HOTSPLIT_{k.upper()}": str(v) for k, v in env.items()})
-
-
-@pytest.fixture
-def trace_path(tmp_path):
-    """A drifting synthetic trace of tiny (4 MoE layers of 32 experts, top-4), some padding."""
-    m = tiny().model
-    tr = synthetic_trace(zipf_shares(m.num_moe_layers, m.num_experts, 1.2, 5), m.moe_layer_ids, 12, 8, m.top_k,
-                         drift_every=6, seed=4)
-    ids = tr.topk_ids_SLTK.copy()
-    ids[::5, :, 1] = -1  # a padded token: counted nowhere
-    return save_trace(tmp_path / "t.npz", Trace(ids, tr.layers))
 
 
 def _steps(p, n: int) -> list[torch.Tensor]:
@@ -53,7 +40,7 @@ def _steps(p, n: int) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("traffic", ["prompts", "trace"])
-def test_outputs_with_lookahead_equal_outputs_without(trace_path, traffic):
+def test_outputs_with_lookahead_equal_outputs_without(trace_path, traffic):  # noqa: F811
     """The model's own router routing (prompts) and a replayed trace: every step's output equal."""
     r = tiny(traffic)
     base = dict(dynamic=0, hot_gib=0.0035)
@@ -63,12 +50,7 @@ def test_outputs_with_lookahead_equal_outputs_without(trace_path, traffic):
                        trace_path=trace, steps=12)
     off, on = _steps(p_off, 12), _steps(p_on, 12)
     assert len(on) == len(off) == 12
-    for a, b in zip(on, off, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-    assert p_on.plan.hot_LE.sum() == p_off.plan.hot_LE.sum() - 3  # 3 shared slots carved
-    assert p_on.engine.stager._window[2] > 0  # staged experts were read
-    for bank in p_on.engine.model.banks:  # nothing stays staged after a step
-        assert bank.staged == [] and np.array_equal(bank.served_E, bank.table.expert2slot_E)
+    assert_same_outputs_nothing_left_staged(off, on, p_off, p_on, 3)
 
 
 def _rank_by_hand(router, x_TH: torch.Tensor, geom) -> torch.Tensor:
@@ -84,7 +66,7 @@ def _rank_by_hand(router, x_TH: torch.Tensor, geom) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("guesses", [4, 7])
-def test_recorded_recall_and_staging_equal_a_computation_by_hand(trace_path, guesses):
+def test_recorded_recall_and_staging_equal_a_computation_by_hand(trace_path, guesses):  # noqa: F811
     """Each layer's input (layer l - 1's output through the norm) is captured; the guesses ranked
     by hand from it are counted against the trace's routing, and every staged expert against the
     step's routed assignments."""
