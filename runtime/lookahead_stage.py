@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from hotsplit_cli.analysis.prefetch import choose_staged
 
-from .prefetch import Stager, StagingPool
+from .prefetch import StagingPool, StepStager
 
 
 def ranked(logits_TE: torch.Tensor, chosen_TK: torch.Tensor, sigmoid: bool,
@@ -82,21 +82,13 @@ class GuessBook:
                 "wasted": guesses - useful, "routed": routed, "recall": useful / routed if routed else 0.0}
 
 
-class LookaheadStager(Stager):
+class LookaheadStager(StepStager):
     """The staging of `prefetch lookahead`: decided inside the step, layer by layer (`ahead`),
     and counted after it against the step's routing, as the trace predictor's `Stager`."""
 
     def __init__(self, pool: StagingPool, num_experts: int, expert_bytes: int, book: GuessBook):
         super().__init__(pool, None, "the next layer's router", num_experts, expert_bytes)
         self.book = book
-        self.staged_LE = np.zeros((pool.num_layers, num_experts), dtype=bool)
-
-    def before_step(self, model, routed, use_graph: bool) -> np.ndarray:
-        self.staged_LE = np.zeros_like(self.staged_LE)
-        return self.staged_LE  # filled as the step runs
-
-    def after_step(self, model, routed, staged_LE: np.ndarray) -> None:
-        self.count_LE(model.last_step_counts_LE(), staged_LE)
 
     def ahead(self, row: int, bank, rank_TE: torch.Tensor, q_TE: torch.Tensor,
               live_T: torch.Tensor | None = None, held_E: np.ndarray | None = None) -> None:
@@ -108,9 +100,7 @@ class LookaheadStager(Stager):
         rank, q = rank_TE.cpu().numpy(), q_TE.cpu().numpy().astype(np.float64)  # the one sync per layer
         live = np.ones(len(rank), dtype=bool) if live_T is None else live_T.cpu().numpy().astype(bool)
         skip_E = bank.served_hot_E if held_E is None else bank.served_hot_E | ~held_E  # never guessed here
-        chosen = choose_staged(rank, q, live, skip_E, self.staged_LE[row - 1], self.pool.config)
-        bank.stage(chosen)
-        self.staged_LE[row, chosen] = True
+        self.stage_row(row, bank, choose_staged(rank, q, live, skip_E, self.staged_LE[row - 1], self.pool.config))
 
     def ahead_router(self, row: int, x_TH: torch.Tensor, router, bank, held_E: np.ndarray | None = None) -> None:
         """`ahead` for a synthetic model's layer `row`: its `Router` (moe.py) on `x_TH`, the layer

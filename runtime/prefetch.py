@@ -158,6 +158,29 @@ class Stager:
         return staging_doc(totals, hits, assigned, self.expert_bytes)
 
 
+class StepStager(Stager):
+    """A stager that decides inside the step, layer by layer, as each layer's input to its
+    predictor exists (router lookahead, lookahead_stage.py; the trace predictor on a checkpoint,
+    hf/trace_stage.py): `staged_LE` fills as the step runs and is counted after it."""
+
+    def __init__(self, pool: StagingPool, predictor: NextLayerPredictor | None, fit_source: str, num_experts: int,
+                 expert_bytes: int):
+        super().__init__(pool, predictor, fit_source, num_experts, expert_bytes)
+        self.staged_LE = np.zeros((pool.num_layers, num_experts), dtype=bool)
+
+    def before_step(self, model, routed, use_graph: bool) -> np.ndarray:
+        self.staged_LE = np.zeros_like(self.staged_LE)
+        return self.staged_LE  # filled as the step runs
+
+    def after_step(self, model, routed, staged_LE: np.ndarray) -> None:
+        self.count_LE(model.last_step_counts_LE(), staged_LE)
+
+    def stage_row(self, row: int, bank, experts: list[int]) -> None:
+        """Copy `experts` (cold) into layer `row`'s bank's staging rows, for this step."""
+        bank.stage(experts)
+        self.staged_LE[row, experts] = True
+
+
 def make_stager(trace: Trace, fit_path: Path | None, pool: StagingPool, num_experts: int, expert_bytes: int,
                 window_steps: int) -> Stager:
     """The run's stager: the co-activation table fitted on `fit_path`'s trace, else on the

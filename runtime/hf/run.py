@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from hotsplit_cli.analysis.prefetch import fit_on_trace
 from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import InputFileError, UsageError
@@ -22,8 +23,8 @@ from hotsplit_cli.traffic.prompts import read_prompts
 from ..built import Built
 from ..cold_split import make_split
 from ..hot_set import choose_hot_set
-from ..lookahead_stage import LookaheadStager, lookahead_stager
-from ..prefetch import StagingPool, carve_budget, check_plan_leaves_pool, staging_pool
+from ..lookahead_stage import lookahead_stager
+from ..prefetch import StagingPool, StepStager, carve_budget, check_plan_leaves_pool, staging_pool
 from ..ranks import Rank, single_rank
 from ..request import Agreement
 from ..stored_run import stored_recipe
@@ -32,6 +33,7 @@ from .capture import Generation, capture
 from .loader import load_model, load_tokenizer
 from .lookahead import LookaheadCounter
 from .steps import CheckpointEngine, CheckpointMoE
+from .trace_stage import TraceStepStager
 
 
 def checkpoint_prompts(recipe: Recipe) -> list:
@@ -46,11 +48,13 @@ def checkpoint_prompts(recipe: Recipe) -> list:
 
 def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: str | Path | None = None,
                        advance: Callable[[int], None] | None = None, platform_path: str | Path | None = None,
-                       rank: Rank | None = None, parallel: Callable = single_rank) -> Built:
+                       rank: Rank | None = None, parallel: Callable = single_rank,
+                       prefetch_fit: str | Path | None = None) -> Built:
     """Load the checkpoint onto the hot/cold banks and plan for the rank's share of `prompts`
     (`rank`: the single-rank default, or an expert-parallel rank; `parallel`: applied to the
     loaded model). An EP node's experts are read from the files once (by the rank that fills
-    the node's bank), every other tensor by every rank."""
+    the node's bank), every other tensor by every rank. `prefetch_fit`: the trace `prefetch
+    trace` is fitted on (required for it)."""
     m, t = recipe.model, recipe.traffic
     rank = Rank.single(recipe, knobs, platform_path) if rank is None else rank
     recipe = stored_recipe(recipe, knobs.precision)  # counted at the stored precision, refused where it cannot be
@@ -74,7 +78,7 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
     generation = Generation(hm, tok, prompts, t.max_new_tokens, t.batch, advance)
     model, source = parallel(CheckpointMoE(hm, info, plan.hot_LE, split), generation, rank)
     engine = CheckpointEngine(model, source, knobs, expert_bytes, expected_hit_rate=plan.expected_hit_rate,
-                              stager=_lookahead(hm, pool, knobs.prefetch))
+                              stager=_stager(hm, pool, knobs.prefetch, prefetch_fit))
     bank = hm.banks[0]
     dtype = str(bank.compute_dtype).replace("torch.", "")
     allocated = {"hidden": bank.hidden, "inter": bank.inter, "experts": hm.num_experts, "top_k": hm.top_k,
@@ -84,14 +88,18 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
                  native_check=_native_check(hm, m.path, info, prompts, generation.ids))
 
 
-def _lookahead(hm, pool: StagingPool | None, prefetch: str) -> LookaheadStager | None:
-    """`prefetch lookahead` on a checkpoint: staging rows in every predicted layer's bank, and the
-    hooks `balance --model` measures lookahead with (hf/lookahead.py), staging as they guess."""
-    look = lookahead_stager(pool, prefetch, hm.num_experts, hm.top_k)
-    if look is None:
+def _stager(hm, pool: StagingPool | None, prefetch: str, fit_path) -> StepStager | None:
+    """A checkpoint's staging: rows in every predicted layer's bank, and for `prefetch lookahead`
+    the hooks `balance --model` measures lookahead with (hf/lookahead.py), staging as they guess;
+    for `prefetch trace` the co-activation table fitted on `fit_path` (hf/trace_stage.py)."""
+    if pool is None:
         return None
     for bank in hm.banks[1:]:
         bank.reserve_staging(pool.config.slots)
+    look = lookahead_stager(pool, prefetch, hm.num_experts, hm.top_k)
+    if look is None:
+        predictor, source = fit_on_trace(Path(fit_path), tuple(hm.layer_ids), hm.num_experts, "the checkpoint's")
+        return TraceStepStager(hm, pool, predictor, source)
     LookaheadCounter(hm, pool.config.guesses, lambda row, rank_TE, q_TE, mask_T: look.ahead(
         row, hm.banks[row], rank_TE, q_TE, mask_T), look.book)  # hooked for the model's life
     return look

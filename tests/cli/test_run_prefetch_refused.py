@@ -6,8 +6,8 @@ import pytest
 
 
 @pytest.mark.parametrize("recipe, words", [
-    ("tiny", "the trace predictor stages from a replayed trace on a synthetic model, not traffic that is not a "
-             "trace; run a synthetic recipe with --trace, or use prefetch lookahead"),
+    ("tiny", "the trace predictor stages a synthetic model from a replayed trace, not traffic that is not a "
+             "trace; run with --trace, or use prefetch lookahead"),
     ("tiny-ep4", "the runtime stages with the trace predictor on one rank, not ep 4; run with parallel.ep: 1, "
                  "stage a synthetic model with prefetch lookahead, or prefetch off"),
 ])

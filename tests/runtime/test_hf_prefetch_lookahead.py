@@ -1,6 +1,7 @@
-"""`run --prefetch lookahead` on tiny random checkpoints of every supported family: the greedy
-text equals the run's without prefetch, and the recall it records equals an independent
-computation from the hidden states plain transformers captures (test_hf_lookahead.py's)."""
+"""`run --prefetch lookahead` and `--prefetch trace` on tiny random checkpoints of every supported
+family: the greedy text equals the run's without prefetch, and the recall lookahead records
+equals an independent computation from the hidden states plain transformers captures
+(test_hf_lookahead.py's)."""
 
 from __future__ import annotations
 
@@ -20,14 +21,24 @@ from tests.fakes.hf import SENTENCES  # noqa: E402
 from tests.runtime.test_hf_lookahead import independent_counts  # noqa: E402
 
 
-def _run(recipe, monkeypatch, capsys, prefetch: str, guesses: int = 2) -> dict:
+def _run(recipe, monkeypatch, capsys, prefetch: str, guesses: int = 2, fit=None) -> dict:
     monkeypatch.setenv("HOTSPLIT_PREFETCH", prefetch)
     monkeypatch.setenv("HOTSPLIT_PREFETCH_GUESSES", str(guesses))
     monkeypatch.setenv("HOTSPLIT_PREFETCH_SLOTS", "2")
-    code = main(["run", str(recipe), "--json"])
+    code = main(["run", str(recipe), "--json", *(["--prefetch-fit", str(fit)] if fit else [])])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     return json.loads(captured.out)
+
+
+def _fit_trace(ckpt, prompts, tmp_path, capsys):
+    """A routing trace of the checkpoint on other prompts (`balance --model --trace`)."""
+    fit = tmp_path / "fit.npz"
+    code = main(["balance", "--model", str(ckpt), "--prompts", str(prompts), "--max-new-tokens", "4", "--trace",
+                 str(fit), "-o", str(tmp_path / "fit.hist.json")])
+    assert code == 0, capsys.readouterr().err
+    capsys.readouterr()
+    return fit
 
 
 def _prompts(tmp_path, n: int):
@@ -37,17 +48,33 @@ def _prompts(tmp_path, n: int):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_text_is_the_same_with_lookahead_staging(checkpoints, family, tmp_path, monkeypatch, capsys):
+def test_greedy_text_is_the_same_with_lookahead_or_trace_staging(checkpoints, family, tmp_path, monkeypatch, capsys):
     ckpt = checkpoints[family]
     recipe = _recipe(tmp_path, ckpt, _prompts(tmp_path, 2), 5, _geometry(ckpt))
+    other = tmp_path / "other.txt"
+    other.write_text("\n".join(SENTENCES[2:5]) + "\n")
     off = _run(recipe, monkeypatch, capsys, "off")
-    on = _run(recipe, monkeypatch, capsys, "lookahead")
-    assert on["texts"] == off["texts"] and all(on["texts"])
-    p = on["summary"]["prefetch"]
-    assert p["predictor"] == "lookahead" and p["slots"] == 2 and p["guesses"] == 2
-    assert p["prefetched"] >= p["useful"] > 0 and p["staged_hits"] > 0  # staged experts were read
-    assert on["plan"]["hot_experts"] == off["plan"]["hot_experts"] - 2  # 2 shared slots carved from the budget
-    assert off["summary"].get("prefetch") is None
+    assert off["summary"].get("prefetch") is None and all(off["texts"])
+    runs = {"lookahead": _run(recipe, monkeypatch, capsys, "lookahead"),
+            "trace": _run(recipe, monkeypatch, capsys, "trace", fit=_fit_trace(ckpt, other, tmp_path, capsys))}
+    for mode, on in runs.items():
+        assert on["texts"] == off["texts"], mode
+        p = on["summary"]["prefetch"]
+        assert p["predictor"] == ("lookahead" if mode == "lookahead" else "cooccur") and p["slots"] == 2
+        assert p["prefetched"] >= p["useful"] > 0 and p["staged_hits"] > 0, mode  # staged experts were read
+        assert on["plan"]["hot_experts"] == off["plan"]["hot_experts"] - 2  # 2 shared slots carved from the budget
+    assert runs["trace"]["summary"]["prefetch"]["fit"] == str(tmp_path / "fit.npz")
+
+
+def test_trace_staging_on_a_checkpoint_needs_its_fit_and_writes_nothing_without(checkpoints, tmp_path, cli):
+    ckpt = checkpoints["qwen2_moe"]
+    recipe = _recipe(tmp_path, ckpt, _prompts(tmp_path, 1), 5, _geometry(ckpt))
+    log = tmp_path / "log.jsonl"
+    r = cli("run", recipe, "--prefetch", "trace", "--log-jsonl", log)
+    assert r.code == 2 and r.out == "" and not log.exists()
+    assert r.err.splitlines() == ["error: prefetch trace (--prefetch) on a checkpoint stages with a table fitted on a "
+                                  "routing trace of it: --prefetch-fit is missing; record one with `hotsplit balance "
+                                  "--model DIR --prompts FILE --trace FIT.npz`"]
 
 
 @pytest.mark.parametrize("family, guesses", [("mixtral", 2), ("qwen2_moe", 3), ("deepseek_v3", 3)])
