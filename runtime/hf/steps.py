@@ -46,8 +46,11 @@ class CheckpointMoE(BankedModel):
     def step(self, forward: Forward, run=None) -> None:
         """One forward, counted against the hot sets it read; `run(forward)`: its counts [L, E]
         (default: its own routing; distributed/apply.py's, what an EP rank received)."""
-        hot_LE = torch.from_numpy(np.stack([b.served_hot_E for b in self.banks]))  # what this forward reads
-        self._count(torch.from_numpy(forward()) if run is None else run(forward), hot_LE)
+        step_LE = torch.from_numpy(forward()) if run is None else run(forward)
+        # The maps this forward read: the hot slots (swaps publish only between steps) and the
+        # experts staged for it (prefetch), published as their layers ran and cleared after the step.
+        hot_LE = torch.from_numpy(np.stack([b.served_hot_E for b in self.banks]))
+        self._count(step_LE, hot_LE)
 
     def last_step_counts_LE(self) -> np.ndarray:
         return self.hm.counter.steps_SLE[-1]  # the counted tokens' (no padding, no finished sequence)

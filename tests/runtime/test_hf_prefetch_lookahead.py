@@ -90,3 +90,37 @@ def test_recorded_recall_equals_an_independent_computation(checkpoints, family, 
     tokens, useful = sum(t for t, _ in expect.values()), sum(u for _, u in expect.values())
     assert (look["useful"], look["routed"], look["guesses"]) == (useful, 2 * tokens, guesses * tokens)
     assert look["recall"] == pytest.approx(useful / (2 * tokens))
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe", "gpt_oss"])
+def test_each_layer_reads_its_staged_experts_from_their_rows(checkpoints, family, tmp_path, monkeypatch):
+    """Each MoE layer's experts read their staged experts through the map, from rows past the hot
+    slots holding their cold blobs; the hit rate counts those reads (hot or staged) and no
+    staged expert is hot or outlives its step."""
+    import math
+
+    import torch
+    from hotsplit_runtime.hf.run import checkpoint_prompts, prepare_checkpoint
+
+    from hotsplit_cli.config.knobs import resolve_knobs
+    from hotsplit_cli.config.recipe import load_recipe
+
+    ckpt = checkpoints[family]
+    rec = load_recipe(_recipe(tmp_path, ckpt, _prompts(tmp_path, 2), 5, _geometry(ckpt)))
+    knobs = resolve_knobs(rec.knobs, {"HOTSPLIT_PREFETCH": "lookahead", "HOTSPLIT_PREFETCH_GUESSES": "3",
+                                      "HOTSPLIT_PREFETCH_SLOTS": "2", "HOTSPLIT_DYNAMIC": "0"})
+    built = prepare_checkpoint(rec, knobs, checkpoint_prompts(rec))
+    banks, reads = built.engine.model.banks, []
+    for bank in banks:
+        def reading(experts, x, ids, w, host=False, bank=bank, forward=bank.forward):
+            out = forward(experts, x, ids, w, host)
+            for row, e in enumerate(bank.staged, start=bank.table.num_slots):
+                assert bank.served_E[e] == row and not bank.table.hot_E[e]
+                assert torch.equal(bank.hot_SB[row], bank.cold_EB[e])
+            reads.append(len(bank.staged))
+            return out
+        bank.forward = reading
+    s = built.engine.run(math.inf)
+    assert max(reads) == 2 and sum(reads) == s.prefetch["prefetched"]
+    assert s.hit_rate >= s.prefetch["staged_hit_rate"] > 0
+    assert all(b.staged == [] for b in banks)
