@@ -84,7 +84,7 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
     allocated = {"hidden": bank.hidden, "inter": bank.inter, "experts": hm.num_experts, "top_k": hm.top_k,
                  "dtype": dtype, "expert_format": bank.layout.describe(dtype)}
     return Built(engine, math.inf, info, plan, rank.allocator, expert_bytes, f"prompts {t.path}", allocated,
-                 family=hm.family, generates=True,
+                 notes=pool.notes() if pool else [], family=hm.family, generates=True,
                  native_check=_native_check(hm, m.path, info, prompts, generation.ids))
 
 

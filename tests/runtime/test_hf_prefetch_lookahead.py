@@ -111,6 +111,8 @@ def test_each_layer_reads_its_staged_experts_from_their_rows(checkpoints, family
                                       "HOTSPLIT_PREFETCH_SLOTS": "2", "HOTSPLIT_DYNAMIC": "0"})
     built = prepare_checkpoint(rec, knobs, checkpoint_prompts(rec))
     banks, reads = built.engine.model.banks, []
+    # a shared pool's rows are held in every predicted layer's bank, and the run says so
+    assert any(n.startswith("prefetch_pool shared: ") for n in built.notes) == (len(banks) > 2)
     for bank in banks:
         def reading(experts, x, ids, w, host=False, bank=bank, forward=bank.forward):
             out = forward(experts, x, ids, w, host)
