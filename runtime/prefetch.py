@@ -1,9 +1,11 @@
-"""Prefetch into staging slots, the runtime's side: each step, before it runs, what it stages for
-each layer is decided on the host from the routing known while the layer before computes (the
-co-activation table fitted on a trace, `prefetch trace`), by the very code `simulate` replays
-(`analysis/prefetch.stage_step`); the banks copy those experts into their staging rows on the
-swap stream between steps, each layer waiting only for its own copies (runtime/bank.py), and
-the counters are kept under `simulate`'s names.
+"""Prefetch into staging slots, the runtime's side: what a step stages for each layer is decided
+on the host from what is known while the layer before computes, and the banks copy those experts
+into their staging rows on the swap stream, each layer waiting only for its own copies
+(runtime/bank.py); the counters are kept under `simulate`'s names. `Stager`: a synthetic model
+replaying a trace (`prefetch trace`), every layer decided before the step by the very code
+`simulate` replays (`analysis/prefetch.stage_step`). `StepStager`: decided inside the step, layer
+by layer, as each layer's predictor input exists: router lookahead (lookahead_stage.py) and the
+trace predictor on a checkpoint (hf/trace_stage.py).
 
 The staging rows are rows of each predicted layer's bank (layer index >= 1): `slots` of them per
 layer whichever the pool. With a shared pool the decisions keep to `slots` experts staged for two
