@@ -202,18 +202,17 @@ def check_ep_knobs(knobs: Knobs, ep: int, recipe_name: str) -> None:
 
 def check_prefetch_runs(knobs: Knobs, model_kind: str, ep: int, replays_trace: bool) -> None:
     """UsageError when a run is asked to stage experts it cannot: the runtime stages with router
-    lookahead (`prefetch lookahead`: a synthetic model, at ep > 1 each rank the experts it serves;
-    a checkpoint on one rank) or with the trace predictor (`prefetch trace`: one rank, a synthetic
+    lookahead (`prefetch lookahead`: a synthetic model or a checkpoint, at ep > 1 each rank the
+    experts it serves) or with the trace predictor (`prefetch trace`: one rank, a synthetic
     model replaying a trace, the routing it decides from before each step, or a checkpoint with
     the table fitted on a trace of it); a run that ignored the knob would report figures the user
     did not ask for."""
     where = f"{knobs.origin('prefetch')}={knobs.prefetch}"
     if knobs.prefetch not in ("lookahead", "trace"):
         return
-    if ep > 1 and (knobs.prefetch == "trace" or model_kind == "hf"):
-        what = "a checkpoint's experts" if model_kind == "hf" else "with the trace predictor"
-        raise UsageError(f"{where}: the runtime stages {what} on one rank, not ep {ep}",
-                         "run with parallel.ep: 1, stage a synthetic model with prefetch lookahead, or prefetch off")
+    if ep > 1 and knobs.prefetch == "trace":
+        raise UsageError(f"{where}: the runtime stages with the trace predictor on one rank, not ep {ep}",
+                         "run with parallel.ep: 1, stage with prefetch lookahead, or prefetch off")
     if knobs.prefetch == "trace" and model_kind != "hf" and not replays_trace:
         raise UsageError(f"{where}: the trace predictor stages a synthetic model from a replayed trace, not traffic "
                          "that is not a trace", "run with --trace, or use prefetch lookahead")

@@ -77,8 +77,9 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
     split = make_split(knobs.cold_path, info, hm.banks[0], rank.platform)
     generation = Generation(hm, tok, prompts, t.max_new_tokens, t.batch, advance)
     model, source = parallel(CheckpointMoE(hm, info, plan.hot_LE, split), generation, rank)
+    held = (lambda row: model.held_LE[row]) if hasattr(model, "held_LE") else (lambda row: None)  # EP: its experts
     engine = CheckpointEngine(model, source, knobs, expert_bytes, expected_hit_rate=plan.expected_hit_rate,
-                              stager=_stager(hm, pool, knobs.prefetch, prefetch_fit))
+                              stager=_stager(hm, pool, knobs.prefetch, prefetch_fit, held))
     bank = hm.banks[0]
     dtype = str(bank.compute_dtype).replace("torch.", "")
     allocated = {"hidden": bank.hidden, "inter": bank.inter, "experts": hm.num_experts, "top_k": hm.top_k,
@@ -88,10 +89,11 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
                  native_check=_native_check(hm, m.path, info, prompts, generation.ids))
 
 
-def _stager(hm, pool: StagingPool | None, prefetch: str, fit_path) -> StepStager | None:
+def _stager(hm, pool: StagingPool | None, prefetch: str, fit_path, held: Callable) -> StepStager | None:
     """A checkpoint's staging: rows in every predicted layer's bank, and for `prefetch lookahead`
-    the hooks `balance --model` measures lookahead with (hf/lookahead.py), staging as they guess;
-    for `prefetch trace` the co-activation table fitted on `fit_path` (hf/trace_stage.py)."""
+    the hooks `balance --model` measures lookahead with (hf/lookahead.py), staging as they guess
+    (`held(row)`: the experts this rank serves, bool [E]; None: all); for `prefetch trace` the
+    co-activation table fitted on `fit_path` (hf/trace_stage.py; one rank)."""
     if pool is None:
         return None
     for bank in hm.banks[1:]:
@@ -101,7 +103,7 @@ def _stager(hm, pool: StagingPool | None, prefetch: str, fit_path) -> StepStager
         predictor, source = fit_on_trace(Path(fit_path), tuple(hm.layer_ids), hm.num_experts, "the checkpoint's")
         return TraceStepStager(hm, pool, predictor, source)
     LookaheadCounter(hm, pool.config.guesses, lambda row, rank_TE, q_TE, mask_T: look.ahead(
-        row, hm.banks[row], rank_TE, q_TE, mask_T), look.book)  # hooked for the model's life
+        row, hm.banks[row], rank_TE, q_TE, mask_T, held(row)), look.book)  # hooked for the model's life
     return look
 
 

@@ -42,6 +42,7 @@ class CheckpointMoE(BankedModel):
         self.compute = CheckpointCompute(kernel + (f" + CPU cold path ({split.mode}; {split.rates_source})"
                                                    if split else ""), split)
         self._init_counters(hm.num_experts, "cpu")
+        self._last_step_LE = np.zeros((len(self.banks), hm.num_experts), dtype=np.int64)
 
     def step(self, forward: Forward, run=None) -> None:
         """One forward, counted against the hot sets it read; `run(forward)`: its counts [L, E]
@@ -51,9 +52,12 @@ class CheckpointMoE(BankedModel):
         # experts staged for it (prefetch), published as their layers ran and cleared after the step.
         hot_LE = torch.from_numpy(np.stack([b.served_hot_E for b in self.banks]))
         self._count(step_LE, hot_LE)
+        self._last_step_LE = step_LE.numpy().copy()
 
     def last_step_counts_LE(self) -> np.ndarray:
-        return self.hm.counter.steps_SLE[-1]  # the counted tokens' (no padding, no finished sequence)
+        """What the last step computed here: its counted tokens' routing (no padding, no finished
+        sequence), or an expert-parallel rank's received assignments."""
+        return self._last_step_LE
 
 
 class CheckpointEngine(Engine):
