@@ -26,7 +26,7 @@ def build(request: RunRequest, rank: Rank, watch: Watch, stack: ExitStack, paral
         prompts = hf_run.checkpoint_prompts(rec)
         advance = stack.enter_context(watch.progress(f"{rec.name}: prompts", len(prompts)))
         prepared = hf_run.prepare_checkpoint(rec, request.knobs, prompts, request.plan, advance, request.platform,
-                                             rank, parallel)
+                                             rank, parallel, prefetch_fit=request.prefetch_fit)
     else:
         layers = rec.model.num_moe_layers
         with watch.progress(f"building {layers} MoE layers", layers) as advance:

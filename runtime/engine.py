@@ -146,22 +146,13 @@ class Engine:
 
     def step(self, routed) -> None:
         self.book.landed(self.model.publish_ready()[1])  # swaps whose copies landed: publish between steps
-        staged_LE = self._stage(routed)
+        st = self.stager  # prefetch (runtime/prefetch.py, lookahead_stage.py); None: nothing staged
+        staged_LE = None if st is None else st.before_step(self.model, routed, self.use_graph)
         self._forward(routed)
         if staged_LE is not None:
             self.model.unstage()  # between steps: a staging row holds its expert for one step
-            self.stager.count(routed[0], staged_LE)
+            st.after_step(self.model, routed, staged_LE)
         self.step_count += 1
-
-    def _stage(self, routed) -> np.ndarray | None:
-        """Start copying what this step stages (bool [L, E]); None without prefetch."""
-        if self.stager is None or routed is None:
-            return None
-        staged_LE = self.stager.choose(routed[0], self.model.served_hot_LE())
-        self.model.stage(staged_LE)
-        if self.use_graph:  # a replay runs no Python between layers: publish (after the copies) before it
-            self.model.publish_staged()
-        return staged_LE
 
     def _forward(self, routed) -> None:
         self.x_TH.normal_(generator=self.gen)

@@ -27,6 +27,7 @@ from .engine import Engine, RouterSource, synthetic_source
 from .fp8 import RELEASE_FP8
 from .hot_set import choose_hot_set
 from .kernels import choose_compute
+from .lookahead_stage import lookahead_stager
 from .memory import check_device_memory, check_host_memory
 from .model import HotColdMoE
 from .moe import MoEGeometry, make_layer_weights, rms_norm
@@ -77,25 +78,42 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     _check_memory(geom, len(layers), blob.elems * blob.storage.itemsize, info,
                   int(plan.hot_LE.sum()) + (pool.device_rows if pool else 0))
     compute = choose_compute(info)
+    look = lookahead_stager(pool, knobs.prefetch, geom.num_experts, geom.top_k)
     model = rank.on_bank(lambda allocator: HotColdMoE(layers, geom, plan.hot_LE, info, allocator, compute,
-                                                      lambda bank: make_split(knobs.cold_path, info, bank, platform)))
+                                                      lambda bank: make_split(knobs.cold_path, info, bank, platform),
+                                                      look))
     stager = None if pool is None else _stager(model, pool, traffic.trace, prefetch_fit, knobs)
     model, source = parallel(model, traffic.source, rank)
-    notes = experts.notes + traffic.notes + (pool.notes() if pool else [])
-    if knobs.cold_path != "gpu" and info.graphs:
-        notes.append(f"cold_path {knobs.cold_path}: no CUDA graph (the split reads each layer's routing on the host)")
+    notes = experts.notes + traffic.notes + (pool.notes() if pool else []) + _graph_notes(knobs, info)
     engine = Engine(model, source, knobs, expert_bytes, seed=rank.seed(recipe.run.seed),
-                    expected_hit_rate=plan.expected_hit_rate, use_graph=rank.use_graph, stager=stager)
+                    expected_hit_rate=plan.expected_hit_rate, use_graph=False if look else rank.use_graph,
+                    stager=stager)
     allocated = {"hidden": geom.hidden, "inter": geom.inter, "experts": geom.num_experts, "top_k": geom.top_k,
                  "dtype": str(model.banks[0].compute_dtype).replace("torch.", ""), "expert_format": experts.describe}
     return Built(engine, traffic.steps or steps or recipe.run.steps, info, plan, rank.allocator, expert_bytes,
                  traffic.name, allocated, scale, notes, traffic.trace_steps, traffic.trace)
 
 
+def _graph_notes(knobs: Knobs, info: DeviceInfo) -> list[str]:
+    """Why a run on a device that could replay CUDA graphs does not."""
+    if not info.graphs:
+        return []
+    notes = []
+    if knobs.cold_path != "gpu":
+        notes.append(f"cold_path {knobs.cold_path}: no CUDA graph (the split reads each layer's routing on the host)")
+    if knobs.prefetch == "lookahead":
+        notes.append("prefetch lookahead: no CUDA graph (each layer's staging is chosen on the host from the "
+                     "next router's guesses)")
+    return notes
+
+
 def _stager(model: HotColdMoE, pool: StagingPool, trace: Trace, fit_path, knobs: Knobs) -> Stager:
-    """The staging rows reserved in every predicted layer's bank, and the run's stager."""
+    """The staging rows reserved in every predicted layer's bank, and the run's stager (router
+    lookahead's, made with the model, or the trace predictor's)."""
     for bank in model.banks[1:]:
         bank.reserve_staging(pool.config.slots)
+    if model.lookahead is not None:
+        return model.lookahead
     return make_stager(trace, None if fit_path is None else Path(fit_path), pool, model.geom.num_experts,
                        pool.expert_bytes, knobs.dyn_steps)
 

@@ -79,14 +79,19 @@ class BankedModel:
         for bank in self.banks:
             bank.unstage()
 
+    def last_step_counts_LE(self) -> np.ndarray:
+        """The last step's routed assignments per layer and expert (int64 [L, E], on the host)."""
+        raise NotImplementedError
+
 
 class HotColdMoE(BankedModel):
     def __init__(self, layers: list[LayerWeights], geom: MoEGeometry, hot_LE: np.ndarray, info: DeviceInfo,
-                 allocator: PinnedAllocator, compute, cold_path=None):
-        """`cold_path(bank)`: the CPU cold path made on the first layer's bank (cold_split.py), or None."""
+                 allocator: PinnedAllocator, compute, cold_path=None, lookahead=None):
+        """`cold_path(bank)`: the CPU cold path made on the first layer's bank (cold_split.py), or None;
+        `lookahead`: a LookaheadStager (lookahead_stage.py) that stages from the next router, or None."""
         dev = info.device
         L, E = len(layers), geom.num_experts
-        self.geom, self.info = geom, info
+        self.geom, self.info, self.lookahead = geom, info, lookahead
         self.swap_stream = torch.cuda.Stream(dev) if info.is_cuda else None
         # One [L, E] map so the counters read every layer's map in one operation.
         self.expert2slot_LE = torch.full((L, E), -1, dtype=torch.int32, device=dev)
@@ -108,6 +113,8 @@ class HotColdMoE(BankedModel):
         self.banks[li].publish_staged()  # its staged experts, once their copies have landed
         if ids_TK is None:
             ids_TK, w_TK = self.routers[li](x_TH)
+        if self.lookahead is not None:  # what the guesses made from the layer before are judged on
+            self.lookahead.book.routed(li, ids_TK, ids_TK[:, 0] >= 0)
         y = (routed or self._routed)(li, x_TH, ids_TK, w_TK, self.step_counts_LE[li])
         if self.shared[li] is not None:
             y = y + swiglu(x_TH, *self.shared[li])
@@ -120,12 +127,21 @@ class HotColdMoE(BankedModel):
         return self.compute(x_TH, ids_TK, w_TK, self.banks[li], counts_E)
 
     def step(self, x_TH: torch.Tensor, ids_LTK: torch.Tensor | None = None,
-             w_LTK: torch.Tensor | None = None, routed=None) -> torch.Tensor:
-        """One engine step through every layer: h = h + moe(rms_norm(h)). Device-only work."""
+             w_LTK: torch.Tensor | None = None, routed=None, held_LE: np.ndarray | None = None) -> torch.Tensor:
+        """One engine step through every layer: h = h + moe(rms_norm(h)). Device-only work, but
+        for router lookahead's choices. `held_LE` (bool [L, E]): the experts this rank serves (an
+        expert-parallel rank's; None: all), the only ones lookahead stages."""
         self.step_counts_LE.zero_()
         h = x_TH
         for li in range(self.num_layers):
-            h = h + self.layer(li, rms_norm(h), None if ids_LTK is None else ids_LTK[li],
+            n_TH = rms_norm(h)
+            if self.lookahead is not None and li > 0:  # layer li - 1's output, through layer li's router
+                self.lookahead.ahead_router(li, n_TH, self.routers[li], self.banks[li],
+                                            None if held_LE is None else held_LE[li])
+            h = h + self.layer(li, n_TH, None if ids_LTK is None else ids_LTK[li],
                                None if w_LTK is None else w_LTK[li], routed)
         self._count(self.step_counts_LE, self.expert2slot_LE >= 0)  # the map this step read
         return h
+
+    def last_step_counts_LE(self) -> np.ndarray:
+        return self.step_counts_LE.cpu().numpy().copy()

@@ -1,9 +1,11 @@
-"""Prefetch into staging slots, the runtime's side: each step, before it runs, what it stages for
-each layer is decided on the host from the routing known while the layer before computes (the
-co-activation table fitted on a trace, `prefetch trace`), by the very code `simulate` replays
-(`analysis/prefetch.stage_step`); the banks copy those experts into their staging rows on the
-swap stream between steps, each layer waiting only for its own copies (runtime/bank.py), and
-the counters are kept under `simulate`'s names.
+"""Prefetch into staging slots, the runtime's side: what a step stages for each layer is decided
+on the host from what is known while the layer before computes, and the banks copy those experts
+into their staging rows on the swap stream, each layer waiting only for its own copies
+(runtime/bank.py); the counters are kept under `simulate`'s names. `Stager`: a synthetic model
+replaying a trace (`prefetch trace`), every layer decided before the step by the very code
+`simulate` replays (`analysis/prefetch.stage_step`). `StepStager`: decided inside the step, layer
+by layer, as each layer's predictor input exists: router lookahead (lookahead_stage.py) and the
+trace predictor on a checkpoint (hf/trace_stage.py).
 
 The staging rows are rows of each predicted layer's bank (layer index >= 1): `slots` of them per
 layer whichever the pool. With a shared pool the decisions keep to `slots` experts staged for two
@@ -72,7 +74,7 @@ class StagingPool:
 
 def staging_pool(recipe: Recipe, knobs: Knobs, expert_bytes: int) -> StagingPool | None:
     """The staging pool the prefetch knobs ask of a run (None: prefetch off or auto, nothing staged)."""
-    if knobs.prefetch != "trace":
+    if knobs.prefetch not in ("trace", "lookahead"):
         return None
     m = recipe.model
     return StagingPool(staging_config(knobs, m.num_experts, m.num_moe_layers), m.num_moe_layers, expert_bytes)
@@ -102,12 +104,27 @@ def check_plan_leaves_pool(pool: StagingPool | None, hot_bytes: int, plan: PlanF
 class Stager:
     """The staging decisions of a run, and its counters per window and in all."""
 
-    def __init__(self, pool: StagingPool, predictor: NextLayerPredictor, fit_source: str, num_experts: int,
+    def __init__(self, pool: StagingPool, predictor: NextLayerPredictor | None, fit_source: str, num_experts: int,
                  expert_bytes: int):
         self.pool, self.predictor, self.fit_source = pool, predictor, fit_source  # fit: as printed
         self.num_experts, self.expert_bytes = num_experts, expert_bytes  # real bytes of one expert
         self._window = np.zeros(3)  # prefetched, useful, staged hits: this window's
         self._total = np.zeros(3)
+
+    def before_step(self, model, routed, use_graph: bool) -> np.ndarray | None:
+        """Start copying what the step of `routed` (ids [L, T, K], weights) stages (bool [L, E]),
+        decided from its routing before it runs; with a CUDA graph published before the replay."""
+        if routed is None:
+            return None
+        staged_LE = self.choose(routed[0], model.served_hot_LE())
+        model.stage(staged_LE)
+        if use_graph:  # a replay runs no Python between layers: publish (after the copies) before it
+            model.publish_staged()
+        return staged_LE
+
+    def after_step(self, model, routed, staged_LE: np.ndarray) -> None:
+        """Count the step's staged experts against the routing it read."""
+        self.count(routed[0], staged_LE)
 
     def choose(self, ids_LTK: np.ndarray, hot_LE: np.ndarray) -> np.ndarray:
         """bool [L, E]: what the step of routing `ids_LTK` (-1 = padding) stages, given the hot set it reads."""
@@ -117,7 +134,10 @@ class Stager:
     def count(self, ids_LTK: np.ndarray, staged_LE: np.ndarray) -> None:
         """Add one step's staged experts against the routing it then read."""
         ids = np.asarray(ids_LTK, dtype=np.int64).reshape(len(staged_LE), -1)
-        counts_LE = np.stack([np.bincount(row[row >= 0], minlength=self.num_experts) for row in ids])
+        self.count_LE(np.stack([np.bincount(row[row >= 0], minlength=self.num_experts) for row in ids]), staged_LE)
+
+    def count_LE(self, counts_LE: np.ndarray, staged_LE: np.ndarray) -> None:
+        """Add one step's staged experts against its routed assignments per layer and expert [L, E]."""
         self._window += [x.sum() for x in staged_counts(counts_LE, staged_LE)]
 
     def close_window(self, steps: int, cold_reads: int, copies: int, hits: float, assigned: float) -> dict:
@@ -138,6 +158,29 @@ class Stager:
     def _doc(self, sums: np.ndarray, steps: int, cold_reads: int, copies: int, hits: float, assigned: float) -> dict:
         totals = StagingTotals(int(sums[0]), int(sums[1]), float(sums[2]), int(cold_reads), int(copies), steps)
         return staging_doc(totals, hits, assigned, self.expert_bytes)
+
+
+class StepStager(Stager):
+    """A stager that decides inside the step, layer by layer, as each layer's input to its
+    predictor exists (router lookahead, lookahead_stage.py; the trace predictor on a checkpoint,
+    hf/trace_stage.py): `staged_LE` fills as the step runs and is counted after it."""
+
+    def __init__(self, pool: StagingPool, predictor: NextLayerPredictor | None, fit_source: str, num_experts: int,
+                 expert_bytes: int):
+        super().__init__(pool, predictor, fit_source, num_experts, expert_bytes)
+        self.staged_LE = np.zeros((pool.num_layers, num_experts), dtype=bool)
+
+    def before_step(self, model, routed, use_graph: bool) -> np.ndarray:
+        self.staged_LE = np.zeros_like(self.staged_LE)
+        return self.staged_LE  # filled as the step runs
+
+    def after_step(self, model, routed, staged_LE: np.ndarray) -> None:
+        self.count_LE(model.last_step_counts_LE(), staged_LE)
+
+    def stage_row(self, row: int, bank, experts: list[int]) -> None:
+        """Copy `experts` (cold) into layer `row`'s bank's staging rows, for this step."""
+        bank.stage(experts)
+        self.staged_LE[row, experts] = True
 
 
 def make_stager(trace: Trace, fit_path: Path | None, pool: StagingPool, num_experts: int, expert_bytes: int,

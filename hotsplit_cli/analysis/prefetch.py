@@ -167,11 +167,20 @@ def stage_step(member_TLE: np.ndarray, hot_LE: np.ndarray, predictor: NextLayerP
     if cfg.slots == 0:
         return staged_LE
     for layer in range(1, L):
-        q_TE = predictor.probs_NE(member_TLE, layer)
-        rank_TE = predictor.rank_NE(member_TLE, layer, q_TE)
         live_T = member_TLE[:, layer].any(axis=1)
-        staged_LE[layer, choose_staged(rank_TE, q_TE, live_T, hot_LE[layer], staged_LE[layer - 1], cfg)] = True
+        staged_LE[layer, stage_layer(member_TLE, layer, live_T, hot_LE[layer], staged_LE[layer - 1], predictor,
+                                     cfg)] = True
     return staged_LE
+
+
+def stage_layer(member_TLE: np.ndarray, layer: int, live_T: np.ndarray, hot_E: np.ndarray, before_E: np.ndarray,
+                predictor: NextLayerPredictor, cfg: StagingConfig) -> list[int]:
+    """The experts one step stages for `layer` (>= 1) from its tokens' memberships known so far
+    (bool [T, L, E]; the predictor reads the layers before `layer` only), which tokens count
+    (`live_T`), the layer's hot set and what the layer before staged (bool [E] each)."""
+    q_TE = predictor.probs_NE(member_TLE, layer)
+    rank_TE = predictor.rank_NE(member_TLE, layer, q_TE)
+    return choose_staged(rank_TE, q_TE, live_T, hot_E, before_E, cfg)
 
 
 def staged_counts(counts_XE: np.ndarray, staged_XE: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -255,13 +264,19 @@ def fit_staging_predictor(tr: Trace, fit_path: Path | None, member_NLE: np.ndarr
     """The co-activation table staging replays (and the runtime stages with), fitted on
     `fit_path`'s trace, else on `tr`'s first window; and what it was fitted on, as printed."""
     E = member_NLE.shape[2]
-    if fit_path is None:
-        T = tr.topk_ids_SLTK.shape[2]
-        fit_NLE, source = member_NLE[:window_steps * T], f"the trace's first window (steps 0..{window_steps - 1})"
-    else:
-        fit = load_trace(fit_path, E)
-        if fit.layers != tr.layers:
-            raise PlanError(f"{fit_path}: layers {list(fit.layers)} differ from the replayed trace's "
-                            f"{list(tr.layers)}", "fit the predictor on a trace of the same model")
-        fit_NLE, source = token_members_NLE(fit, E), str(fit_path)
+    if fit_path is not None:
+        return fit_on_trace(fit_path, tr.layers, E, "the replayed trace's")
+    T = tr.topk_ids_SLTK.shape[2]
+    fit_NLE, source = member_NLE[:window_steps * T], f"the trace's first window (steps 0..{window_steps - 1})"
     return fit_predictor("cooccur", fit_NLE), source
+
+
+def fit_on_trace(fit_path: Path, layers: tuple[int, ...], num_experts: int,
+                 whose: str = "the model's") -> tuple[NextLayerPredictor, str]:
+    """The co-activation table fitted on `fit_path`'s trace, whose MoE layers must be `layers`
+    (`whose`: what they are, as the refusal says), and what it was fitted on."""
+    fit = load_trace(fit_path, num_experts)
+    if tuple(fit.layers) != tuple(layers):
+        raise PlanError(f"{fit_path}: layers {list(fit.layers)} differ from {whose} {list(layers)}",
+                        "fit the predictor on a trace of the same model")
+    return fit_predictor("cooccur", token_members_NLE(fit, num_experts)), str(fit_path)

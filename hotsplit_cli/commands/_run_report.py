@@ -117,8 +117,12 @@ def prefetch_rows(prefetch: dict | None) -> list[tuple[str, str]]:
     if not prefetch:
         return []
     p = prefetch
+    look = p.get("lookahead")  # router lookahead (runtime/lookahead_stage.py), else the trace predictor
+    predictor = (f"router lookahead: recall {pct(look['recall'])} at {look['guesses_per_token']} guesses per token "
+                 f"({look['useful']:,} of {look['routed']:,} routed)" if look
+                 else f"co-activation table fitted on {p['fit']}")
     return [("prefetch", f"{p['slots']} staging slots ({p['pool']} pool), {p['guesses']} guesses per token, "
-                         f"co-activation table fitted on {p['fit']}"),
+                         f"{predictor}"),
             ("  staged", f"{p['prefetched']:,} experts: {p['useful']:,} useful, {p['wasted']:,} wasted; "
                          f"{p['staged_hits']:,.0f} routed assignments served staged ({pct(p['staged_hit_rate'])} of "
                          "all, counted in the hit rate)"),

@@ -17,6 +17,7 @@ from hotsplit_cli.core.errors import Interrupted, UsageError
 from hotsplit_cli.hotset.fitted_traffic import run_fits
 from hotsplit_cli.hotset.host_memory import check_host_fits
 from hotsplit_cli.hotset.planfile import check_run_inputs
+from hotsplit_cli.hotset.prefetch_plan import knobs_from_plan
 from hotsplit_cli.options import (
     ColdPathOpt,
     HotGibOpt,
@@ -52,7 +53,7 @@ ScaleOpt = Annotated[float | None, typer.Option("--scale", show_default="1: full
 EplbStepsOpt = Annotated[str | None, knob_option("eplb_steps")]
 EpExchangeOpt = Annotated[str | None, knob_option("ep_exchange")]
 PrefetchFitOpt = Annotated[Path | None, typer.Option(
-    "--prefetch-fit", show_default="the replayed trace's first window",
+    "--prefetch-fit", show_default="the replayed trace's first window; required on a checkpoint",
     help="Fit the prefetch predictor on this trace (prefetch trace).")]
 LogJsonlOpt = Annotated[Path | None, output_option("--log-jsonl", help="Also write each record as a JSON line.",
                                                    show_default="none: not written",
@@ -83,14 +84,17 @@ def run(
                                                   "ep_exchange": ep_exchange, "precision": precision,
                                                   "prefetch": prefetch, "prefetch_slots": prefetch_slots,
                                                   "prefetch_pool": prefetch_pool, "prefetch_guesses": prefetch_guesses})
-    _check_options(rec, platform, (trace, steps, scale, prefetch_fit), plot)
-    _check_prefetch_fit(prefetch_fit, knobs)
+    _check_options(rec, platform, (trace, steps, scale), plot)
+    _check_prefetch_fit(prefetch_fit, knobs, rec.model.kind)
     request = api.RunRequest(rec, knobs, plan, trace, steps, scale, platform, prefetch_fit=prefetch_fit)
     plan_file = check_run_inputs(rec, plan, trace, knobs)  # before anything is built
+    knobs, staged_by_plan = knobs_from_plan(knobs, plan_file)  # the plan's staging slots, unless a knob says
+    if staged_by_plan:
+        out.note(staged_by_plan)
     replay = load_run_replay(rec, trace, steps)  # read once: the run replays what is judged here
     fits = run_fits(plan_file, rec, replay)  # does the run replay the plan's (and placement's) histogram?
     check_host_fits(rec, platform, scale, knobs.precision)  # stored banks vs the host, before allocating
-    request = dataclasses.replace(request, plan_file=plan_file, replay=replay)
+    request = dataclasses.replace(request, knobs=knobs, plan_file=plan_file, replay=replay)
     watch = RunWatch(out, request)
     result = report.logged(log_jsonl, watch, lambda: api.run(request, watch))
     if result is None:  # another rank of a job: rank 0 reports for it
@@ -109,9 +113,9 @@ def run(
 
 def _check_options(rec, platform: Path | None, synthetic: tuple, plot: Path | None) -> None:
     """Refuse bad options before any work (and --plot when matplotlib is missing); `synthetic` is
-    (--trace, --steps, --scale, --prefetch-fit), the options of a synthetic model only."""
+    (--trace, --steps, --scale), the options of a synthetic model only."""
     if rec.model.kind == "hf" and any(x is not None for x in synthetic):
-        raise UsageError("--trace, --steps, --scale and --prefetch-fit apply to synthetic models",
+        raise UsageError("--trace, --steps and --scale apply to synthetic models",
                          "a checkpoint run generates from the recipe's prompts at full size")
     if platform is not None and not platform.is_file():
         raise UsageError(f"--platform {platform}: no such file", "write one with `hotsplit probe -o platform.json`")
@@ -119,9 +123,14 @@ def _check_options(rec, platform: Path | None, synthetic: tuple, plot: Path | No
         require_matplotlib()
 
 
-def _check_prefetch_fit(fit: Path | None, knobs) -> None:
-    """--prefetch-fit fits the predictor `prefetch trace` stages with: refused without it, or missing."""
+def _check_prefetch_fit(fit: Path | None, knobs, model_kind: str) -> None:
+    """--prefetch-fit fits the predictor `prefetch trace` stages with: refused without it, or missing;
+    required for it on a checkpoint (no replayed trace to fit on)."""
     if fit is None:
+        if knobs.prefetch == "trace" and model_kind == "hf":
+            raise UsageError(f"prefetch trace ({knobs.origin('prefetch')}) on a checkpoint stages with a table fitted "
+                             "on a routing trace of it: --prefetch-fit is missing",
+                             "record one with `hotsplit balance --model DIR --prompts FILE --trace FIT.npz`")
         return
     if knobs.prefetch != "trace":
         raise UsageError(f"--prefetch-fit fits the predictor of prefetch trace, but prefetch is {knobs.prefetch} "

@@ -201,17 +201,18 @@ def check_ep_knobs(knobs: Knobs, ep: int, recipe_name: str) -> None:
 
 
 def check_prefetch_runs(knobs: Knobs, model_kind: str, ep: int, replays_trace: bool) -> None:
-    """UsageError when a run is asked to stage experts it cannot: the runtime stages with the trace
-    predictor (`prefetch trace`) on one rank of a synthetic model replaying a trace, the routing it
-    decides from before each step; a run that ignored the knob would report figures the user did
-    not ask for."""
+    """UsageError when a run is asked to stage experts it cannot: the runtime stages with router
+    lookahead (`prefetch lookahead`: a synthetic model or a checkpoint, at ep > 1 each rank the
+    experts it serves) or with the trace predictor (`prefetch trace`: one rank, a synthetic
+    model replaying a trace, the routing it decides from before each step, or a checkpoint with
+    the table fitted on a trace of it); a run that ignored the knob would report figures the user
+    did not ask for."""
     where = f"{knobs.origin('prefetch')}={knobs.prefetch}"
-    if knobs.prefetch == "lookahead":
-        raise UsageError(f"{where}: the runtime does not apply the next layer's router early yet",
-                         "stage with the trace predictor (prefetch trace) on a trace replay, or run with prefetch off")
-    if knobs.prefetch != "trace":
+    if knobs.prefetch not in ("lookahead", "trace"):
         return
-    if model_kind == "hf" or ep > 1 or not replays_trace:
-        what = "a checkpoint" if model_kind == "hf" else f"ep {ep}" if ep > 1 else "traffic that is not a trace"
-        raise UsageError(f"{where}: the runtime stages from a replayed trace on one rank of a synthetic model, "
-                         f"not {what}", "run a synthetic recipe with ep 1 and --trace, or with prefetch off")
+    if ep > 1 and knobs.prefetch == "trace":
+        raise UsageError(f"{where}: the runtime stages with the trace predictor on one rank, not ep {ep}",
+                         "run with parallel.ep: 1, stage with prefetch lookahead, or prefetch off")
+    if knobs.prefetch == "trace" and model_kind != "hf" and not replays_trace:
+        raise UsageError(f"{where}: the trace predictor stages a synthetic model from a replayed trace, not traffic "
+                         "that is not a trace", "run with --trace, or use prefetch lookahead")

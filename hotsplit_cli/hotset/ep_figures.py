@@ -137,7 +137,8 @@ def ep_figures(ranks: list[RankTotals], window_steps: int | None = None) -> EPFi
     received = np.array([float(t.loads_SL.sum()) for t in ranks])
     docs = [{"rank": r, "assignments": int(received[r]), "hit_rate": float(t.summary.hit_rate),
              "expected_hit_rate": t.expected_hit_rate, "cold_reads": t.cold_reads, "swaps": int(t.summary.swaps),
-             "cold_paths": _cold_doc(t.summary.cold_paths)} for r, t in enumerate(ranks)]
+             "cold_paths": _cold_doc(t.summary.cold_paths),
+             "prefetch": t.summary.prefetch} for r, t in enumerate(ranks)]  # its staging counters (None: off)
     loads_SLR = np.stack([t.loads_SL for t in ranks], axis=2)
     mean, top = received.mean(), int(np.argmax(received))
     exchanges = sum(t.exchanges for t in ranks)

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hotsplit_cli.config.knobs import PRECISIONS as PRECISION_KNOBS
-from hotsplit_cli.config.knobs import Knobs, check_ep_knobs, check_prefetch_runs
+from hotsplit_cli.config.knobs import PREFETCH_POOLS, Knobs, check_ep_knobs, check_prefetch_runs
 from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.config.recipe import Recipe, recipe_file
 from hotsplit_cli.core.errors import PlanError, UsageError
@@ -33,7 +33,7 @@ from hotsplit_cli.hotset.precision_plan import (
     routed_probs,
     uniform_choice,
 )
-from hotsplit_cli.hotset.prefetch_plan import PrefetchPlan, prefetch_for_plan
+from hotsplit_cli.hotset.prefetch_plan import PrefetchPlan, carved_for_run, prefetch_for_plan
 from hotsplit_cli.hotset.ranktime import hot_slots, physical_plan, rank_times, slot_probs
 from hotsplit_cli.hotset.sizes import PRECISIONS, expert_bytes_per_rank, expert_compute_shape, precision_bytes
 from hotsplit_cli.placement.dispatch import contiguous_placement, placed_hit_rates
@@ -84,8 +84,6 @@ def physical_plan_for(hist: Histogram, recipe: Recipe, budget_bytes: int, placem
 
 def logical_plan(phys: Plan, placement, num_experts: int) -> Plan:
     """A physical plan's hot sets in logical ids: e is hot on r when any of r's replicas of e is."""
-    from dataclasses import replace
-
     R, L = placement.num_ranks, placement.phy2log_LP.shape[0]
     hot = np.zeros((R, L, num_experts), dtype=bool)
     r_idx, l_idx, p_idx = np.nonzero(phys.hot_RLE)
@@ -195,12 +193,23 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
         layout = load_placement(placement_path)
     plan, phys, choice = _plan_precision(hist, recipe, knobs.precision, budget.budget_bytes, layout,
                                          (quality, max_error))
-    for warning in plan_warnings(hist, recipe, plan, layout, knobs.precision):
-        warn(warning)
     rate = choose_read_rate(recipe, platform)
     size = choice.sizes_LE if knobs.precision == "auto" else expert_bytes_per_rank(recipe, knobs.precision)
     # Rank 0 reads cold only the experts placed on it: under EP the others are another rank's reads.
     not_cold_LE = plan.hot_RLE[0] | ~rank0_experts(hist, recipe, layout)
+    prefetch = None  # staging slots are priced for one rank at one stored precision
+    if platform is not None and layout is None and recipe.parallel.ep == 1 and rate.zero_copy_gbps \
+            and knobs.precision != "auto":
+        prefetch = prefetch_for_plan(hist, lookahead, knobs, rate, budget.budget_bytes,
+                                     ColdAt(hist, recipe, size, rate.gbps, precision=knobs.precision),
+                                     compute_for_prefetch(platform, recipe, hist, not_cold_LE, size))
+    hot_budget = budget.budget_bytes - carved_for_run(prefetch, knobs, hist.num_layers, size)
+    if hot_budget < budget.budget_bytes:  # a run that stages takes the planned slots from this budget
+        plan, phys, choice = _plan_precision(hist, recipe, knobs.precision, hot_budget, layout, (quality, max_error))
+        plan = replace(plan, budget_bytes=budget.budget_bytes)  # the budget the slots are carved from
+        not_cold_LE = plan.hot_RLE[0] | ~rank0_experts(hist, recipe, layout)
+    for warning in plan_warnings(hist, recipe, plan, layout, knobs.precision):
+        warn(warning)
     timed = platform is not None or rate.gbps
     costs = times = None
     if timed and layout is not None and rate.gbps:
@@ -216,13 +225,7 @@ def make_plan(hist_path: Path, recipe: Recipe, knobs: Knobs, platform_path: Path
         # Rank 0's experts as they are read: its physical slots, a replica at its share of the traffic.
         pi, hot = (routing_probs(hist), not_cold_LE) if layout is None else rank0_slots(hist, layout, phys)
         cold_paths = cold_path_prediction(hist, hot, recipe, platform, warn, pi_LE=pi, stored_bytes=size)
-    held = held_out_hit_rates(hist, recipe, budget.budget_bytes, layout, choice)
-    prefetch = None  # staging slots are priced for one rank at one stored precision
-    if platform is not None and layout is None and recipe.parallel.ep == 1 and rate.zero_copy_gbps \
-            and knobs.precision != "auto":
-        prefetch = prefetch_for_plan(hist, lookahead, knobs, rate, budget.budget_bytes,
-                                     ColdAt(hist, recipe, size, rate.gbps, precision=knobs.precision),
-                                     compute_for_prefetch(platform, recipe, hist, not_cold_LE, size))
+    held = held_out_hit_rates(hist, recipe, hot_budget, layout, choice)
     return PlanResult(hist, hist_path, recipe, knobs, plan, budget, rate, costs, platform_path, layout,
                       placement_path, cold_paths, times, held, choice, prefetch)
 
@@ -449,6 +452,7 @@ class PlanFile:
     precision: str = "native"  # the precision knob it was planned at (plans without one: native)
     precision_by_layer: dict[int, dict[str, tuple[int, ...]]] | None = None  # auto: layer id -> precision -> ids
     expected_error: float | None = None  # routing-share-weighted expert error at its precisions; None: not measured
+    prefetch: tuple[int, str, str] | None = None  # (slots, pool, reason) `plan --platform` chose; None: not judged
 
     @property
     def expected_hit_rate(self) -> float | None:
@@ -535,7 +539,19 @@ def load_plan(path: str | os.PathLike) -> PlanFile:
                     doc.get("recipe") if isinstance(doc.get("recipe"), str) else None, placement, rates,
                     _band(doc.get("out_of_sample")), tuple(_band(r.get("out_of_sample")) for r in ranks),
                     hist if isinstance(hist := doc.get("histogram"), dict) and isinstance(hist.get("path"), str)
-                    else None, *_precision_of(doc.get("precision"), path))
+                    else None, *_precision_of(doc.get("precision"), path),
+                    prefetch=_prefetch_of(doc.get("prefetch"), path))
+
+
+def _prefetch_of(block: object, path) -> tuple[int, str, str] | None:
+    """(slots, pool, reason) of a plan's `prefetch` block (plans judged without a platform have none)."""
+    if block is None:
+        return None
+    slots, pool = (block.get("slots"), block.get("pool")) if isinstance(block, dict) else (None, None)
+    if not isinstance(slots, int) or isinstance(slots, bool) or slots < 0 or pool not in PREFETCH_POOLS:
+        raise PlanError(f"{path}: `prefetch` must hold `slots` (an int >= 0) and `pool` "
+                        f"({' or '.join(PREFETCH_POOLS)})", "re-create it with `hotsplit plan --platform`")
+    return slots, pool, str(block.get("reason", ""))
 
 
 def _precision_of(block: object, path) -> tuple[str, dict[int, dict[str, tuple[int, ...]]] | None, float | None]:

@@ -128,6 +128,32 @@ def prefetch_for_plan(hist: Histogram, lookahead: Lookahead | None, knobs: Knobs
     return plan_prefetch(cold, list(cold_for.batches), link, pool, recall, unknown, compute_ms)
 
 
+STAGING_MODES = ("lookahead", "trace")  # the `prefetch` knob's values a run stages with
+
+
+def carved_for_run(prefetch: PrefetchPlan | None, knobs: Knobs, num_layers: int, expert_bytes: int) -> int:
+    """Bytes of the planned staging slots a run with these knobs carves from the hot budget (0: the
+    plan stages nothing, or the knobs do not stage): the hot set is planned at the budget less them,
+    so that `run` with the plan takes its slots (`knobs_from_plan`)."""
+    if prefetch is None or not prefetch.slots or knobs.prefetch not in STAGING_MODES:
+        return 0
+    return (prefetch.slots * (num_layers - 1) if prefetch.pool == "layer" else prefetch.slots) * int(expert_bytes)
+
+
+def knobs_from_plan(knobs: Knobs, plan) -> tuple[Knobs, str | None]:
+    """The knobs a run stages with under `plan` (a PlanFile): the plan's slot count and pool where
+    it judged them (`plan --platform`), the knobs stage (`prefetch` lookahead or trace) and the
+    user set no `prefetch_slots`; and what to say of it (None: the knobs as they are)."""
+    if plan is None or plan.prefetch is None or knobs.prefetch not in STAGING_MODES \
+            or knobs.sources.get("prefetch_slots", "default") != "default":
+        return knobs, None
+    slots, pool, reason = plan.prefetch
+    pool = pool if knobs.sources.get("prefetch_pool", "default") == "default" else knobs.prefetch_pool
+    note = (f"prefetch_slots {slots} ({pool} pool) from the plan {plan.path}, carved from its hot budget "
+            f"({reason.rstrip('.')}); --prefetch-slots says otherwise")
+    return replace(knobs, prefetch_slots=slots, prefetch_pool=pool), note
+
+
 NO_LOOKAHEAD = ("the histogram records no router lookahead: measure it on your model with `hotsplit balance "
                 "--model DIR --prompts FILE`")
 TRACE_ON_A_TRACE = ("the trace predictor is judged on a trace (`simulate --prefetch trace`); a plan reads a "

@@ -236,7 +236,7 @@ class ExpertParallel:
 
     def step(self, x_TH, ids_LTK=None, w_LTK=None):
         self.exchange.begin_step(x_TH.shape[0])
-        h = self.model.step(x_TH, ids_LTK, w_LTK, routed=self._routed)
+        h = self.model.step(x_TH, ids_LTK, w_LTK, routed=self._routed, held_LE=self.held_LE)
         self.end_step(self.model.step_counts_LE.cpu())
         return h
 

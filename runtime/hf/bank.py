@@ -217,6 +217,7 @@ class HFExpertBank(BlobBank):
         per expert, gate/up, the module's own `_apply_gate`, down, times the routing weight
         (fp32 routing weights promote, as in transformers), summed per token. `host`: from the
         host cold bank, on the CPU (the CPU cold path: runtime/cold_split.py `SplitBank`)."""
+        self.publish_staged()  # its staged experts (prefetch lookahead), once their copies have landed
         if self.kernel is not None and not host:
             return self.kernel(x_TH, ids_TK, w_TK, self)
         def project(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -8,8 +8,10 @@ i + 1's own MoE input norm (`post_attention_layernorm`, every supported family's
 router: what that layer would compute, skipping its attention. The guesses are the router's own
 top-k (exactly the experts it would choose, group limits included), widened by the other experts
 in order of its selection score (sigmoid + correction bias for DeepSeek-style routers, the
-logit otherwise; ties by expert id) to G per token. Counted tokens are the routing counter's
-(no padding, no finished sequence). The counters are hotset/lookahead.py's.
+logit otherwise; ties by expert id) to G per token (`ranked` and `GuessBook` of
+runtime/lookahead_stage.py, which `prefetch lookahead` stages with through these same hooks).
+Counted tokens are the routing counter's (no padding, no finished sequence). The counters are
+hotset/lookahead.py's.
 
 Shape letters: T = tokens of a forward pass, E = experts, G = guesses, K = top_k, H = hidden.
 """
@@ -17,40 +19,41 @@ Shape letters: T = tokens of a forward pass, E = experts, G = guesses, K = top_k
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 
 from hotsplit_cli.hotset.lookahead import LayerLookahead, Lookahead
 
+from ..lookahead_stage import GuessBook, ranked
 from .loader import HFModel
 
 _DECODER_RE = re.compile(r"(?:^|\.)layers\.(\d+)$")
 
 
+def router_ranking(router: torch.nn.Module, x_TH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rank_TE, q_TE): a checkpoint's router on `x_TH`, every expert ranked (lookahead_stage.ranked)."""
+    logits_TE, _, chosen_TK = router(x_TH)
+    bias = getattr(router, "e_score_correction_bias", None)  # DeepSeek-style: selects by sigmoid + bias
+    return ranked(logits_TE, chosen_TK, bias is not None, bias)
+
+
 def widened_guesses(router: torch.nn.Module, x_TH: torch.Tensor, guesses: int) -> torch.Tensor:
     """[T, G] expert ids: the router's top-k for `x_TH` first, then the rest by selection score."""
-    logits_TE, _, chosen_TK = router(x_TH)
-    score_TE = logits_TE.float()
-    bias = getattr(router, "e_score_correction_bias", None)
-    if bias is not None:  # DeepSeek-style: the router selects by sigmoid + bias
-        score_TE = score_TE.sigmoid() + bias.float()
-    order_TE = torch.sort(score_TE, dim=-1, descending=True, stable=True).indices
-    chosen_TE = torch.zeros_like(score_TE, dtype=torch.bool).scatter_(1, chosen_TK, True)
-    first_TE = torch.sort(chosen_TE.gather(1, order_TE).to(torch.int8), dim=-1, descending=True, stable=True).indices
-    return order_TE.gather(1, first_TE)[:, :guesses]
+    return router_ranking(router, x_TH)[0][:, :guesses]
 
 
 class LookaheadCounter:
     """Hooks on `hm`'s decoder layers and routers that count, on the device, each predicted MoE
-    layer's tokens and useful guesses; `result(measured_on)` reads them once, at the end."""
+    layer's tokens and useful guesses (`book`); `result(measured_on)` reads them once, at the end.
+    `on_guess(row, rank_TE, q_TE, mask_T)`, when given, is called with every predicted layer's
+    ranking as it is made (what `prefetch lookahead` stages from, lookahead_stage.py)."""
 
-    def __init__(self, hm: HFModel, guesses: int):
+    def __init__(self, hm: HFModel, guesses: int, on_guess: Callable | None = None, book: GuessBook | None = None):
         modules = dict(hm.model.named_modules())
         decoders = {int(m.group(1)): mod for name, mod in modules.items() if (m := _DECODER_RE.search(name))}
-        self.hm, self.guesses = hm, min(guesses, hm.num_experts)
-        self.tokens: list[torch.Tensor | int] = [0] * (len(hm.layers) - 1)
-        self.useful: list[torch.Tensor | int] = [0] * (len(hm.layers) - 1)
-        self._pending: list[torch.Tensor | None] = [None] * len(hm.layers)
+        self.hm, self.guesses, self.on_guess = hm, min(guesses, hm.num_experts), on_guess
+        self.book = GuessBook(len(hm.layers), self.guesses, hm.top_k) if book is None else book
         self._guessing = False
         self._handles = []
         for i, (src, dst) in enumerate(zip(hm.layers, hm.layers[1:], strict=False)):
@@ -66,24 +69,19 @@ class LookaheadCounter:
             self._guessing = True  # the early call of the router is not its layer's routing
             try:
                 with torch.no_grad():
-                    self._pending[row] = widened_guesses(router, norm(h).reshape(-1, h.shape[-1]), self.guesses)
+                    rank_TE, q_TE = router_ranking(router, norm(h).reshape(-1, h.shape[-1]))
             finally:
                 self._guessing = False
+            if self.on_guess is None:
+                self.book.guessed(row, rank_TE[:, :self.guesses])
+            else:
+                self.on_guess(row, rank_TE, q_TE, self.hm.counter.token_mask_T)
         return hook
 
     def _count_hook(self, row: int):
         def hook(module, args, output):
-            if self._guessing:
-                return
-            guess_TG, self._pending[row] = self._pending[row], None
-            if guess_TG is None:
-                raise RuntimeError(f"MoE layer {self.hm.layers[row].layer_id} routed before its lookahead was guessed")
-            actual_TK = output[2]
-            hit_TK = (actual_TK[:, :, None] == guess_TG[:, None, :]).any(-1)
-            mask_T = self.hm.counter.token_mask_T  # the counted tokens (None: all)
-            mask_T = torch.ones_like(hit_TK[:, 0]) if mask_T is None else mask_T.to(hit_TK.device)
-            self.tokens[row - 1] = self.tokens[row - 1] + mask_T.sum()  # summed on the device, read once
-            self.useful[row - 1] = self.useful[row - 1] + (hit_TK & mask_T[:, None]).sum()
+            if not self._guessing:
+                self.book.routed(row, output[2], self.hm.counter.token_mask_T)  # the counted tokens (None: all)
         return hook
 
     def close(self) -> None:
@@ -95,10 +93,10 @@ class LookaheadCounter:
         """The counters as a histogram's `lookahead` block; None without two MoE layers or tokens.
         The hooks are removed first: the model routes as before."""
         self.close()
-        tokens = [int(t) for t in self.tokens]
-        if not tokens or tokens[0] == 0:
+        counts = self.book.counts()
+        if not counts or counts[0][0] == 0:
             return None
         ids, K = self.hm.layer_ids, self.hm.top_k
-        rows = tuple(LayerLookahead(ids[i + 1], ids[i], t, t * self.guesses, int(u), t * K)
-                     for i, (t, u) in enumerate(zip(tokens, self.useful, strict=True)))
+        rows = tuple(LayerLookahead(ids[i + 1], ids[i], t, t * self.guesses, u, t * K)
+                     for i, (t, u) in enumerate(counts))
         return Lookahead(measured_on, self.guesses, rows)

@@ -11,23 +11,29 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from hotsplit_cli.analysis.prefetch import fit_on_trace
 from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import InputFileError, UsageError
 from hotsplit_cli.hotset.budget import resolve_hot_budget
+from hotsplit_cli.hotset.planfile import load_plan
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.traffic.prompts import read_prompts
 
 from ..built import Built
 from ..cold_split import make_split
 from ..hot_set import choose_hot_set
+from ..lookahead_stage import lookahead_stager
+from ..prefetch import StagingPool, StepStager, carve_budget, check_plan_leaves_pool, staging_pool
 from ..ranks import Rank, single_rank
 from ..request import Agreement
 from ..stored_run import stored_recipe
 from .agreement import native_agreement
 from .capture import Generation, capture
 from .loader import load_model, load_tokenizer
+from .lookahead import LookaheadCounter
 from .steps import CheckpointEngine, CheckpointMoE
+from .trace_stage import TraceStepStager
 
 
 def checkpoint_prompts(recipe: Recipe) -> list:
@@ -42,11 +48,13 @@ def checkpoint_prompts(recipe: Recipe) -> list:
 
 def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: str | Path | None = None,
                        advance: Callable[[int], None] | None = None, platform_path: str | Path | None = None,
-                       rank: Rank | None = None, parallel: Callable = single_rank) -> Built:
+                       rank: Rank | None = None, parallel: Callable = single_rank,
+                       prefetch_fit: str | Path | None = None) -> Built:
     """Load the checkpoint onto the hot/cold banks and plan for the rank's share of `prompts`
     (`rank`: the single-rank default, or an expert-parallel rank; `parallel`: applied to the
     loaded model). An EP node's experts are read from the files once (by the rank that fills
-    the node's bank), every other tensor by every rank."""
+    the node's bank), every other tensor by every rank. `prefetch_fit`: the trace `prefetch
+    trace` is fitted on (required for it)."""
     m, t = recipe.model, recipe.traffic
     rank = Rank.single(recipe, knobs, platform_path) if rank is None else rank
     recipe = stored_recipe(recipe, knobs.precision)  # counted at the stored precision, refused where it cannot be
@@ -61,19 +69,42 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
     if plan_path is None:  # calibrate on the prefill of the prompts (counts only, no generation)
         capture(hm, tok, prompts, 0, t.batch)
     counts_LE = hm.counter.counts_LE.copy() if rank.group is None else rank.group.summed(hm.counter.counts_LE)
+    pool = staging_pool(recipe, knobs, expert_bytes)  # carved from the budget the hot set is planned at
     plan = choose_hot_set(rank, recipe, counts_LE, expert_bytes, plan_path,
-                          lambda: resolve_hot_budget(recipe, knobs, rank.platform), f"the prefill routing of {t.path}")
+                          carve_budget(lambda: resolve_hot_budget(recipe, knobs, rank.platform), pool),
+                          f"the prefill routing of {t.path}")
+    check_plan_leaves_pool(pool, plan.hot_bytes, rank.plan_file or (load_plan(plan_path) if plan_path else None))
     split = make_split(knobs.cold_path, info, hm.banks[0], rank.platform)
     generation = Generation(hm, tok, prompts, t.max_new_tokens, t.batch, advance)
     model, source = parallel(CheckpointMoE(hm, info, plan.hot_LE, split), generation, rank)
-    engine = CheckpointEngine(model, source, knobs, expert_bytes, expected_hit_rate=plan.expected_hit_rate)
+    held = (lambda row: model.held_LE[row]) if hasattr(model, "held_LE") else (lambda row: None)  # EP: its experts
+    engine = CheckpointEngine(model, source, knobs, expert_bytes, expected_hit_rate=plan.expected_hit_rate,
+                              stager=_stager(hm, pool, knobs.prefetch, prefetch_fit, held))
     bank = hm.banks[0]
     dtype = str(bank.compute_dtype).replace("torch.", "")
     allocated = {"hidden": bank.hidden, "inter": bank.inter, "experts": hm.num_experts, "top_k": hm.top_k,
                  "dtype": dtype, "expert_format": bank.layout.describe(dtype)}
     return Built(engine, math.inf, info, plan, rank.allocator, expert_bytes, f"prompts {t.path}", allocated,
-                 family=hm.family, generates=True,
+                 notes=pool.notes() if pool else [], family=hm.family, generates=True,
                  native_check=_native_check(hm, m.path, info, prompts, generation.ids))
+
+
+def _stager(hm, pool: StagingPool | None, prefetch: str, fit_path, held: Callable) -> StepStager | None:
+    """A checkpoint's staging: rows in every predicted layer's bank, and for `prefetch lookahead`
+    the hooks `balance --model` measures lookahead with (hf/lookahead.py), staging as they guess
+    (`held(row)`: the experts this rank serves, bool [E]; None: all); for `prefetch trace` the
+    co-activation table fitted on `fit_path` (hf/trace_stage.py; one rank)."""
+    if pool is None:
+        return None
+    for bank in hm.banks[1:]:
+        bank.reserve_staging(pool.config.slots)
+    look = lookahead_stager(pool, prefetch, hm.num_experts, hm.top_k)
+    if look is None:
+        predictor, source = fit_on_trace(Path(fit_path), tuple(hm.layer_ids), hm.num_experts, "the checkpoint's")
+        return TraceStepStager(hm, pool, predictor, source)
+    LookaheadCounter(hm, pool.config.guesses, lambda row, rank_TE, q_TE, mask_T: look.ahead(
+        row, hm.banks[row], rank_TE, q_TE, mask_T, held(row)), look.book)  # hooked for the model's life
+    return look
 
 
 def _native_check(hm, path, info, prompts: list, generated: list[list[int]]) -> Callable[[], Agreement]:

@@ -42,12 +42,22 @@ class CheckpointMoE(BankedModel):
         self.compute = CheckpointCompute(kernel + (f" + CPU cold path ({split.mode}; {split.rates_source})"
                                                    if split else ""), split)
         self._init_counters(hm.num_experts, "cpu")
+        self._last_step_LE = np.zeros((len(self.banks), hm.num_experts), dtype=np.int64)
 
     def step(self, forward: Forward, run=None) -> None:
         """One forward, counted against the hot sets it read; `run(forward)`: its counts [L, E]
         (default: its own routing; distributed/apply.py's, what an EP rank received)."""
-        hot_LE = torch.from_numpy(np.stack([b.served_hot_E for b in self.banks]))  # what this forward reads
-        self._count(torch.from_numpy(forward()) if run is None else run(forward), hot_LE)
+        step_LE = torch.from_numpy(forward()) if run is None else run(forward)
+        # The maps this forward read: the hot slots (swaps publish only between steps) and the
+        # experts staged for it (prefetch), published as their layers ran and cleared after the step.
+        hot_LE = torch.from_numpy(np.stack([b.served_hot_E for b in self.banks]))
+        self._count(step_LE, hot_LE)
+        self._last_step_LE = step_LE.numpy().copy()
+
+    def last_step_counts_LE(self) -> np.ndarray:
+        """What the last step computed here: its counted tokens' routing (no padding, no finished
+        sequence), or an expert-parallel rank's received assignments."""
+        return self._last_step_LE
 
 
 class CheckpointEngine(Engine):

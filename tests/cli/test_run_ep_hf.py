@@ -111,3 +111,19 @@ def test_a_killed_rank_ends_a_checkpoint_job_within_60_s_with_one_line(tmp_path,
         assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"hotsplit-hotsplit-{proc.pid}-")]
     finally:
         kill_tagged(tag)
+
+
+def test_ep2_checkpoint_run_with_lookahead_staging_equals_generate(tmp_path, ckpt):
+    """Router lookahead at ep 2: each rank guesses from its own tokens and stages the cold experts
+    it holds; the texts equal transformers', and each rank's staging counters are reported."""
+    prompts = [SENTENCES[0], SENTENCES[3][:15]]
+    env = {**env_for_ranks(), "HOTSPLIT_DYNAMIC": "0", "HOTSPLIT_PREFETCH": "lookahead",
+           "HOTSPLIT_PREFETCH_SLOTS": "1", "HOTSPLIT_PREFETCH_GUESSES": "4"}
+    recipe = _recipe(tmp_path, ckpt, prompts, 5)  # a budget of 2 experts: 1 hot, 1 staging slot
+    done = run_job([*HOTSPLIT, "run", str(recipe), "--json"], env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    assert doc["texts"] == reference_texts(ckpt, prompts, 5)
+    staged = [r["prefetch"] for r in doc["summary"]["ranks"]]
+    assert all(p["predictor"] == "lookahead" and p["slots"] == 1 for p in staged)
+    assert sum(p["prefetched"] for p in staged) >= sum(p["useful"] for p in staged) > 0

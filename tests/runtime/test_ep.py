@@ -273,3 +273,22 @@ def test_a_rebalance_mid_run_still_equals_the_reference(tmp_path, exchange):
         # CPU copies land at once; a GPU's run on the swap stream, and a step may start before they land
         assert r["steps_disturbed"] == 0 if EP_TEST_DEVICE == "cpu" else r["steps_disturbed"] >= 0
     assert done_reps[0]["achieved_after"] is not None or done_reps[0]["step"] == 4
+
+
+def test_lookahead_staging_at_ep2_equals_the_reference_and_each_rank_stages_what_it_serves(tmp_path):
+    """Each rank guesses from its own tokens' next router and stages the cold experts it holds
+    (the contiguous placement: rank r holds experts 4r..4r+3); every token's output equals the
+    reference, swaps at every window included, and no shared cold bank file is left behind."""
+    import glob
+
+    before = set(glob.glob("/dev/shm/hotsplit-*"))
+    recipe = tiny_ep_recipe(tmp_path / "r.yaml", 2, **{"hotsplit.prefetch": "lookahead", "hotsplit.prefetch_slots": 2,
+                                                       "hotsplit.hot_gib": 6 * 3072 / 2**30})
+    done = run_job(torchrun(2, [WORKER, str(recipe), str(tmp_path)]))
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = _check_against_reference(recipe, tmp_path, 2)
+    ranks = job["figures"]["ranks"]
+    assert all(r["prefetch"]["predictor"] == "lookahead" for r in ranks)
+    assert sum(r["prefetch"]["prefetched"] for r in ranks) >= sum(r["prefetch"]["useful"] for r in ranks) > 0
+    assert sum(r["prefetch"]["staged_hits"] for r in ranks) > 0  # staged experts served received tokens
+    assert set(glob.glob("/dev/shm/hotsplit-*")) == before

@@ -53,31 +53,37 @@ def test_a_hot_expert_or_more_than_the_rows_is_never_staged(fake, experts):  # n
     assert bank.staged == [] and not fake.entries("wait_stream")
 
 
-def test_no_layer_reads_a_staging_row_before_its_event(fake, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("prefetch", ["trace", "lookahead"])
+def test_no_layer_reads_a_staging_row_before_its_event(fake, tmp_path, prefetch):  # noqa: F811
+    """Staged between steps (trace) or while the step runs, from the layer before's output
+    (lookahead): either way a layer reads its staged experts only after waiting on their copies."""
     r = load_recipe("tiny")
     r = dataclasses.replace(r, run=dataclasses.replace(r.run, scale=0.25))
     m = r.model
     trace = save_trace(tmp_path / "t.npz", synthetic_trace(zipf_shares(4, 32, 1.2, 1), m.moe_layer_ids, 6, 8, 4,
                                                            seed=1))
-    knobs = resolve_knobs(r.knobs, {"HOTSPLIT_PREFETCH": "trace", "HOTSPLIT_PREFETCH_POOL": "layer",
+    knobs = resolve_knobs(r.knobs, {"HOTSPLIT_PREFETCH": prefetch, "HOTSPLIT_PREFETCH_POOL": "layer",
                                     "HOTSPLIT_DYNAMIC": "0", "HOTSPLIT_HOT_GIB": "0.0035"})
     p = prepare_run(r, knobs, trace_path=trace)
     model = p.engine.model
-    for bank in model.banks:
-        bank.swap_stream = FakeStream(fake, "swap")  # the CUDA branch of every bank
     events, reads = {}, []
-    stage, compute = model.stage, model.compute
+    for li, bank in enumerate(model.banks):
+        bank.swap_stream = FakeStream(fake, "swap")  # the CUDA branch of every bank
+        stage = bank.stage
 
-    def recording_stage(staged_LE):
-        stage(staged_LE)
-        events.update({li: b._staged_ready for li, b in enumerate(model.banks) if b.staged})
+        def recording_stage(experts, li=li, bank=bank, stage=stage):
+            stage(experts)
+            if bank.staged:
+                events[li] = bank._staged_ready
+        bank.stage = recording_stage
+    compute = model.compute
 
     def recording_compute(x, ids, w, bank, counts):
         waited = [e[2] for e in fake.entries("wait_event")]
         reads.append((bank.staged, events.get(model.banks.index(bank)) in waited,
                       [int(bank.served_E[e]) for e in bank.staged]))
         return compute(x, ids, w, bank, counts)
-    model.stage, model.compute = recording_stage, recording_compute
+    model.compute = recording_compute
     p.engine.run(p.steps)
     staged_reads = [r for r in reads if r[0]]
     assert len(staged_reads) >= 6  # every step staged something
