@@ -291,4 +291,4 @@ def test_lookahead_staging_at_ep2_equals_the_reference_and_each_rank_stages_what
     assert all(r["prefetch"]["predictor"] == "lookahead" for r in ranks)
     assert sum(r["prefetch"]["prefetched"] for r in ranks) >= sum(r["prefetch"]["useful"] for r in ranks) > 0
     assert sum(r["prefetch"]["staged_hits"] for r in ranks) > 0  # staged experts served received tokens
-    assert set(glob.glob("/dev/shm/hotsplit-*")) == before
+    assert not set(glob.glob("/dev/shm/hotsplit-*")) - before  # none of this job's left (others' may come and go)
