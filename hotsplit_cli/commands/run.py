@@ -86,7 +86,7 @@ def run(
     request = api.RunRequest(rec, knobs, plan, trace, steps, scale, platform, prefetch_fit=prefetch_fit)
     plan_file = check_run_inputs(rec, plan, trace, knobs)  # before anything is built
     fits = run_fits(plan_file, rec, trace, steps)  # does the run replay the plan's (and placement's) histogram?
-    check_host_fits(rec, platform, scale, knobs.precision)  # stored banks vs the host, before allocating
+    check_host_fits(rec, platform, scale, knobs.precision, plan_file)  # stored banks vs the host, before allocating
     request = dataclasses.replace(request, plan_file=plan_file)
     watch = RunWatch(out, request)
     result = report.logged(log_jsonl, watch, lambda: api.run(request, watch))
