@@ -20,7 +20,7 @@ class Built:
     info: DeviceInfo
     plan: PlanChoice
     allocator: object  # the cold bank's (a PinnedAllocator, or an EP node's SharedAllocator)
-    expert_bytes: int  # real
+    expert_bytes: int | None  # real, of one expert; None: an auto plan stores experts at several sizes
     traffic: str  # what the rank steps through
     allocated: dict  # the banks as allocated: hidden, inter, experts, top_k, dtype, expert_format
     scale: float = 1.0

@@ -18,7 +18,7 @@ import torch
 from hotsplit_probes.hostmem import release_deferred
 
 from hotsplit_cli.config.knobs import Knobs
-from hotsplit_cli.hotset.windows import HitRateRecord, Propose, RunSummary, WindowBook, moves_by_layer
+from hotsplit_cli.hotset.windows import HitRateRecord, Propose, RunSummary, StoredLayers, WindowBook, moves_by_layer
 from hotsplit_cli.traffic.synthetic import SyntheticTraffic
 
 from .model import HotColdMoE
@@ -104,11 +104,12 @@ class Engine:
 
     def __init__(self, model: HotColdMoE, source, knobs: Knobs, expert_bytes: int, seed: int = 0,
                  expected_hit_rate: float | None = None, propose: Propose | None = None,
-                 use_graph: bool | None = None, stager: Stager | None = None):
+                 use_graph: bool | None = None, stager: Stager | None = None, stored: StoredLayers | None = None):
+        """`stored`: each expert's precision and stored bytes, when an auto plan stores them at several."""
         self.model, self.source, self.knobs = model, source, knobs
         self.stager = stager  # prefetch: what each step stages (runtime/prefetch.py); None: nothing
         self.expert_bytes, self.expected_hit_rate = expert_bytes, expected_hit_rate  # bytes: real, of one expert
-        self.book = WindowBook(model.num_layers, knobs, expert_bytes, propose)
+        self.book = WindowBook(model.num_layers, knobs, expert_bytes, propose, stored)
         self.step_count = 0
         self._init_forward(seed, use_graph)
 
@@ -184,7 +185,8 @@ class Engine:
         self.window_counts = (c["hits_L"].astype(np.float64), c["assigned_L"].astype(np.float64),
                               int(c["cold_reads_L"].sum()))
         return self.book.close(self.step_count, *self.window_counts, len(swaps), copy_ms, error,
-                               split.counters.cpu_experts if split else None, prefetch)
+                               split.counters.cpu_experts if split else None, prefetch, c["cold_LE"],
+                               [(s.layer, s.in_expert) for s in swaps])
 
     # -- the run --------------------------------------------------------------------------
     def run(self, steps: int, on_record: Callable[[HitRateRecord], None] | None = None,

@@ -13,9 +13,11 @@ import torch
 
 from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
+from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.budget import resolve_hot_budget
-from hotsplit_cli.hotset.planfile import load_plan
+from hotsplit_cli.hotset.planfile import AUTO_NEEDS_PLAN, load_plan
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
+from hotsplit_cli.hotset.windows import StoredLayers
 from hotsplit_cli.traffic.synthetic import SyntheticTraffic, inclusion_probs, recipe_shares
 from hotsplit_cli.traffic.trace import Replay, Trace, load_run_replay
 
@@ -30,20 +32,41 @@ from .kernels import choose_compute
 from .lookahead_stage import lookahead_stager
 from .memory import check_device_memory, check_host_memory
 from .model import HotColdMoE
-from .moe import MoEGeometry, make_layer_weights, rms_norm
+from .moe import LayerWeights, MoEGeometry, make_layer_weights, rms_norm
 from .prefetch import Stager, StagingPool, carve_budget, check_plan_leaves_pool, make_stager, staging_pool
 from .ranks import Rank, single_rank
 from .request import check_steps_and_scale
-from .stored_run import stored_run
+from .stored_run import auto_layers, store_layer, stored_run
 
 CALIBRATION_STEPS = 32
 
 
-def _check_memory(geom: MoEGeometry, layers: int, blob_bytes: int, info: DeviceInfo, hot_slots: int) -> None:
-    """`blob_bytes`: one expert as the banks store it (runtime/bank.py expert_blob_layout)."""
-    check_host_memory(layers * geom.num_experts * blob_bytes, "the cold bank needs",
-                      "shrink the tensors with --scale (plans keep the real sizes)")
-    check_device_memory(hot_slots * blob_bytes, info, "the hot bank needs", "lower --hot-gib or use --scale")
+def _check_bytes(host_bytes: int, device_bytes: int, info: DeviceInfo) -> None:
+    """The cold banks' bytes in host memory and the hot slots' on the device, as allocated."""
+    check_host_memory(host_bytes, "the cold bank needs", "shrink the tensors with --scale (plans keep the real sizes)")
+    check_device_memory(device_bytes, info, "the hot bank needs", "lower --hot-gib or use --scale")
+
+
+def _blob_bytes(layers: list[LayerWeights], geom: MoEGeometry, dtype: torch.dtype) -> np.ndarray:
+    """int64 [L, E]: each expert's blob as its bank allocates it (runtime/bank.py expert_blob_layout),
+    what the memory checks count."""
+    out = np.zeros((len(layers), geom.num_experts), dtype=np.int64)
+    for li, lw in enumerate(layers):
+        for ids, stored in lw.parts or [(slice(None), lw.stored)]:
+            blob = expert_blob_layout(2 * geom.inter, geom.hidden, dtype, stored)
+            out[li, ids] = blob.elems * blob.storage.itemsize
+    return out
+
+
+def _auto_layers(recipe: Recipe, knobs: Knobs, rank: Rank, plan_path) -> StoredLayers | None:
+    """Under precision auto, each expert's precision and stored bytes from the auto plan (the
+    command checked it first: hotset/planfile.py check_run_inputs); None otherwise."""
+    if knobs.precision != "auto":
+        return None
+    if plan_path is None:
+        raise UsageError(AUTO_NEEDS_PLAN.format(where=knobs.origin("precision")),
+                         "pass --plan made with `hotsplit plan --precision auto --max-error E`")
+    return auto_layers(rank.plan_file, recipe)  # read once by prepare_run
 
 
 def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = None,
@@ -65,18 +88,20 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     rank.check_fp8(recipe, knobs, kept=lambda info: info.triton)
     info, platform = rank.info, rank.platform
     dtype = dtype or (torch.bfloat16 if info.is_cuda else torch.float32)
-    experts = _expert_format(recipe, info, dtype, stored)
-    layers = _make_layers(recipe, geom, dtype, experts.fp8, advance)
-    replay = replay or load_run_replay(recipe, trace_path, steps)
-    traffic = _traffic(recipe, rank, layers, geom, replay)
+    auto = _auto_layers(recipe, knobs, rank, plan_path)
+    experts = _expert_format(recipe, info, dtype, stored, auto)
+    layers = _make_layers(recipe, geom, dtype, experts.fp8, advance, auto)
+    traffic = _traffic(recipe, rank, layers, geom, replay or load_run_replay(recipe, trace_path, steps))
     expert_bytes = expert_bytes_per_rank(recipe)
     pool = staging_pool(recipe, knobs, expert_bytes)  # carved from the budget the hot set is planned at
     plan = choose_hot_set(rank, recipe, traffic.counts_LE, expert_bytes, plan_path,
                           carve_budget(lambda: resolve_hot_budget(recipe, knobs, platform), pool), traffic.name)
+    if auto is not None:  # each hot expert at its stored bytes
+        plan = dataclasses.replace(plan, hot_bytes=int(auto.sizes_LE[plan.hot_LE].sum()))
     check_plan_leaves_pool(pool, plan.hot_bytes, rank.plan_file)
-    blob = expert_blob_layout(2 * geom.inter, geom.hidden, dtype, layers[0].stored)
-    _check_memory(geom, len(layers), blob.elems * blob.storage.itemsize, info,
-                  int(plan.hot_LE.sum()) + (pool.device_rows if pool else 0))
+    blob_LE = _blob_bytes(layers, geom, dtype)
+    _check_bytes(int(blob_LE.sum()), int(blob_LE[plan.hot_LE].sum()) + (pool.device_rows * int(blob_LE.max())
+                                                                         if pool else 0), info)
     compute = choose_compute(info)
     look = lookahead_stager(pool, knobs.prefetch, geom.num_experts, geom.top_k)
     model = rank.on_bank(lambda allocator: HotColdMoE(layers, geom, plan.hot_LE, info, allocator, compute,
@@ -87,10 +112,11 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     notes = experts.notes + traffic.notes + (pool.notes() if pool else []) + _graph_notes(knobs, info)
     engine = Engine(model, source, knobs, expert_bytes, seed=rank.seed(recipe.run.seed),
                     expected_hit_rate=plan.expected_hit_rate, use_graph=False if look else rank.use_graph,
-                    stager=stager)
+                    stager=stager, stored=auto)
     allocated = {"hidden": geom.hidden, "inter": geom.inter, "experts": geom.num_experts, "top_k": geom.top_k,
                  "dtype": str(model.banks[0].compute_dtype).replace("torch.", ""), "expert_format": experts.describe}
-    return Built(engine, traffic.steps or steps or recipe.run.steps, info, plan, rank.allocator, expert_bytes,
+    return Built(engine, traffic.steps or steps or recipe.run.steps, info, plan, rank.allocator,
+                 expert_bytes if auto is None else None,
                  traffic.name, allocated, scale, notes, traffic.trace_steps, traffic.trace)
 
 
@@ -125,12 +151,16 @@ class _Experts:
     notes: list[str]
 
 
-def _expert_format(recipe: Recipe, info: DeviceInfo, dtype: torch.dtype, stored) -> _Experts:
-    """How the banks hold the experts: a stored precision asked for (`stored`) on every device; a
-    release's fp8 experts stay fp8 where the Triton kernels read them, dequantised on the CPU torch
-    path (which would dequantise every expert at every use: 3x slower)."""
+def _expert_format(recipe: Recipe, info: DeviceInfo, dtype: torch.dtype, stored, auto: StoredLayers | None = None
+                   ) -> _Experts:
+    """How the banks hold the experts: a stored precision asked for (`stored`) on every device, or
+    each at its auto plan's (`auto`); a release's fp8 experts stay fp8 where the Triton kernels read
+    them, dequantised on the CPU torch path (which would dequantise every expert at every use: 3x slower)."""
     if stored is not None:
         return _Experts(stored, stored.describe(), [])
+    if auto is not None:
+        names, n = np.unique(auto.precision_LE.astype(str), return_counts=True)
+        return _Experts(None, "auto: " + ", ".join(f"{k} {p}" for p, k in zip(names, n, strict=True)), [])
     m = recipe.model
     fp8 = RELEASE_FP8 if m.expert_dtype == "fp8" else None
     fp8_banks = fp8 is not None and info.triton  # a CPU cold path was refused for them (rank.check_fp8)
@@ -142,15 +172,19 @@ def _expert_format(recipe: Recipe, info: DeviceInfo, dtype: torch.dtype, stored)
     return _Experts(fp8 if fp8_banks else None, describe, notes)
 
 
-def _make_layers(recipe: Recipe, geom: MoEGeometry, dtype: torch.dtype, banks_fp8, advance) -> list:
+def _make_layers(recipe: Recipe, geom: MoEGeometry, dtype: torch.dtype, banks_fp8, advance,
+                 auto: StoredLayers | None = None) -> list:
     """The routed experts' weights, quantised as the banks store them or else as the recipe's
-    release is; the quantised form is kept only where the banks hold it."""
+    release is; the quantised form is kept only where the banks hold it. Under `auto`, each
+    expert is then stored at its plan's precision (stored_run.py store_layer)."""
     release = banks_fp8 or (RELEASE_FP8 if recipe.model.expert_dtype == "fp8" else None)
     layers = []
     for li in range(recipe.model.num_moe_layers):
         lw = make_layer_weights(geom, recipe.run.seed * 1000 + li, dtype, release)
         if banks_fp8 is None:
             lw.stored = None  # the banks hold the dequantised values
+        if auto is not None:
+            store_layer(lw, auto.precision_LE[li], dtype)
         layers.append(lw)
         if advance:
             advance(1)

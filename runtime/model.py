@@ -3,7 +3,8 @@
 `BankedModel`: what the one loop reads of any model (this one, a checkpoint's: hf/steps.py).
 Counters live on the model's device and are updated without host synchronisation:
 `counts_LE` (routed assignments of the current window), `hits_L` (served hot), `assigned_L`,
-and `cold_reads_L` (distinct cold experts read per step, summed: what crosses PCIe).
+and `cold_reads_L` (distinct cold experts read per step, summed: what crosses PCIe); `cold_LE`,
+the same per expert (its stored bytes are what crosses PCIe when experts differ in size).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 from .bank import ExpertBank
 from .cold_split import SplitExperts
 from .device import DeviceInfo
+from .mixed_bank import MixedBank
 from .moe import LayerWeights, MoEGeometry, Router, rms_norm, swiglu
 from .pinned import PinnedAllocator
 
@@ -35,22 +37,25 @@ class BankedModel:
         L = self.num_layers
         self.counts_LE = torch.zeros(L, num_experts, dtype=torch.int64, device=device)
         self.hits_L, self.assigned_L, self.cold_reads_L = torch.zeros(3, L, dtype=torch.int64, device=device)
+        self.cold_LE = torch.zeros(L, num_experts, dtype=torch.int64, device=device)  # steps each was read cold
 
     def _count(self, step_LE: torch.Tensor, hot_LE: torch.Tensor) -> None:
         """Add a step's assignments, counted against the map it read (it changes only between steps)."""
         self.counts_LE += step_LE
         self.assigned_L += step_LE.sum(dim=1)
         self.hits_L += (step_LE * hot_LE).sum(dim=1)
-        self.cold_reads_L += ((step_LE > 0) & ~hot_LE).sum(dim=1)
+        cold_LE = (step_LE > 0) & ~hot_LE
+        self.cold_reads_L += cold_LE.sum(dim=1)
+        self.cold_LE += cold_LE
 
     def read_counters(self, reset_window: bool = True) -> dict[str, np.ndarray]:
         """Copy the counters to the host (one synchronisation) and clear them for the next window.
         Copies, because .numpy() of a CPU tensor aliases the memory zeroed below."""
         out = {"counts_LE": self.counts_LE.cpu().numpy().astype(np.float64),
                "hits_L": self.hits_L.cpu().numpy().copy(), "assigned_L": self.assigned_L.cpu().numpy().copy(),
-               "cold_reads_L": self.cold_reads_L.cpu().numpy().copy()}
+               "cold_reads_L": self.cold_reads_L.cpu().numpy().copy(), "cold_LE": self.cold_LE.cpu().numpy().copy()}
         if reset_window:
-            for t in (self.counts_LE, self.hits_L, self.assigned_L, self.cold_reads_L):
+            for t in (self.counts_LE, self.hits_L, self.assigned_L, self.cold_reads_L, self.cold_LE):
                 t.zero_()
         return out
 
@@ -95,8 +100,10 @@ class HotColdMoE(BankedModel):
         self.swap_stream = torch.cuda.Stream(dev) if info.is_cuda else None
         # One [L, E] map so the counters read every layer's map in one operation.
         self.expert2slot_LE = torch.full((L, E), -1, dtype=torch.int32, device=dev)
-        self.banks = [ExpertBank(lw.w13_EIH, lw.w2_EHI, hot_LE[li], info, allocator, self.expert2slot_LE[li],
-                                 self.swap_stream, lw.stored) for li, lw in enumerate(layers)]
+        self.banks = [MixedBank(lw.parts, lw.w13_EIH, lw.w2_EHI, hot_LE[li], info, allocator, self.expert2slot_LE[li],
+                                self.swap_stream) if lw.parts
+                      else ExpertBank(lw.w13_EIH, lw.w2_EHI, hot_LE[li], info, allocator, self.expert2slot_LE[li],
+                                      self.swap_stream, lw.stored) for li, lw in enumerate(layers)]
         self.routers = [Router(lw.router.weight_EH.to(dev), None if lw.router.bias_E is None
                                else lw.router.bias_E.to(dev), geom) for lw in layers]
         self.shared = [None if lw.shared_w13 is None else (lw.shared_w13.to(dev), lw.shared_w2.to(dev))
@@ -124,6 +131,8 @@ class HotColdMoE(BankedModel):
         """The routed experts' output [T, H], counting into `counts_E` the assignments computed
         here (an expert-parallel rank's: those it receives)."""
         counts_E.scatter_add_(0, ids_TK.reshape(-1).clamp(min=0), (ids_TK.reshape(-1) >= 0).long())
+        if isinstance(self.banks[li], MixedBank):  # an auto plan's layer: one sub-bank per precision
+            return self.banks[li].routed(self.compute, x_TH, ids_TK, w_TK)
         return self.compute(x_TH, ids_TK, w_TK, self.banks[li], counts_E)
 
     def step(self, x_TH: torch.Tensor, ids_LTK: torch.Tensor | None = None,

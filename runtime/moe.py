@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from hotsplit_probes.cpu_expert import grouped_experts
@@ -137,6 +138,9 @@ class LayerWeights:
     shared_w13: torch.Tensor | None  # [2Is, H]
     shared_w2: torch.Tensor | None  # [H, Is]
     stored: StoredExperts | None = None
+    # An auto plan's layer of several precisions: (expert ids, their stored experts or None for
+    # native) per precision, one sub-bank each (runtime/mixed_bank.py); `stored` is then None.
+    parts: list[tuple[np.ndarray, StoredExperts | None]] | None = None
 
 
 def make_layer_weights(geom: MoEGeometry, seed: int, dtype: torch.dtype,

@@ -58,6 +58,7 @@ from hotsplit_cli.hotset.planfile import (
 )
 from hotsplit_cli.hotset.planner import plan_hot_set
 from hotsplit_cli.hotset.sizes import PRECISIONS, expert_bytes_per_rank, uniform_precision
+from hotsplit_cli.hotset.windows import precision_rows
 from hotsplit_cli.traffic.hist import load_hist
 from hotsplit_cli.traffic.recipe_match import check_hist_matches_recipe
 from hotsplit_cli.traffic.trace import Trace, load_trace
@@ -170,9 +171,8 @@ def run_dynamic_stored(counts_SLE: np.ndarray, hot_LE: np.ndarray, precision_LE:
     Each (layer, precision) is replayed as a layer of its own, holding only that precision's
     experts (the others count 0 there, and a cold expert without traffic is never swapped in)."""
     S, L, E = counts_SLE.shape
-    labels = np.unique(precision_LE)
-    member_LPE = np.stack([precision_LE == p for p in labels], axis=1)
-    P = len(labels)
+    member_LPE = precision_rows(precision_LE)
+    P = member_LPE.shape[1]
     split = dynamic_windows((counts_SLE[:, :, None, :] * member_LPE).reshape(S, L * P, E),
                             (hot_LE[:, None, :] & member_LPE).reshape(L * P, E), cfg.dyn_steps, cfg.dyn_max_swaps,
                             cfg.dyn_margin, cfg.dyn_decay, cfg.dyn_rule, cfg.dyn_sigmas)

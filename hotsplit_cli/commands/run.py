@@ -93,7 +93,7 @@ def run(
         out.note(staged_by_plan)
     replay = load_run_replay(rec, trace, steps)  # read once: the run replays what is judged here
     fits = run_fits(plan_file, rec, replay)  # does the run replay the plan's (and placement's) histogram?
-    check_host_fits(rec, platform, scale, knobs.precision)  # stored banks vs the host, before allocating
+    check_host_fits(rec, platform, scale, knobs.precision, plan_file)  # stored banks vs the host, before allocating
     request = dataclasses.replace(request, knobs=knobs, plan_file=plan_file, replay=replay)
     watch = RunWatch(out, request)
     result = report.logged(log_jsonl, watch, lambda: api.run(request, watch))

@@ -12,6 +12,7 @@ from pathlib import Path
 from hotsplit_cli.config.platform_file import load_platform
 from hotsplit_cli.config.recipe import GIB, ParallelSpec, Recipe
 from hotsplit_cli.core.errors import RuntimeFailure
+from hotsplit_cli.hotset.planfile import PlanFile, stored_sizes
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 
 # Of the host memory the cold banks may pin. Page-locked memory cannot be swapped or reclaimed,
@@ -64,8 +65,14 @@ def host_fit(recipe: Recipe, platform_path: str | Path | None = None, scale: flo
 
 
 def check_host_fits(recipe: Recipe, platform_path: str | Path | None, scale: float | None,
-                    precision: str = "native") -> None:
-    """Refuse a run whose cold banks do not fit the host memory it was given, before allocating."""
-    fit = host_fit(recipe, platform_path, recipe.run.scale if scale is None else scale, precision)
+                    precision: str = "native", plan: PlanFile | None = None) -> None:
+    """Refuse a run whose cold banks do not fit the host memory it was given, before allocating;
+    at precision auto, each expert at the stored bytes its `plan` gives it."""
+    scale = recipe.run.scale if scale is None else scale
+    bank_bytes = None
+    if precision == "auto" and plan is not None:
+        whole = dataclasses.replace(recipe, parallel=ParallelSpec(tp=1, ep=1))
+        bank_bytes = int(stored_sizes(plan, whole, recipe.model.moe_layer_ids).sum() * scale * scale)
+    fit = host_fit(recipe, platform_path, scale, precision, bank_bytes)
     if fit is not None and not fit.fits:
         raise RuntimeFailure(fit.explain(), "use a host with more memory, more nodes, or a smaller --scale")

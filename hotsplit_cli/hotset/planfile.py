@@ -631,10 +631,8 @@ def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | 
     plan = None
     if knobs is not None:
         check_ep_knobs(knobs, recipe.parallel.ep, recipe.name)
-        if knobs.precision == "auto":  # the banks hold one precision a layer (runtime/precision.py)
-            raise UsageError(f"run stores every routed expert at one precision; precision auto "
-                             f"({knobs.origin('precision')}) is for `plan`",
-                             "run at native, fp8 or mxfp4, with a plan made at that precision")
+        if knobs.precision == "auto":
+            check_auto_run(recipe, knobs, plan_path)
         check_prefetch_runs(knobs, recipe.model.kind, recipe.parallel.ep,
                             replay_file(recipe, trace_path) is not None)
     if plan_path is not None:
@@ -650,6 +648,33 @@ def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | 
     if trace_path is not None:
         check_trace_file(trace_path)
     return plan
+
+
+AUTO_NEEDS_PLAN = ("{where} auto: run stores each expert at the precision an auto plan chose for it, "
+                   "and no --plan was given")
+
+
+def check_auto_run(recipe: Recipe, knobs: Knobs, plan_path: Path | None) -> None:
+    """UsageError unless a run at precision auto can store an auto plan's precisions: a synthetic
+    recipe on one rank, with the plan, the device reading cold experts (no CPU cold path) and no
+    staging rows (sized for one stored precision)."""
+    where = knobs.origin("precision")
+    if recipe.model.kind == "hf":
+        raise UsageError(f"{where} auto: a checkpoint's experts are stored at one precision; an auto plan runs on a "
+                         f"synthetic recipe, and recipe {recipe.name!r} loads a checkpoint",
+                         "run the checkpoint at native, fp8 or mxfp4, with a plan made at that precision")
+    if plan_path is None:
+        raise UsageError(AUTO_NEEDS_PLAN.format(where=where),
+                         "pass --plan made with `hotsplit plan --precision auto --max-error E`")
+    if recipe.parallel.ep > 1:
+        raise UsageError(f"{where} auto runs on one rank, and recipe {recipe.name!r} has ep {recipe.parallel.ep}",
+                         "run a uniform --precision under expert parallelism, or a recipe with ep: 1")
+    if knobs.cold_path != "gpu":
+        raise UsageError(f"cold_path {knobs.cold_path}: the CPU cold path computes experts of one stored precision, "
+                         f"and precision auto ({where}) stores several", "use cold_path gpu")
+    if knobs.prefetch != "off":
+        raise UsageError(f"prefetch {knobs.prefetch}: staging slots are sized for one stored precision, and "
+                         f"precision auto ({where}) stores several", "run prefetch with a uniform --precision")
 
 
 def _band(block: object) -> Band | None:

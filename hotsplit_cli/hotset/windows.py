@@ -12,6 +12,7 @@ Shape letters: L = MoE layers, E = experts.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -122,15 +123,49 @@ def validate_swaps(swaps: list[Swap], hot_LE: np.ndarray, max_swaps: int) -> Non
         taken.update({(s.layer, s.out_expert), (s.layer, s.in_expert)})
 
 
+def precision_rows(precision_LE: np.ndarray) -> np.ndarray:
+    """bool [L, P, E]: which experts of each layer are stored at each of the P precisions present
+    (sorted by name): the (layer, precision) rows the swap rule sees under an auto plan."""
+    return np.stack([precision_LE == p for p in np.unique(precision_LE)], axis=1)
+
+
+@dataclass(frozen=True)
+class StoredLayers:
+    """The experts of a run whose auto plan stores them at different precisions: each expert's
+    precision and stored bytes [L, E]. The swap rule sees each (layer, precision) as a layer of its
+    own, rows in the order `simulate` replays them (analysis/simulate.py run_dynamic_stored), so an
+    expert only replaces a hot one of its own precision and the hot bytes never change."""
+
+    precision_LE: np.ndarray  # str [L, E]
+    sizes_LE: np.ndarray  # int64 [L, E]: real stored bytes
+
+    def decide(self, propose: Propose, counts_LE: np.ndarray, hot_LE: np.ndarray, knobs: Knobs) -> list[Swap]:
+        """The rule's swaps on the (layer, precision) rows, as swaps of the model's layers."""
+        member_LPE = precision_rows(self.precision_LE)
+        L, P, E = member_LPE.shape
+        hot_RE = (hot_LE[:, None, :] & member_LPE).reshape(L * P, E)
+        rows = list(propose((counts_LE[:, None, :] * member_LPE).reshape(L * P, E), hot_RE, knobs.dyn_max_swaps,
+                            knobs.dyn_margin))
+        validate_swaps(rows, hot_RE, knobs.dyn_max_swaps)  # at most dyn_max_swaps per (layer, precision)
+        return [dataclasses.replace(s, layer=s.layer // P) for s in rows]
+
+    def bytes_of(self, swapped_in, cold_LE: np.ndarray | None) -> tuple[int, float]:
+        """(bytes the swaps copy, bytes of the cold reads) at each expert's stored bytes."""
+        copied = int(sum(int(self.sizes_LE[li, e]) for li, e in swapped_in))
+        return copied, 0.0 if cold_LE is None else float((cold_LE * self.sizes_LE).sum())
+
+
 class WindowBook:
     """Totals over the run and one record per closed window. `propose` is the swap rule
     (replaceable in tests); None = a fresh rule of the knobs' `dyn_rule`, `dyn_decay`, `dyn_steps`
     and `dyn_sigmas`."""
 
-    def __init__(self, num_layers: int, knobs: Knobs, expert_bytes: int, propose: Propose | None = None):
-        self.knobs, self.expert_bytes = knobs, expert_bytes
+    def __init__(self, num_layers: int, knobs: Knobs, expert_bytes: int, propose: Propose | None = None,
+                 stored: StoredLayers | None = None):
+        self.knobs, self.expert_bytes, self.stored = knobs, expert_bytes, stored
         self.propose: Propose = propose if propose is not None else make_swap_rule(
             knobs.dyn_rule, knobs.dyn_decay, knobs.dyn_steps, knobs.dyn_sigmas)
+        self.cold_bytes = 0.0  # real (stored) bytes of the distinct cold experts read, summed over steps
         self.failures = 0
         self.hits = self.assigned = 0.0
         self.cold_reads = 0
@@ -151,8 +186,11 @@ class WindowBook:
         """The dynamic update: ask the swap rule, check its answer. A failure is logged in the
         record; three in a row abort the run (RuntimeFailure)."""
         try:
-            swaps = list(self.propose(counts_LE, hot_LE, self.knobs.dyn_max_swaps, self.knobs.dyn_margin))
-            validate_swaps(swaps, hot_LE, self.knobs.dyn_max_swaps)
+            if self.stored is not None:  # per (layer, precision): a swap keeps each expert's precision
+                swaps = self.stored.decide(self.propose, counts_LE, hot_LE, self.knobs)
+            else:
+                swaps = list(self.propose(counts_LE, hot_LE, self.knobs.dyn_max_swaps, self.knobs.dyn_margin))
+                validate_swaps(swaps, hot_LE, self.knobs.dyn_max_swaps)
         except PlanError as exc:
             self.failures += 1
             if self.failures >= MAX_PLANNER_FAILURES:
@@ -166,11 +204,14 @@ class WindowBook:
 
     def close(self, step: int, hits_L: np.ndarray, assigned_L: np.ndarray, cold_reads: int, swaps: int = 0,
               copy_ms: float = 0.0, error: str | None = None, cpu_reads_total: int | None = None,
-              prefetch: dict | None = None) -> HitRateRecord:
+              prefetch: dict | None = None, cold_LE: np.ndarray | None = None,
+              swapped_in: list[tuple[int, int]] = ()) -> HitRateRecord:
         """Close the window ending at `step`: hits and assignments per layer, distinct cold experts
         read (summed over steps), swaps started now and their copy time when already done;
         `cpu_reads_total`: distinct cold experts the CPU computed since the start (CPU cold path);
-        `prefetch`: the window's staging counters."""
+        `prefetch`: the window's staging counters. With experts of different stored sizes
+        (`stored`): `cold_LE`, the steps each expert was read cold, and `swapped_in`, the (layer,
+        expert) each swap copies, are counted at each expert's stored bytes."""
         n_steps = max(1, step - self.window_start)
         cpu_bytes = None
         if cpu_reads_total is not None:
@@ -186,13 +227,17 @@ class WindowBook:
         self.layer_assigned_L += assigned_L
         copy_ms += self._pending_ms
         self._pending_ms = 0.0
+        copied, cold_bytes = swaps * self.expert_bytes, int(cold_reads) * self.expert_bytes
+        if self.stored is not None:
+            copied, cold_bytes = self.stored.bytes_of(swapped_in, cold_LE)
         self.swaps += swaps
-        self.bytes_copied += swaps * self.expert_bytes
+        self.bytes_copied += copied
+        self.cold_bytes += cold_bytes
         self.copy_ms += copy_ms
         rec = HitRateRecord(
             step=step, hit_rate_window=ratio(hits, assigned), hit_rate_total=ratio(self.hits, self.assigned),
-            swaps=swaps, swaps_total=self.swaps, bytes_copied=swaps * self.expert_bytes, copy_ms=copy_ms,
-            cold_bytes_per_step=int(cold_reads) * self.expert_bytes / n_steps,
+            swaps=swaps, swaps_total=self.swaps, bytes_copied=copied, copy_ms=copy_ms,
+            cold_bytes_per_step=cold_bytes / n_steps,
             layer_hit_rate=layer_rates(hits_L, assigned_L), planner_error=error, cold_cpu_bytes_per_step=cpu_bytes,
             prefetch=prefetch)
         self.records.append(rec)
@@ -208,6 +253,6 @@ class WindowBook:
             hit_rate=ratio(self.hits, self.assigned),
             hit_rate_last_window=self.records[-1].hit_rate_window if self.records else None,
             expected_hit_rate=expected_hit_rate, swaps=self.swaps, bytes_copied=self.bytes_copied,
-            copy_ms=self.copy_ms, cold_bytes_per_step=ratio(self.cold_reads * self.expert_bytes, steps),
+            copy_ms=self.copy_ms, cold_bytes_per_step=ratio(self.cold_bytes, steps),
             layer_hit_rate=layer_rates(self.layer_hits_L, self.layer_assigned_L), interrupted=interrupted,
             records=list(self.records))

@@ -262,10 +262,10 @@ def test_mxfp4_of_a_shape_it_cannot_take_is_one_line_and_writes_nothing(cli, tmp
                "--precision", "fp8", "-o", out).code == 0
 
 
-def test_a_plan_at_a_stored_precision_runs_at_it_and_auto_is_refused_by_run(cli, qhist, tmp_path):
-    """The runtime stores one precision for every expert: a plan made at fp8 runs with
-    --precision fp8 (its hot set fits the same budget), and precision auto is refused by `run`
-    in one line before anything is built, with or without a plan."""
+def test_a_plan_at_a_stored_precision_runs_at_it_and_auto_runs_only_with_its_plan(cli, qhist, tmp_path):
+    """A plan made at fp8 runs with --precision fp8 (its hot set fits the same budget); an auto
+    plan runs with --precision auto, each expert at its precision, its hot bytes the plan's; auto
+    without a plan is refused by `run` in one line before anything is built."""
     plan = tmp_path / "plan.json"
     assert _plan(cli, qhist, plan, "--precision", "fp8").code == 0
     r = cli("run", "tiny", "--plan", plan, "--precision", "fp8", "--steps", "2", "--scale", "0.25", "--json")
@@ -273,8 +273,12 @@ def test_a_plan_at_a_stored_precision_runs_at_it_and_auto_is_refused_by_run(cli,
     assert json.loads(r.out)["knobs"]["precision"] == "fp8"
     auto = tmp_path / "auto.json"
     assert _plan(cli, qhist, auto, "--precision", "auto", "--max-error", "0.03").code == 0
+    r = cli("run", "tiny", "--plan", auto, "--precision", "auto", "--steps", "2", "--scale", "0.25", "--json")
+    assert r.code == 0, r.err
+    doc, planned = json.loads(r.out), json.loads(auto.read_text())
+    assert doc["knobs"]["precision"] == "auto" and doc["allocated"]["expert_format"].startswith("auto: ")
+    assert doc["plan"]["hot_bytes"] == planned["ranks"][0]["hot_bytes"] and doc["plan"]["expert_bytes"] is None
     log = tmp_path / "run.jsonl"
-    for args in (("--plan", auto), ()):
-        r = cli("run", "tiny", *args, "--precision", "auto", "--steps", "2", "--log-jsonl", log)
-        assert r.code == 2 and "precision auto (--precision) is for `plan`" in r.err
-        assert len(r.err.strip().splitlines()) == 1 and not log.exists()
+    r = cli("run", "tiny", "--precision", "auto", "--steps", "2", "--log-jsonl", log)
+    assert r.code == 2 and "--precision auto: run stores each expert at the precision an auto plan chose" in r.err
+    assert len(r.err.strip().splitlines()) == 1 and not log.exists()

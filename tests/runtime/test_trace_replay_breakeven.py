@@ -4,6 +4,7 @@ on another task). Skipped when the shared routing records are not beside the che
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -92,21 +93,31 @@ def test_staging_on_the_esft_law_trace_equals_simulate_exactly(tmp_path):
     assert sim["useful"] > 1000 and sim["wasted"] > 0 and sim["copies"] > 0
 
 
+def law_head_and_intent_hist(folder: Path, quality=None) -> tuple[Path, Path]:
+    """The law trace's first STAGING_STEPS steps, and the intent trace's histogram (with
+    `quality(counts)`, its measured-errors block, when given)."""
+    with np.load(_trace("law")) as z:
+        head = folder / "law-head.trace.npz"
+        np.savez(head, topk_ids=z["topk_ids"][:STAGING_STEPS], layers=z["layers"])
+    with np.load(_trace("intent")) as z:
+        ids, layers = z["topk_ids"], z["layers"]
+    counts = np.stack([np.bincount(ids[:, i].ravel(), minlength=64) for i in range(ids.shape[1])]).astype(float)
+    hist = folder / "intent.hist.json"
+    save_hist(hist, Histogram("deepseek-ai/DeepSeek-V2-Lite", "ESFT intent", 6, int(ids.shape[0] * ids.shape[2]),
+                              tuple(int(x) for x in layers), counts))
+    if quality is not None:
+        doc = json.loads(hist.read_text())
+        doc["quality"] = quality(counts)
+        hist.write_text(json.dumps(doc))
+    return head, hist
+
+
 @pytest.mark.parametrize("precision", ["fp8", "mxfp4"])
 def test_a_run_at_a_stored_precision_reports_simulates_hit_rate_and_cold_bytes(tmp_path, precision):
     """The issue's table, run: a static plan fitted on intent at 4 GiB of experts stored at the
     precision, law replayed (its first 64 steps, at scale 1/64): the runtime's hit rate and cold
     bytes per step are `simulate`'s, both counting the stored bytes."""
-    law = _trace("law")
-    with np.load(law) as z:
-        head = tmp_path / "law-head.trace.npz"
-        np.savez(head, topk_ids=z["topk_ids"][:STAGING_STEPS], layers=z["layers"])
-    with np.load(_trace("intent")) as z:
-        ids, layers = z["topk_ids"], z["layers"]
-    counts = np.stack([np.bincount(ids[:, i].ravel(), minlength=64) for i in range(ids.shape[1])]).astype(float)
-    hist = tmp_path / "intent.hist.json"
-    save_hist(hist, Histogram("deepseek-ai/DeepSeek-V2-Lite", "ESFT intent", 6, int(ids.shape[0] * ids.shape[2]),
-                              tuple(int(x) for x in layers), counts))
+    head, hist = law_head_and_intent_hist(tmp_path)
     plan = tmp_path / "intent.plan.json"
     assert main(["plan", str(hist), "--recipe", "deepseek-v2-lite", "--hot-gib", "4", "--precision", precision,
                  "-o", str(plan)]) == 0
