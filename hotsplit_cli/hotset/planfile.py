@@ -35,7 +35,13 @@ from hotsplit_cli.hotset.precision_plan import (
 )
 from hotsplit_cli.hotset.prefetch_plan import PrefetchPlan, carved_for_run, prefetch_for_plan
 from hotsplit_cli.hotset.ranktime import hot_slots, physical_plan, rank_times, slot_probs
-from hotsplit_cli.hotset.sizes import PRECISIONS, expert_bytes_per_rank, expert_compute_shape, precision_bytes
+from hotsplit_cli.hotset.sizes import (
+    PRECISIONS,
+    check_mxfp4_shape,
+    expert_bytes_per_rank,
+    expert_compute_shape,
+    precision_bytes,
+)
 from hotsplit_cli.placement.dispatch import contiguous_placement, placed_hit_rates
 from hotsplit_cli.placement.file import load_placement
 from hotsplit_cli.traffic.hist import Histogram, file_sha256, load_hist
@@ -633,6 +639,8 @@ def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | 
         check_ep_knobs(knobs, recipe.parallel.ep, recipe.name)
         if knobs.precision == "auto":
             check_auto_run(recipe, knobs, plan_path)
+        if knobs.precision == "mxfp4":  # before the host check sizes the banks at mxfp4
+            check_mxfp4_shape(recipe, UsageError)
         check_prefetch_runs(knobs, recipe.model.kind, recipe.parallel.ep,
                             replay_file(recipe, trace_path) is not None)
     if plan_path is not None:

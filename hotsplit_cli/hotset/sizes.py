@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import GIB, Recipe
-from hotsplit_cli.core.errors import PlanError, UsageError
+from hotsplit_cli.core.errors import HotsplitError, PlanError, UsageError
 
 # What a recipe's `expert_dtype: fp8` means: e4m3 values with one fp32 scale per block of this
 # many rows x columns, the `weight_block_size` of DeepSeek-V3's and Qwen3's fp8 releases.
@@ -51,15 +51,16 @@ def stored_dtype(recipe: Recipe, precision: str = "native") -> str:
     return recipe.model.expert_dtype if precision == "native" else precision
 
 
-def check_mxfp4_shape(recipe: Recipe) -> None:
-    """PlanError unless both input dims of an expert (gate/up: hidden, down: this rank's
-    moe_intermediate) are multiples of MXFP4_GROUP, as one scale per 32 inputs needs."""
+def check_mxfp4_shape(recipe: Recipe, error: type[HotsplitError] = PlanError) -> None:
+    """`error` (a plan's PlanError, a run's UsageError) unless both input dims of an expert
+    (gate/up: hidden, down: this rank's moe_intermediate) are multiples of MXFP4_GROUP, as one
+    scale per 32 inputs needs."""
     m = recipe.model
     dims = {"hidden_size": m.hidden_size, "moe_intermediate_size / tp": m.moe_intermediate_size // recipe.parallel.tp}
     bad = {name: n for name, n in dims.items() if n % MXFP4_GROUP}
     if bad:
         name, n = next(iter(bad.items()))
-        raise PlanError(f"mxfp4 needs input dims divisible by {MXFP4_GROUP} (one scale per {MXFP4_GROUP} inputs), "
+        raise error(f"mxfp4 needs input dims divisible by {MXFP4_GROUP} (one scale per {MXFP4_GROUP} inputs), "
                         f"but recipe {recipe.name!r} has {name} = {n}", "store its experts at fp8 or native")
 
 

@@ -312,8 +312,8 @@ def test_run_at_mxfp4_on_dims_it_cannot_group_is_refused_in_one_line_and_writes_
     log = tmp_path / "log.jsonl"
     r = cli("run", str(recipe), "--precision", "mxfp4", "--log-jsonl", str(log))
     assert r.code == 2 and r.out == "" and not log.exists()
-    assert r.err.strip() == ("error: recipe 'tiny-ckpt': precision mxfp4 needs expert input dims divisible by 32, got "
-                             "hidden 32 and moe_intermediate 16; use precision fp8 or native for this model")
+    assert r.err.strip() == ("error: mxfp4 needs input dims divisible by 32 (one scale per 32 inputs), but recipe "
+                             "'tiny-ckpt' has moe_intermediate_size / tp = 16; store its experts at fp8 or native")
 
 
 def test_the_host_memory_checks_count_a_checkpoints_stored_bytes(plain, tmp_path, cli, monkeypatch):
