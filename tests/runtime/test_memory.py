@@ -59,12 +59,11 @@ def test_recipe_run_refuses_a_cold_bank_larger_than_host_memory(available):
 
 
 def test_recipe_run_refuses_a_hot_bank_larger_than_the_free_device_memory(monkeypatch):
-    from hotsplit_runtime.from_recipe import _check_memory
-    from hotsplit_runtime.moe import MoEGeometry
+    from hotsplit_runtime.from_recipe import _check_bytes
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1 << 20, 80 << 30))
-    geom = MoEGeometry(hidden=64, inter=128, num_experts=8, top_k=2, shared_inter=0, router="softmax")
     bf16_blob = 3 * 64 * 128 * 2
-    _check_memory(geom, 2, bf16_blob, FAKE_GPU, hot_slots=16)  # 16 x 3 x 64 x 128 x 2 B = 768 KiB
+    host = 2 * 8 * bf16_blob  # 2 MoE layers x 8 experts
+    _check_bytes(host, 16 * bf16_blob, FAKE_GPU)  # 16 x 3 x 64 x 128 x 2 B = 768 KiB
     with pytest.raises(RuntimeFailure, match=r"the hot bank needs 1.12 MiB on Fake GPU, 1.00 MiB is free"):
-        _check_memory(geom, 2, bf16_blob, FAKE_GPU, hot_slots=24)
+        _check_bytes(host, 24 * bf16_blob, FAKE_GPU)
