@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hotsplit_cli.analysis.prefetch import choose_staged
 
@@ -105,8 +104,8 @@ class LookaheadStager(StepStager):
     def ahead_router(self, row: int, x_TH: torch.Tensor, router, bank, held_E: np.ndarray | None = None) -> None:
         """`ahead` for a synthetic model's layer `row`: its `Router` (moe.py) on `x_TH`, the layer
         before's output through the layer's input norm."""
-        chosen_TK, _ = router(x_TH)
-        logits_TE = F.linear(x_TH.float(), router.weight_EH)
+        logits_TE = router.logits(x_TH)  # once: the choice and the ranking read the same logits
+        chosen_TK, _ = router.route(logits_TE)
         rank_TE, q_TE = ranked(logits_TE, chosen_TK, router.geom.router == "sigmoid", router.bias_E)
         self.ahead(row, bank, rank_TE, q_TE, None, held_E)
 

@@ -75,8 +75,15 @@ class Router:
 
     def __call__(self, x_TH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (ids_TK int64, weights_TK float32). No host synchronisation."""
+        return self.route(self.logits(x_TH))
+
+    def logits(self, x_TH: torch.Tensor) -> torch.Tensor:
+        """The router's logits [T, E] in float32."""
+        return F.linear(x_TH.float(), self.weight_EH)
+
+    def route(self, logits_TE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids_TK, weights_TK) from the logits (`logits`)."""
         g = self.geom
-        logits_TE = F.linear(x_TH.float(), self.weight_EH)
         if g.router == "softmax":
             scores_TE = logits_TE.softmax(dim=-1)
             weights_TK, ids_TK = torch.topk(scores_TE, g.top_k, dim=-1)
