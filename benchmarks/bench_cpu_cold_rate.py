@@ -138,31 +138,47 @@ def rows_of(shape: Shape, children: list, ms: dict, batches: list[int]) -> list[
         native = row.get("path:native", {})
         if plain and "ms" in native:
             row["path_vs_torch"] = native["ms"] / min(plain)
+            row["round_path_vs_torch"] = per_round(native, [row[p] for p in PLAIN if "ms" in row.get(p, {})])
         if "ms" in row.get("probe", {}) and "ms" in native:
             row["path_vs_probe"] = native["ms"] / row["probe"]["ms"]
+            row["round_path_vs_probe"] = per_round(native, [row["probe"]])
         rows.append(row)
     return rows
+
+
+def per_round(cell: dict, others: list[dict]) -> dict:
+    """`cell`'s time over the fastest of `others` within each round (the same minutes of a
+    shared machine's load), and the median and range of those ratios."""
+    ratios = [t / min(o["ms_rounds"][r] for o in others) for r, t in enumerate(cell["ms_rounds"])]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "rounds": ratios}
 
 
 def render(doc: dict) -> list[str]:
     """The markdown table of a run."""
     lines = [f"{doc['threads']} threads, scale {doc['scale']:g}, {doc['rounds']} rounds (medians); "
              f"{doc['load']}",
-             "| model | batch | contender | ms | tokens/s | GB/s stored | path / torch | path / probe |",
-             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+             "| model | batch | contender | ms | tokens/s | GB/s stored | path / torch | path / probe "
+             "| per round: path / torch | path / probe |",
+             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in doc["rows"]:
         for name in doc["contenders"]:
             cell = r[name]
-            ratios = ("| | |" if name != "path:native" else
-                      " | ".join(f"{r[k]:.2f}" if k in r else "-" for k in ("path_vs_torch", "path_vs_probe")) + " |")
-            ratios = ratios if ratios.startswith("|") else "| " + ratios
+            ratios = ("| | | | |" if name != "path:native" else
+                      "| " + " | ".join([f"{r[k]:.2f}" if k in r else "-" for k in ("path_vs_torch", "path_vs_probe")]
+                                        + [round_text(r.get(k)) for k in ("round_path_vs_torch",
+                                                                          "round_path_vs_probe")]) + " |")
             if "error" in cell:
-                lines.append(f"| {r['model']} | {r['batch']} | {name} | error: {cell['error']} | | | | |")
+                lines.append(f"| {r['model']} | {r['batch']} | {name} | error: {cell['error']} | | | | | | |")
                 continue
             lines.append(f"| {r['model']} | {r['batch']} | {name} | {cell['ms']:.2f} | {cell['tokens_per_s']:.0f} "
                          f"| {cell['gbps']:.2f} {ratios}")
-    lines.append("targets: path:native / torch <= 1.10 and path / probe within 0.90-1.10 at every batch")
+    lines.append("targets: path:native / torch <= 1.10 and path / probe within 0.90-1.10 at every batch "
+                 "(per round: the median of the ratios taken within each round, with their range)")
     return lines
+
+
+def round_text(ratio: dict | None) -> str:
+    return "-" if ratio is None else f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

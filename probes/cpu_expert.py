@@ -2,11 +2,12 @@
 path, in GB/s of expert weights streamed (1e9 B/s).
 
 An expert is SwiGLU: gate and up [2I, H], then down [H, I], computed with torch on the CPU in the
-cold bank's dtype for 1, 2, 4, 8 and 16 tokens by the runtime's own grouped compute
-(`grouped_experts` below, which runtime/moe.py re-exports): its tokens gathered from the batch,
-the MLP, the weighted result added into a float32 output, so that the per-expert work around the
-matmuls is timed too. What one call of it costs beyond its experts (its output, grouping the
-routing by expert) is measured apart: `layer_ms`, the fixed cost of each layer a CPU computes.
+cold bank's dtype for 1, 2, 4, 8 and 16 tokens by the function the runtime's CPU cold path calls
+(`stacked_experts` below, which runtime/moe.py re-exports), on a pool laid out as the cold bank
+is: its tokens gathered from the batch, one grouped matmul per projection, the weighted result
+added into a float32 output, so that the work around the matmuls is timed too. What one call of
+it costs beyond its experts (its output, grouping the routing by expert) is measured apart:
+`layer_ms`, the fixed cost of each layer a CPU computes.
 A cold expert's weights are not in any cache, so the probe computes a pool of distinct experts,
 together many times the last-level cache, one after another: each is streamed from DRAM, as a
 cold expert would be. The pool sits on the GPU's NUMA node (where the cold bank is
@@ -42,7 +43,8 @@ POOL_BYTES = 512 * MIB  # 16x a 32 MiB last-level cache: every expert streams fr
 QUICK_POOL_BYTES = 256 * MIB
 METHOD = ("torch on the CPU: x @ w13.T, silu(gate) * up, @ w2.T for each expert of a pool of distinct experts "
           "(several times the last-level cache) on the GPU's NUMA node, threads of that node, by the runtime's "
-          "grouped compute; one pass per sample, wall clock; GB/s = expert weight bytes / time; layer_ms = "
+          "CPU cold path compute (stacked_experts: one grouped mm per projection); one pass per sample, "
+          "wall clock; GB/s = expert weight bytes / time; layer_ms = "
           "(the pool as one call per expert - as one call) / experts, median over paired samples")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # How the runtime computes experts on a machine without CUDA (runtime/from_recipe.py picks float32,
@@ -153,6 +155,54 @@ def grouped_experts(x_TH: Any, ids_TK: Any, w_TK: Any, weights_of: Callable[[int
     return out_TH.to(x_TH.dtype)
 
 
+_GROUPED_MM: dict[tuple[str, Any], bool] = {}  # (device type, dtype) -> whether torch._grouped_mm runs there
+
+
+def has_grouped_mm(torch: Any, device_type: str, dtype: Any) -> bool:
+    """Whether this torch's `_grouped_mm` computes on `device_type` in `dtype` (tried once on a
+    tiny case, then remembered)."""
+    key = (device_type, dtype)
+    if key not in _GROUPED_MM:
+        try:
+            a, b = torch.ones(2, 16, dtype=dtype, device=device_type), torch.ones(1, 16, 16, dtype=dtype,
+                                                                                 device=device_type)
+            torch._grouped_mm(a, b, offs=torch.tensor([2], dtype=torch.int32, device=device_type))
+            _GROUPED_MM[key] = True
+        except (AttributeError, RuntimeError, NotImplementedError):
+            _GROUPED_MM[key] = False
+    return _GROUPED_MM[key]
+
+
+def stacked_experts(x_TH: Any, ids_TK: Any, w_TK: Any, w13_EIH: Any, w2_EHI: Any) -> Any:
+    """Routed expert output [T, H] over experts stacked `w13 [E, 2I, H]`, `w2 [E, H, I]` (views
+    into one bank: each expert contiguous, any stride between experts): the assignments with an id
+    in [0, E) (padding is -1) sorted by expert, gate/up in one `torch._grouped_mm`, silu(gate) * up
+    over them all, down in a second, each row times its routing weight, added per token in
+    float32. Per expert the same matmuls as `grouped_experts` (torch's CPU grouped mm calls mm on
+    each group), without a Python step per expert or a copy of any weight. How the runtime's CPU
+    cold path computes a native bank (runtime/cold_split.py), and what the probe times. Reads the
+    routing on the host. Where this torch has no grouped mm for the weights' device and dtype
+    (torch < 2.9 on a CPU), expert by expert through `grouped_experts`, on the same views."""
+    import torch
+
+    T, K = ids_TK.shape
+    E = w13_EIH.shape[0]
+    if not has_grouped_mm(torch, w13_EIH.device.type, w13_EIH.dtype):
+        return grouped_experts(x_TH, ids_TK, w_TK, lambda e: (w13_EIH[e], w2_EHI[e]), E)
+    flat = ids_TK.reshape(-1)
+    idx = torch.nonzero((flat >= 0) & (flat < E)).squeeze(1)  # grouped mm reads every row it is given
+    order = torch.argsort(flat[idx], stable=True)
+    idx = idx[order]
+    offs_E = torch.cumsum(torch.bincount(flat[idx], minlength=E), 0, dtype=torch.int32)
+    tok = idx // K
+    h = torch._grouped_mm(x_TH[tok], w13_EIH.transpose(-2, -1), offs=offs_E)
+    gate, up = h.chunk(2, dim=-1)
+    y = torch._grouped_mm(torch.nn.functional.silu(gate) * up, w2_EHI.transpose(-2, -1), offs=offs_E)
+    out_TH = torch.zeros(T, x_TH.shape[1], dtype=torch.float32, device=x_TH.device)
+    out_TH.index_add_(0, tok, y.float() * w_TK.reshape(-1)[idx, None])
+    return out_TH.to(x_TH.dtype)
+
+
 def on_cpus(torch: Any, cpus: Sequence[int] | None, work: Callable[[], Any], threads: int | None = None
             ) -> tuple[Any, int]:
     """Run `work` in a fresh thread pinned to `cpus`, with `threads` (default: as many as `cpus`)
@@ -198,29 +248,29 @@ def _time_pool(torch, shape: ExpertShape, w13, w2, tokens: Sequence[int], sample
                tick: Callable[[int], None]) -> tuple[list, list]:
     """(per token count: the pool's rate cells, per sample: a layer call's cost beyond its experts)."""
     n, H, dtype = w13.shape[0], shape.hidden, w13.dtype
-
-    def weights_of(e: int) -> tuple[Any, Any]:
-        return w13[e], w2[e]
-
+    m = min(layer_experts, n)  # a layer's call groups over its own experts (at most the pool's here)
     cells, layer_s = [], []
     for i, t in enumerate(tokens):
-        # One call of the runtime's grouped compute in which each of t tokens routes to every
-        # expert of the pool: the experts one after another with t tokens each, the call's
-        # own cost spread over the whole pool.
+        # One call of the runtime's CPU compute in which each of t tokens routes to every expert
+        # of the pool: the experts one after another with t tokens each, the call's own cost
+        # spread over the whole pool.
         x = torch.full((t, H), 0.5, dtype=dtype)
         ids, w = torch.arange(n).repeat(t, 1), torch.full((t, n), 0.25)
 
         def one_pass(x=x, ids=ids, w=w) -> None:
-            grouped_experts(x, ids, w, weights_of, n)
+            stacked_experts(x, ids, w, w13, w2)
 
         # At the first token count, also the same experts one call each, as a run's layers
-        # call it: the difference is what a call costs beyond its experts (its output,
-        # grouping the routing by expert), paired sample by sample against load changes.
-        one_id, one_w = torch.zeros((t, 1), dtype=torch.int64), torch.full((t, 1), 0.25)
+        # call it (a stack of a layer's m experts that holds expert e): the difference is what a
+        # call costs beyond its experts (its output, grouping the routing by expert), paired
+        # sample by sample against load changes.
+        one_ids = [torch.full((t, 1), j, dtype=torch.int64) for j in range(m)]
+        one_w = torch.full((t, 1), 0.25)
 
-        def by_calls(x=x, one_id=one_id, one_w=one_w) -> None:
+        def by_calls(x=x, one_ids=one_ids, one_w=one_w) -> None:
             for e in range(n):
-                grouped_experts(x, one_id, one_w, lambda _, e=e: weights_of(e), layer_experts)
+                s = min(e, n - m)
+                stacked_experts(x, one_ids[e - s], one_w, w13[s:s + m], w2[s:s + m])
 
         one_pass()  # warm-up: first-use costs (thread team start, kernel selection)
         seconds = []
@@ -251,9 +301,10 @@ def measure_cpu_expert(shape: ExpertShape, node: int | None, cpus: Sequence[int]
     pages = HostPages(n * shape.expert_bytes, node)
     if pages.location.detail and node is not None:
         reasons.append(Reason("node", pages.location.detail))
-    flat = pages.tensor()[: n * shape.expert_bytes].view(dtype)
-    w13 = flat[: n * 2 * inter * H].view(n, 2 * inter, H)
-    w2 = flat[n * 2 * inter * H:].view(n, H, inter)
+    # Laid out as the runtime's cold bank is (runtime/bank.py): one blob per expert, w13 then w2.
+    blobs = pages.tensor()[: n * shape.expert_bytes].view(dtype).view(n, 3 * inter * H)
+    w13 = blobs[:, : 2 * inter * H].unflatten(1, (2 * inter, H))
+    w2 = blobs[:, 2 * inter * H:].unflatten(1, (H, inter))
     w13.fill_(0.01)
     w2.fill_(0.01)
 

@@ -372,6 +372,11 @@ class ExpertBank(BlobBank):
         # larger the smaller the expert (docs/benchmarks.md, "Predicted vs achieved per path").
         self.host_views = (self.cold_views if self.cold_read_EB is self.cold_EB
                            else [self._views(self.cold_EB[e]) for e in range(E)])
+        # Every expert's (w13 [E, 2I, H], w2 [E, H, I]) as two views of the host cold bank, for the
+        # CPU cold path's one grouped matmul per projection (probes/cpu_expert.py `stacked_experts`):
+        # no per-call gather or copy. Native experts only; stored ones are dequantised per expert.
+        self.host_stack = (None if stored is not None else
+                           (self.blob_layout.view(self.cold_EB, "w1"), self.blob_layout.view(self.cold_EB, "w2")))
         self.set_hot(hot_E)
 
     @property

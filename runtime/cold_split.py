@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from hotsplit_probes.bandwidth import measure_roundtrip_ms
-from hotsplit_probes.cpu_expert import CPU_RUNTIME_THREADS, ExpertShape, grouped_experts, measure_cpu_expert
+from hotsplit_probes.cpu_expert import (
+    CPU_RUNTIME_THREADS,
+    ExpertShape,
+    grouped_experts,
+    measure_cpu_expert,
+    stacked_experts,
+)
 from hotsplit_probes.sysfs import read_numa_node
 from hotsplit_probes.timing import median_ms
 
@@ -108,10 +114,11 @@ class ColdSplit:
         cold_A = valid_A & (bank.served_E[np.where(valid_A, flat_A, 0)] < 0)
         experts, tokens = np.unique(flat_A[cold_A], return_counts=True)
         expert_bytes = bank.expert_bytes
-        if self.rates.shared_cpu:  # the device path is this CPU: a hot expert costs what a cold one does
-            _, hot_tokens = np.unique(flat_A[valid_A & ~cold_A], return_counts=True)
+        hot_A = valid_A & ~cold_A
+        if self.rates.shared_cpu and hot_A.any():  # the device is this CPU: a hot expert costs as a cold one
+            _, hot_tokens = np.unique(flat_A[hot_A], return_counts=True)
             hot_s = self.rates.gpu_seconds(np.full(len(hot_tokens), float(expert_bytes)), hot_tokens)
-            self.counters.hot_pred_ms += float(hot_s.sum()) * 1e3 + self.rates.layer_ms  # its call, made every layer
+            self.counters.hot_pred_ms += float(hot_s.sum()) * 1e3  # its call's own cost: `_device`
         if len(experts) == 0:
             return self._device(device_compute, ids_TK)
         split = split_cold(np.full(len(experts), float(expert_bytes)), tokens, self.rates, self.mode)
@@ -128,22 +135,38 @@ class ColdSplit:
             return self._device(device_compute, ids_TK)
         c.cpu_layers += 1
         to_cpu_A = np.isin(flat_A, experts[split.to_cpu_N]) & valid_A
+        return self._hand_out(x_TH, ids_TK, w_TK, flat_A, to_cpu_A, bool((valid_A & ~to_cpu_A).any()),
+                              device_compute, cpu_compute)
+
+    def _hand_out(self, x_TH, ids_TK, w_TK, flat_A, to_cpu_A, device_part: bool, device_compute,
+                  cpu_compute) -> torch.Tensor:
+        """The CPU's assignments `to_cpu_A` computed on the CPU (the rows of their tokens), the
+        rest on the device (none there when not `device_part`), the two outputs added."""
+        T, K = ids_TK.shape
         tok = np.unique(np.flatnonzero(to_cpu_A) // K)  # the tokens the CPU serves (some of their k)
+        every = len(tok) == T  # every token has CPU work: its rows as they are, no gather or scatter
         dev = x_TH.device
-        tok_dev = torch.from_numpy(tok).to(dev)
+        tok_dev = None if every else torch.from_numpy(tok).to(dev)
         ids_cpu = torch.from_numpy(np.where(to_cpu_A, flat_A, -1).reshape(T, K)[tok])
-        x_cpu, w_cpu = x_TH.index_select(0, tok_dev).cpu(), w_TK.index_select(0, tok_dev).cpu()
+        x_cpu, w_cpu = (x_TH, w_TK) if every else (x_TH.index_select(0, tok_dev), w_TK.index_select(0, tok_dev))
+        x_cpu, w_cpu = x_cpu.cpu(), w_cpu.cpu()
         job = None if self.pool is None else self.pool.submit(self._cpu, cpu_compute, x_cpu, ids_cpu, w_cpu)
         if job is None:
             # The device is this CPU: the two paths share its cores and one interpreter lock, so
             # at once they only slow each other (the cost model adds them up). One after the
             # other in this thread, each takes the time its own experts cost, on one thread team.
             y_cpu = self._cpu(cpu_compute, x_cpu, ids_cpu, w_cpu)
-        ids_dev = ids_TK.masked_fill(torch.from_numpy(to_cpu_A.reshape(T, K)).to(dev), -1)
-        y_TH = self._device(device_compute, ids_dev)  # launched (on a GPU) while the CPU works
+        y_TH = None
+        if device_part:
+            ids_dev = ids_TK.masked_fill(torch.from_numpy(to_cpu_A.reshape(T, K)).to(dev), -1)
+            y_TH = self._device(device_compute, ids_dev)  # launched (on a GPU) while the CPU works
         if job is not None:
             y_cpu = job.result()
-        return y_TH.index_add(0, tok_dev, y_cpu.to(dev, y_TH.dtype))
+        if y_TH is None:  # nothing for the device: the CPU's rows are the output (zero elsewhere)
+            y_cpu = y_cpu.to(dev, x_TH.dtype)
+            return y_cpu if every else torch.zeros_like(x_TH).index_add_(0, tok_dev, y_cpu)
+        y_cpu = y_cpu.to(dev, y_TH.dtype)
+        return y_TH + y_cpu if every else y_TH.index_add(0, tok_dev, y_cpu)
 
     def report(self, real_expert_bytes: int, allocated_expert_bytes: int | None = None) -> dict:
         """Per path: distinct cold experts, their bytes at full size and as allocated, ms achieved
@@ -164,6 +187,8 @@ class ColdSplit:
                         "spread": self.rates.cpu_spread}}
 
     def _device(self, device_compute, ids_TK: torch.Tensor) -> torch.Tensor:
+        if self.rates.shared_cpu:
+            self.counters.hot_pred_ms += self.rates.layer_ms  # the device (this CPU)'s call's own cost
         if self.info.is_cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -202,7 +227,16 @@ class SplitExperts:
         return self.split(
             x_TH, ids_TK, w_TK, bank,
             lambda ids: self.inner(x_TH, ids, w_TK, bank, counts_E),
-            lambda x, ids, w: grouped_experts(x, ids, w, bank.host_weights_of, bank.num_experts))
+            host_compute(bank))
+
+
+def host_compute(bank) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The CPU's compute over `bank`'s host cold bank: a native bank's stacked views in one grouped
+    matmul per projection (what the probe times), stored experts dequantised one at a time."""
+    stack = bank.host_stack
+    if stack is not None:
+        return lambda x, ids, w: stacked_experts(x, ids, w, *stack)
+    return lambda x, ids, w: grouped_experts(x, ids, w, bank.host_weights_of, bank.num_experts)
 
 
 class SplitBank:

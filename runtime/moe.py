@@ -1,6 +1,6 @@
 """MoE building blocks: geometry, routers, SwiGLU experts, shared experts, the reference. The
-grouped expert compute (`expert_groups`, `grouped_experts`) lives in probes/cpu_expert.py, so
-that the CPU expert rate is measured on the very code a run computes with.
+grouped expert compute (`expert_groups`, `grouped_experts`, `stacked_experts`) lives in
+probes/cpu_expert.py, so that the CPU expert rate is measured on the very code a run computes with.
 
 Shape letters: T = tokens, K = top_k, E = routed experts, H = hidden, I = expert intermediate,
 G = router groups. Expert weights are stacked `[E, ...]` and gathered by index (no ModuleList):

@@ -41,6 +41,12 @@ def test_each_contender_is_timed_alone_in_turn_and_reported_as_medians():
     torch_ms = min(rows[0][p]["ms"] for p in bench.PLAIN)
     assert rows[0]["path_vs_torch"] == path["ms"] / torch_ms
     assert rows[0]["path_vs_probe"] == path["ms"] / rows[0]["probe"]["ms"]
+    # Within each round: path 1, 8, 11 against loop 2, 5, 12 and grouped_mm 3, 6, 9; the probe 4, 7, 10.
+    assert rows[0]["round_path_vs_torch"] == {"median": 11 / 9, "min": 0.5, "max": 1.6, "rounds": [0.5, 1.6, 11 / 9]}
+    assert rows[0]["round_path_vs_probe"] == {"median": 1.1, "min": 0.25, "max": 8 / 7, "rounds": [0.25, 8 / 7, 1.1]}
+    doc = {"threads": 2, "scale": 1.0, "rounds": 3, "contenders": names, "rows": rows, "load": "load average 1"}
+    native_line = next(line for line in bench.render(doc) if "| path:native |" in line)
+    assert native_line.endswith("| 1.22 (0.50-1.60) | 1.10 (0.25-1.14) |")
 
 
 def test_a_tiny_run_times_every_contender_in_its_own_process(capsys):

@@ -75,7 +75,10 @@ class ColdRates:
         return np.asarray(bytes_N, dtype=np.float64) / (self.zero_copy_gbps * 1e9)
 
     def cpu_seconds(self, bytes_N: np.ndarray, tokens_N: np.ndarray) -> np.ndarray:
-        rates = np.array([self.cpu_gbps(t) for t in np.asarray(tokens_N, dtype=np.float64).ravel()])
+        # A layer's token counts repeat (mostly 1 and 2 at decode): one rate per distinct count,
+        # since the runtime asks on every layer call (runtime/cold_split.py).
+        counts, inverse = np.unique(np.asarray(tokens_N, dtype=np.float64).ravel(), return_inverse=True)
+        rates = np.array([self.cpu_gbps(t) for t in counts], dtype=np.float64)[inverse]
         with np.errstate(divide="ignore"):
             return np.where(rates > 0, np.asarray(bytes_N, dtype=np.float64) / (rates * 1e9), np.inf)
 
@@ -101,15 +104,16 @@ def split_cold(bytes_N: Sequence[float], tokens_N: Sequence[float], rates: ColdR
     `gpu`: all to the GPU; `cpu`: all to the CPU; `split`: the prefix rule above."""
     if mode not in COLD_PATHS:
         raise UsageError(f"cold_path: must be one of {', '.join(COLD_PATHS)}, got {mode!r}")
-    b = np.asarray(bytes_N, dtype=np.float64)
-    gpu = rates.gpu_seconds(b, np.asarray(tokens_N, dtype=np.float64))
-    cpu = rates.cpu_seconds(b, np.asarray(tokens_N, dtype=np.float64))
+    b, t = np.asarray(bytes_N, dtype=np.float64), np.asarray(tokens_N, dtype=np.float64)
     n = len(b)
     sync_s = (rates.sync_ms + rates.layer_ms) / 1e3  # what the CPU pays per layer for taking part
-    if mode == "gpu" or n == 0:
-        return LayerSplit(np.zeros(n, dtype=bool), float(gpu.sum()) if n else 0.0, 0.0, rates.shared_cpu)
+    if mode == "gpu" or n == 0:  # each path's times only where they are read: a run asks per layer call
+        return LayerSplit(np.zeros(n, dtype=bool), float(rates.gpu_seconds(b, t).sum()) if n else 0.0, 0.0,
+                          rates.shared_cpu)
+    cpu = rates.cpu_seconds(b, t)
     if mode == "cpu":
         return LayerSplit(np.ones(n, dtype=bool), 0.0, float(cpu.sum()) + sync_s, rates.shared_cpu)
+    gpu = rates.gpu_seconds(b, t)
     with np.errstate(divide="ignore", invalid="ignore"):
         penalty = np.where(np.isfinite(cpu), cpu / np.where(gpu > 0, gpu, np.inf), np.inf)
     order = np.lexsort((np.arange(n), penalty))  # cheapest for the CPU first, then by expert id

@@ -218,3 +218,14 @@ def test_under_ep_rank_0_reads_cold_only_its_own_experts(tiny_hist):
     most = int((held & ~hot).sum())  # rank 0's cold experts: every one read at a huge batch
     (big,) = cold_costs(hist, hot | ~held, 1, None, batches=(10**6,))
     assert big.cold_experts == pytest.approx(most, abs=1e-6) and most < 4 * 32 - int(hot.sum())
+
+
+def test_cpu_seconds_take_one_rate_per_distinct_token_count():
+    """A layer's token counts repeat: each expert still gets the rate of its own count."""
+    rates = ColdRates(None, ((1, 10.0), (2, 8.0), (4, 9.0), (16, 4.0)))
+    tokens = np.array([3, 1, 3, 16, 2, 40, 1])
+    b = np.arange(1, 8) * 1e9
+    want = [b[i] / (rates.cpu_gbps(float(t)) * 1e9) for i, t in enumerate(tokens)]
+    assert rates.cpu_seconds(b, tokens).tolist() == want
+    assert rates.cpu_seconds(np.zeros(0), np.zeros(0)).shape == (0,)
+    assert np.isinf(ColdRates(None, ()).cpu_seconds(b[:2], tokens[:2])).all()  # unmeasured: never the CPU

@@ -32,6 +32,54 @@ def test_the_probe_times_the_runtimes_grouped_compute():
 
     assert all(m.grouped_experts is cpu_expert.grouped_experts for m in (moe, kernels, cold_split))
     assert all(m.expert_groups is cpu_expert.expert_groups for m in (bank, quality))
+    assert cold_split.stacked_experts is cpu_expert.stacked_experts
+
+
+def _bank_views(E: int, H: int, inter: int, dtype, seed: int):
+    """Experts laid out as a cold bank holds them: one blob per expert, w13 [2I, H] then w2 [H, I]."""
+    blobs = torch.randn(E, 3 * inter * H, generator=torch.Generator().manual_seed(seed)).to(dtype) / 8
+    w13, w2 = blobs[:, : 2 * inter * H], blobs[:, 2 * inter * H:]
+    return blobs, w13.unflatten(1, (2 * inter, H)), w2.unflatten(1, (H, inter))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("grouped_mm", [True, False])
+def test_stacked_experts_compute_what_the_per_expert_loop_does(dtype, grouped_mm, monkeypatch):
+    """One grouped matmul per projection over a bank's strided views gives the per-expert loop's
+    output bit for bit (the same matmuls per expert, added in the same order), padding ignored;
+    so does the fallback where torch has no grouped mm."""
+    from hotsplit_probes import cpu_expert
+
+    monkeypatch.setattr(cpu_expert, "_GROUPED_MM", {("cpu", dtype): grouped_mm})
+    E, H, inter = 8, 64, 32
+    blobs, w13, w2 = _bank_views(E, H, inter, dtype, 0)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(7, H, generator=gen).to(dtype)
+    ids = torch.rand(7, E, generator=gen).topk(3, dim=-1).indices
+    ids[0, 1], ids[4, 0] = -1, -1  # padding
+    w = torch.rand(7, 3, generator=gen)
+    got = cpu_expert.stacked_experts(x, ids, w, w13, w2)
+    want = cpu_expert.grouped_experts(x, ids, w, lambda e: (w13[e].contiguous(), w2[e].contiguous()), E)
+    assert w13.data_ptr() == blobs.data_ptr() and not w13.is_contiguous()  # views into the blobs
+    assert got.dtype == dtype and torch.equal(got, want)
+    assert torch.equal(cpu_expert.stacked_experts(x, torch.full_like(ids, -1), w, w13, w2), torch.zeros_like(x))
+
+
+def test_grouped_mm_is_tried_once_per_device_and_dtype(monkeypatch):
+    """Where torch has no `_grouped_mm` (torch < 2.9 on a CPU) the answer is no, remembered."""
+    from hotsplit_probes import cpu_expert
+
+    monkeypatch.setattr(cpu_expert, "_GROUPED_MM", {})
+    assert cpu_expert.has_grouped_mm(torch, "cpu", torch.float32)
+
+    class NoGroupedMM:
+        def __getattr__(self, name):
+            if name == "_grouped_mm":
+                raise AttributeError(name)
+            return getattr(torch, name)
+
+    assert not cpu_expert.has_grouped_mm(NoGroupedMM(), "cpu", torch.float16)
+    assert cpu_expert._GROUPED_MM == {("cpu", torch.float32): True, ("cpu", torch.float16): False}
 
 
 def test_two_tokens_are_measured_not_interpolated():
@@ -45,24 +93,24 @@ def test_two_tokens_are_measured_not_interpolated():
 def test_a_layer_calls_own_cost_is_measured_apart_from_its_experts(monkeypatch):
     """The probe times the pool as one call and as one call per expert; the difference per call is
     `layer_ms`. A grouped compute made to sleep 20 ms more per call of a layer's size (here 8
-    experts) shows as most of that (half is the bound: the pool's own pass of 8 small experts
-    would have to be held up by 80 ms to take more; no upper bound, which would time the machine)."""
+    experts) shows as most of that (half is the bound: the pool's own pass of 16 small experts
+    would have to be held up by 160 ms to take more; no upper bound, which would time the machine)."""
     from hotsplit_probes import cpu_expert
 
-    real, sizes = cpu_expert.grouped_experts, set()
+    real, sizes = cpu_expert.stacked_experts, set()
 
-    def slow_per_call(x, ids, w, weights_of, num_experts):
-        if num_experts == 8:
+    def slow_per_call(x, ids, w, w13, w2):
+        if w13.shape[0] == 8:
             time.sleep(20e-3)
-        sizes.add(num_experts)
-        return real(x, ids, w, weights_of, num_experts)
+        sizes.add(w13.shape[0])
+        return real(x, ids, w, w13, w2)
 
-    monkeypatch.setattr(cpu_expert, "grouped_experts", slow_per_call)
+    monkeypatch.setattr(cpu_expert, "stacked_experts", slow_per_call)
     shape = ExpertShape(64, 32, "float32")
-    r = measure_cpu_expert(shape, None, None, pool_bytes=8 * shape.expert_bytes, tokens=(1, 2), samples=3,
+    r = measure_cpu_expert(shape, None, None, pool_bytes=16 * shape.expert_bytes, tokens=(1, 2), samples=3,
                            layer_experts=8)
-    assert r.layer_experts == 8 and r.layer_ms >= 10.0
-    assert sizes == {8, r.pool_experts}  # the layer's calls, and the pool's one call per sample
+    assert r.layer_experts == 8 and r.layer_ms >= 10.0 and r.pool_experts == 16
+    assert sizes == {8, 16}  # the layer's calls over stacks of its 8 experts, and the pool's one call per sample
     assert [t for t, _ in r.by_tokens] == [1, 2]
 
 

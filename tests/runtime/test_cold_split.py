@@ -143,6 +143,47 @@ def test_host_weights_are_the_cold_bank_in_host_memory():
         assert bank.host_weights_of(e)[0] is w13
 
 
+def test_the_cpu_path_computes_a_native_bank_over_its_stacked_host_views(monkeypatch):
+    """The CPU's share runs through one grouped compute over two views of the host cold bank (the
+    function the probe times), never a copy of it; a stored (fp8) bank has no stack and keeps the
+    per-expert dequantising compute."""
+    from hotsplit_runtime import moe
+    from hotsplit_runtime.precision import stored_format
+
+    model, ref, split, rng, g = _split_model(0.0, "cpu", ColdRates(None, ((1, 5.0),), shared_cpu=True))
+    calls = []
+    real = cold_split.stacked_experts
+
+    def spy(x, ids, w, w13, w2):
+        calls.append((w13, w2))
+        return real(x, ids, w, w13, w2)
+
+    monkeypatch.setattr(cold_split, "stacked_experts", spy)
+    _run_against_reference(model, ref, rng, g, steps=2)
+    assert len(calls) == 2 * model.num_layers and moe.stacked_experts is real
+    for (w13, w2), bank in zip(calls, model.banks * 2, strict=True):
+        assert w13 is bank.host_stack[0] and w2 is bank.host_stack[1]
+        assert w13.untyped_storage().data_ptr() == w2.untyped_storage().data_ptr() == bank.cold_EB.data_ptr()
+        assert w13.shape == (g.num_experts, 2 * g.inter, g.hidden) and w2.shape == (g.num_experts, g.hidden, g.inter)
+        for e in range(g.num_experts):
+            assert torch.equal(w13[e], bank.host_weights_of(e)[0]) and torch.equal(w2[e], bank.host_weights_of(e)[1])
+    stored, _ = build_pair(g, 1, np.zeros((1, g.num_experts), dtype=bool), CPU, torch.float32, 0,
+                           stored=stored_format("mxfp4"))
+    assert stored.banks[0].precision == "mxfp4" and stored.banks[0].host_stack is None
+
+
+def test_with_nothing_for_the_device_only_the_cpu_computes():
+    """Mode cpu with every expert cold: the device's compute is not called (no empty call, no
+    layer cost charged for one), and the output is the CPU's, equal to the reference."""
+    model, ref, split, rng, g = _split_model(0.0, "cpu", ColdRates(None, ((1, 5.0),), shared_cpu=True, layer_ms=0.5))
+    model.compute.inner = lambda *a: pytest.fail("nothing is left for the device")
+    for s in range(3):
+        x = torch.randn(8 if s else 1, g.hidden, generator=torch.Generator().manual_seed(s))
+        torch.testing.assert_close(model.step(x), ref.step(x), atol=1e-4, rtol=1e-4)
+    assert split.counters.gpu_experts == 0 and split.counters.hot_pred_ms == 0.0 and split.counters.gpu_ms == 0.0
+    assert split.counters.cpu_layers == 3 * model.num_layers
+
+
 # ----------------------------------------------------------------------------- the run CLI
 
 

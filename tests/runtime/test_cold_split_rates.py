@@ -93,8 +93,8 @@ def test_on_one_cpu_the_worker_finishes_before_the_device_part_starts(shared_cpu
         device_began.set()
         return torch.zeros(2, 4)
 
-    bank = _Bank(np.array([0, -1, -1, -1]), 1 << 20)  # expert 0 hot
-    split(torch.zeros(2, 4), torch.tensor([[1, 2], [3, 1]]), torch.ones(2, 2), bank, device_compute, cpu_compute)
+    bank = _Bank(np.array([0, -1, -1, -1]), 1 << 20)  # expert 0 hot: the device's part
+    split(torch.zeros(2, 4), torch.tensor([[0, 2], [3, 1]]), torch.ones(2, 2), bank, device_compute, cpu_compute)
     split.close()
     assert seen == ({"overlapped": False, "cpu_done": True, "device_saw_cpu_done": True} if shared_cpu
                     else {"device_saw_cpu_done": False, "overlapped": True, "cpu_done": True})
