@@ -147,7 +147,7 @@ def test_the_cpu_path_computes_a_native_bank_over_its_stacked_host_views(monkeyp
     """The CPU's share runs through one grouped compute over two views of the host cold bank (the
     function the probe times), never a copy of it; a stored (fp8) bank has no stack and keeps the
     per-expert dequantising compute."""
-    from hotsplit_runtime import moe
+    from hotsplit_probes import cpu_expert
     from hotsplit_runtime.precision import stored_format
 
     model, ref, split, rng, g = _split_model(0.0, "cpu", ColdRates(None, ((1, 5.0),), shared_cpu=True))
@@ -160,7 +160,7 @@ def test_the_cpu_path_computes_a_native_bank_over_its_stacked_host_views(monkeyp
 
     monkeypatch.setattr(cold_split, "stacked_experts", spy)
     _run_against_reference(model, ref, rng, g, steps=2)
-    assert len(calls) == 2 * model.num_layers and moe.stacked_experts is real
+    assert len(calls) == 2 * model.num_layers and cpu_expert.stacked_experts is real
     for (w13, w2), bank in zip(calls, model.banks * 2, strict=True):
         assert w13 is bank.host_stack[0] and w2 is bank.host_stack[1]
         assert w13.untyped_storage().data_ptr() == w2.untyped_storage().data_ptr() == bank.cold_EB.data_ptr()
