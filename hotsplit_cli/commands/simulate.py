@@ -80,8 +80,7 @@ def simulate_cmd(
     req = SimRequest(trace, policies_for(policies, knobs.precision), fit, plan, batch, window_steps, platform,
                      prefetch_fit)
     result = run_simulation(req, rec, knobs, out.warn, out.progress)
-    # The recommendation's replays count one expert size, so an auto plan gets none yet.
-    advice = recommend_for(result, recipe, out.progress) if result.config.stored is None else None
+    advice = recommend_for(result, recipe, out.progress)
     doc = {**result.to_doc(), "recommendation": advice.to_doc() if advice else None}
     if plot is not None:
         _plot(out, plot, result)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -75,21 +76,31 @@ def test_the_command_starts_from_the_same_hot_set():
     assert window.command.endswith("--trace t.npz --hot-gib 0.5") and "whole trace" in window.note
 
 
-def test_run_does_what_simulate_recommends(cli, tmp_path, tiny_hist, monkeypatch):
-    """The printed environment, given to `hotsplit run` with the same plan and trace, gives the
-    recommended hit rate and copies exactly."""
+HIST_QUALITY = Path(__file__).resolve().parents[1] / "data" / "hist_quality_tiny.json"
+
+
+@pytest.mark.parametrize("precision", ["native", "fp8", "auto"])
+def test_run_does_what_simulate_recommends(cli, tmp_path, tiny_hist, monkeypatch, precision):
+    """The printed command and environment, given to `hotsplit run` with the same plan and trace,
+    give the recommended hit rate, copies and PCIe bytes exactly; at a stored precision the command
+    carries it (a run refuses a plan made at another), and under an auto plan each expert counts
+    at its own stored bytes."""
     tr = synthetic_trace(zipf_shares(4, 32, 1.1, seed=3), (1, 2, 3, 4), steps=120, batch=16, top_k=4,
                          drift_every=40, seed=3)
     trace = save_trace(tmp_path / "trace.npz", tr)
     plan = tmp_path / "plan.json"
-    assert cli("plan", tiny_hist, "--recipe", "tiny", "--hot-gib", "0.004", "-o", plan).code == 0
-    r = cli("simulate", "--trace", trace, "--recipe", "tiny", "--plan", plan, "--policies", "static", "--json")
+    flags = [] if precision == "native" else ["--precision", precision]
+    hist, budget = (HIST_QUALITY, "0.005") if precision == "auto" else (tiny_hist, "0.004")
+    extra = ["--max-error", "0.03"] if precision == "auto" else []
+    assert cli("plan", hist, "--recipe", "tiny", "--hot-gib", budget, *flags, *extra, "-o", plan).code == 0
+    r = cli("simulate", "--trace", trace, "--recipe", "tiny", "--plan", plan, "--policies", "static", *flags, "--json")
     assert r.code == 0, r.err
     rec = json.loads(r.out)["recommendation"]
     assert rec["best"]["dynamic"] and rec["best"]["copies"] > 0 and len(rec["candidates"]) == 21  # tiny: dyn_steps 50
     words = shlex.split(rec["command"])
     env = dict(w.split("=", 1) for w in words if "=" in w and w.startswith("HOTSPLIT_"))
     assert env == rec["env"] and words[len(env):len(env) + 2] == ["hotsplit", "run"]
+    assert (f"--precision {precision}" in rec["command"]) == (precision != "native")
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     run = cli(*words[len(env) + 1:], "--json")  # after `hotsplit`
@@ -97,6 +108,8 @@ def test_run_does_what_simulate_recommends(cli, tmp_path, tiny_hist, monkeypatch
     summary = json.loads(run.out)["summary"]
     assert summary["swaps"] == rec["best"]["copies"]
     assert summary["hit_rate"] == pytest.approx(rec["best"]["hit_rate"], abs=1e-12)
+    moved = summary["cold_bytes_per_step"] + summary["bytes_copied"] / summary["steps"]
+    assert moved == pytest.approx(rec["best"]["pcie_bytes_per_step"], rel=1e-12)
 
 
 def test_simulate_prints_the_recommendation_and_the_command(cli, tmp_path):
