@@ -41,9 +41,8 @@ class RouterSource:
 class ArraySource:
     """Expert ids per step from an iterator of (ids [L, T, K], weights [L, T, K] or None)."""
 
-    def __init__(self, name: str, tokens_per_step: int, it: Iterator[tuple[np.ndarray, np.ndarray | None]],
-                 length: int | None = None):
-        self.name, self.tokens_per_step, self._it, self.length = name, tokens_per_step, it, length
+    def __init__(self, name: str, tokens_per_step: int, it: Iterator[tuple[np.ndarray, np.ndarray | None]]):
+        self.name, self.tokens_per_step, self._it = name, tokens_per_step, it
 
     def steps(self) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
         return self._it
