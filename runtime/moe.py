@@ -73,6 +73,9 @@ class Router:
     bias_E: torch.Tensor | None  # float32 [E], sigmoid router only
     geom: MoEGeometry
 
+    def to(self, device) -> Router:
+        return Router(self.weight_EH.to(device), None if self.bias_E is None else self.bias_E.to(device), self.geom)
+
     def __call__(self, x_TH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (ids_TK int64, weights_TK float32). No host synchronisation."""
         return self.route(self.logits(x_TH))
@@ -186,10 +189,8 @@ class ReferenceMoE:
     def __init__(self, layers: list[LayerWeights], device: torch.device):
         self.layers = []
         for lw in layers:
-            r = lw.router
-            router = Router(r.weight_EH.to(device), None if r.bias_E is None else r.bias_E.to(device), r.geom)
             self.layers.append(LayerWeights(
-                lw.w13_EIH.to(device), lw.w2_EHI.to(device), router,
+                lw.w13_EIH.to(device), lw.w2_EHI.to(device), lw.router.to(device),
                 None if lw.shared_w13 is None else lw.shared_w13.to(device),
                 None if lw.shared_w2 is None else lw.shared_w2.to(device)))
 
