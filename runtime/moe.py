@@ -121,21 +121,6 @@ def expert_counts(ids_TK: torch.Tensor, num_experts: int) -> torch.Tensor:
     return counts_E.scatter_add_(0, flat.clamp(min=0), (flat >= 0).long())  # no host sync
 
 
-def dense_reference(x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor, w13_EIH: torch.Tensor,
-                    w2_EHI: torch.Tensor) -> torch.Tensor:
-    """Every expert on every token, combined by a dense [T, E] weight matrix: slow, independent of
-    any grouping or slot logic, for tests."""
-    T, _ = x_TH.shape
-    E = w13_EIH.shape[0]
-    comb_TE = torch.zeros(T, E, dtype=torch.float32, device=x_TH.device)
-    valid = ids_TK >= 0
-    comb_TE.scatter_add_(1, ids_TK.clamp(min=0), torch.where(valid, w_TK.float(), 0.0))
-    out_TH = torch.zeros(T, x_TH.shape[1], dtype=torch.float32, device=x_TH.device)
-    for e in range(E):
-        out_TH += swiglu(x_TH, w13_EIH[e], w2_EHI[e]).float() * comb_TE[:, e:e + 1]
-    return out_TH.to(x_TH.dtype)
-
-
 @dataclass
 class LayerWeights:
     """One MoE layer's weights on the host (float32 or the run dtype). With `stored`, the routed
