@@ -140,10 +140,6 @@ class Engine:
         self.model.read_counters(reset_window=True)  # warm-up and capture steps do not count
         self._routing = None if ids_t is None else StagedUpload(ids_t, w_t, pinned=self.model.info.pinned)
 
-    @property
-    def records(self) -> list[HitRateRecord]:
-        return self.book.records
-
     def step(self, routed) -> None:
         self.book.landed(self.model.publish_ready()[1])  # swaps whose copies landed: publish between steps
         st = self.stager  # prefetch (runtime/prefetch.py, lookahead_stage.py); None: nothing staged
