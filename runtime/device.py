@@ -88,7 +88,7 @@ def choose_device(request: str = "auto", source: str = "run.device") -> DeviceIn
     # UVA is always on for 64-bit processes on every GPU that torch supports; pinned memory
     # allocated through cudaHostAlloc is then mapped at the same address on the device.
     if not triton_ok:
-        reasons["triton"] = why or "triton missing"
+        reasons["triton"] = why  # _triton_importable always says why it failed
         reasons["graphs"] = "the torch fallback groups by expert on the host (not capturable)"
     node, node_why = _gpu_numa_node(index)
     if node_why:

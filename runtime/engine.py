@@ -41,9 +41,8 @@ class RouterSource:
 class ArraySource:
     """Expert ids per step from an iterator of (ids [L, T, K], weights [L, T, K] or None)."""
 
-    def __init__(self, name: str, tokens_per_step: int, it: Iterator[tuple[np.ndarray, np.ndarray | None]],
-                 length: int | None = None):
-        self.name, self.tokens_per_step, self._it, self.length = name, tokens_per_step, it, length
+    def __init__(self, name: str, tokens_per_step: int, it: Iterator[tuple[np.ndarray, np.ndarray | None]]):
+        self.name, self.tokens_per_step, self._it = name, tokens_per_step, it
 
     def steps(self) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
         return self._it
@@ -140,10 +139,6 @@ class Engine:
         release_deferred()  # host memory dropped during the capture is unregistered and freed now
         self.model.read_counters(reset_window=True)  # warm-up and capture steps do not count
         self._routing = None if ids_t is None else StagedUpload(ids_t, w_t, pinned=self.model.info.pinned)
-
-    @property
-    def records(self) -> list[HitRateRecord]:
-        return self.book.records
 
     def step(self, routed) -> None:
         self.book.landed(self.model.publish_ready()[1])  # swaps whose copies landed: publish between steps

@@ -16,7 +16,7 @@ from .bank import ExpertBank
 from .cold_split import SplitExperts
 from .device import DeviceInfo
 from .mixed_bank import MixedBank
-from .moe import LayerWeights, MoEGeometry, Router, rms_norm, swiglu
+from .moe import LayerWeights, MoEGeometry, rms_norm, swiglu
 from .pinned import PinnedAllocator
 
 
@@ -104,8 +104,7 @@ class HotColdMoE(BankedModel):
                                 self.swap_stream) if lw.parts
                       else ExpertBank(lw.w13_EIH, lw.w2_EHI, hot_LE[li], info, allocator, self.expert2slot_LE[li],
                                       self.swap_stream, lw.stored) for li, lw in enumerate(layers)]
-        self.routers = [Router(lw.router.weight_EH.to(dev), None if lw.router.bias_E is None
-                               else lw.router.bias_E.to(dev), geom) for lw in layers]
+        self.routers = [lw.router.to(dev) for lw in layers]
         self.shared = [None if lw.shared_w13 is None else (lw.shared_w13.to(dev), lw.shared_w2.to(dev))
                        for lw in layers]
         split = None if cold_path is None else cold_path(self.banks[0])

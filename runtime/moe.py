@@ -73,6 +73,9 @@ class Router:
     bias_E: torch.Tensor | None  # float32 [E], sigmoid router only
     geom: MoEGeometry
 
+    def to(self, device) -> Router:
+        return Router(self.weight_EH.to(device), None if self.bias_E is None else self.bias_E.to(device), self.geom)
+
     def __call__(self, x_TH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (ids_TK int64, weights_TK float32). No host synchronisation."""
         return self.route(self.logits(x_TH))
@@ -116,21 +119,6 @@ def expert_counts(ids_TK: torch.Tensor, num_experts: int) -> torch.Tensor:
     flat = ids_TK.reshape(-1)
     counts_E = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
     return counts_E.scatter_add_(0, flat.clamp(min=0), (flat >= 0).long())  # no host sync
-
-
-def dense_reference(x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor, w13_EIH: torch.Tensor,
-                    w2_EHI: torch.Tensor) -> torch.Tensor:
-    """Every expert on every token, combined by a dense [T, E] weight matrix: slow, independent of
-    any grouping or slot logic, for tests."""
-    T, _ = x_TH.shape
-    E = w13_EIH.shape[0]
-    comb_TE = torch.zeros(T, E, dtype=torch.float32, device=x_TH.device)
-    valid = ids_TK >= 0
-    comb_TE.scatter_add_(1, ids_TK.clamp(min=0), torch.where(valid, w_TK.float(), 0.0))
-    out_TH = torch.zeros(T, x_TH.shape[1], dtype=torch.float32, device=x_TH.device)
-    for e in range(E):
-        out_TH += swiglu(x_TH, w13_EIH[e], w2_EHI[e]).float() * comb_TE[:, e:e + 1]
-    return out_TH.to(x_TH.dtype)
 
 
 @dataclass
@@ -186,10 +174,8 @@ class ReferenceMoE:
     def __init__(self, layers: list[LayerWeights], device: torch.device):
         self.layers = []
         for lw in layers:
-            r = lw.router
-            router = Router(r.weight_EH.to(device), None if r.bias_E is None else r.bias_E.to(device), r.geom)
             self.layers.append(LayerWeights(
-                lw.w13_EIH.to(device), lw.w2_EHI.to(device), router,
+                lw.w13_EIH.to(device), lw.w2_EHI.to(device), lw.router.to(device),
                 None if lw.shared_w13 is None else lw.shared_w13.to(device),
                 None if lw.shared_w2 is None else lw.shared_w2.to(device)))
 

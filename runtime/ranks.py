@@ -72,7 +72,7 @@ class Rank:
             for s in range(trace.num_steps):
                 w = None if trace.topk_weights_SLTK is None else trace.topk_weights_SLTK[s][:, shard]
                 yield trace.topk_ids_SLTK[s][:, shard], w
-        return ArraySource("trace", shard.stop - shard.start, gen(), trace.num_steps)
+        return ArraySource("trace", shard.stop - shard.start, gen())
 
     def share(self, prompts: list) -> list:
         """The prompts this rank generates: a contiguous share, the first len mod R ranks one

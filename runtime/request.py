@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -58,8 +58,8 @@ class RunHeader:
     cold_bank: dict  # requested_bytes, method, fallback, numa (words)
     source: str  # the routing source: "synthetic", "trace", "router", a generation's name
     tokens_per_step: int
-    family: str | None = None  # a checkpoint's model_type
-    parallel: dict = field(default_factory=lambda: RunHeader.parallel_of(1))
+    family: str | None  # a checkpoint's model_type
+    parallel: dict  # ep, backend, nodes (parallel_of)
 
     @staticmethod
     def parallel_of(world: int, backend: str | None = None, local_world: int = 1) -> dict:

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 from hotsplit_runtime.device import choose_device
-from hotsplit_runtime.moe import MoEGeometry, dense_reference, grouped_experts
+from hotsplit_runtime.moe import MoEGeometry, grouped_experts
 
 from tests.conftest import load_benchmark
+from tests.runtime.reference import dense_reference
 
 fullsize = load_benchmark("fullsize")
 torch.set_num_threads(1)  # as tune_cpu_threads does for the CPU path: tiny matmuls, a busy machine

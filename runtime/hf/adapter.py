@@ -1,9 +1,8 @@
 """Plug hotsplit into a transformers 5 MoE model through its experts interface: every experts
 module calls the registered `"hotsplit"` function with `(self, hidden_states [T, H],
 top_k_index [T, K], top_k_weights [T, K])`, which counts routed assignments per (MoE layer,
-expert) for the tokens marked real and computes the experts from the layer's bank (or with
-transformers' eager code for a module without one). transformers keeps attention, the KV cache,
-routers and generation.
+expert) for the tokens marked real and computes the experts from the layer's bank.
+transformers keeps attention, the KV cache, routers and generation.
 
 Shape letters: T = tokens of a forward pass, K = top_k, E = experts, L = MoE layers, S = steps."""
 
@@ -119,8 +118,8 @@ class LayerState:
     """What the experts function needs for one module (attached as `module._hotsplit`)."""
 
     row: int
-    counter: RoutingCounter | None = None
-    bank: object | None = None  # HFExpertBank (or any object with .forward(experts, x, ids, w))
+    counter: RoutingCounter | None
+    bank: object  # HFExpertBank (or any object with .forward(experts, x, ids, w))
 
 
 def hotsplit_experts_forward(self, hidden_states, top_k_index, top_k_weights):
@@ -130,14 +129,12 @@ def hotsplit_experts_forward(self, hidden_states, top_k_index, top_k_weights):
                            "not installed by hotsplit (call runtime.hf.install)")
     if state.counter is not None:
         state.counter.record(state.row, top_k_index)
-    if state.bank is not None:
-        return state.bank.forward(self, hidden_states, top_k_index, top_k_weights)
-    # transformers' own eager experts (the original forward, kept by its decorator)
-    return type(self).forward.__wrapped__(self, hidden_states, top_k_index, top_k_weights)
+    return state.bank.forward(self, hidden_states, top_k_index, top_k_weights)
 
 
-def install(model: torch.nn.Module, counter: RoutingCounter | None = None, banks: list | None = None) -> None:
-    """Attach counters / banks to every MoE layer and switch the model to the hotsplit experts."""
+def install(model: torch.nn.Module, counter: RoutingCounter | None, banks: list) -> None:
+    """Attach the counter (None: nothing counted) and each MoE layer's bank (`banks[row]`), and
+    switch the model to the hotsplit experts."""
     from transformers.integrations.moe import ExpertsInterface
 
     ExpertsInterface.register(IMPL_NAME, hotsplit_experts_forward)  # idempotent
@@ -146,6 +143,5 @@ def install(model: torch.nn.Module, counter: RoutingCounter | None = None, banks
         raise ValueError(f"{type(model).__name__}: no experts module dispatched through transformers' "
                          "experts interface (is this a supported MoE model?)")
     for info in layers:
-        bank = banks[info.row] if banks is not None else None
-        info.experts._hotsplit = LayerState(info.row, counter, bank)
+        info.experts._hotsplit = LayerState(info.row, counter, banks[info.row])
     model.set_experts_implementation(IMPL_NAME)

@@ -50,7 +50,7 @@ class CheckpointMoE(BankedModel):
         step_LE = torch.from_numpy(forward()) if run is None else run(forward)
         # The maps this forward read: the hot slots (swaps publish only between steps) and the
         # experts staged for it (prefetch), published as their layers ran and cleared after the step.
-        hot_LE = torch.from_numpy(np.stack([b.served_hot_E for b in self.banks]))
+        hot_LE = torch.from_numpy(self.served_hot_LE())
         self._count(step_LE, hot_LE)
         self._last_step_LE = step_LE.numpy().copy()
 

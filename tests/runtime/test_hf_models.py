@@ -321,7 +321,7 @@ def test_serve_greedy_text_identical_through_dynamic_swaps(checkpoints, cpu, fam
     engine = CheckpointEngine(CheckpointMoE(hm, cpu), generation, knobs, expert_bytes=hm.banks[0].expert_bytes)
     summary = engine.run(math.inf, records.append)
     assert generation.texts() == [tok.decode(w, skip_special_tokens=True) for w in want]
-    assert records and records == engine.records
+    assert records and records == engine.book.records
     assert sum(r.swaps for r in records) > 0  # swaps really happened mid-generation
     assert summary.tokens == hm.counter.tokens
     assert summary.bytes_copied == sum(r.bytes_copied for r in records) > 0

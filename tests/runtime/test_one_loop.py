@@ -48,7 +48,7 @@ def test_a_rank_runs_the_engines_loop_with_its_hooks(monkeypatch):
     out = run_rank(p.engine, p.steps, lambda rec, loads: windows.append((rec.step, loads.shape)))
     assert len(calls) == 1 and isinstance(calls[0], RankLoop)
     assert [w[0] for w in windows] == [4, 8, 12] and out.summary.steps == 12
-    assert out.summary.records == p.engine.records
+    assert out.summary.records == p.engine.book.records
 
 
 class _Rebalancer:
@@ -98,4 +98,4 @@ def test_every_path_waits_for_the_device_before_timing(monkeypatch, hooks):
     monkeypatch.setattr("hotsplit_runtime.engine.time.perf_counter", counter)
     p.engine.run(p.steps, hooks=hooks)
     assert order.count("sync") == 1 and order[order.index("sync") + 1] == "clock", order
-    assert np.isfinite(p.engine.records[-1].hit_rate_total)
+    assert np.isfinite(p.engine.book.records[-1].hit_rate_total)

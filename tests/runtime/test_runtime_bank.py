@@ -12,11 +12,12 @@ import torch
 from hotsplit_runtime.device import choose_device
 from hotsplit_runtime.engine import ArraySource, Engine
 from hotsplit_runtime.fp8 import FP8, Fp8Format, dequantize, quantize
-from hotsplit_runtime.moe import MoEGeometry, dense_reference, make_layer_weights
+from hotsplit_runtime.moe import MoEGeometry, make_layer_weights
 from hotsplit_runtime.precision import MXFP4
 from hotsplit_runtime.selftest import build_pair, random_hot, random_moves, tolerances
 
 from tests.conftest import STARTED_INTERPRETED, cpu_without_triton, interpreter_mode
+from tests.runtime.reference import dense_reference
 
 torch.set_num_threads(1)
 CPU = cpu_without_triton()

@@ -5,8 +5,10 @@ import pytest
 import torch
 from hotsplit_runtime.bank import SlotTable
 from hotsplit_runtime.device import choose_device
-from hotsplit_runtime.moe import MoEGeometry, dense_reference, expert_counts, grouped_experts, make_layer_weights
+from hotsplit_runtime.moe import MoEGeometry, expert_counts, grouped_experts, make_layer_weights
 from hotsplit_runtime.pinned import PinnedAllocator, numa_policy_for, round_up_pow2
+
+from tests.runtime.reference import dense_reference
 
 torch.set_num_threads(1)
 
