@@ -36,7 +36,7 @@ from .moe import LayerWeights, MoEGeometry, make_layer_weights, rms_norm
 from .prefetch import Stager, StagingPool, carve_budget, check_plan_leaves_pool, make_stager, staging_pool
 from .ranks import Rank, single_rank
 from .request import check_steps_and_scale
-from .stored_run import auto_layers, store_layer, stored_run
+from .stored_run import auto_layers, describe_auto, store_layer, stored_run
 
 CALIBRATION_STEPS = 32
 
@@ -159,8 +159,7 @@ def _expert_format(recipe: Recipe, info: DeviceInfo, dtype: torch.dtype, stored,
     if stored is not None:
         return _Experts(stored, stored.describe(), [])
     if auto is not None:
-        names, n = np.unique(auto.precision_LE.astype(str), return_counts=True)
-        return _Experts(None, "auto: " + ", ".join(f"{k} {p}" for p, k in zip(names, n, strict=True)), [])
+        return _Experts(None, describe_auto(auto), [])
     m = recipe.model
     fp8 = RELEASE_FP8 if m.expert_dtype == "fp8" else None
     fp8_banks = fp8 is not None and info.triton  # a CPU cold path was refused for them (rank.check_fp8)

@@ -73,6 +73,11 @@ class MixedBank:
         return "auto"
 
     @property
+    def kernel(self):
+        """A checkpoint's sub-banks' compute (their layouts differ only in precision: all or none plain)."""
+        return self.subs[0].kernel
+
+    @property
     def precisions(self) -> list[str]:
         return [s.precision for s in self.subs]
 

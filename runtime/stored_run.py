@@ -64,6 +64,12 @@ def auto_layers(plan: PlanFile, recipe: Recipe) -> StoredLayers:
     return StoredLayers(plan.precision_LE(m.moe_layer_ids, m.num_experts), stored_sizes(plan, recipe, m.moe_layer_ids))
 
 
+def describe_auto(auto: StoredLayers) -> str:
+    """How an auto plan stores the routed experts, for people: how many at each precision."""
+    names, n = np.unique(auto.precision_LE.astype(str), return_counts=True)
+    return "auto: " + ", ".join(f"{k} {p}" for p, k in zip(names, n, strict=True))
+
+
 def store_layer(lw: LayerWeights, precision_E: np.ndarray, dtype: torch.dtype) -> None:
     """Store one layer's experts at their precisions (str [E]), in place: one format for the layer
     as `stored`, else one (ids, stored experts or None for native) part per precision present.
