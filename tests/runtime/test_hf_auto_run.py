@@ -198,3 +198,21 @@ def test_greedy_text_at_an_auto_plans_precisions_through_dynamic_swaps_equals_tr
     summary = engine.run(math.inf, lambda r: None)
     assert summary.swaps > 0  # swaps really happened mid-generation (each within a precision, or MixedBank raises)
     assert generation.texts() == want
+
+
+def test_triton_kernels_read_each_precisions_bank_of_a_mixed_layer_in_the_interpreter(triton_interpreted, plain,
+                                                                                      tmp_path):
+    import dataclasses
+
+    info = dataclasses.replace(cpu_without_triton(), triton=True)
+    hm, P = _auto_model(plain["qwen3_moe"], seed=11, info=info)
+    assert all(s.kernel is not None for b in hm.banks for s in b.subs)
+    batch = _batch(plain["qwen3_moe"])
+    with torch.no_grad():
+        want = reference(mixed_reference(plain["qwen3_moe"], tmp_path / "ref", hm.layer_ids, P))(**batch).logits
+    for b in hm.banks:
+        b.set_hot(np.arange(hm.num_experts) % 3 == 0)
+    torch.testing.assert_close(_logits(hm, batch), want, rtol=1e-4, atol=1e-5)
+    for b in hm.banks:
+        _swap_within_precisions(b)
+    torch.testing.assert_close(_logits(hm, batch), want, rtol=1e-4, atol=1e-5)
