@@ -16,8 +16,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
-from hotsplit_cli.hotset.planfile import PlanFile, stored_sizes
+from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.hotset.planfile import AUTO_NEEDS_PLAN, PlanFile, stored_sizes
 from hotsplit_cli.hotset.windows import StoredLayers
 
 from .moe import LayerWeights, MoEGeometry
@@ -55,6 +57,17 @@ def stored_recipe(recipe: Recipe, precision: str) -> Recipe:
     check_precision_dims(precision, m.hidden_size, m.moe_intermediate_size // recipe.parallel.tp,
                          f"recipe {recipe.name!r}")
     return dataclasses.replace(recipe, model=dataclasses.replace(m, expert_dtype=precision))
+
+
+def run_auto_layers(recipe: Recipe, knobs: Knobs, plan: PlanFile | None) -> StoredLayers | None:
+    """Under precision auto, each expert's precision and stored bytes from the run's auto plan (the
+    command checked that it fits the recipe: hotset/planfile.py check_run_inputs); None otherwise."""
+    if knobs.precision != "auto":
+        return None
+    if plan is None:
+        raise UsageError(AUTO_NEEDS_PLAN.format(where=knobs.origin("precision")),
+                         "pass --plan made with `hotsplit plan --precision auto --max-error E`")
+    return auto_layers(plan, recipe)
 
 
 def auto_layers(plan: PlanFile, recipe: Recipe) -> StoredLayers:

@@ -17,9 +17,8 @@ from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
 from hotsplit_cli.core.errors import InputFileError, UsageError
 from hotsplit_cli.hotset.budget import resolve_hot_budget
-from hotsplit_cli.hotset.planfile import AUTO_NEEDS_PLAN, PlanFile, load_plan
+from hotsplit_cli.hotset.planfile import load_plan
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
-from hotsplit_cli.hotset.windows import StoredLayers
 from hotsplit_cli.traffic.prompts import read_prompts
 
 from ..built import Built
@@ -29,7 +28,7 @@ from ..lookahead_stage import lookahead_stager
 from ..prefetch import StagingPool, StepStager, carve_budget, check_plan_leaves_pool, staging_pool
 from ..ranks import Rank, single_rank
 from ..request import Agreement
-from ..stored_run import auto_layers, describe_auto, stored_recipe
+from ..stored_run import describe_auto, run_auto_layers, stored_recipe
 from .agreement import native_agreement
 from .capture import Generation, capture
 from .loader import load_model, load_tokenizer
@@ -60,7 +59,7 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
     m, t = recipe.model, recipe.traffic
     rank = Rank.single(recipe, knobs, platform_path) if rank is None else rank
     plan_file = rank.plan_file or (load_plan(plan_path) if plan_path else None)  # read once
-    auto = _auto_layers(recipe, knobs, plan_file)
+    auto = run_auto_layers(recipe, knobs, plan_file)
     if auto is None:
         recipe = stored_recipe(recipe, knobs.precision)  # counted at the stored precision, refused where it cannot be
     expert_bytes = expert_bytes_per_rank(recipe)
@@ -96,17 +95,6 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
                  f"prompts {t.path}", allocated,
                  notes=pool.notes() if pool else [], family=hm.family, generates=True,
                  native_check=_native_check(hm, m.path, info, prompts, generation.ids))
-
-
-def _auto_layers(recipe: Recipe, knobs: Knobs, plan: PlanFile | None) -> StoredLayers | None:
-    """Under precision auto, each expert's precision and stored bytes from the auto plan (the
-    command checked that it fits the recipe: hotset/planfile.py check_run_inputs); None otherwise."""
-    if knobs.precision != "auto":
-        return None
-    if plan is None:
-        raise UsageError(AUTO_NEEDS_PLAN.format(where=knobs.origin("precision")),
-                         "pass --plan made with `hotsplit plan --precision auto --max-error E`")
-    return auto_layers(plan, recipe)
 
 
 def _stager(hm, pool: StagingPool | None, prefetch: str, fit_path, held: Callable) -> StepStager | None:
