@@ -129,6 +129,15 @@ def test_an_auto_plan_that_does_not_fit_the_checkpoint_is_refused_in_one_line_wr
     assert "`precision.by_layer[2]` leaves experts without a precision" in _refused(cli, recipe, bad, log)
     assert "cold_path cpu: the CPU cold path computes experts of one stored precision" in \
         _refused(cli, recipe, plan, log, "--cold-path", "cpu", code=2)
+    beyond = {**by_layer, "1": {**by_layer["1"], "fp8": [*by_layer["1"]["fp8"], 8]}}
+    bad = tmp_path / "beyond.json"
+    bad.write_text(json.dumps({**doc, "precision": {**doc["precision"], "by_layer": beyond}}))
+    assert "`precision.by_layer[1]` names an expert twice or beyond 7" in _refused(cli, recipe, bad, log)
+    assert "prefetch lookahead: staging slots are sized for one stored precision" in \
+        _refused(cli, recipe, plan, log, "--prefetch", "lookahead", code=2)
+    r = cli("run", recipe, "--precision", "auto", "--log-jsonl", log)
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1 and not log.exists()
+    assert "run stores each expert at the precision an auto plan chose for it, and no --plan was given" in r.err
 
 
 def test_gpt_oss_as_released_in_mxfp4_runs_an_auto_plan_and_refuses_fp8_in_one_line(cli, checkpoints, tmp_path):
