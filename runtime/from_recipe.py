@@ -13,9 +13,8 @@ import torch
 
 from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
-from hotsplit_cli.core.errors import UsageError
 from hotsplit_cli.hotset.budget import resolve_hot_budget
-from hotsplit_cli.hotset.planfile import AUTO_NEEDS_PLAN, load_plan
+from hotsplit_cli.hotset.planfile import load_plan
 from hotsplit_cli.hotset.sizes import expert_bytes_per_rank
 from hotsplit_cli.hotset.windows import StoredLayers
 from hotsplit_cli.traffic.synthetic import SyntheticTraffic, inclusion_probs, recipe_shares
@@ -36,7 +35,7 @@ from .moe import LayerWeights, MoEGeometry, make_layer_weights, rms_norm
 from .prefetch import Stager, StagingPool, carve_budget, check_plan_leaves_pool, make_stager, staging_pool
 from .ranks import Rank, single_rank
 from .request import check_steps_and_scale
-from .stored_run import auto_layers, store_layer, stored_run
+from .stored_run import describe_auto, run_auto_layers, store_layer, stored_run
 
 CALIBRATION_STEPS = 32
 
@@ -58,17 +57,6 @@ def _blob_bytes(layers: list[LayerWeights], geom: MoEGeometry, dtype: torch.dtyp
     return out
 
 
-def _auto_layers(recipe: Recipe, knobs: Knobs, rank: Rank, plan_path) -> StoredLayers | None:
-    """Under precision auto, each expert's precision and stored bytes from the auto plan (the
-    command checked it first: hotset/planfile.py check_run_inputs); None otherwise."""
-    if knobs.precision != "auto":
-        return None
-    if plan_path is None:
-        raise UsageError(AUTO_NEEDS_PLAN.format(where=knobs.origin("precision")),
-                         "pass --plan made with `hotsplit plan --precision auto --max-error E`")
-    return auto_layers(rank.plan_file, recipe)  # read once by prepare_run
-
-
 def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = None,
                 trace_path: str | Path | None = None, steps: int | None = None, scale: float | None = None,
                 dtype: torch.dtype | None = None, advance: Callable[[int], None] | None = None,
@@ -88,7 +76,7 @@ def prepare_run(recipe: Recipe, knobs: Knobs, *, plan_path: str | Path | None = 
     rank.check_fp8(recipe, knobs, kept=lambda info: info.triton)
     info, platform = rank.info, rank.platform
     dtype = dtype or (torch.bfloat16 if info.is_cuda else torch.float32)
-    auto = _auto_layers(recipe, knobs, rank, plan_path)
+    auto = run_auto_layers(recipe, knobs, rank.plan_file if plan_path is not None else None)
     experts = _expert_format(recipe, info, dtype, stored, auto)
     layers = _make_layers(recipe, geom, dtype, experts.fp8, advance, auto)
     traffic = _traffic(recipe, rank, layers, geom, replay or load_run_replay(recipe, trace_path, steps))
@@ -159,8 +147,7 @@ def _expert_format(recipe: Recipe, info: DeviceInfo, dtype: torch.dtype, stored,
     if stored is not None:
         return _Experts(stored, stored.describe(), [])
     if auto is not None:
-        names, n = np.unique(auto.precision_LE.astype(str), return_counts=True)
-        return _Experts(None, "auto: " + ", ".join(f"{k} {p}" for p, k in zip(names, n, strict=True)), [])
+        return _Experts(None, describe_auto(auto), [])
     m = recipe.model
     fp8 = RELEASE_FP8 if m.expert_dtype == "fp8" else None
     fp8_banks = fp8 is not None and info.triton  # a CPU cold path was refused for them (rank.check_fp8)

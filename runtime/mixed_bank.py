@@ -1,12 +1,13 @@
 """One MoE layer whose experts an auto plan stores at different precisions (docs/precision.md):
-one `ExpertBank` per precision present, each over that precision's experts (ids remapped), each
-with the plan's hot experts of that precision in its slots. Hot copies are the stored bytes, a
+one bank per precision present (a synthetic model's `ExpertBank`, a checkpoint's `HFExpertBank`),
+each over that precision's experts (ids remapped), each with the plan's hot experts of that
+precision in its slots. Hot copies are the stored bytes, a
 swap stays within one sub-bank (an expert only replaces a hot one of its own precision, as
 `simulate` replays it), and the layer's routed output is the sum of each sub-bank's output on the
 assignments routed to its experts (the others are padding there).
 
-The model's [L, E] map row of the layer says which experts are hot (the run's counters read it);
-it is written from the sub-banks' own maps between steps, whenever one of them changes.
+The layer's map row (a synthetic model's [L, E] map row, which the run's counters read) is written
+from the sub-banks' own maps between steps, whenever one of them changes.
 """
 
 from __future__ import annotations
@@ -23,33 +24,58 @@ from .precision import StoredExperts
 class MixedBank:
     """Sub-banks over disjoint expert sets, presented as one bank of E experts."""
 
-    def __init__(self, parts: list[tuple[np.ndarray, StoredExperts | None]], w13_EIH: torch.Tensor,
-                 w2_EHI: torch.Tensor, hot_E: np.ndarray, info: DeviceInfo, allocator: PinnedAllocator,
-                 expert2slot_E: torch.Tensor, swap_stream=None):
-        """`parts`: (expert ids, their stored experts or None for native) per precision;
-        `w13_EIH`, `w2_EHI`: every expert's values (native experts are read from them)."""
-        E = w13_EIH.shape[0]
-        self.info, self.num_experts, self.expert2slot_E = info, E, expert2slot_E
-        self.ids = [np.asarray(ids, dtype=np.int64) for ids, _ in parts]
-        self.subs = [ExpertBank(w13_EIH[ids], w2_EHI[ids], np.asarray(hot_E, dtype=bool)[ids], info, allocator,
-                                None, swap_stream, stored) for ids, stored in zip(self.ids, [s for _, s in parts],
-                                                                                   strict=True)]
+    def __init__(self, ids: list[np.ndarray], subs: list, info: DeviceInfo,
+                 expert2slot_E: torch.Tensor | None = None):
+        """`subs[b]`: the bank of the experts `ids[b]` (global ids; its own ids are their positions
+        there), one per precision; `expert2slot_E`: the layer's map row (None: its own)."""
+        E = sum(len(i) for i in ids)
+        self.info, self.num_experts, self.subs = info, E, subs
+        self.expert2slot_E = (torch.empty(E, dtype=torch.int32, device=info.device) if expert2slot_E is None
+                              else expert2slot_E)
+        self.ids = [np.asarray(i, dtype=np.int64) for i in ids]
         self.owner_E = np.full(E, -1, dtype=np.int64)  # which sub-bank holds each expert
         self.local_E = np.full(E, -1, dtype=np.int64)  # its id there
-        for b, ids in enumerate(self.ids):
-            self.owner_E[ids], self.local_E[ids] = b, np.arange(len(ids))
+        for b, i in enumerate(self.ids):
+            self.owner_E[i], self.local_E[i] = b, np.arange(len(i))
         if (self.owner_E < 0).any():
             raise ValueError("every expert of a mixed layer needs a precision")
         # Per sub-bank, global id -> local id on the device (-1: another sub-bank's expert).
         self.local_of = [torch.as_tensor(np.where(self.owner_E == b, self.local_E, -1), device=info.device)
                          for b in range(len(self.subs))]
         self.compute_dtype = self.subs[0].compute_dtype
-        self.served_E = np.full(E, -1, dtype=np.int64)
+        self.served_E = np.full(E, -2, dtype=np.int64)  # differs from any map: the first sync writes the row
+        self._sync_map()
+
+    @classmethod
+    def of_weights(cls, parts: list[tuple[np.ndarray, StoredExperts | None]], w13_EIH: torch.Tensor,
+                   w2_EHI: torch.Tensor, hot_E: np.ndarray, info: DeviceInfo, allocator: PinnedAllocator,
+                   expert2slot_E: torch.Tensor, swap_stream=None) -> MixedBank:
+        """A synthetic layer's: `parts`, (expert ids, their stored experts or None for native) per
+        precision; `w13_EIH`, `w2_EHI`: every expert's values (native experts are read from them)."""
+        hot = np.asarray(hot_E, dtype=bool)
+        subs = [ExpertBank(w13_EIH[ids], w2_EHI[ids], hot[ids], info, allocator, None, swap_stream, stored)
+                for ids, stored in parts]
+        return cls([ids for ids, _ in parts], subs, info, expert2slot_E)
+
+    def sub_of(self, e: int) -> tuple[object, int]:
+        """The sub-bank holding expert e, and its id there."""
+        return self.subs[int(self.owner_E[e])], int(self.local_E[e])
+
+    def set_hot(self, hot_E: np.ndarray) -> None:
+        """Each sub-bank's hot slots for its experts of `hot_E` (between steps)."""
+        hot = np.asarray(hot_E, dtype=bool)
+        for ids, sub in zip(self.ids, self.subs, strict=True):
+            sub.set_hot(hot[ids])
         self._sync_map()
 
     @property
     def precision(self) -> str:
         return "auto"
+
+    @property
+    def kernel(self):
+        """A checkpoint's sub-banks' compute (their layouts differ only in precision: all or none plain)."""
+        return self.subs[0].kernel
 
     @property
     def precisions(self) -> list[str]:
@@ -110,3 +136,8 @@ class MixedBank:
             part = compute(x_TH, local_TK, w_TK, sub)
             y = part if y is None else y + part
         return y
+
+    def forward(self, experts: torch.nn.Module, x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor,
+                host: bool = False) -> torch.Tensor:
+        """A checkpoint layer's routed output (the adapter's seam, runtime/hf/bank.py `forward`)."""
+        return self.routed(lambda x, ids, w, sub: sub.forward(experts, x, ids, w, host), x_TH, ids_TK, w_TK)

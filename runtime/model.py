@@ -100,8 +100,8 @@ class HotColdMoE(BankedModel):
         self.swap_stream = torch.cuda.Stream(dev) if info.is_cuda else None
         # One [L, E] map so the counters read every layer's map in one operation.
         self.expert2slot_LE = torch.full((L, E), -1, dtype=torch.int32, device=dev)
-        self.banks = [MixedBank(lw.parts, lw.w13_EIH, lw.w2_EHI, hot_LE[li], info, allocator, self.expert2slot_LE[li],
-                                self.swap_stream) if lw.parts
+        self.banks = [MixedBank.of_weights(lw.parts, lw.w13_EIH, lw.w2_EHI, hot_LE[li], info, allocator,
+                                           self.expert2slot_LE[li], self.swap_stream) if lw.parts
                       else ExpertBank(lw.w13_EIH, lw.w2_EHI, hot_LE[li], info, allocator, self.expert2slot_LE[li],
                                       self.swap_stream, lw.stored) for li, lw in enumerate(layers)]
         self.routers = [lw.router.to(dev) for lw in layers]

@@ -16,8 +16,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from hotsplit_cli.config.knobs import Knobs
 from hotsplit_cli.config.recipe import Recipe
-from hotsplit_cli.hotset.planfile import PlanFile, stored_sizes
+from hotsplit_cli.core.errors import UsageError
+from hotsplit_cli.hotset.planfile import AUTO_NEEDS_PLAN, PlanFile, stored_sizes
 from hotsplit_cli.hotset.windows import StoredLayers
 
 from .moe import LayerWeights, MoEGeometry
@@ -57,11 +59,28 @@ def stored_recipe(recipe: Recipe, precision: str) -> Recipe:
     return dataclasses.replace(recipe, model=dataclasses.replace(m, expert_dtype=precision))
 
 
+def run_auto_layers(recipe: Recipe, knobs: Knobs, plan: PlanFile | None) -> StoredLayers | None:
+    """Under precision auto, each expert's precision and stored bytes from the run's auto plan (the
+    command checked that it fits the recipe: hotset/planfile.py check_run_inputs); None otherwise."""
+    if knobs.precision != "auto":
+        return None
+    if plan is None:
+        raise UsageError(AUTO_NEEDS_PLAN.format(where=knobs.origin("precision")),
+                         "pass --plan made with `hotsplit plan --precision auto --max-error E`")
+    return auto_layers(plan, recipe)
+
+
 def auto_layers(plan: PlanFile, recipe: Recipe) -> StoredLayers:
     """Each expert's precision and real stored bytes [L, E] under an auto plan (rows: the recipe's
     MoE layers); the one-line reason when the recipe's shape cannot take one of them."""
     m = recipe.model
     return StoredLayers(plan.precision_LE(m.moe_layer_ids, m.num_experts), stored_sizes(plan, recipe, m.moe_layer_ids))
+
+
+def describe_auto(auto: StoredLayers) -> str:
+    """How an auto plan stores the routed experts, for people: how many at each precision."""
+    names, n = np.unique(auto.precision_LE.astype(str), return_counts=True)
+    return "auto: " + ", ".join(f"{k} {p}" for p, k in zip(names, n, strict=True))
 
 
 def store_layer(lw: LayerWeights, precision_E: np.ndarray, dtype: torch.dtype) -> None:

@@ -653,6 +653,8 @@ def check_run_inputs(recipe: Recipe, plan_path: Path | None, trace_path: Path | 
         if knobs is not None:
             check_plan_budget(knobs, plan)
             check_plan_precision(plan, knobs)
+            if knobs.precision == "auto":
+                check_auto_layout(plan, recipe)
     if trace_path is not None:
         check_trace_file(trace_path)
     return plan
@@ -663,14 +665,10 @@ AUTO_NEEDS_PLAN = ("{where} auto: run stores each expert at the precision an aut
 
 
 def check_auto_run(recipe: Recipe, knobs: Knobs, plan_path: Path | None) -> None:
-    """UsageError unless a run at precision auto can store an auto plan's precisions: a synthetic
-    recipe on one rank, with the plan, the device reading cold experts (no CPU cold path) and no
-    staging rows (sized for one stored precision)."""
+    """UsageError unless a run at precision auto can store an auto plan's precisions: on one rank,
+    with the plan, the device reading cold experts (no CPU cold path) and no staging rows (sized
+    for one stored precision)."""
     where = knobs.origin("precision")
-    if recipe.model.kind == "hf":
-        raise UsageError(f"{where} auto: a checkpoint's experts are stored at one precision; an auto plan runs on a "
-                         f"synthetic recipe, and recipe {recipe.name!r} loads a checkpoint",
-                         "run the checkpoint at native, fp8 or mxfp4, with a plan made at that precision")
     if plan_path is None:
         raise UsageError(AUTO_NEEDS_PLAN.format(where=where),
                          "pass --plan made with `hotsplit plan --precision auto --max-error E`")
@@ -683,6 +681,18 @@ def check_auto_run(recipe: Recipe, knobs: Knobs, plan_path: Path | None) -> None
     if knobs.prefetch != "off":
         raise UsageError(f"prefetch {knobs.prefetch}: staging slots are sized for one stored precision, and "
                          f"precision auto ({where}) stores several", "run prefetch with a uniform --precision")
+
+
+def check_auto_layout(plan: PlanFile, recipe: Recipe) -> None:
+    """PlanError unless an auto plan gives a precision to every expert of the recipe's MoE layers
+    and to no other layer (a plan for another model would store the wrong experts)."""
+    m = recipe.model
+    plan.precision_LE(m.moe_layer_ids, m.num_experts)  # raises: an expert left out, named twice or beyond E
+    extra = sorted(set(plan.precision_by_layer or {}) - {int(lid) for lid in m.moe_layer_ids})
+    if extra:
+        raise PlanError(f"{plan.path}: `precision.by_layer` names layer {extra[0]}, which recipe {recipe.name!r} has "
+                        f"no MoE layer at (its MoE layers: {min(m.moe_layer_ids)}..{max(m.moe_layer_ids)})",
+                        "re-create the plan with `hotsplit plan --precision auto` for this model")
 
 
 def _band(block: object) -> Band | None:

@@ -11,7 +11,8 @@ Checkpoint keys are the hub's: per-expert `...experts.{e}.{gate_proj|up_proj|dow
 at load. Other quantised checkpoints (bitsandbytes, GPTQ/AWQ) are refused naming the method.
 At another stored precision (`precision`: fp8 or mxfp4) each routed expert is quantised once,
 as its tensors enter the cold bank (runtime/precision.py `checkpoint_stored_format` says which
-releases go to which precision).
+releases go to which precision). At precision auto each expert is stored at its plan's precision:
+a layer of several is a `MixedBank` (runtime/mixed_bank.py) of one bank per precision.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..device import DeviceInfo
 from ..fp8 import FP8, Fp8Format, dequantize
 from ..kernels import TritonExperts
 from ..memory import check_device_memory, check_host_memory
+from ..mixed_bank import MixedBank
 from ..pinned import PinnedAllocator, numa_policy_for
 from ..precision import checkpoint_stored_format, precision_of, stored_format_of
 from .adapter import MoELayerInfo, RoutingCounter, find_moe_layers, install
@@ -64,7 +66,7 @@ class HFModel:
 
     model: torch.nn.Module
     layers: list[MoELayerInfo]
-    banks: list[HFExpertBank]
+    banks: list[HFExpertBank | MixedBank]  # a MixedBank where an auto plan stores a layer at several precisions
     counter: RoutingCounter
     family: str
     released: str = "native"  # the precision its routed experts are released in: native, fp8 or mxfp4
@@ -190,12 +192,13 @@ def _set_tensor(model: torch.nn.Module, name: str, tensor: torch.Tensor, device,
         raise KeyError(name)
 
 
-def _check_memory(path: Path, model: torch.nn.Module, layers: list[MoELayerInfo], layouts: list[ExpertLayout],
-                  dtype: torch.dtype, info: DeviceInfo) -> None:
+def _check_memory(path: Path, model: torch.nn.Module, layers: list[MoELayerInfo],
+                  layouts: list[list[tuple[np.ndarray, ExpertLayout]]], dtype: torch.dtype, info: DeviceInfo) -> None:
     """Refuse before loading a byte when the cold banks do not fit in host memory or the rest of
-    the model (on the device) does not fit in the GPU's free memory."""
-    blobs = [lay.blob_layout(dtype) for lay in layouts]
-    bank = sum(i.num_experts * b.elems * b.storage.itemsize for i, b in zip(layers, blobs, strict=True))
+    the model (on the device) does not fit in the GPU's free memory (`layouts`: per layer, the
+    experts stored in each layout)."""
+    bank = sum(len(ids) * b.elems * b.storage.itemsize for row in layouts
+               for ids, b in ((ids, lay.blob_layout(dtype)) for ids, lay in row))
     check_host_memory(bank, f"{path}: the cold banks need", "use a machine with more RAM, or a smaller model")
     experts = {id(p) for i in layers for p in i.experts.parameters()}
     dense = sum(p.numel() * dtype.itemsize for p in model.parameters() if id(p) not in experts)
@@ -216,8 +219,7 @@ class _CheckpointReader:
         self.bank_of = {i.layer_id: banks[i.row] for i in layers}
         released = config.hotsplit_fp8  # fp8 reads scale files beside its weights; mxfp4 keeps scales in the experts
         self.fp8 = released if isinstance(released, Fp8Format) else None
-        # Stored at another precision than released: quantised once, here (an fp8 release dequantised first).
-        self.quantises = banks[0].precision != precision_of(released)
+        self.released = precision_of(released)  # a bank stored otherwise quantises once, here
         self.scales: _ScaleReader | None = None
         self.fp32 = _fp32_names(model, dtype)
         self.renames = _RENAMES.get(config.model_type, ())
@@ -261,21 +263,28 @@ class _CheckpointReader:
         """An fp8 `<weight>_scale_inv` (read with its weight by `_ScaleReader`), or an expert
         tensor that another rank of the node writes into the shared cold bank."""
 
+    def _target(self, lid: int, e: int) -> tuple[HFExpertBank, int, bool]:
+        """The bank that stores expert e of layer `lid`, its id there, and whether that bank
+        quantises it (stored at another precision than released)."""
+        bank = self.bank_of[lid]
+        sub, local = bank.sub_of(e) if isinstance(bank, MixedBank) else (bank, e)
+        return sub, local, sub.precision != self.released
+
     def _expert(self, f, key: str, m: re.Match) -> None:
         """One projection of one expert (gate and up are halves of the bank's w1)."""
         lid, e = int(m["layer"]), int(m["e"])
         part, half = _PROJ[m["proj"]]
-        bank = self.bank_of[lid]
+        bank, local, quantises = self._target(lid, e)
         t = f.get_tensor(key)
         rows = None if half is None else slice(half * t.shape[0], (half + 1) * t.shape[0])
         with self._naming(key):
-            if self.quantises:  # native weights (an fp8 release's dequantised) to the bank's stored precision
+            if quantises:  # native weights (an fp8 release's dequantised) to the bank's stored precision
                 native = t if self.fp8 is None else dequantize(t, self.scales.of(key), self.fp8, torch.float32)
-                bank.load_native(e, part, native, rows)
+                bank.load_native(local, part, native, rows)
             else:
-                bank.load_part(e, part, t, rows)
-            if self.fp8 is not None and not self.quantises:  # the block scales of this projection, kept beside it
-                bank.load_part(e, "s1" if part == "w1" else "s2", self.scales.of(key), half)
+                bank.load_part(local, part, t, rows)
+            if self.fp8 is not None and not quantises:  # the block scales of this projection, kept beside it
+                bank.load_part(local, "s1" if part == "w1" else "s2", self.scales.of(key), half)
         self.parts_LE[self.layer_of[lid].row, e] += 1
 
     def _fused(self, f, key: str, m: re.Match) -> None:
@@ -284,11 +293,11 @@ class _CheckpointReader:
         if self.fp8 is not None:
             raise InputFileError(f"{self.path}: {key}: fused fp8 experts are not supported",
                                  "use a checkpoint with per-expert weights")
-        sl, bank = f.get_slice(key), self.bank_of[lid]
-        load = bank.load_native if self.quantises else bank.load_part
+        sl = f.get_slice(key)
         with self._naming(key):
             for e in range(self.layer_of[lid].num_experts):  # one expert at a time: no full copy
-                load(e, _FUSED_PART[m["name"]], sl[e])
+                bank, local, quantises = self._target(lid, e)
+                (bank.load_native if quantises else bank.load_part)(local, _FUSED_PART[m["name"]], sl[e])
         self.parts_LE[self.layer_of[lid].row] += _FUSED_WEIGHTS.get(m["name"], 0)
 
     def _dense(self, f, key: str, m=None) -> None:
@@ -333,9 +342,10 @@ def _finish(path: Path, model: torch.nn.Module, config, layers: list[MoELayerInf
 
 def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = None,
                keep_trace: bool = False, allocator: PinnedAllocator | None = None,
-               precision: str = "native") -> HFModel:
+               precision: str = "native", precision_LE: np.ndarray | None = None) -> HFModel:
     """Load the checkpoint at `path` with every routed expert in a pinned cold bank (all cold;
-    set hot sets with `bank.set_hot`), stored at `precision`. `dtype` defaults to the checkpoint's;
+    set hot sets with `bank.set_hot`), stored at `precision`, or at auto each at its precision in
+    `precision_LE` (str [MoE layers, E], an auto plan's). `dtype` defaults to the checkpoint's;
     `allocator` places the cold bank (default: pinned where CUDA is, no NUMA policy); an allocator
     that does not fill (`fills`: a node-shared bank another rank writes) maps the bank and skips the experts."""
     from transformers import AutoModelForCausalLM
@@ -350,21 +360,45 @@ def load_model(path: str | Path, info: DeviceInfo, dtype: torch.dtype | None = N
     layers = find_moe_layers(model)
     if not layers:
         raise UsageError(f"{path}: no MoE layer found in {type(model).__name__}")
-    stored = checkpoint_stored_format(config.hotsplit_fp8, precision, str(path))
-    layouts = [ExpertLayout.of_module(i.experts, stored) for i in layers]
+    layouts = _layer_layouts(path, layers, config.hotsplit_fp8, precision, precision_LE)
     _check_memory(path, model, layers, layouts, dtype, info)
     fills = getattr(allocator, "fills", True)
     allocator = allocator or PinnedAllocator(pin=info.pinned, numa=numa_policy_for("off", None))
     swap_stream = torch.cuda.Stream(info.device) if info.is_cuda else None
-    # One bank per MoE layer, all cold; the plain SwiGLU layout runs the expert-grouped kernels wherever Triton does.
-    banks = [HFExpertBank(lay, i.num_experts, dtype, info, allocator, swap_stream,
-                          TritonExperts() if info.triton and lay.plain_swiglu else None)
-             for i, lay in zip(layers, layouts, strict=True)]
+    banks = [_layer_bank(row, dtype, info, allocator, swap_stream) for row in layouts]
     _CheckpointReader(path, model, config, layers, banks, dtype, info.device, fills).read(_checkpoint_files(path))
     _finish(path, model, config, layers, dtype, info.device)
     counter = RoutingCounter(len(layers), layers[0].num_experts, keep_trace=keep_trace)
     install(model, counter, banks)
     return HFModel(model, layers, banks, counter, config.model_type, precision_of(config.hotsplit_fp8))
+
+
+def _layer_layouts(path: Path, layers: list[MoELayerInfo], released, precision: str,
+                   precision_LE: np.ndarray | None) -> list[list[tuple[np.ndarray, ExpertLayout]]]:
+    """Per MoE layer, (expert ids, their layout) per stored precision: every expert at `precision`,
+    or at auto at its precision in `precision_LE`; UsageError where a precision cannot store the
+    release, or the precisions do not have one row per MoE layer and one column per expert."""
+    E = layers[0].num_experts
+    if precision != "auto":
+        precision_LE = np.full((len(layers), E), precision, dtype=object)
+    elif precision_LE is None or np.shape(precision_LE) != (len(layers), E):
+        raise UsageError(f"{path}: precision auto needs each expert's precision for {len(layers)} MoE layers x {E} "
+                         f"experts, got shape {None if precision_LE is None else np.shape(precision_LE)}",
+                         "pass a plan made with `hotsplit plan --precision auto` for this checkpoint")
+    out = []
+    for i, row in zip(layers, np.asarray(precision_LE).astype(str), strict=True):
+        out.append([(np.flatnonzero(row == name), ExpertLayout.of_module(
+            i.experts, checkpoint_stored_format(released, name, str(path)))) for name in sorted(set(row))])
+    return out
+
+
+def _layer_bank(layouts: list[tuple[np.ndarray, ExpertLayout]], dtype: torch.dtype, info: DeviceInfo,
+                allocator: PinnedAllocator, swap_stream) -> HFExpertBank | MixedBank:
+    """One MoE layer's bank, all cold: one precision's, or a MixedBank of one bank per precision;
+    the plain SwiGLU layout runs the expert-grouped kernels wherever Triton does."""
+    banks = [HFExpertBank(lay, len(ids), dtype, info, allocator, swap_stream,
+                          TritonExperts() if info.triton and lay.plain_swiglu else None) for ids, lay in layouts]
+    return banks[0] if len(banks) == 1 else MixedBank([ids for ids, _ in layouts], banks, info)
 
 
 def load_tokenizer(path: str | Path):

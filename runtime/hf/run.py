@@ -7,6 +7,7 @@ Shape letters: L = MoE layers, E = experts.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +28,7 @@ from ..lookahead_stage import lookahead_stager
 from ..prefetch import StagingPool, StepStager, carve_budget, check_plan_leaves_pool, staging_pool
 from ..ranks import Rank, single_rank
 from ..request import Agreement
-from ..stored_run import stored_recipe
+from ..stored_run import describe_auto, run_auto_layers, stored_recipe
 from .agreement import native_agreement
 from .capture import Generation, capture
 from .loader import load_model, load_tokenizer
@@ -57,12 +58,16 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
     trace` is fitted on (required for it)."""
     m, t = recipe.model, recipe.traffic
     rank = Rank.single(recipe, knobs, platform_path) if rank is None else rank
-    recipe = stored_recipe(recipe, knobs.precision)  # counted at the stored precision, refused where it cannot be
+    plan_file = rank.plan_file or (load_plan(plan_path) if plan_path else None)  # read once
+    auto = run_auto_layers(recipe, knobs, plan_file)
+    if auto is None:
+        recipe = stored_recipe(recipe, knobs.precision)  # counted at the stored precision, refused where it cannot be
     expert_bytes = expert_bytes_per_rank(recipe)
     # The banks keep a checkpoint's fp8 experts on every device; refused before gigabytes are loaded.
     rank.check_fp8(recipe, knobs, kept=lambda info: True)
     info = rank.info
-    hm = rank.on_bank(lambda allocator: load_model(m.path, info, allocator=allocator, precision=knobs.precision))
+    hm = rank.on_bank(lambda allocator: load_model(m.path, info, allocator=allocator, precision=knobs.precision,
+                                                   precision_LE=None if auto is None else auto.precision_LE))
     _check_geometry(recipe, hm)
     tok = load_tokenizer(m.path)
     prompts = rank.share(prompts)
@@ -73,18 +78,21 @@ def prepare_checkpoint(recipe: Recipe, knobs: Knobs, prompts: list, plan_path: s
     plan = choose_hot_set(rank, recipe, counts_LE, expert_bytes, plan_path,
                           carve_budget(lambda: resolve_hot_budget(recipe, knobs, rank.platform), pool),
                           f"the prefill routing of {t.path}")
-    check_plan_leaves_pool(pool, plan.hot_bytes, rank.plan_file or (load_plan(plan_path) if plan_path else None))
+    if auto is not None:  # each hot expert at its stored bytes
+        plan = dataclasses.replace(plan, hot_bytes=int(auto.sizes_LE[plan.hot_LE].sum()))
+    check_plan_leaves_pool(pool, plan.hot_bytes, plan_file)
     split = make_split(knobs.cold_path, info, hm.banks[0], rank.platform)
     generation = Generation(hm, tok, prompts, t.max_new_tokens, t.batch, advance)
     model, source = parallel(CheckpointMoE(hm, info, plan.hot_LE, split), generation, rank)
     held = (lambda row: model.held_LE[row]) if hasattr(model, "held_LE") else (lambda row: None)  # EP: its experts
     engine = CheckpointEngine(model, source, knobs, expert_bytes, expected_hit_rate=plan.expected_hit_rate,
-                              stager=_stager(hm, pool, knobs.prefetch, prefetch_fit, held))
-    bank = hm.banks[0]
+                              stager=_stager(hm, pool, knobs.prefetch, prefetch_fit, held), stored=auto)
+    bank = getattr(hm.banks[0], "subs", [hm.banks[0]])[0]  # a mixed layer's banks share the shape
     dtype = str(bank.compute_dtype).replace("torch.", "")
     allocated = {"hidden": bank.hidden, "inter": bank.inter, "experts": hm.num_experts, "top_k": hm.top_k,
-                 "dtype": dtype, "expert_format": bank.layout.describe(dtype)}
-    return Built(engine, math.inf, info, plan, rank.allocator, expert_bytes, f"prompts {t.path}", allocated,
+                 "dtype": dtype, "expert_format": bank.layout.describe(dtype) if auto is None else describe_auto(auto)}
+    return Built(engine, math.inf, info, plan, rank.allocator, expert_bytes if auto is None else None,
+                 f"prompts {t.path}", allocated,
                  notes=pool.notes() if pool else [], family=hm.family, generates=True,
                  native_check=_native_check(hm, m.path, info, prompts, generation.ids))
 

@@ -162,21 +162,6 @@ def test_what_an_auto_run_cannot_do_is_refused_in_one_line_and_writes_nothing(cl
                      "--trace", trace)
 
 
-def test_an_auto_plan_on_a_checkpoint_is_refused_in_one_line_and_writes_nothing(cli, tiny_auto, tmp_path):
-    pytest.importorskip("transformers", minversion="5.0", reason="transformers>=5 (hotsplit[hf])")
-    from tests.cli.test_run_hf import _geometry, _recipe
-    from tests.fakes.hf import SENTENCES, build_checkpoint
-
-    ckpt = build_checkpoint(tmp_path / "qwen3", "qwen3_moe")
-    prompts = tmp_path / "p.txt"
-    prompts.write_text("\n".join(SENTENCES[:2]) + "\n")
-    recipe = _recipe(tmp_path, ckpt, prompts, 4, _geometry(ckpt))
-    err = _run_refused(cli, tmp_path / "run.jsonl", str(recipe), "--precision", "auto", "--plan", tiny_auto,
-                       synthetic=False)
-    assert "a checkpoint's experts are stored at one precision; an auto plan runs on a synthetic recipe, and " \
-           "recipe 'tiny-ckpt' loads a checkpoint" in err
-
-
 def test_the_host_memory_check_counts_each_expert_at_its_plans_bytes(tiny_auto, monkeypatch):
     import hotsplit_cli.hotset.host_memory as host_memory
 

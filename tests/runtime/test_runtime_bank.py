@@ -466,15 +466,15 @@ def test_triton_grouped_kernels_no_tokens(triton_interpreted):
 
 def test_triton_kernel_tests_run_in_a_fresh_interpreter_process():
     """transformers may import triton before this file runs, and the interpreter is chosen at that
-    import, so the kernel tests (here, and the checkpoint banks in test_hf_models.py) can skip in a
+    import, so the kernel tests (here, and the checkpoint banks in test_hf_*.py) can skip in a
     full run. Run them once more in a fresh process with TRITON_INTERPRET=1, where they cannot
     skip, so CI always checks the kernels."""
     if interpreter_mode():
         pytest.skip("this process runs the kernel tests in the interpreter itself")
     pytest.importorskip("triton")
     root = Path(__file__).resolve().parents[2]
-    files = [str(Path(__file__)), *(str(Path(__file__).with_name(f)) for f in ("test_hf_models.py", "test_hf_fp8.py",
-                                                                                  "test_hf_stored_precision.py"))]
+    files = [str(Path(__file__)), *(str(Path(__file__).with_name(f)) for f in (
+        "test_hf_models.py", "test_hf_fp8.py", "test_hf_stored_precision.py", "test_hf_auto_run.py"))]
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *files,
          "-k", "(interpreter or grouped_kernels) and not fresh"],
