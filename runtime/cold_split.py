@@ -232,7 +232,8 @@ class SplitExperts:
 
 def host_compute(bank) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """The CPU's compute over `bank`'s host cold bank: a native bank's stacked views in one grouped
-    matmul per projection (what the probe times), stored experts dequantised one at a time."""
+    matmul per projection, or expert by expert where few are used (`stacked_experts`, what the
+    probe times), stored experts dequantised one at a time."""
     stack = bank.host_stack
     if stack is not None:
         return lambda x, ids, w: stacked_experts(x, ids, w, *stack)
