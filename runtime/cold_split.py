@@ -134,7 +134,9 @@ class ColdSplit:
         if n_cpu == 0:
             return self._device(device_compute, ids_TK)
         c.cpu_layers += 1
-        to_cpu_A = np.isin(flat_A, experts[split.to_cpu_N]) & valid_A
+        # Every cold expert to the CPU (mode cpu, or a split that gives it all): the cold
+        # assignments themselves, without a set lookup per assignment on every layer call.
+        to_cpu_A = cold_A if n_cpu == len(experts) else np.isin(flat_A, experts[split.to_cpu_N]) & valid_A
         return self._hand_out(x_TH, ids_TK, w_TK, flat_A, to_cpu_A, bool((valid_A & ~to_cpu_A).any()),
                               device_compute, cpu_compute)
 

@@ -97,6 +97,32 @@ def test_the_cpu_gets_only_its_tokens_activations(monkeypatch):
         assert ((ids >= 0).sum(dim=1) < g.top_k).any() or split.counters.gpu_experts == 0
 
 
+def test_in_mode_cpu_the_cpu_gets_every_cold_assignment_and_no_hot_one(monkeypatch):
+    """Mode cpu with hot experts: the CPU is handed exactly the cold assignments (the hot ones stay
+    with the device, though the host bank could compute them too)."""
+    model, ref, split, rng, g = _split_model(0.5, "cpu")
+    seen = []
+    submit = split.pool.submit
+
+    def spy(fn, cpu_compute, x, ids, w):
+        seen.append(ids.clone())
+        return submit(fn, cpu_compute, x, ids, w)
+
+    monkeypatch.setattr(split.pool, "submit", spy)
+    x = torch.randn(8, g.hidden, generator=torch.Generator().manual_seed(5))
+    routed = []
+    real_route = model.compute.__call__
+    monkeypatch.setattr(model, "compute", lambda x_TH, ids_TK, w_TK, bank, counts_E=None: (
+        routed.append((ids_TK.clone(), bank.served_E.copy())) or real_route(x_TH, ids_TK, w_TK, bank, counts_E)))
+    torch.testing.assert_close(model.step(x), ref.step(x), atol=1e-4, rtol=1e-4)
+    assert len(seen) == len(routed) == model.num_layers
+    for ids_cpu, (ids_TK, served_E) in zip(seen, routed, strict=True):
+        flat = ids_TK.reshape(-1).numpy()
+        cold = np.sort(flat[served_E[flat] < 0])
+        assert 0 < len(cold) < len(flat)  # both kinds in every layer
+        assert np.array_equal(np.sort(ids_cpu[ids_cpu >= 0].numpy()), cold)
+
+
 def test_counters_add_up_and_report_per_path(monkeypatch):
     """The counters and the report agree with what was actually handed out: the distinct experts
     in each CPU job (seen at the worker's door) and each layer's distinct cold experts (seen where
