@@ -129,11 +129,11 @@ def test_counters_add_up_and_report_per_path(monkeypatch):
     the split is decided), counted apart from the counters."""
     model, ref, split, rng, g = _split_model(0.5, "split")
     cold_per_call, cpu_per_call = [], []
-    decide = cold_split.split_cold
+    decide = split._split
 
-    def counting_split(bytes_N, tokens_N, rates, mode="split"):
-        cold_per_call.append(len(bytes_N))
-        return decide(bytes_N, tokens_N, rates, mode)
+    def counting_split(expert_bytes, tokens_N):
+        cold_per_call.append(len(tokens_N))
+        return decide(expert_bytes, tokens_N)
 
     submit = split.pool.submit
 
@@ -141,7 +141,7 @@ def test_counters_add_up_and_report_per_path(monkeypatch):
         cpu_per_call.append(len(torch.unique(ids[ids >= 0])))
         return submit(fn, cpu_compute, x, ids, w)
 
-    monkeypatch.setattr(cold_split, "split_cold", counting_split)
+    monkeypatch.setattr(split, "_split", counting_split)
     monkeypatch.setattr(split.pool, "submit", counting_submit)
     _run_against_reference(model, ref, rng, g, steps=3)
     c = split.counters
@@ -155,6 +155,30 @@ def test_counters_add_up_and_report_per_path(monkeypatch):
     assert doc["gpu"]["bytes"] == (cold - on_cpu) * 1000 and doc["cpu"]["experts"] == on_cpu
     assert doc["cpu_share"] == on_cpu / cold
     assert doc["cpu"]["ms"] > 0 and doc["cpu"]["predicted_ms"] > 0 and doc["gpu"]["ms"] > 0
+
+
+def test_a_layers_split_is_the_cost_models_remembered_per_token_counts(monkeypatch):
+    """The split of a layer's cold experts is `split_cold`'s, computed once per (token counts, expert
+    bytes) while the rates stay, again for new rates, and forgotten past SPLITS_REMEMBERED."""
+    split = ColdSplit("split", EQUAL, CPU)
+    calls = []
+    real = cold_split.split_cold
+    monkeypatch.setattr(cold_split, "split_cold", lambda *a: calls.append(a) or real(*a))
+    tokens = np.array([1, 3, 1, 2])
+    got = split._split(1000, tokens)
+    want = real(np.full(4, 1000.0), tokens, EQUAL, "split")
+    assert np.array_equal(got.to_cpu_N, want.to_cpu_N) and (got.gpu_s, got.cpu_s) == (want.gpu_s, want.cpu_s)
+    assert split._split(1000, tokens.copy()) is got and len(calls) == 1
+    split._split(1000, np.array([1, 3, 2, 1]))  # other counts (their order is the experts')
+    split._split(2000, tokens)
+    assert len(calls) == 3
+    split.rates = ColdRates(10.0, ((1, 5.0),))
+    split._split(1000, tokens)
+    assert len(calls) == 4 and calls[-1][2] is split.rates
+    monkeypatch.setattr(cold_split, "SPLITS_REMEMBERED", 2)
+    split._split(1000, np.array([5]))
+    split._split(1000, np.array([6]))  # the third: the memory starts again
+    assert len(split._splits) == 1
 
 
 def test_host_weights_are_the_cold_bank_in_host_memory():
