@@ -4,10 +4,11 @@ path, in GB/s of expert weights streamed (1e9 B/s).
 An expert is SwiGLU: gate and up [2I, H], then down [H, I], computed with torch on the CPU in the
 cold bank's dtype for 1, 2, 4, 8 and 16 tokens by the function the runtime's CPU cold path calls
 (`stacked_experts` below, which runtime/moe.py re-exports), on a pool laid out as the cold bank
-is: its tokens gathered from the batch, one grouped matmul per projection, the weighted result
-added into a float32 output, so that the work around the matmuls is timed too. What one call of
-it costs beyond its experts (its output, grouping the routing by expert) is measured apart:
-`layer_ms`, the fixed cost of each layer a CPU computes.
+is: its tokens gathered from the batch, one grouped matmul per projection (expert by expert where
+few of a stack's experts are used: `by_expert`), the weighted result added into a float32
+output, so that the work around the matmuls is timed too. What one call of it costs beyond its
+experts (its output, grouping the routing by expert) is measured apart: `layer_ms`, the fixed
+cost of each layer a CPU computes.
 A cold expert's weights are not in any cache, so the probe computes a pool of distinct experts,
 together many times the last-level cache, one after another: each is streamed from DRAM, as a
 cold expert would be. The pool sits on the GPU's NUMA node (where the cold bank is
@@ -43,7 +44,8 @@ POOL_BYTES = 512 * MIB  # 16x a 32 MiB last-level cache: every expert streams fr
 QUICK_POOL_BYTES = 256 * MIB
 METHOD = ("torch on the CPU: x @ w13.T, silu(gate) * up, @ w2.T for each expert of a pool of distinct experts "
           "(several times the last-level cache) on the GPU's NUMA node, threads of that node, by the runtime's "
-          "CPU cold path compute (stacked_experts: one grouped mm per projection); one pass per sample, "
+          "CPU cold path compute (stacked_experts: one grouped mm per projection, expert by expert where few "
+          "of a stack's experts are used); one pass per sample, "
           "wall clock; GB/s = expert weight bytes / time; layer_ms = "
           "(the pool as one call per expert - as one call) / experts, median over paired samples")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -173,13 +175,31 @@ def has_grouped_mm(torch: Any, device_type: str, dtype: Any) -> bool:
     return _GROUPED_MM[key]
 
 
+# A grouped mm on a CPU calls mm once per expert of the stack, used or not: an empty group cost
+# 2-5 us per projection on this project's 2-core VM (128 experts with 8 used: 0.3-0.8 ms a call,
+# against 0.05 ms for 8 groups alone), a used expert's own F.linear pair 15-20 us. Measured over
+# overhead-sized experts (2 threads, the minimum of 31 samples under load): expert by expert was
+# faster wherever at most 1 in 8 of the stack was used (64 experts: 4, 8; 128: 8, 16), mixed at
+# 1 in 5 to 1 in 4, slower from 1 in 3. So at most 1 in GROUPS_PER_EXPERT_LOOP used goes expert
+# by expert (Qwen3-30B-A3B at batch 1: 8 of 128; DeepSeek-V2-Lite: 6 of 64), a fuller stack grouped.
+GROUPS_PER_EXPERT_LOOP = 8
+
+
+def by_expert(used: int, stacked: int) -> bool:
+    """Whether `stacked_experts` computes `used` distinct experts of a stack of `stacked` one
+    F.linear pair at a time rather than in one grouped mm per projection."""
+    return used * GROUPS_PER_EXPERT_LOOP <= stacked
+
+
 def stacked_experts(x_TH: Any, ids_TK: Any, w_TK: Any, w13_EIH: Any, w2_EHI: Any) -> Any:
     """Routed expert output [T, H] over experts stacked `w13 [E, 2I, H]`, `w2 [E, H, I]` (views
     into one bank: each expert contiguous, any stride between experts): the assignments with an id
     in [0, E) (padding is -1) sorted by expert, gate/up in one `torch._grouped_mm`, silu(gate) * up
     over them all, down in a second, each row times its routing weight, added per token in
     float32. Per expert the same matmuls as `grouped_experts` (torch's CPU grouped mm calls mm on
-    each group), without a Python step per expert or a copy of any weight. How the runtime's CPU
+    each group), without a copy of any weight. Where few of the stack's experts are used
+    (`by_expert`) the same rows expert by expert over the same views instead, since the grouped
+    mm's empty groups would cost more than a Python step per used expert. How the runtime's CPU
     cold path computes a native bank (runtime/cold_split.py), and what the probe times. Reads the
     routing on the host. Where this torch has no grouped mm for the weights' device and dtype
     (torch < 2.9 on a CPU), expert by expert through `grouped_experts`, on the same views."""
@@ -193,14 +213,29 @@ def stacked_experts(x_TH: Any, ids_TK: Any, w_TK: Any, w13_EIH: Any, w2_EHI: Any
     idx = torch.nonzero((flat >= 0) & (flat < E)).squeeze(1)  # grouped mm reads every row it is given
     order = torch.argsort(flat[idx], stable=True)
     idx = idx[order]
-    offs_E = torch.cumsum(torch.bincount(flat[idx], minlength=E), 0, dtype=torch.int32)
+    counts_E = torch.bincount(flat[idx], minlength=E)
     tok = idx // K
-    h = torch._grouped_mm(x_TH[tok], w13_EIH.transpose(-2, -1), offs=offs_E)
-    gate, up = h.chunk(2, dim=-1)
-    y = torch._grouped_mm(torch.nn.functional.silu(gate) * up, w2_EHI.transpose(-2, -1), offs=offs_E)
+    used = [(e, n) for e, n in enumerate(counts_E.tolist()) if n]
+    if by_expert(len(used), E):
+        y = _expert_by_expert(torch, x_TH[tok], used, w13_EIH, w2_EHI)
+    else:
+        offs_E = torch.cumsum(counts_E, 0, dtype=torch.int32)
+        h = torch._grouped_mm(x_TH[tok], w13_EIH.transpose(-2, -1), offs=offs_E)
+        gate, up = h.chunk(2, dim=-1)
+        y = torch._grouped_mm(torch.nn.functional.silu(gate) * up, w2_EHI.transpose(-2, -1), offs=offs_E)
     out_TH = torch.zeros(T, x_TH.shape[1], dtype=torch.float32, device=x_TH.device)
     out_TH.index_add_(0, tok, y.float() * w_TK.reshape(-1)[idx, None])
     return out_TH.to(x_TH.dtype)
+
+
+def _expert_by_expert(torch: Any, x_AH: Any, used: list[tuple[int, int]], w13_EIH: Any, w2_EHI: Any) -> Any:
+    """[A, H]: the rows `x_AH` (sorted by expert, `used` its (expert, rows) runs) through their
+    experts, one `swiglu_expert` per used expert on its contiguous views of the stack."""
+    ys, start = [], 0
+    for e, n in used:
+        ys.append(swiglu_expert(torch, x_AH[start:start + n], w13_EIH[e], w2_EHI[e]))
+        start += n
+    return torch.cat(ys) if ys else x_AH.new_zeros(0, w2_EHI.shape[1])
 
 
 def on_cpus(torch: Any, cpus: Sequence[int] | None, work: Callable[[], Any], threads: int | None = None

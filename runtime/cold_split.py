@@ -29,7 +29,7 @@ from hotsplit_probes.sysfs import read_numa_node
 from hotsplit_probes.timing import median_ms
 
 from hotsplit_cli.core.errors import UsageError
-from hotsplit_cli.hotset.coldpath import ColdRates, describe_rates, fit_rates, split_cold
+from hotsplit_cli.hotset.coldpath import ColdRates, LayerSplit, describe_rates, fit_rates, split_cold
 
 from .device import DeviceInfo, synchronizer
 
@@ -41,6 +41,8 @@ FP8_REFUSAL = ("cold_path {mode}: the CPU cannot compute fp8 experts usefully (d
 # the CPU path over mxfp4 banks streams 0.25 GB/s of stored bytes, about 60x below native.
 MXFP4_REFUSAL = ("cold_path {mode}: the CPU cannot compute mxfp4 experts usefully (dequantising them streams ~60x "
                  "fewer bytes/s than bf16); use cold_path gpu")
+# Distinct token counts a split remembers before it starts again (batch 64 rarely repeats one).
+SPLITS_REMEMBERED = 1024
 
 
 @dataclass
@@ -96,6 +98,7 @@ class ColdSplit:
         self.rates_source = rates_source  # where the rates came from, for the run's header
         self.rates_not_used = rates_not_used  # platform.json's rates when they were for other experts (full size)
         self.counters = PathCounters()
+        self._splits, self._splits_of = {}, rates  # (mode, expert bytes, token counts) -> LayerSplit
         self.cpus = node_cpus(info.numa_node)  # the worker runs next to the cold bank's memory
         self.pool = None
         if not rates.shared_cpu:  # a worker only where the CPU's share overlaps a GPU's
@@ -112,7 +115,9 @@ class ColdSplit:
         flat_A = ids_TK.reshape(-1).cpu().numpy()  # the one host read of the layer: the routing
         valid_A = flat_A >= 0
         cold_A = valid_A & (bank.served_E[np.where(valid_A, flat_A, 0)] < 0)
-        experts, tokens = np.unique(flat_A[cold_A], return_counts=True)
+        counts_E = np.bincount(flat_A[cold_A], minlength=len(bank.served_E))  # np.unique's result, at a third
+        experts = np.flatnonzero(counts_E)
+        tokens = counts_E[experts]
         expert_bytes = bank.expert_bytes
         hot_A = valid_A & ~cold_A
         if self.rates.shared_cpu and hot_A.any():  # the device is this CPU: a hot expert costs as a cold one
@@ -121,7 +126,7 @@ class ColdSplit:
             self.counters.hot_pred_ms += float(hot_s.sum()) * 1e3  # its call's own cost: `_device`
         if len(experts) == 0:
             return self._device(device_compute, ids_TK)
-        split = split_cold(np.full(len(experts), float(expert_bytes)), tokens, self.rates, self.mode)
+        split = self._split(expert_bytes, tokens)
         c = self.counters
         c.layers += 1
         n_cpu = int(split.to_cpu_N.sum())
@@ -134,9 +139,27 @@ class ColdSplit:
         if n_cpu == 0:
             return self._device(device_compute, ids_TK)
         c.cpu_layers += 1
-        to_cpu_A = np.isin(flat_A, experts[split.to_cpu_N]) & valid_A
+        # Every cold expert to the CPU (mode cpu, or a split that gives it all): the cold
+        # assignments themselves, without a set lookup per assignment on every layer call.
+        to_cpu_A = cold_A if n_cpu == len(experts) else np.isin(flat_A, experts[split.to_cpu_N]) & valid_A
         return self._hand_out(x_TH, ids_TK, w_TK, flat_A, to_cpu_A, bool((valid_A & ~to_cpu_A).any()),
                               device_compute, cpu_compute)
+
+    def _split(self, expert_bytes: int, tokens_N: np.ndarray) -> LayerSplit:
+        """`split_cold` of the layer's cold experts, remembered per token counts: at decode the same
+        counts come back on every layer call (batch 1: one token each), and the cost model's numpy
+        took 0.05 ms of each warm, 0.1 ms with the caches cold after the experts (Qwen3-30B-A3B
+        at batch 1: 2% of its 6 ms; docs/benchmarks.md)."""
+        if self._splits_of is not self.rates:  # a split holds for one set of rates
+            self._splits, self._splits_of = {}, self.rates
+        key = (self.mode, expert_bytes, tokens_N.tobytes())
+        split = self._splits.get(key)
+        if split is None:
+            if len(self._splits) >= SPLITS_REMEMBERED:
+                self._splits.clear()
+            split = self._splits[key] = split_cold(np.full(len(tokens_N), float(expert_bytes)), tokens_N,
+                                                   self.rates, self.mode)
+        return split
 
     def _hand_out(self, x_TH, ids_TK, w_TK, flat_A, to_cpu_A, device_part: bool, device_compute,
                   cpu_compute) -> torch.Tensor:
@@ -232,7 +255,8 @@ class SplitExperts:
 
 def host_compute(bank) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """The CPU's compute over `bank`'s host cold bank: a native bank's stacked views in one grouped
-    matmul per projection (what the probe times), stored experts dequantised one at a time."""
+    matmul per projection, or expert by expert where few are used (`stacked_experts`, what the
+    probe times), stored experts dequantised one at a time."""
     stack = bank.host_stack
     if stack is not None:
         return lambda x, ids, w: stacked_experts(x, ids, w, *stack)

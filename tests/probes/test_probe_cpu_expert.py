@@ -44,25 +44,41 @@ def _bank_views(E: int, H: int, inter: int, dtype, seed: int):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("grouped_mm", [True, False])
-def test_stacked_experts_compute_what_the_per_expert_loop_does(dtype, grouped_mm, monkeypatch):
+@pytest.mark.parametrize("E, T, grouped", [(8, 7, True), (64, 2, False)])
+def test_stacked_experts_compute_what_the_per_expert_loop_does(dtype, grouped_mm, E, T, grouped, monkeypatch):
     """One grouped matmul per projection over a bank's strided views gives the per-expert loop's
     output bit for bit (the same matmuls per expert, added in the same order), padding ignored;
-    so does the fallback where torch has no grouped mm."""
+    so does the expert-by-expert branch a sparsely used stack takes (at most 6 of 64 experts),
+    and the fallback where torch has no grouped mm."""
     from hotsplit_probes import cpu_expert
 
     monkeypatch.setattr(cpu_expert, "_GROUPED_MM", {("cpu", dtype): grouped_mm})
-    E, H, inter = 8, 64, 32
+    calls = []
+    real_grouped_mm = torch._grouped_mm
+    monkeypatch.setattr(torch, "_grouped_mm", lambda *a, **k: calls.append(1) or real_grouped_mm(*a, **k))
+    H, inter = 64, 32
     blobs, w13, w2 = _bank_views(E, H, inter, dtype, 0)
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(7, H, generator=gen).to(dtype)
-    ids = torch.rand(7, E, generator=gen).topk(3, dim=-1).indices
-    ids[0, 1], ids[4, 0] = -1, -1  # padding
-    w = torch.rand(7, 3, generator=gen)
+    x = torch.randn(T, H, generator=gen).to(dtype)
+    ids = torch.rand(T, E, generator=gen).topk(3, dim=-1).indices
+    ids[0, 1], ids[T - 1, 0] = -1, -1  # padding
+    w = torch.rand(T, 3, generator=gen)
     got = cpu_expert.stacked_experts(x, ids, w, w13, w2)
+    assert len(calls) == (2 if grouped_mm and grouped else 0)
     want = cpu_expert.grouped_experts(x, ids, w, lambda e: (w13[e].contiguous(), w2[e].contiguous()), E)
     assert w13.data_ptr() == blobs.data_ptr() and not w13.is_contiguous()  # views into the blobs
     assert got.dtype == dtype and torch.equal(got, want)
     assert torch.equal(cpu_expert.stacked_experts(x, torch.full_like(ids, -1), w, w13, w2), torch.zeros_like(x))
+
+
+def test_a_sparsely_used_stack_is_computed_expert_by_expert():
+    """At most one expert in GROUPS_PER_EXPERT_LOOP of the stack used: expert by expert (Qwen3-30B-A3B
+    at batch 1, 8 of 128); more: one grouped mm per projection (its empty groups are what costs)."""
+    from hotsplit_probes.cpu_expert import GROUPS_PER_EXPERT_LOOP, by_expert
+
+    assert GROUPS_PER_EXPERT_LOOP == 8
+    assert by_expert(8, 128) and by_expert(16, 128) and by_expert(6, 64) and by_expert(0, 8)
+    assert not by_expert(17, 128) and not by_expert(9, 64) and not by_expert(2, 8)
 
 
 def test_grouped_mm_is_tried_once_per_device_and_dtype(monkeypatch):

@@ -97,17 +97,43 @@ def test_the_cpu_gets_only_its_tokens_activations(monkeypatch):
         assert ((ids >= 0).sum(dim=1) < g.top_k).any() or split.counters.gpu_experts == 0
 
 
+def test_in_mode_cpu_the_cpu_gets_every_cold_assignment_and_no_hot_one(monkeypatch):
+    """Mode cpu with hot experts: the CPU is handed exactly the cold assignments (the hot ones stay
+    with the device, though the host bank could compute them too)."""
+    model, ref, split, rng, g = _split_model(0.5, "cpu")
+    seen = []
+    submit = split.pool.submit
+
+    def spy(fn, cpu_compute, x, ids, w):
+        seen.append(ids.clone())
+        return submit(fn, cpu_compute, x, ids, w)
+
+    monkeypatch.setattr(split.pool, "submit", spy)
+    x = torch.randn(8, g.hidden, generator=torch.Generator().manual_seed(5))
+    routed = []
+    real_route = model.compute.__call__
+    monkeypatch.setattr(model, "compute", lambda x_TH, ids_TK, w_TK, bank, counts_E=None: (
+        routed.append((ids_TK.clone(), bank.served_E.copy())) or real_route(x_TH, ids_TK, w_TK, bank, counts_E)))
+    torch.testing.assert_close(model.step(x), ref.step(x), atol=1e-4, rtol=1e-4)
+    assert len(seen) == len(routed) == model.num_layers
+    for ids_cpu, (ids_TK, served_E) in zip(seen, routed, strict=True):
+        flat = ids_TK.reshape(-1).numpy()
+        cold = np.sort(flat[served_E[flat] < 0])
+        assert 0 < len(cold) < len(flat)  # both kinds in every layer
+        assert np.array_equal(np.sort(ids_cpu[ids_cpu >= 0].numpy()), cold)
+
+
 def test_counters_add_up_and_report_per_path(monkeypatch):
     """The counters and the report agree with what was actually handed out: the distinct experts
     in each CPU job (seen at the worker's door) and each layer's distinct cold experts (seen where
     the split is decided), counted apart from the counters."""
     model, ref, split, rng, g = _split_model(0.5, "split")
     cold_per_call, cpu_per_call = [], []
-    decide = cold_split.split_cold
+    decide = split._split
 
-    def counting_split(bytes_N, tokens_N, rates, mode="split"):
-        cold_per_call.append(len(bytes_N))
-        return decide(bytes_N, tokens_N, rates, mode)
+    def counting_split(expert_bytes, tokens_N):
+        cold_per_call.append(len(tokens_N))
+        return decide(expert_bytes, tokens_N)
 
     submit = split.pool.submit
 
@@ -115,7 +141,7 @@ def test_counters_add_up_and_report_per_path(monkeypatch):
         cpu_per_call.append(len(torch.unique(ids[ids >= 0])))
         return submit(fn, cpu_compute, x, ids, w)
 
-    monkeypatch.setattr(cold_split, "split_cold", counting_split)
+    monkeypatch.setattr(split, "_split", counting_split)
     monkeypatch.setattr(split.pool, "submit", counting_submit)
     _run_against_reference(model, ref, rng, g, steps=3)
     c = split.counters
@@ -129,6 +155,30 @@ def test_counters_add_up_and_report_per_path(monkeypatch):
     assert doc["gpu"]["bytes"] == (cold - on_cpu) * 1000 and doc["cpu"]["experts"] == on_cpu
     assert doc["cpu_share"] == on_cpu / cold
     assert doc["cpu"]["ms"] > 0 and doc["cpu"]["predicted_ms"] > 0 and doc["gpu"]["ms"] > 0
+
+
+def test_a_layers_split_is_the_cost_models_remembered_per_token_counts(monkeypatch):
+    """The split of a layer's cold experts is `split_cold`'s, computed once per (token counts, expert
+    bytes) while the rates stay, again for new rates, and forgotten past SPLITS_REMEMBERED."""
+    split = ColdSplit("split", EQUAL, CPU)
+    calls = []
+    real = cold_split.split_cold
+    monkeypatch.setattr(cold_split, "split_cold", lambda *a: calls.append(a) or real(*a))
+    tokens = np.array([1, 3, 1, 2])
+    got = split._split(1000, tokens)
+    want = real(np.full(4, 1000.0), tokens, EQUAL, "split")
+    assert np.array_equal(got.to_cpu_N, want.to_cpu_N) and (got.gpu_s, got.cpu_s) == (want.gpu_s, want.cpu_s)
+    assert split._split(1000, tokens.copy()) is got and len(calls) == 1
+    split._split(1000, np.array([1, 3, 2, 1]))  # other counts (their order is the experts')
+    split._split(2000, tokens)
+    assert len(calls) == 3
+    split.rates = ColdRates(10.0, ((1, 5.0),))
+    split._split(1000, tokens)
+    assert len(calls) == 4 and calls[-1][2] is split.rates
+    monkeypatch.setattr(cold_split, "SPLITS_REMEMBERED", 2)
+    split._split(1000, np.array([5]))
+    split._split(1000, np.array([6]))  # the third: the memory starts again
+    assert len(split._splits) == 1
 
 
 def test_host_weights_are_the_cold_bank_in_host_memory():
