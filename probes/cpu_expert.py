@@ -157,7 +157,8 @@ def grouped_experts(x_TH: Any, ids_TK: Any, w_TK: Any, weights_of: Callable[[int
     return out_TH.to(x_TH.dtype)
 
 
-_GROUPED_MM: dict[tuple[str, Any], bool] = {}  # (device type, dtype) -> whether torch._grouped_mm runs there
+# A cache: (device type, dtype) -> whether torch._grouped_mm runs there, tried once per process.
+_GROUPED_MM: dict[tuple[str, Any], bool] = {}
 
 
 def has_grouped_mm(torch: Any, device_type: str, dtype: Any) -> bool:
