@@ -22,7 +22,7 @@ from hotsplit_cli.config.recipe import load_recipe  # noqa: E402
 from hotsplit_cli.hotset.planfile import load_plan  # noqa: E402
 from tests.conftest import cpu_without_triton  # noqa: E402
 from tests.fakes.hf import SENTENCES, build_checkpoint, reference_texts  # noqa: E402
-from tests.runtime.test_hf_auto_run import mixed_reference  # noqa: E402
+from tests.runtime.test_hf_stored_precision import stored_reference  # noqa: E402
 
 MAX_NEW = 4
 
@@ -90,7 +90,7 @@ def test_balance_plan_auto_run_on_a_checkpoint(cli, chain, tmp_path):
     assert doc["allocated"]["expert_format"] == "auto: " + ", ".join(f"{k} {p}" for p, k in zip(names, n, strict=True))
     m = load_recipe(recipe).model
     want = reference_texts(ckpt, [json.loads(x)["prompt"] for x in prompts.read_text().splitlines()], MAX_NEW,
-                           weights=mixed_reference(ckpt, tmp_path / "ref", m.moe_layer_ids, P))
+                           weights=stored_reference(ckpt, tmp_path / "ref", P, m.moe_layer_ids))
     assert doc["texts"] == want  # transformers on each expert's read-back weights
 
 

@@ -6,8 +6,6 @@ the same checkpoint with each routed expert replaced by its own stored value rea
 from __future__ import annotations
 
 import math
-import re
-import shutil
 
 import numpy as np
 import pytest
@@ -17,16 +15,13 @@ pytest.importorskip("transformers", minversion="5.0")
 
 from hotsplit_runtime.hf.loader import load_model, load_tokenizer  # noqa: E402
 from hotsplit_runtime.mixed_bank import MixedBank  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
 
 from hotsplit_cli.core.errors import UsageError  # noqa: E402
 from tests.conftest import cpu_without_triton  # noqa: E402
 from tests.fakes.hf import FAMILY_KW, SENTENCES, build_checkpoint, mxfp4_release, reference  # noqa: E402
-from tests.runtime.test_hf_stored_precision import read_back  # noqa: E402
+from tests.runtime.test_hf_stored_precision import stored_reference  # noqa: E402
 
 FAMILIES = ("qwen3_moe", "deepseek_v3", "mixtral", "gpt_oss")
-_EXPERT = re.compile(r"layers\.(\d+)\..*experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
-_FUSED = re.compile(r"layers\.(\d+)\..*experts\.(gate_up_proj|down_proj)$")
 
 
 def mixed_precisions(num_layers: int, num_experts: int, seed: int, names=("native", "fp8", "mxfp4")) -> np.ndarray:
@@ -35,33 +30,6 @@ def mixed_precisions(num_layers: int, num_experts: int, seed: int, names=("nativ
     out = np.asarray(names, dtype=object)[rng.integers(0, len(names), (num_layers, num_experts))]
     for row in out:
         row[:len(names)] = names  # each precision present in each layer
-    return out
-
-
-def mixed_reference(src, out, layer_ids, precision_LE):
-    """`src` with each routed expert weight stored at its own precision (`precision_LE`, rows the
-    MoE layers `layer_ids`) and read back: per-expert projections each on its own; gpt-oss's fused
-    [E, in, out] tensors per expert as [out, in], gate and up rows apart (as their fp8 scales are)."""
-    shutil.copytree(src, out)
-    row = {lid: i for i, lid in enumerate(layer_ids)}
-    tensors = load_file(out / "model.safetensors")
-    for key, t in tensors.items():
-        if m := _EXPERT.search(key):
-            p = precision_LE[row[int(m[1])], int(m[2])]
-            tensors[key] = t if p == "native" else read_back(t, p)
-        elif m := _FUSED.search(key):
-            names = precision_LE[row[int(m[1])]]
-            experts = []
-            for e, w in enumerate(t.transpose(1, 2)):  # [out, in] per expert
-                half = w.shape[0] // 2
-                if names[e] == "native":
-                    experts.append(w)
-                elif m[2] == "gate_up_proj":
-                    experts.append(torch.cat([read_back(w[:half], names[e]), read_back(w[half:], names[e])]))
-                else:
-                    experts.append(read_back(w, names[e]))
-            tensors[key] = torch.stack(experts).transpose(1, 2).contiguous()
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     return out
 
 
@@ -114,7 +82,7 @@ def _swap_within_precisions(bank: MixedBank) -> None:
 def test_a_checkpoint_at_an_auto_plans_precisions_equals_transformers_on_each_experts_read_back_weights(
         plain, family, tmp_path):
     hm, P = _auto_model(plain[family], seed=FAMILIES.index(family))
-    want_model = reference(mixed_reference(plain[family], tmp_path / "ref", hm.layer_ids, P))
+    want_model = reference(stored_reference(plain[family], tmp_path / "ref", P, hm.layer_ids))
     batch = _batch(plain[family])
     with torch.no_grad():
         want = want_model(**batch).logits
@@ -188,7 +156,7 @@ def test_greedy_text_at_an_auto_plans_precisions_through_dynamic_swaps_equals_tr
     prompts = [SENTENCES[0], SENTENCES[3][:15]]
     hm, P = _auto_model(plain[family], seed=7)
     want = reference_texts(plain[family], prompts, 8,
-                           weights=mixed_reference(plain[family], tmp_path / "ref", hm.layer_ids, P))
+                           weights=stored_reference(plain[family], tmp_path / "ref", P, hm.layer_ids))
     sizes = np.vectorize({"native": 400, "fp8": 110, "mxfp4": 60}.get)(P.astype(str)).astype(np.int64)
     hot_LE = np.stack([np.arange(hm.num_experts) < hm.num_experts // 2] * len(hm.banks))
     knobs = resolve_knobs({"dyn_steps": 2, "dyn_max_swaps": 2, "dyn_margin": 1.0}, env={})
@@ -209,7 +177,7 @@ def test_triton_kernels_read_each_precisions_bank_of_a_mixed_layer_in_the_interp
     assert all(s.kernel is not None for b in hm.banks for s in b.subs)
     batch = _batch(plain["qwen3_moe"])
     with torch.no_grad():
-        want = reference(mixed_reference(plain["qwen3_moe"], tmp_path / "ref", hm.layer_ids, P))(**batch).logits
+        want = reference(stored_reference(plain["qwen3_moe"], tmp_path / "ref", P, hm.layer_ids))(**batch).logits
     for b in hm.banks:
         b.set_hot(np.arange(hm.num_experts) % 3 == 0)
     torch.testing.assert_close(_logits(hm, batch), want, rtol=1e-4, atol=1e-5)

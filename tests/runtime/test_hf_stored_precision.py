@@ -25,7 +25,8 @@ from tests.conftest import cpu_without_triton  # noqa: E402
 from tests.fakes.hf import FAMILY_KW, SENTENCES, build_checkpoint, mxfp4_release, reference  # noqa: E402
 
 PRECISIONS = ("fp8", "mxfp4")
-_PER_EXPERT = re.compile(r"experts\.\d+\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+_PER_EXPERT = re.compile(r"layers\.(\d+)\..*experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+_FUSED = re.compile(r"layers\.(\d+)\..*experts\.(gate_up_proj|down_proj)$")
 
 
 def read_back(w_RC: torch.Tensor, precision: str) -> torch.Tensor:
@@ -35,21 +36,29 @@ def read_back(w_RC: torch.Tensor, precision: str) -> torch.Tensor:
     return mxfp4_dequantize(*mxfp4_quantize(w_RC), torch.float32)
 
 
-def stored_reference(src, out, precision: str):
-    """`src` with each routed expert weight as stored at `precision` and read back: per-expert
-    projections each on its own; gpt-oss's fused [E, in, out] tensors per expert as [out, in], gate
-    and up rows (the first and second half) apart, as their fp8 scales are."""
+def stored_reference(src, out, precision, layer_ids=()):
+    """`src` with each routed expert weight as stored at its precision and read back: `precision`
+    one for every expert, or str [L, E] per expert of the MoE layers `layer_ids` (an auto plan).
+    Per-expert projections each on its own; gpt-oss's fused [E, in, out] tensors per expert as
+    [out, in], gate and up rows (the first and second half) apart, as their fp8 scales are."""
+    row = {lid: i for i, lid in enumerate(layer_ids)}
+
+    def stored(w_RC, layer, e):
+        p = precision if isinstance(precision, str) else precision[row[layer], e]
+        return w_RC if p == "native" else read_back(w_RC, p)
+
     shutil.copytree(src, out)
     tensors = load_file(out / "model.safetensors")
     for key, t in tensors.items():
-        if _PER_EXPERT.search(key):
-            tensors[key] = read_back(t, precision)
-        elif key.endswith("experts.gate_up_proj"):
-            half = t.shape[2] // 2
-            tensors[key] = torch.stack([torch.cat([read_back(w[:half], precision), read_back(w[half:], precision)])
-                                        for w in t.transpose(1, 2)]).transpose(1, 2).contiguous()
-        elif key.endswith("experts.down_proj"):
-            tensors[key] = torch.stack([read_back(w.T, precision).T for w in t]).contiguous()
+        if m := _PER_EXPERT.search(key):
+            tensors[key] = stored(t, int(m[1]), int(m[2]))
+        elif m := _FUSED.search(key):
+            experts = []
+            for e, w in enumerate(t.transpose(1, 2)):  # [out, in] per expert
+                half = w.shape[0] // 2
+                parts = (w[:half], w[half:]) if m[2] == "gate_up_proj" else (w,)
+                experts.append(torch.cat([stored(part, int(m[1]), e) for part in parts]))
+            tensors[key] = torch.stack(experts).transpose(1, 2).contiguous()
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     return out
 
