@@ -18,8 +18,8 @@ from hotsplit_runtime.mixed_bank import MixedBank  # noqa: E402
 
 from hotsplit_cli.core.errors import UsageError  # noqa: E402
 from tests.conftest import cpu_without_triton  # noqa: E402
-from tests.fakes.hf import FAMILY_KW, SENTENCES, build_checkpoint, mxfp4_release, reference  # noqa: E402
-from tests.runtime.test_hf_stored_precision import stored_reference  # noqa: E402
+from tests.fakes.hf import SENTENCES, mxfp4_release, reference  # noqa: E402
+from tests.runtime.test_hf_stored_precision import groupable_checkpoints, stored_reference  # noqa: E402
 
 FAMILIES = ("qwen3_moe", "deepseek_v3", "mixtral", "gpt_oss")
 
@@ -35,11 +35,7 @@ def mixed_precisions(num_layers: int, num_experts: int, seed: int, names=("nativ
 
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
-    """Tiny checkpoints whose expert dims mxfp4 can group (moe_intermediate 32)."""
-    root = tmp_path_factory.mktemp("auto")
-    return {f: build_checkpoint(root / f, f, **({"moe_intermediate_size": 32}
-                                                 if "moe_intermediate_size" in FAMILY_KW[f] else {}))
-            for f in FAMILIES}
+    return groupable_checkpoints(tmp_path_factory.mktemp("auto"), FAMILIES)
 
 
 def _auto_model(folder, seed: int, names=("native", "fp8", "mxfp4"), info=None):

@@ -63,13 +63,16 @@ def stored_reference(src, out, precision, layer_ids=()):
     return out
 
 
-@pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    """A tiny checkpoint of every family whose expert dims mxfp4 can group (moe_intermediate 32)."""
-    root = tmp_path_factory.mktemp("stored")
+def groupable_checkpoints(root, families) -> dict:
+    """A tiny checkpoint of each family whose expert dims mxfp4 can group (moe_intermediate 32)."""
     return {f: build_checkpoint(root / f, f, **({"moe_intermediate_size": 32}
                                                  if "moe_intermediate_size" in FAMILY_KW[f] else {}))
-            for f in FAMILIES}
+            for f in families}
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    return groupable_checkpoints(tmp_path_factory.mktemp("stored"), FAMILIES)
 
 
 @pytest.fixture(scope="module")
