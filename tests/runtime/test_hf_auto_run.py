@@ -19,7 +19,12 @@ from hotsplit_runtime.mixed_bank import MixedBank  # noqa: E402
 from hotsplit_cli.core.errors import UsageError  # noqa: E402
 from tests.conftest import cpu_without_triton  # noqa: E402
 from tests.fakes.hf import SENTENCES, mxfp4_release, reference  # noqa: E402
-from tests.runtime.test_hf_stored_precision import groupable_checkpoints, stored_reference  # noqa: E402
+from tests.runtime.test_hf_stored_precision import (  # noqa: E402
+    _batch,
+    _logits,
+    groupable_checkpoints,
+    stored_reference,
+)
 
 FAMILIES = ("qwen3_moe", "deepseek_v3", "mixtral", "gpt_oss")
 
@@ -43,18 +48,6 @@ def _auto_model(folder, seed: int, names=("native", "fp8", "mxfp4"), info=None):
     probe = load_model(folder, info or cpu_without_triton(), torch.float32)
     P = mixed_precisions(len(probe.layer_ids), probe.num_experts, seed, names)
     return load_model(folder, info or cpu_without_triton(), torch.float32, precision="auto", precision_LE=P), P
-
-
-def _batch(folder):
-    tok = load_tokenizer(folder)
-    tok.padding_side = "left"
-    enc = tok([SENTENCES[3], SENTENCES[4][:12]], return_tensors="pt", padding=True)
-    return dict(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
-
-
-def _logits(hm, batch):
-    with torch.no_grad():
-        return hm.model(**batch).logits
 
 
 def _swap_within_precisions(bank: MixedBank) -> None:
